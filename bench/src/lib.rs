@@ -1,0 +1,90 @@
+//! Benchmarks of the data plane. Each measures its baseline in the same run, on the same
+//! machine, and prints p50/p99/p999 beside it with the ratio: these machines are noisy, ratios
+//! are what carry from one run to the next.
+
+mod tcp;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::process::{Child, ChildStdout, Command, Stdio};
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand};
+
+pub use tcp::TcpArgs;
+
+#[derive(Subcommand, Debug)]
+pub enum BenchCommand {
+    /// Put and get round trips over TCP, 8 B to 256 MiB, against raw blocking sockets between
+    /// two processes, for each TCP backend of the node.
+    Tcp(TcpArgs),
+}
+
+pub fn run(command: BenchCommand) -> Result<()> {
+    match command {
+        BenchCommand::Tcp(args) => tcp::run(args),
+    }
+}
+
+/// The raw baseline's peer: accepts one connection, then reads exactly `up` bytes and answers
+/// with `down` bytes, again and again, from buffers allocated and touched once.
+#[derive(Args, Debug)]
+pub struct PeerArgs {
+    #[arg(long)]
+    up: usize,
+    #[arg(long)]
+    down: usize,
+}
+
+pub fn run_peer(args: PeerArgs) -> Result<()> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    println!("listening on {}", listener.local_addr()?);
+    std::io::stdout().flush()?;
+    let (mut stream, _) = listener.accept()?;
+    stream.set_nodelay(true)?;
+    let mut up = vec![1u8; args.up];
+    let down = vec![2u8; args.down];
+    loop {
+        match stream.read_exact(&mut up) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(e.into()),
+        }
+        stream.write_all(&down)?;
+    }
+}
+
+/// A child process (a node or a baseline peer) that prints its address on its first line of
+/// output and is killed when dropped.
+pub(crate) struct Spawned {
+    child: Child,
+    _stdout: BufReader<ChildStdout>,
+    pub addr: SocketAddr,
+}
+
+impl Spawned {
+    pub fn start(args: &[&str]) -> Result<Self> {
+        let exe = std::env::current_exe().context("cannot find the djinn binary")?;
+        let mut child = Command::new(exe)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("cannot start djinn {}", args.join(" ")))?;
+        let mut stdout = BufReader::new(child.stdout.take().context("no stdout")?);
+        let mut line = String::new();
+        stdout.read_line(&mut line)?;
+        let Some(addr) = line.split_whitespace().last().and_then(|a| a.parse().ok()) else {
+            let _ = child.kill();
+            bail!("djinn {} printed {line:?} instead of its address", args.join(" "));
+        };
+        Ok(Self { child, _stdout: stdout, addr })
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,333 @@
+//! Messages: the typed content of a frame's metadata section, and its binary encoding.
+//!
+//! Fields are little-endian; strings are a u16 length then UTF-8; a tensor descriptor is dtype
+//! (u8), rank (u8), the dimensions (u64 each) and the byte length (u64). Decoding checks every
+//! count against the bytes that remain before allocating, and rejects trailing bytes.
+
+use super::error::{ErrorCode, ProtocolError};
+use super::header::{Kind, PROTOCOL_VERSION};
+use super::limits::Limits;
+use super::tensor::{DType, TensorDesc};
+
+/// Transports a peer can speak, announced in the hello exchange.
+pub mod transports {
+    pub const TCP: u32 = 1 << 0;
+    pub const RDMA: u32 = 1 << 1;
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hello {
+    pub protocol_version: u16,
+    /// Bit set of [`transports`].
+    pub transports: u32,
+    /// The sender's limits: the peer must not send more than these.
+    pub max_meta: u32,
+    pub max_payload: u64,
+    /// Software name and version, for logs.
+    pub agent: String,
+}
+
+impl Hello {
+    pub fn new(limits: &Limits, transports: u32, agent: impl Into<String>) -> Self {
+        Self {
+            protocol_version: PROTOCOL_VERSION,
+            transports,
+            max_meta: limits.max_meta,
+            max_payload: limits.max_payload,
+            agent: agent.into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListEntry {
+    pub name: String,
+    pub tensor: TensorDesc,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Message {
+    Hello(Hello),
+    HelloAck(Hello),
+    Ping,
+    Pong,
+    /// Store a named tensor (its bytes are the payload), replacing one of the same name.
+    Put { name: String, tensor: TensorDesc },
+    PutAck { replaced: bool },
+    Get { name: String },
+    /// The tensor's bytes are the payload.
+    GetReply { tensor: TensorDesc },
+    Delete { name: String },
+    DeleteAck,
+    /// Names in order, starting after `after`, at most `limit` of them.
+    List { after: Option<String>, limit: u32 },
+    /// `more` is true when names follow the last one returned.
+    ListReply { entries: Vec<ListEntry>, more: bool },
+    Stats,
+    StatsReply { counters: Vec<(String, u64)> },
+    Error { code: ErrorCode, message: String },
+}
+
+impl Message {
+    pub fn kind(&self) -> Kind {
+        match self {
+            Self::Hello(_) => Kind::Hello,
+            Self::HelloAck(_) => Kind::HelloAck,
+            Self::Ping => Kind::Ping,
+            Self::Pong => Kind::Pong,
+            Self::Put { .. } => Kind::Put,
+            Self::PutAck { .. } => Kind::PutAck,
+            Self::Get { .. } => Kind::Get,
+            Self::GetReply { .. } => Kind::GetReply,
+            Self::Delete { .. } => Kind::Delete,
+            Self::DeleteAck => Kind::DeleteAck,
+            Self::List { .. } => Kind::List,
+            Self::ListReply { .. } => Kind::ListReply,
+            Self::Stats => Kind::Stats,
+            Self::StatsReply { .. } => Kind::StatsReply,
+            Self::Error { .. } => Kind::Error,
+        }
+    }
+
+    /// The tensors whose bytes make up this message's payload, in payload order.
+    pub fn tensors(&self) -> &[TensorDesc] {
+        match self {
+            Self::Put { tensor, .. } | Self::GetReply { tensor } => std::slice::from_ref(tensor),
+            _ => &[],
+        }
+    }
+
+    pub fn error(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self::Error { code, message: message.into() }
+    }
+
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        let mut w = Writer(out);
+        match self {
+            Self::Hello(h) | Self::HelloAck(h) => {
+                w.u16(h.protocol_version);
+                w.u32(h.transports);
+                w.u32(h.max_meta);
+                w.u64(h.max_payload);
+                w.str(&h.agent);
+            }
+            Self::Ping | Self::Pong | Self::DeleteAck | Self::Stats => {}
+            Self::Put { name, tensor } => {
+                w.str(name);
+                w.tensor(tensor);
+            }
+            Self::PutAck { replaced } => w.u8(u8::from(*replaced)),
+            Self::Get { name } | Self::Delete { name } => w.str(name),
+            Self::GetReply { tensor } => w.tensor(tensor),
+            Self::List { after, limit } => {
+                match after {
+                    Some(name) => {
+                        w.u8(1);
+                        w.str(name);
+                    }
+                    None => w.u8(0),
+                }
+                w.u32(*limit);
+            }
+            Self::ListReply { entries, more } => {
+                w.u32(entries.len() as u32);
+                for e in entries {
+                    w.str(&e.name);
+                    w.tensor(&e.tensor);
+                }
+                w.u8(u8::from(*more));
+            }
+            Self::StatsReply { counters } => {
+                w.u32(counters.len() as u32);
+                for (name, value) in counters {
+                    w.str(name);
+                    w.u64(*value);
+                }
+            }
+            Self::Error { code, message } => {
+                w.u16(code.to_wire());
+                w.str(message);
+            }
+        }
+    }
+
+    pub fn decode(kind: Kind, meta: &[u8], limits: &Limits) -> Result<Self, ProtocolError> {
+        let mut r = Reader { bytes: meta, limits };
+        let message = match kind {
+            Kind::Hello | Kind::HelloAck => {
+                let hello = Hello {
+                    protocol_version: r.u16("protocol version")?,
+                    transports: r.u32("transports")?,
+                    max_meta: r.u32("max meta")?,
+                    max_payload: r.u64("max payload")?,
+                    agent: r.string("agent")?,
+                };
+                if kind == Kind::Hello { Self::Hello(hello) } else { Self::HelloAck(hello) }
+            }
+            Kind::Ping => Self::Ping,
+            Kind::Pong => Self::Pong,
+            Kind::Put => Self::Put { name: r.name()?, tensor: r.tensor()? },
+            Kind::PutAck => Self::PutAck { replaced: r.bool("replaced")? },
+            Kind::Get => Self::Get { name: r.name()? },
+            Kind::GetReply => Self::GetReply { tensor: r.tensor()? },
+            Kind::Delete => Self::Delete { name: r.name()? },
+            Kind::DeleteAck => Self::DeleteAck,
+            Kind::List => {
+                let after = if r.bool("has cursor")? { Some(r.name()?) } else { None };
+                Self::List { after, limit: r.u32("limit")? }
+            }
+            Kind::ListReply => {
+                // The smallest entry is an empty name (2) plus a rank-0 descriptor (10).
+                let count = r.count("entries", 12)?;
+                let mut entries = Vec::with_capacity(count);
+                for _ in 0..count {
+                    entries.push(ListEntry { name: r.name()?, tensor: r.tensor()? });
+                }
+                Self::ListReply { entries, more: r.bool("more")? }
+            }
+            Kind::Stats => Self::Stats,
+            Kind::StatsReply => {
+                let count = r.count("counters", 10)?;
+                let mut counters = Vec::with_capacity(count);
+                for _ in 0..count {
+                    counters.push((r.string("counter name")?, r.u64("counter value")?));
+                }
+                Self::StatsReply { counters }
+            }
+            Kind::Error => Self::Error { code: ErrorCode::from_wire(r.u16("code")?), message: r.string("message")? },
+        };
+        if !r.bytes.is_empty() {
+            return Err(ProtocolError::MalformedMeta(format!(
+                "{} bytes left over after a {} message",
+                r.bytes.len(),
+                kind.name()
+            )));
+        }
+        Ok(message)
+    }
+}
+
+struct Writer<'a>(&'a mut Vec<u8>);
+
+impl Writer<'_> {
+    fn u8(&mut self, v: u8) {
+        self.0.push(v);
+    }
+    fn u16(&mut self, v: u16) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u32(&mut self, v: u32) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    /// Strings longer than u16::MAX bytes are cut at a character boundary; names are bounded
+    /// far below that by [`Limits::max_name`].
+    fn str(&mut self, s: &str) {
+        let mut end = s.len().min(u16::MAX as usize);
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        self.u16(end as u16);
+        self.0.extend_from_slice(&s.as_bytes()[..end]);
+    }
+    fn tensor(&mut self, t: &TensorDesc) {
+        self.u8(t.dtype.to_wire());
+        self.u8(t.shape.len() as u8);
+        for &d in &t.shape {
+            self.u64(d);
+        }
+        self.u64(t.byte_len);
+    }
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    limits: &'a Limits,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], ProtocolError> {
+        if self.bytes.len() < n {
+            return Err(ProtocolError::MalformedMeta(format!(
+                "{what}: needs {n} bytes, {} left",
+                self.bytes.len()
+            )));
+        }
+        let (head, rest) = self.bytes.split_at(n);
+        self.bytes = rest;
+        Ok(head)
+    }
+    fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N], ProtocolError> {
+        let mut out = [0; N];
+        out.copy_from_slice(self.take(N, what)?);
+        Ok(out)
+    }
+    fn u8(&mut self, what: &str) -> Result<u8, ProtocolError> {
+        Ok(self.array::<1>(what)?[0])
+    }
+    fn u16(&mut self, what: &str) -> Result<u16, ProtocolError> {
+        self.array(what).map(u16::from_le_bytes)
+    }
+    fn u32(&mut self, what: &str) -> Result<u32, ProtocolError> {
+        self.array(what).map(u32::from_le_bytes)
+    }
+    fn u64(&mut self, what: &str) -> Result<u64, ProtocolError> {
+        self.array(what).map(u64::from_le_bytes)
+    }
+    fn bool(&mut self, what: &str) -> Result<bool, ProtocolError> {
+        match self.u8(what)? {
+            0 => Ok(false),
+            1 => Ok(true),
+            v => Err(ProtocolError::MalformedMeta(format!("{what}: {v} is not a boolean"))),
+        }
+    }
+    fn string(&mut self, what: &str) -> Result<String, ProtocolError> {
+        let len = self.u16(what)? as usize;
+        let bytes = self.take(len, what)?;
+        String::from_utf8(bytes.to_vec())
+            .map_err(|_| ProtocolError::MalformedMeta(format!("{what} is not UTF-8")))
+    }
+    fn name(&mut self) -> Result<String, ProtocolError> {
+        let name = self.string("name")?;
+        if name.len() > self.limits.max_name {
+            return Err(ProtocolError::MalformedMeta(format!(
+                "name of {} bytes is over the limit of {}",
+                name.len(),
+                self.limits.max_name
+            )));
+        }
+        Ok(name)
+    }
+    /// A u32 count of items at least `min_item` bytes each, checked against what remains.
+    fn count(&mut self, what: &str, min_item: usize) -> Result<usize, ProtocolError> {
+        let count = self.u32(what)? as usize;
+        if count.saturating_mul(min_item) > self.bytes.len() {
+            return Err(ProtocolError::MalformedMeta(format!(
+                "{count} {what} cannot fit in the {} bytes left",
+                self.bytes.len()
+            )));
+        }
+        Ok(count)
+    }
+    fn tensor(&mut self) -> Result<TensorDesc, ProtocolError> {
+        let code = self.u8("dtype")?;
+        let dtype = DType::from_wire(code)
+            .ok_or_else(|| ProtocolError::BadDescriptor(format!("unknown dtype code {code}")))?;
+        let rank = self.u8("rank")? as usize;
+        if rank > self.limits.max_dims {
+            return Err(ProtocolError::BadDescriptor(format!(
+                "{rank} dimensions, more than the limit of {}",
+                self.limits.max_dims
+            )));
+        }
+        let mut shape = Vec::with_capacity(rank);
+        for _ in 0..rank {
+            shape.push(self.u64("dimension")?);
+        }
+        let tensor = TensorDesc { dtype, shape, byte_len: self.u64("byte length")? };
+        tensor.validate(self.limits)?;
+        Ok(tensor)
+    }
+}

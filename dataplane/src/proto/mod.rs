@@ -1,0 +1,21 @@
+//! The wire protocol, with no I/O in it: header, messages, tensor descriptors, framing.
+
+mod codec;
+mod error;
+mod header;
+mod limits;
+mod message;
+mod tensor;
+
+pub use codec::{
+    Frame, FrameReader, OutFrame, Payload, PayloadAlloc, ReadTarget, RecvEvent, Refusal, STAGING_LEN, SendQueue,
+    SharedBytes, ZEROS, encode_head,
+};
+pub use error::{ErrorCode, ProtocolError};
+pub use header::{FrameHeader, HEADER_LEN, Kind, MAGIC, PROTOCOL_VERSION};
+pub use limits::Limits;
+pub use message::{Hello, ListEntry, Message, transports};
+pub use tensor::{DType, TENSOR_ALIGN, TensorDesc, payload_layout};
+
+#[cfg(test)]
+mod tests;

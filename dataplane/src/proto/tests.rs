@@ -1,0 +1,311 @@
+//! Property tests of the codec: every message kind survives encode → arbitrary chunking →
+//! decode, and arbitrary bytes never panic the reader nor make it allocate beyond the limits.
+
+use std::sync::Arc;
+
+use djinn_gpudirect::HostBuf;
+use proptest::prelude::*;
+
+use super::*;
+
+struct PlainAlloc {
+    limits: Limits,
+}
+
+impl PayloadAlloc for PlainAlloc {
+    fn alloc(&mut self, _message: &Message, len: usize) -> Result<Payload, Refusal> {
+        assert!(len as u64 <= self.limits.max_payload, "allocation of {len} bytes beyond the limit");
+        Ok(Payload { buf: HostBuf::zeroed(len)?, reservation: None })
+    }
+}
+
+/// Feeds `bytes` to a reader in reads of the given sizes (cycled), then closes the stream.
+fn feed(limits: Limits, bytes: &[u8], chunks: &[usize]) -> Vec<RecvEvent> {
+    let mut reader = FrameReader::new(limits);
+    let mut alloc = PlainAlloc { limits };
+    let mut events = Vec::new();
+    let mut pos = 0;
+    let mut chunk = chunks.iter().cycle();
+    while pos < bytes.len() {
+        let want = (*chunk.next().unwrap()).max(1);
+        let target = reader.read_target();
+        let mut n = 0;
+        for dst in [target.payload, target.staging] {
+            let k = dst.len().min(want - n).min(bytes.len() - pos - n);
+            dst[..k].copy_from_slice(&bytes[pos + n..pos + n + k]);
+            n += k;
+        }
+        reader.on_read(n);
+        pos += n;
+        while let Some(event) = reader.next_event(&mut alloc) {
+            let fatal = matches!(event, RecvEvent::Fatal(_));
+            events.push(event);
+            if fatal {
+                return events;
+            }
+        }
+    }
+    if let Some(e) = reader.on_eof() {
+        events.push(RecvEvent::Fatal(e));
+    }
+    events
+}
+
+fn frame_bytes(frame: &OutFrame) -> Vec<u8> {
+    let mut queue = SendQueue::default();
+    queue.push(frame.clone());
+    let mut slices = vec![std::io::IoSlice::new(&[]); 1024];
+    let n = queue.write_slices(&mut slices);
+    slices[..n].iter().flat_map(|s| s.iter().copied()).collect()
+}
+
+fn dtype() -> impl Strategy<Value = DType> {
+    prop::sample::select(DType::ALL)
+}
+
+fn tensor() -> impl Strategy<Value = TensorDesc> {
+    (dtype(), prop::collection::vec(0u64..6, 0..4)).prop_map(|(d, shape)| TensorDesc::new(d, shape).unwrap())
+}
+
+fn name() -> impl Strategy<Value = String> {
+    "[a-zA-Z0-9_./é-]{0,24}"
+}
+
+fn hello() -> impl Strategy<Value = Hello> {
+    (any::<u32>(), any::<u32>(), any::<u64>(), name()).prop_map(|(transports, max_meta, max_payload, agent)| Hello {
+        protocol_version: PROTOCOL_VERSION,
+        transports,
+        max_meta,
+        max_payload,
+        agent,
+    })
+}
+
+fn message() -> impl Strategy<Value = Message> {
+    prop_oneof![
+        hello().prop_map(Message::Hello),
+        hello().prop_map(Message::HelloAck),
+        Just(Message::Ping),
+        Just(Message::Pong),
+        (name(), tensor()).prop_map(|(name, tensor)| Message::Put { name, tensor }),
+        any::<bool>().prop_map(|replaced| Message::PutAck { replaced }),
+        name().prop_map(|name| Message::Get { name }),
+        tensor().prop_map(|tensor| Message::GetReply { tensor }),
+        name().prop_map(|name| Message::Delete { name }),
+        Just(Message::DeleteAck),
+        (prop::option::of(name()), any::<u32>()).prop_map(|(after, limit)| Message::List { after, limit }),
+        (prop::collection::vec((name(), tensor()), 0..5), any::<bool>()).prop_map(|(entries, more)| {
+            Message::ListReply {
+                entries: entries.into_iter().map(|(name, tensor)| ListEntry { name, tensor }).collect(),
+                more,
+            }
+        }),
+        Just(Message::Stats),
+        prop::collection::vec((name(), any::<u64>()), 0..5).prop_map(|counters| Message::StatsReply { counters }),
+        (1u16..40, ".{0,40}").prop_map(|(code, message)| Message::Error { code: ErrorCode::from_wire(code), message }),
+    ]
+}
+
+/// A message with random bytes for each of its tensors.
+fn message_with_payload() -> impl Strategy<Value = (Message, Vec<Vec<u8>>)> {
+    message().prop_flat_map(|m| {
+        let lens: Vec<usize> = m.tensors().iter().map(|t| t.byte_len as usize).collect();
+        let payloads = lens.into_iter().map(|n| prop::collection::vec(any::<u8>(), n)).collect::<Vec<_>>();
+        (Just(m), payloads)
+    })
+}
+
+fn out_frame(id: u64, message: &Message, payloads: &[Vec<u8>]) -> OutFrame {
+    let shared = payloads.iter().map(|p| Arc::new(p.clone()) as SharedBytes).collect();
+    OutFrame::new(id, message, shared).unwrap()
+}
+
+fn check_frame(event: &RecvEvent, id: u64, message: &Message, payloads: &[Vec<u8>]) -> Result<(), TestCaseError> {
+    let RecvEvent::Frame(frame) = event else {
+        return Err(TestCaseError::fail(format!("expected a frame, got {event:?}")));
+    };
+    prop_assert_eq!(frame.request_id, id);
+    prop_assert_eq!(&frame.message, message);
+    let (offsets, total) = payload_layout(message.tensors()).unwrap();
+    let bytes = frame.payload.as_ref().map_or(&[][..], |p| p.buf.as_slice());
+    prop_assert_eq!(bytes.len() as u64, total);
+    for (offset, expected) in offsets.iter().zip(payloads) {
+        let offset = *offset as usize;
+        prop_assert_eq!(&bytes[offset..offset + expected.len()], expected.as_slice());
+    }
+    Ok(())
+}
+
+proptest! {
+    #[test]
+    fn every_message_round_trips_through_any_chunking(
+        frames in prop::collection::vec((any::<u64>(), message_with_payload()), 1..6),
+        chunks in prop::collection::vec(1usize..200, 1..8),
+    ) {
+        let mut wire = Vec::new();
+        for (id, (message, payloads)) in &frames {
+            wire.extend(frame_bytes(&out_frame(*id, message, payloads)));
+        }
+        let events = feed(Limits::default(), &wire, &chunks);
+        prop_assert_eq!(events.len(), frames.len());
+        for (event, (id, (message, payloads))) in events.iter().zip(&frames) {
+            check_frame(event, *id, message, payloads)?;
+        }
+    }
+
+    #[test]
+    fn send_queue_resumes_partial_writes(
+        frames in prop::collection::vec((any::<u64>(), message_with_payload()), 1..5),
+        writes in prop::collection::vec(1usize..97, 1..10),
+        max_slices in 1usize..5,
+    ) {
+        let mut expected = Vec::new();
+        let mut queue = SendQueue::default();
+        for (id, (message, payloads)) in &frames {
+            let frame = out_frame(*id, message, payloads);
+            expected.extend(frame_bytes(&frame));
+            queue.push(frame);
+        }
+        prop_assert_eq!(queue.queued_bytes(), expected.len() as u64);
+        let mut written = Vec::new();
+        let mut sizes = writes.iter().cycle();
+        while !queue.is_empty() {
+            let mut slices = vec![std::io::IoSlice::new(&[]); max_slices];
+            let filled = queue.write_slices(&mut slices);
+            slices.truncate(filled);
+            let budget = *sizes.next().unwrap();
+            let mut n = 0;
+            for s in &slices {
+                let k = s.len().min(budget - n);
+                written.extend_from_slice(&s[..k]);
+                n += k;
+            }
+            queue.on_written(n);
+        }
+        prop_assert_eq!(written, expected);
+        prop_assert_eq!(queue.queued_bytes(), 0);
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..512), chunks in prop::collection::vec(1usize..64, 1..4)) {
+        let limits = Limits { max_payload: 1 << 16, ..Limits::default() };
+        feed(limits, &bytes, &chunks);
+    }
+
+    /// A valid header followed by garbage metadata is refused or decoded, never a panic, and the
+    /// frame after it is still read.
+    #[test]
+    fn garbage_metadata_is_refused_and_the_stream_goes_on(kind in 1u16..0x20, meta in prop::collection::vec(any::<u8>(), 0..64)) {
+        let header = FrameHeader::new(Kind::Ping, 9, meta.len() as u32, 0);
+        let mut wire = zerocopy::IntoBytes::as_bytes(&header).to_vec();
+        wire[6..8].copy_from_slice(&kind.to_le_bytes());
+        wire.extend(&meta);
+        wire.extend(frame_bytes(&out_frame(10, &Message::Ping, &[])));
+        let events = feed(Limits::default(), &wire, &[7]);
+        match events.first() {
+            Some(RecvEvent::Frame(f)) => prop_assert_eq!(f.request_id, 9),
+            Some(RecvEvent::Rejected { request_id, .. }) => prop_assert_eq!(*request_id, 9),
+            other => prop_assert!(false, "{:?}", other),
+        }
+        prop_assert_eq!(events.len(), 2);
+        check_frame(&events[1], 10, &Message::Ping, &[])?;
+    }
+}
+
+fn header_bytes(header: FrameHeader) -> Vec<u8> {
+    zerocopy::IntoBytes::as_bytes(&header).to_vec()
+}
+
+#[test]
+fn bad_magic_and_version_are_fatal_and_named() {
+    let mut wire = header_bytes(FrameHeader::new(Kind::Ping, 1, 0, 0));
+    wire[0] = b'X';
+    let events = feed(Limits::default(), &wire, &[100]);
+    assert!(matches!(events.as_slice(), [RecvEvent::Fatal(ProtocolError::BadMagic { .. })]));
+
+    let mut header = FrameHeader::new(Kind::Ping, 1, 0, 0);
+    header.version = 7.into();
+    let events = feed(Limits::default(), &header_bytes(header), &[100]);
+    let [RecvEvent::Fatal(e)] = events.as_slice() else { panic!("{events:?}") };
+    assert_eq!(e, &ProtocolError::VersionMismatch { ours: PROTOCOL_VERSION, theirs: 7 });
+    let text = e.to_string();
+    assert!(text.contains("version 7") && text.contains(&format!("version {PROTOCOL_VERSION}")), "{text}");
+}
+
+#[test]
+fn lengths_over_the_limits_are_refused_before_allocation() {
+    let limits = Limits { max_payload: 1 << 20, max_meta: 256, ..Limits::default() };
+    // PlainAlloc panics if asked for more than the limit.
+    let events = feed(limits, &header_bytes(FrameHeader::new(Kind::Put, 1, 10, (1 << 20) + 1)), &[64]);
+    assert!(matches!(events.as_slice(), [RecvEvent::Fatal(ProtocolError::FrameTooLarge { .. })]));
+    let events = feed(limits, &header_bytes(FrameHeader::new(Kind::Put, 1, 257, 0)), &[64]);
+    assert!(matches!(events.as_slice(), [RecvEvent::Fatal(ProtocolError::MetaTooLarge { .. })]));
+}
+
+#[test]
+fn a_payload_of_exactly_the_limit_is_accepted() {
+    let limits = Limits { max_payload: 1 << 16, ..Limits::default() };
+    let tensor = TensorDesc::new(DType::U8, vec![1 << 16]).unwrap();
+    let message = Message::Put { name: "x".into(), tensor };
+    let payload = vec![vec![3u8; 1 << 16]];
+    let events = feed(limits, &frame_bytes(&out_frame(5, &message, &payload)), &[4096]);
+    check_frame(&events[0], 5, &message, &payload).unwrap();
+}
+
+#[test]
+fn wrong_descriptor_and_payload_mismatch_are_refused_and_skipped() {
+    let good = TensorDesc::new(DType::F32, vec![2, 2]).unwrap();
+    let bad = Message::Put { name: "t".into(), tensor: TensorDesc { byte_len: 12, ..good.clone() } };
+    let mut wire = Vec::new();
+    // Encoding does not validate descriptors, so a lying one can be built; the payload matches it.
+    let mut head = Vec::new();
+    encode_head(&mut head, 1, &bad).unwrap();
+    wire.extend(&head);
+    wire.extend([0u8; 12]);
+    // The header claims more payload than the tensor takes.
+    let ok = Message::Put { name: "t".into(), tensor: good };
+    encode_head(&mut head, 2, &ok).unwrap();
+    head[24..32].copy_from_slice(&20u64.to_le_bytes());
+    wire.extend(&head);
+    wire.extend([0u8; 20]);
+    wire.extend(frame_bytes(&out_frame(3, &Message::Ping, &[])));
+    let events = feed(Limits::default(), &wire, &[5]);
+    assert!(
+        matches!(&events[0], RecvEvent::Rejected { request_id: 1, refusal } if refusal.code == ErrorCode::BadDescriptor),
+        "{events:?}"
+    );
+    assert!(
+        matches!(&events[1], RecvEvent::Rejected { request_id: 2, refusal } if refusal.code == ErrorCode::PayloadMismatch),
+        "{events:?}"
+    );
+    assert!(matches!(&events[2], RecvEvent::Frame(f) if f.request_id == 3));
+}
+
+#[test]
+fn unknown_kinds_are_skipped_with_their_body() {
+    let mut wire = header_bytes(FrameHeader::new(Kind::Ping, 4, 3, 5));
+    wire[6..8].copy_from_slice(&0x0150u16.to_le_bytes());
+    wire.extend([1u8; 8]);
+    wire.extend(frame_bytes(&out_frame(6, &Message::Ping, &[])));
+    let events = feed(Limits::default(), &wire, &[3]);
+    assert!(
+        matches!(&events[0], RecvEvent::Rejected { request_id: 4, refusal } if refusal.code == ErrorCode::UnknownKind),
+        "{events:?}"
+    );
+    assert!(matches!(&events[1], RecvEvent::Frame(f) if f.request_id == 6));
+}
+
+#[test]
+fn truncation_is_reported_with_the_part_cut() {
+    let tensor = TensorDesc::new(DType::I64, vec![100]).unwrap();
+    let message = Message::Put { name: "t".into(), tensor };
+    let wire = frame_bytes(&out_frame(1, &message, &[vec![0; 800]]));
+    for (cut, part) in [(10, "header"), (HEADER_LEN + 2, "metadata"), (wire.len() - 1, "payload")] {
+        let events = feed(Limits::default(), &wire[..cut], &[64]);
+        assert!(
+            matches!(&events[..], [RecvEvent::Fatal(ProtocolError::Truncated { part: p, .. })] if *p == part),
+            "cut at {cut}: {events:?}"
+        );
+    }
+    assert!(feed(Limits::default(), &wire, &[64]).len() == 1);
+}

@@ -1,0 +1,343 @@
+//! A client's connection to a node: one request at a time, written straight from the caller's
+//! tensor memory, the reply read into a pooled buffer. While waiting for a reply it spins for a
+//! short while before blocking in `poll(2)`: a short reply then costs no thread wake-up.
+
+use std::io::{self, IoSlice, IoSliceMut};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+use djinn_gpudirect::BufferPool;
+
+use crate::proto::{
+    ErrorCode, Frame, FrameReader, Limits, Message, Payload, PayloadAlloc, ProtocolError, RecvEvent, Refusal, ZEROS,
+    encode_head, payload_layout,
+};
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    #[error("i/o error talking to {peer}: {source}")]
+    Io {
+        peer: SocketAddr,
+        #[source]
+        source: io::Error,
+    },
+    #[error("no reply from {peer} within {timeout:?}")]
+    Timeout { peer: SocketAddr, timeout: Duration },
+    #[error("{peer} closed the connection")]
+    Closed { peer: SocketAddr },
+    #[error("protocol error from {peer}: {source}")]
+    Protocol {
+        peer: SocketAddr,
+        #[source]
+        source: ProtocolError,
+    },
+    #[error("{peer} answered {code:?}: {message}")]
+    Remote { peer: SocketAddr, code: ErrorCode, message: String },
+    #[error("{peer} answered request {request_id} with an unexpected {kind} frame")]
+    UnexpectedReply { peer: SocketAddr, request_id: u64, kind: &'static str },
+    #[error("request does not fit the protocol: {0}")]
+    Request(ProtocolError),
+}
+
+impl ClientError {
+    /// The error code when the node refused the request.
+    pub fn remote_code(&self) -> Option<ErrorCode> {
+        match self {
+            Self::Remote { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// How long to poll without blocking for a reply before sleeping in `poll(2)`.
+    pub spin: Duration,
+    /// Longest wait for a reply (and for a write to make progress); `None` waits forever.
+    pub timeout: Option<Duration>,
+    pub limits: Limits,
+    /// Free reply buffers kept for reuse, bytes.
+    pub pool_bytes: u64,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        Self { spin: Duration::from_micros(50), timeout: Some(Duration::from_secs(60)), limits: Limits::default(), pool_bytes: 1 << 30 }
+    }
+}
+
+struct PoolAlloc<'a>(&'a BufferPool);
+
+impl PayloadAlloc for PoolAlloc<'_> {
+    fn alloc(&mut self, _message: &Message, len: usize) -> Result<Payload, Refusal> {
+        Ok(Payload { buf: self.0.take(len)?, reservation: None })
+    }
+}
+
+/// A connection to one node.
+pub struct ClientConn {
+    stream: TcpStream,
+    peer: SocketAddr,
+    reader: FrameReader,
+    pool: BufferPool,
+    options: ClientOptions,
+    head: Vec<u8>,
+    next_id: u64,
+    broken: bool,
+}
+
+impl std::fmt::Debug for ClientConn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientConn").field("peer", &self.peer).field("broken", &self.broken).finish()
+    }
+}
+
+impl ClientConn {
+    pub fn connect(addr: impl ToSocketAddrs, options: ClientOptions) -> Result<Self, ClientError> {
+        let mut last = None;
+        let addrs = addr.to_socket_addrs().map_err(|source| ClientError::Io { peer: unspecified(), source })?;
+        for peer in addrs {
+            let connected = match options.timeout {
+                Some(t) => TcpStream::connect_timeout(&peer, t),
+                None => TcpStream::connect(peer),
+            };
+            match connected {
+                Ok(stream) => return Self::from_stream(stream, peer, options),
+                Err(source) => last = Some(ClientError::Io { peer, source }),
+            }
+        }
+        Err(last.unwrap_or(ClientError::Io {
+            peer: unspecified(),
+            source: io::Error::new(io::ErrorKind::InvalidInput, "address resolved to nothing"),
+        }))
+    }
+
+    fn from_stream(stream: TcpStream, peer: SocketAddr, options: ClientOptions) -> Result<Self, ClientError> {
+        let io_err = |source| ClientError::Io { peer, source };
+        stream.set_nodelay(true).map_err(io_err)?;
+        stream.set_nonblocking(true).map_err(io_err)?;
+        Ok(Self {
+            stream,
+            peer,
+            reader: FrameReader::new(options.limits),
+            pool: BufferPool::new(options.pool_bytes, 64 * 1024),
+            options,
+            head: Vec::with_capacity(256),
+            next_id: 1,
+            broken: false,
+        })
+    }
+
+    pub fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// False once the connection failed; a new one is needed.
+    pub fn is_usable(&self) -> bool {
+        !self.broken
+    }
+
+    /// Sends `message` with the bytes of its tensors and waits for the reply. An `Error` reply
+    /// becomes [`ClientError::Remote`].
+    pub fn request(&mut self, message: &Message, tensors: &[&[u8]]) -> Result<Frame, ClientError> {
+        if self.broken {
+            return Err(ClientError::Closed { peer: self.peer });
+        }
+        let request_id = self.next_id;
+        self.next_id += 1;
+        let result = self.send(request_id, message, tensors).and_then(|()| self.receive(request_id));
+        if let Err(e) = &result {
+            // A refused request leaves the stream in step; anything else may not.
+            if !matches!(e, ClientError::Remote { .. } | ClientError::Request(_)) {
+                self.broken = true;
+            }
+        }
+        result
+    }
+
+    fn send(&mut self, request_id: u64, message: &Message, tensors: &[&[u8]]) -> Result<(), ClientError> {
+        let payload_len = encode_head(&mut self.head, request_id, message).map_err(ClientError::Request)?;
+        let descs = message.tensors();
+        let (offsets, total) = payload_layout(descs).map_err(ClientError::Request)?;
+        debug_assert_eq!(total, payload_len);
+        if descs.len() != tensors.len() {
+            return Err(ClientError::Request(ProtocolError::PayloadMismatch {
+                announced: tensors.len() as u64,
+                expected: descs.len() as u64,
+            }));
+        }
+        let mut slices: Vec<&[u8]> = Vec::with_capacity(1 + 2 * tensors.len());
+        slices.push(&self.head);
+        let mut end = 0;
+        for ((bytes, desc), offset) in tensors.iter().zip(descs).zip(offsets) {
+            if bytes.len() as u64 != desc.byte_len {
+                return Err(ClientError::Request(ProtocolError::PayloadMismatch {
+                    announced: bytes.len() as u64,
+                    expected: desc.byte_len,
+                }));
+            }
+            if offset > end {
+                slices.push(&ZEROS[..(offset - end) as usize]);
+            }
+            slices.push(bytes);
+            end = offset + desc.byte_len;
+        }
+        let deadline = self.options.timeout.map(|t| Instant::now() + t);
+        let (mut index, mut skip) = (0, 0usize);
+        while index < slices.len() {
+            let mut iov = [IoSlice::new(&[]); 64];
+            let rest = std::iter::once(&slices[index][skip..]).chain(slices[index + 1..].iter().copied());
+            let mut count = 0;
+            for (dst, src) in iov.iter_mut().zip(rest) {
+                *dst = IoSlice::new(src);
+                count += 1;
+            }
+            match send_vectored(&self.stream, &iov[..count]) {
+                Ok(mut n) => {
+                    while n > 0 {
+                        let left = slices[index].len() - skip;
+                        if n >= left {
+                            n -= left;
+                            index += 1;
+                            skip = 0;
+                        } else {
+                            skip += n;
+                            n = 0;
+                        }
+                    }
+                    while index < slices.len() && slices[index].len() == skip {
+                        index += 1;
+                        skip = 0;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.wait(libc::POLLOUT, deadline)?,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(source) => {
+                    // The node may have closed after telling us why (a fatal protocol error).
+                    return Err(self.error_reply_after_reset().unwrap_or(ClientError::Io { peer: self.peer, source }));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn error_reply_after_reset(&mut self) -> Option<ClientError> {
+        self.stream.set_nonblocking(true).ok()?;
+        let old = self.options.timeout.replace(Duration::from_millis(100));
+        let reply = self.receive(0).err();
+        self.options.timeout = old;
+        reply.filter(|e| matches!(e, ClientError::Remote { .. }))
+    }
+
+    fn receive(&mut self, request_id: u64) -> Result<Frame, ClientError> {
+        let peer = self.peer;
+        let deadline = self.options.timeout.map(|t| Instant::now() + t);
+        let mut spin_until = Instant::now() + self.options.spin;
+        loop {
+            while let Some(event) = self.reader.next_event(&mut PoolAlloc(&self.pool)) {
+                match event {
+                    RecvEvent::Frame(Frame { message: Message::Error { code, message }, request_id: id, .. })
+                        if id == request_id || id == 0 =>
+                    {
+                        return Err(ClientError::Remote { peer, code, message });
+                    }
+                    RecvEvent::Frame(frame) if frame.request_id == request_id => return Ok(frame),
+                    RecvEvent::Frame(frame) => {
+                        return Err(ClientError::UnexpectedReply {
+                            peer,
+                            request_id: frame.request_id,
+                            kind: frame.message.kind().name(),
+                        });
+                    }
+                    RecvEvent::Rejected { refusal, .. } => {
+                        return Err(ClientError::Protocol {
+                            peer,
+                            source: ProtocolError::MalformedMeta(refusal.message),
+                        });
+                    }
+                    RecvEvent::Fatal(source) => return Err(ClientError::Protocol { peer, source }),
+                }
+            }
+            let target = self.reader.read_target();
+            let mut iov = [IoSliceMut::new(target.payload), IoSliceMut::new(target.staging)];
+            let iov = if iov[0].is_empty() { &mut iov[1..] } else { &mut iov[..] };
+            match recv_vectored(&self.stream, iov) {
+                Ok(0) => {
+                    return Err(match self.reader.on_eof() {
+                        Some(source) => ClientError::Protocol { peer, source },
+                        None => ClientError::Closed { peer },
+                    });
+                }
+                Ok(n) => {
+                    self.reader.on_read(n);
+                    spin_until = Instant::now() + self.options.spin;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if Instant::now() >= spin_until {
+                        self.wait(libc::POLLIN, deadline)?;
+                    } else {
+                        std::hint::spin_loop();
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(source) => return Err(ClientError::Io { peer, source }),
+            }
+        }
+    }
+
+    /// Blocks until the socket is ready for `events` or the deadline passes.
+    fn wait(&self, events: libc::c_short, deadline: Option<Instant>) -> Result<(), ClientError> {
+        loop {
+            let timeout_ms = match deadline {
+                None => -1,
+                Some(d) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(ClientError::Timeout {
+                            peer: self.peer,
+                            timeout: self.options.timeout.unwrap_or_default(),
+                        });
+                    }
+                    left.as_millis().clamp(1, i32::MAX as u128) as i32
+                }
+            };
+            let mut fd = libc::pollfd { fd: self.stream.as_raw_fd(), events, revents: 0 };
+            // SAFETY: one valid pollfd for the duration of the call.
+            let rc = unsafe { libc::poll(&mut fd, 1, timeout_ms) };
+            if rc > 0 {
+                return Ok(());
+            }
+            if rc < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(ClientError::Io { peer: self.peer, source: e });
+                }
+            }
+        }
+    }
+}
+
+fn unspecified() -> SocketAddr {
+    SocketAddr::from(([0, 0, 0, 0], 0))
+}
+
+/// `sendmsg` with `MSG_NOSIGNAL`: a closed peer is an error, never a SIGPIPE (the Python
+/// extension runs in processes that do not ignore it).
+fn send_vectored(stream: &TcpStream, iov: &[IoSlice<'_>]) -> io::Result<usize> {
+    // SAFETY: IoSlice is ABI-compatible with iovec; msghdr is zeroed then filled.
+    let n = unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
+        msg.msg_iovlen = iov.len();
+        libc::sendmsg(stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL)
+    };
+    if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
+}
+
+fn recv_vectored(stream: &TcpStream, iov: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+    // SAFETY: IoSliceMut is ABI-compatible with iovec and the slices outlive the call.
+    let n = unsafe { libc::readv(stream.as_raw_fd(), iov.as_ptr() as *const libc::iovec, iov.len() as libc::c_int) };
+    if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
+}

@@ -1,0 +1,212 @@
+//! The epoll backend: one thread, edge-triggered readiness through mio, vectored reads into the
+//! frame reader's targets and vectored writes from the send queue.
+
+use std::io::{self, IoSlice, IoSliceMut, Read, Write};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Token, Waker};
+use slab::Slab;
+
+use super::server::{Conn, Core, ServerCounters, Service, ShutdownHandle};
+
+const LISTENER: Token = Token(usize::MAX - 1);
+const WAKER: Token = Token(usize::MAX - 2);
+/// Slices handed to one `writev`.
+const MAX_IOV: usize = 64;
+
+struct MioConn {
+    stream: TcpStream,
+    conn: Conn,
+    /// Readiness seen and not yet used up (edge-triggered: cleared on `WouldBlock`).
+    readable: bool,
+    writable: bool,
+    scheduled: bool,
+}
+
+pub(crate) struct MioServer<S> {
+    poll: Poll,
+    listener: TcpListener,
+    flag: Arc<AtomicBool>,
+    waker: Arc<Waker>,
+    core: Core<S>,
+    conns: Slab<MioConn>,
+    ready: Vec<usize>,
+}
+
+impl<S: Service> MioServer<S> {
+    pub fn new(listener: std::net::TcpListener, core: Core<S>) -> io::Result<Self> {
+        listener.set_nonblocking(true)?;
+        let mut listener = TcpListener::from_std(listener);
+        let poll = Poll::new()?;
+        poll.registry().register(&mut listener, LISTENER, Interest::READABLE)?;
+        let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
+        Ok(Self {
+            poll,
+            listener,
+            flag: Arc::new(AtomicBool::new(false)),
+            waker,
+            core,
+            conns: Slab::new(),
+            ready: Vec::new(),
+        })
+    }
+
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        let waker = Arc::clone(&self.waker);
+        ShutdownHandle::new(
+            Arc::clone(&self.flag),
+            Arc::new(move || {
+                if let Err(e) = waker.wake() {
+                    tracing::error!(error = %e, "cannot wake the poller");
+                }
+            }),
+        )
+    }
+
+    pub fn run(mut self) -> io::Result<ServerCounters> {
+        let mut events = Events::with_capacity(1024);
+        let mut last_work = Instant::now();
+        while !self.flag.load(Ordering::Acquire) {
+            // Adaptive polling: keep polling without blocking for `spin` after the last piece
+            // of work (a wake-up on the other core costs about 20 µs here), then block.
+            let busy = !self.ready.is_empty() || last_work.elapsed() < self.core.config.spin;
+            let timeout = busy.then_some(std::time::Duration::ZERO);
+            match self.poll.poll(&mut events, timeout) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+            let worked = !events.is_empty() || !self.ready.is_empty();
+            for event in events.iter() {
+                match event.token() {
+                    LISTENER => self.accept()?,
+                    WAKER => {}
+                    Token(key) => {
+                        if let Some(c) = self.conns.get_mut(key) {
+                            c.readable |= event.is_readable() || event.is_read_closed() || event.is_error();
+                            c.writable |= event.is_writable() || event.is_error();
+                            if !c.scheduled {
+                                c.scheduled = true;
+                                self.ready.push(key);
+                            }
+                        }
+                    }
+                }
+            }
+            for key in std::mem::take(&mut self.ready) {
+                self.drive(key);
+            }
+            if worked {
+                last_work = Instant::now();
+            }
+        }
+        tracing::info!(open = self.conns.len(), "poller stopping");
+        for c in self.conns.drain() {
+            self.core.on_close(&c.conn);
+        }
+        Ok(self.core.counters)
+    }
+
+    fn accept(&mut self) -> io::Result<()> {
+        loop {
+            let (mut stream, peer) = match self.listener.accept() {
+                Ok(accepted) => accepted,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                // A connection that failed before we took it (reset, out of descriptors): log it
+                // and keep serving the others.
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    return Ok(());
+                }
+            };
+            if self.conns.len() >= self.core.config.max_connections {
+                self.core.counters.connections_refused += 1;
+                tracing::warn!(%peer, "connection refused: at the connection limit");
+                continue;
+            }
+            if let Err(e) = stream.set_nodelay(true) {
+                tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
+            }
+            let entry = self.conns.vacant_entry();
+            let key = entry.key();
+            self.poll.registry().register(&mut stream, Token(key), Interest::READABLE | Interest::WRITABLE)?;
+            let conn = self.core.on_accept(peer);
+            entry.insert(MioConn { stream, conn, readable: true, writable: true, scheduled: true });
+            self.ready.push(key);
+        }
+    }
+
+    /// Moves bytes for one connection until it would block or has used its budgets.
+    fn drive(&mut self, key: usize) {
+        let Some(c) = self.conns.get_mut(key) else { return };
+        c.scheduled = false;
+        let core = &mut self.core;
+        let mut read_budget = core.config.read_budget;
+        let mut write_budget = core.config.read_budget;
+        let result = (|| -> io::Result<()> {
+            loop {
+                while c.writable && !c.conn.queue.is_empty() && write_budget > 0 {
+                    let mut iov = [IoSlice::new(&[]); MAX_IOV];
+                    let n = c.conn.queue.write_slices(&mut iov);
+                    match c.stream.write_vectored(&iov[..n]) {
+                        Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                        Ok(n) => {
+                            core.on_bytes_written(&mut c.conn, n);
+                            write_budget = write_budget.saturating_sub(n);
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => c.writable = false,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                // Frames left buffered by back-pressure are answered once the queue drains.
+                core.process(&mut c.conn);
+                if c.writable && !c.conn.queue.is_empty() && write_budget > 0 {
+                    continue;
+                }
+                if !(c.readable && c.conn.wants_read(&core.config) && read_budget > 0) {
+                    return Ok(());
+                }
+                let target = c.conn.reader.read_target();
+                let mut iov = [IoSliceMut::new(target.payload), IoSliceMut::new(target.staging)];
+                let iov = if iov[0].is_empty() { &mut iov[1..] } else { &mut iov[..] };
+                match c.stream.read_vectored(iov) {
+                    Ok(0) => core.on_eof(&mut c.conn),
+                    Ok(n) => {
+                        core.on_bytes_read(&mut c.conn, n);
+                        read_budget = read_budget.saturating_sub(n);
+                        core.process(&mut c.conn);
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => c.readable = false,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        })();
+        let close = match result {
+            Ok(()) => c.conn.is_done(),
+            Err(e) => {
+                tracing::debug!(peer = %c.conn.peer, error = %e, "connection lost");
+                true
+            }
+        };
+        if close {
+            let mut c = self.conns.remove(key);
+            if let Err(e) = self.poll.registry().deregister(&mut c.stream) {
+                tracing::debug!(error = %e, "deregister failed");
+            }
+            self.core.on_close(&c.conn);
+            return;
+        }
+        let more_reads = c.readable && c.conn.wants_read(&self.core.config);
+        let more_writes = c.writable && !c.conn.queue.is_empty();
+        if (more_reads || more_writes) && !c.scheduled {
+            c.scheduled = true;
+            self.ready.push(key);
+        }
+    }
+}

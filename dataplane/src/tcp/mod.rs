@@ -1,0 +1,66 @@
+//! TCP drivers around the protocol core: the node's poller (mio or io_uring) and the client's
+//! blocking connection.
+
+mod client;
+mod mio_backend;
+mod server;
+mod uring_backend;
+
+use std::io;
+use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
+
+pub use client::{ClientConn, ClientError, ClientOptions};
+pub use server::{Backend, Reply, ServerConfig, ServerCounters, Service, ShutdownHandle};
+
+use server::Core;
+
+/// A bound node server; [`Server::run`] drives it on the calling thread until shut down.
+pub struct Server<S> {
+    local_addr: SocketAddr,
+    backend: BackendServer<S>,
+}
+
+enum BackendServer<S> {
+    Mio(mio_backend::MioServer<S>),
+    Uring(uring_backend::UringServer<S>),
+}
+
+impl<S> std::fmt::Debug for Server<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server").field("local_addr", &self.local_addr).finish()
+    }
+}
+
+impl<S: Service> Server<S> {
+    /// Binds `addr` (port 0 picks a free port) with the configured backend.
+    pub fn bind(addr: impl ToSocketAddrs, config: ServerConfig, service: S, agent: &str) -> io::Result<Self> {
+        let listener = TcpListener::bind(addr)?;
+        let local_addr = listener.local_addr()?;
+        let backend = config.backend;
+        let core = Core::new(service, config, agent);
+        let backend = match backend {
+            Backend::Mio => BackendServer::Mio(mio_backend::MioServer::new(listener, core)?),
+            Backend::Uring => BackendServer::Uring(uring_backend::UringServer::new(listener, core)?),
+        };
+        Ok(Self { local_addr, backend })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        match &self.backend {
+            BackendServer::Mio(s) => s.shutdown_handle(),
+            BackendServer::Uring(s) => s.shutdown_handle(),
+        }
+    }
+
+    /// Serves until [`ShutdownHandle::shutdown`]; returns the final counters.
+    pub fn run(self) -> io::Result<ServerCounters> {
+        match self.backend {
+            BackendServer::Mio(s) => s.run(),
+            BackendServer::Uring(s) => s.run(),
+        }
+    }
+}

@@ -1,0 +1,295 @@
+//! What every server backend shares: per-connection protocol state, request dispatch, the
+//! built-in kinds (hello, ping, stats), back-pressure and counters. Backends only move bytes.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use crate::proto::{
+    ErrorCode, Frame, FrameReader, Hello, Kind, Limits, Message, OutFrame, Payload, PayloadAlloc, PROTOCOL_VERSION,
+    ProtocolError, RecvEvent, Refusal, SendQueue, SharedBytes, transports,
+};
+
+/// The node's answer to one request.
+pub struct Reply {
+    pub message: Message,
+    /// The bytes of `message.tensors()`, in order.
+    pub tensors: Vec<SharedBytes>,
+}
+
+impl Reply {
+    pub fn message(message: Message) -> Self {
+        Self { message, tensors: Vec::new() }
+    }
+
+    pub fn error(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self::message(Message::error(code, message))
+    }
+}
+
+impl fmt::Debug for Reply {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Reply").field("message", &self.message).field("tensors", &self.tensors.len()).finish()
+    }
+}
+
+/// What a node does with requests. Called on the poller thread: it must not block.
+pub trait Service {
+    /// Memory for the payload of `message` (`len` bytes), or why it is refused. Called before
+    /// any payload byte is read, so a refused request costs no allocation.
+    fn alloc(&mut self, message: &Message, len: usize) -> Result<Payload, Refusal>;
+    /// Answers a request that is not one of the data plane's own (hello, ping, stats).
+    fn handle(&mut self, frame: Frame) -> Reply;
+    /// Appends the service's counters to a stats reply.
+    fn stats(&self, out: &mut Vec<(String, u64)>);
+}
+
+/// The server backend: mio (epoll) or io_uring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Backend {
+    #[default]
+    Mio,
+    Uring,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub limits: Limits,
+    /// How long the poller keeps polling without blocking after its last piece of work.
+    pub spin: Duration,
+    /// A connection whose unsent replies exceed this many bytes is not read from until they
+    /// drain, so a client that does not read its replies cannot make the node buffer without
+    /// bound.
+    pub max_queued_bytes: u64,
+    /// The same bound in frames (small replies).
+    pub max_queued_frames: usize,
+    /// Bytes read from one connection before the poller turns to the others.
+    pub read_budget: usize,
+    /// Connections beyond this are closed at once.
+    pub max_connections: usize,
+    pub backend: Backend,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            limits: Limits::default(),
+            spin: Duration::from_micros(50),
+            max_queued_bytes: 64 << 20,
+            max_queued_frames: 1024,
+            read_budget: 4 << 20,
+            max_connections: 4096,
+            backend: Backend::default(),
+        }
+    }
+}
+
+/// Counters of the data plane, reported in stats replies.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ServerCounters {
+    pub connections_accepted: u64,
+    pub connections_open: u64,
+    pub connections_refused: u64,
+    pub frames_in: u64,
+    pub frames_out: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub requests_refused: u64,
+    pub protocol_failures: u64,
+}
+
+/// Stops a running server from another thread (a signal handler thread, a test).
+#[derive(Clone)]
+pub struct ShutdownHandle {
+    flag: Arc<AtomicBool>,
+    wake: Arc<dyn Fn() + Send + Sync>,
+}
+
+impl ShutdownHandle {
+    pub(crate) fn new(flag: Arc<AtomicBool>, wake: Arc<dyn Fn() + Send + Sync>) -> Self {
+        Self { flag, wake }
+    }
+
+    pub fn shutdown(&self) {
+        self.flag.store(true, Ordering::Release);
+        (self.wake)();
+    }
+}
+
+impl fmt::Debug for ShutdownHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ShutdownHandle").field("requested", &self.flag.load(Ordering::Relaxed)).finish()
+    }
+}
+
+/// The protocol state of one connection.
+#[derive(Debug)]
+pub(crate) struct Conn {
+    pub reader: FrameReader,
+    pub queue: SendQueue,
+    pub peer: SocketAddr,
+    /// No more reading: the peer closed, or the stream failed. Close once the queue is sent.
+    pub closing: bool,
+}
+
+impl Conn {
+    pub fn new(peer: SocketAddr, limits: Limits) -> Self {
+        Self { reader: FrameReader::new(limits), queue: SendQueue::default(), peer, closing: false }
+    }
+
+    fn under_limits(&self, config: &ServerConfig) -> bool {
+        self.queue.queued_bytes() < config.max_queued_bytes && self.queue.queued_frames() < config.max_queued_frames
+    }
+
+    /// True when the backend should read from this connection.
+    pub fn wants_read(&self, config: &ServerConfig) -> bool {
+        !self.closing && self.under_limits(config)
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.closing && self.queue.is_empty()
+    }
+}
+
+/// Dispatch and accounting shared by the backends.
+pub(crate) struct Core<S> {
+    pub service: S,
+    pub config: ServerConfig,
+    pub counters: ServerCounters,
+    hello: Hello,
+}
+
+struct Alloc<'a, S>(&'a mut S);
+
+impl<S: Service> PayloadAlloc for Alloc<'_, S> {
+    fn alloc(&mut self, message: &Message, len: usize) -> Result<Payload, Refusal> {
+        self.0.alloc(message, len)
+    }
+}
+
+impl<S: Service> Core<S> {
+    pub fn new(service: S, config: ServerConfig, agent: &str) -> Self {
+        let hello = Hello::new(&config.limits, transports::TCP, agent);
+        Self { service, config, counters: ServerCounters::default(), hello }
+    }
+
+    pub fn on_accept(&mut self, peer: SocketAddr) -> Conn {
+        self.counters.connections_accepted += 1;
+        self.counters.connections_open += 1;
+        tracing::debug!(%peer, "connection accepted");
+        Conn::new(peer, self.config.limits)
+    }
+
+    pub fn on_close(&mut self, conn: &Conn) {
+        self.counters.connections_open -= 1;
+        tracing::debug!(peer = %conn.peer, "connection closed");
+    }
+
+    pub fn on_bytes_read(&mut self, conn: &mut Conn, n: usize) {
+        self.counters.bytes_in += n as u64;
+        conn.reader.on_read(n);
+    }
+
+    pub fn on_bytes_written(&mut self, conn: &mut Conn, n: usize) {
+        self.counters.bytes_out += n as u64;
+        conn.queue.on_written(n);
+    }
+
+    /// Decodes and answers whatever complete frames are buffered, while the connection's
+    /// replies stay under the back-pressure limits.
+    pub fn process(&mut self, conn: &mut Conn) {
+        while !conn.closing && conn.under_limits(&self.config) {
+            let Some(event) = conn.reader.next_event(&mut Alloc(&mut self.service)) else { break };
+            match event {
+                RecvEvent::Frame(frame) => {
+                    self.counters.frames_in += 1;
+                    let request_id = frame.request_id;
+                    let reply = self.dispatch(frame);
+                    self.send(conn, request_id, reply);
+                }
+                RecvEvent::Rejected { request_id, refusal } => {
+                    self.counters.frames_in += 1;
+                    self.counters.requests_refused += 1;
+                    tracing::debug!(peer = %conn.peer, request_id, ?refusal, "request refused");
+                    self.send(conn, request_id, Reply::error(refusal.code, refusal.message));
+                }
+                RecvEvent::Fatal(error) => self.fail(conn, error),
+            }
+        }
+    }
+
+    /// The peer closed its side: a frame cut short is reported (the peer may still read).
+    pub fn on_eof(&mut self, conn: &mut Conn) {
+        if let Some(error) = conn.reader.on_eof() {
+            self.fail(conn, error);
+        }
+        conn.closing = true;
+    }
+
+    fn fail(&mut self, conn: &mut Conn, error: ProtocolError) {
+        self.counters.protocol_failures += 1;
+        tracing::warn!(peer = %conn.peer, %error, "closing connection after a protocol error");
+        self.send(conn, 0, Reply::error(error.code(), error.to_string()));
+        conn.closing = true;
+    }
+
+    fn send(&mut self, conn: &mut Conn, request_id: u64, reply: Reply) {
+        let frame = OutFrame::new(request_id, &reply.message, reply.tensors).unwrap_or_else(|e| {
+            tracing::error!(error = %e, "service built an inconsistent reply");
+            let error = Message::error(ErrorCode::Internal, format!("inconsistent reply: {e}"));
+            OutFrame::new(request_id, &error, Vec::new()).expect("an error frame has no payload")
+        });
+        self.counters.frames_out += 1;
+        conn.queue.push(frame);
+    }
+
+    fn dispatch(&mut self, frame: Frame) -> Reply {
+        match &frame.message {
+            Message::Hello(peer) => {
+                if peer.protocol_version != PROTOCOL_VERSION {
+                    let e = ProtocolError::VersionMismatch { ours: PROTOCOL_VERSION, theirs: peer.protocol_version };
+                    return Reply::error(e.code(), e.to_string());
+                }
+                tracing::debug!(agent = %peer.agent, "hello");
+                Reply::message(Message::HelloAck(self.hello.clone()))
+            }
+            Message::Ping => Reply::message(Message::Pong),
+            Message::Stats => {
+                let c = &self.counters;
+                let mut counters: Vec<(String, u64)> = [
+                    ("connections_accepted", c.connections_accepted),
+                    ("connections_open", c.connections_open),
+                    ("connections_refused", c.connections_refused),
+                    ("frames_in", c.frames_in),
+                    ("frames_out", c.frames_out),
+                    ("bytes_in", c.bytes_in),
+                    ("bytes_out", c.bytes_out),
+                    ("requests_refused", c.requests_refused),
+                    ("protocol_failures", c.protocol_failures),
+                ]
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v))
+                .collect();
+                self.service.stats(&mut counters);
+                Reply::message(Message::StatsReply { counters })
+            }
+            Message::HelloAck(_)
+            | Message::Pong
+            | Message::PutAck { .. }
+            | Message::GetReply { .. }
+            | Message::DeleteAck
+            | Message::ListReply { .. }
+            | Message::StatsReply { .. }
+            | Message::Error { .. } => {
+                let kind: Kind = frame.message.kind();
+                let e = ProtocolError::Unexpected { kind: kind.name() };
+                Reply::error(e.code(), format!("{e}: replies are not requests"))
+            }
+            Message::Put { .. } | Message::Get { .. } | Message::Delete { .. } | Message::List { .. } => {
+                self.service.handle(frame)
+            }
+        }
+    }
+}

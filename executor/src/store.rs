@@ -1,0 +1,149 @@
+//! Named tensors kept in node memory, under the node's memory budget.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::sync::Arc;
+
+use djinn_dataplane::proto::{ErrorCode, Frame, ListEntry, Message, Payload, Refusal, TensorDesc};
+use djinn_dataplane::tcp::{Reply, Service};
+use djinn_gpudirect::{BufferPool, HostBuf, MemoryBudget};
+
+/// A tensor in the store: its descriptor and the received payload it lives in (never copied).
+#[derive(Debug)]
+struct StoredTensor {
+    desc: TensorDesc,
+    data: Payload,
+}
+
+impl AsRef<[u8]> for StoredTensor {
+    fn as_ref(&self) -> &[u8] {
+        self.data.buf.as_slice()
+    }
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct StoreStats {
+    pub tensors: u64,
+    /// Bytes of the tensors in the store.
+    pub stored_bytes: u64,
+}
+
+/// The node's named tensors. A put's payload is received straight into memory reserved from
+/// the budget; replies to gets share that memory with the store, so a tensor deleted while its
+/// bytes are being sent stays alive (and accounted) until the send ends.
+#[derive(Debug)]
+pub struct TensorStore {
+    budget: MemoryBudget,
+    pool: BufferPool,
+    tensors: BTreeMap<String, Arc<StoredTensor>>,
+    stats: StoreStats,
+    /// Bound on a list reply's encoded entries, so it fits the peer's metadata limit.
+    max_list_meta: usize,
+}
+
+/// Most entries one list reply carries.
+pub const MAX_LIST: u32 = 1000;
+
+impl TensorStore {
+    pub fn new(budget: MemoryBudget, pool: BufferPool, max_meta: u32) -> Self {
+        Self { budget, pool, tensors: BTreeMap::new(), stats: StoreStats::default(), max_list_meta: max_meta as usize / 2 }
+    }
+
+    pub fn stats(&self) -> StoreStats {
+        self.stats
+    }
+
+    fn put(&mut self, name: String, desc: TensorDesc, data: Payload) -> Reply {
+        let bytes = desc.byte_len;
+        let old = self.tensors.insert(name, Arc::new(StoredTensor { desc, data }));
+        self.stats.tensors += 1;
+        self.stats.stored_bytes += bytes;
+        if let Some(old) = &old {
+            self.forget(old);
+        }
+        Reply::message(Message::PutAck { replaced: old.is_some() })
+    }
+
+    fn forget(&mut self, tensor: &StoredTensor) {
+        self.stats.tensors -= 1;
+        self.stats.stored_bytes -= tensor.desc.byte_len;
+    }
+
+    fn list(&self, after: Option<String>, limit: u32) -> Reply {
+        let start = match &after {
+            Some(name) => Bound::Excluded(name.as_str()),
+            None => Bound::Unbounded,
+        };
+        let mut entries = Vec::new();
+        let mut size = 0;
+        let mut more = false;
+        for (name, tensor) in self.tensors.range::<str, _>((start, Bound::Unbounded)) {
+            let entry_size = 2 + name.len() + 10 + 8 * tensor.desc.shape.len();
+            if entries.len() as u32 >= limit.min(MAX_LIST) || size + entry_size > self.max_list_meta {
+                more = true;
+                break;
+            }
+            size += entry_size;
+            entries.push(ListEntry { name: name.clone(), tensor: tensor.desc.clone() });
+        }
+        Reply::message(Message::ListReply { entries, more })
+    }
+}
+
+impl Service for TensorStore {
+    fn alloc(&mut self, message: &Message, len: usize) -> Result<Payload, Refusal> {
+        match message {
+            Message::Put { .. } => {
+                let reservation = self.budget.try_reserve(len as u64)?;
+                let buf = self.pool.take(len)?;
+                Ok(Payload { buf, reservation: Some(reservation) })
+            }
+            other => Err(Refusal {
+                code: ErrorCode::Unexpected,
+                message: format!("a {} request carries no payload", other.kind().name()),
+            }),
+        }
+    }
+
+    fn handle(&mut self, frame: Frame) -> Reply {
+        match (frame.message, frame.payload) {
+            (Message::Put { name, tensor }, Some(data)) => self.put(name, tensor, data),
+            // An empty tensor has no payload bytes.
+            (Message::Put { name, tensor }, None) => {
+                self.put(name, tensor, Payload { buf: HostBuf::empty(), reservation: None })
+            }
+            (Message::Get { name }, _) => match self.tensors.get(&name) {
+                Some(tensor) => Reply {
+                    message: Message::GetReply { tensor: tensor.desc.clone() },
+                    tensors: vec![Arc::clone(tensor) as _],
+                },
+                None => Reply::error(ErrorCode::NotFound, format!("no tensor named {name:?}")),
+            },
+            (Message::Delete { name }, _) => match self.tensors.remove(&name) {
+                Some(old) => {
+                    self.forget(&old);
+                    Reply::message(Message::DeleteAck)
+                }
+                None => Reply::error(ErrorCode::NotFound, format!("no tensor named {name:?}")),
+            },
+            (Message::List { after, limit }, _) => self.list(after, limit),
+            (message, _) => Reply::error(ErrorCode::Unexpected, format!("a node does not serve {} requests", message.kind().name())),
+        }
+    }
+
+    fn stats(&self, out: &mut Vec<(String, u64)>) {
+        let pool = self.pool.stats();
+        out.extend(
+            [
+                ("store_tensors", self.stats.tensors),
+                ("store_bytes", self.stats.stored_bytes),
+                ("budget_used_bytes", self.budget.used()),
+                ("budget_limit_bytes", self.budget.limit()),
+                ("pool_retained_bytes", pool.retained_bytes),
+                ("pool_hits", pool.hits),
+                ("pool_misses", pool.misses),
+            ]
+            .map(|(k, v)| (k.to_owned(), v)),
+        );
+    }
+}

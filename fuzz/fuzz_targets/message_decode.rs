@@ -1,0 +1,26 @@
+//! Decodes arbitrary metadata as a message of a chosen kind. Whatever decodes must survive
+//! `Message::encode` → `Message::decode` unchanged, and encode back to the very bytes it was
+//! decoded from (the decoder accepts one encoding per message).
+//!
+//! Input layout: bytes 0..2 = the kind's wire code (little-endian u16, as in the frame header);
+//! the rest = the metadata.
+#![no_main]
+
+use djinn_dataplane::proto::{Kind, Limits, Message};
+use libfuzzer_sys::fuzz_target;
+
+const LIMITS: Limits = Limits { max_payload: 1 << 20, max_meta: 1 << 16, max_dims: 16, max_name: 1024 };
+
+fuzz_target!(|data: &[u8]| {
+    let Some((code, meta)) = data.split_first_chunk::<2>() else { return };
+    let Some(kind) = Kind::from_wire(u16::from_le_bytes(*code)) else { return };
+    let Ok(message) = Message::decode(kind, meta, &LIMITS) else { return };
+    assert_eq!(message.kind(), kind, "decoded as the wrong kind");
+
+    let mut encoded = Vec::new();
+    message.encode(&mut encoded);
+    assert_eq!(encoded, meta, "{message:?} encodes differently from the metadata it was decoded from");
+    let again = Message::decode(kind, &encoded, &LIMITS)
+        .unwrap_or_else(|e| panic!("re-encoded {message:?} does not decode: {e}"));
+    assert_eq!(again, message, "message changed through encode → decode");
+});

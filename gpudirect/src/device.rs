@@ -1,0 +1,67 @@
+//! CUDA device discovery. The driver is loaded dynamically; a host without it (as CI and the
+//! development machines are) simply has no devices.
+
+use cudarc::driver::{result, sys};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CudaDevice {
+    pub ordinal: i32,
+    pub name: String,
+    pub total_memory: u64,
+    /// `domain:bus:device.0`, as `nvidia-smi` prints it.
+    pub pci_bus_id: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("CUDA driver call failed during {during}: {source}")]
+pub struct DeviceError {
+    during: &'static str,
+    #[source]
+    source: result::DriverError,
+}
+
+/// The CUDA devices of this host; empty when there is no CUDA driver.
+pub fn cuda_devices() -> Result<Vec<CudaDevice>, DeviceError> {
+    // SAFETY: only probes whether the driver library can be loaded.
+    if !unsafe { sys::is_culib_present() } {
+        return Ok(Vec::new());
+    }
+    let ctx = |during| move |source| DeviceError { during, source };
+    result::init().map_err(ctx("cuInit"))?;
+    let count = result::device::get_count().map_err(ctx("cuDeviceGetCount"))?;
+    (0..count)
+        .map(|ordinal| {
+            let dev = result::device::get(ordinal).map_err(ctx("cuDeviceGet"))?;
+            let name = result::device::get_name(dev).map_err(ctx("cuDeviceGetName"))?;
+            // SAFETY (both): `dev` was returned by cuDeviceGet.
+            let total = unsafe { result::device::total_mem(dev) }.map_err(ctx("cuDeviceTotalMem"))?;
+            let attr = |a| unsafe { result::device::get_attribute(dev, a) };
+            use sys::CUdevice_attribute::*;
+            let domain = attr(CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID).map_err(ctx("cuDeviceGetAttribute"))?;
+            let bus = attr(CU_DEVICE_ATTRIBUTE_PCI_BUS_ID).map_err(ctx("cuDeviceGetAttribute"))?;
+            let device = attr(CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID).map_err(ctx("cuDeviceGetAttribute"))?;
+            Ok(CudaDevice {
+                ordinal,
+                name,
+                total_memory: total as u64,
+                pci_bus_id: format!("{domain:08x}:{bus:02x}:{device:02x}.0"),
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn discovery_never_panics() {
+        match super::cuda_devices() {
+            Ok(devices) if devices.is_empty() => eprintln!("no CUDA driver on this host"),
+            Ok(devices) => {
+                for d in &devices {
+                    assert!(d.total_memory > 0, "{d:?}");
+                }
+            }
+            Err(e) => eprintln!("CUDA present but unusable: {e}"),
+        }
+    }
+}

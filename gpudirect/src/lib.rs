@@ -1,0 +1,12 @@
+//! Memory for Djinn nodes: host buffers and their pool, the node's device-memory budget, and
+//! CUDA device discovery that treats "no GPU" as a normal state, never a panic.
+
+pub mod budget;
+pub mod device;
+pub mod host;
+mod size;
+
+pub use budget::{MemoryBudget, OverBudget, Reservation};
+pub use device::{CudaDevice, DeviceError, cuda_devices};
+pub use host::{AllocError, BUFFER_ALIGN, BufferPool, HostBuf, PoolStats};
+pub use size::ByteSize;

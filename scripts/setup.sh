@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Idempotent set-up for a fresh Debian 12 machine: system packages, the Python venv with the
+# libtorch that `tch` needs, and a release build of the workspace. A second run only checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(build-essential pkg-config cmake libclang-dev libibverbs-dev librdmacm-dev
+  rdma-core ibverbs-utils python3-venv python3-dev)
+TORCH_VERSION=2.13.0
+PY_PACKAGES=("torch==${TORCH_VERSION}" "maturin>=1.16,<2" "pytest>=8")
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  log "installing Debian packages: ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+  log "installing the Rust toolchain (rustup, stable)"
+  curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --component clippy,rustfmt
+  # shellcheck disable=SC1091
+  . "$HOME/.cargo/env"
+fi
+
+# Debian's interpreter, so python3-venv and python3-dev match it.
+PYTHON=/usr/bin/python3
+if [ ! -x .venv/bin/python ]; then
+  log "creating .venv"
+  "$PYTHON" -m venv .venv
+fi
+if ! .venv/bin/python - <<PY 2>/dev/null
+import importlib.metadata as m, sys
+ok = m.version("torch") == "${TORCH_VERSION}" and m.version("maturin") and m.version("pytest")
+sys.exit(0 if ok else 1)
+PY
+then
+  log "installing ${PY_PACKAGES[*]} into .venv (torch is the CUDA build, about 2.6 GB)"
+  .venv/bin/pip install -q --disable-pip-version-check "${PY_PACKAGES[@]}"
+fi
+
+log "building the workspace (release)"
+cargo build --release --workspace --quiet
+log "ready: target/release/djinn"

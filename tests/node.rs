@@ -1,0 +1,304 @@
+//! A real `djinn node` process on 127.0.0.1, driven by real clients and by raw sockets that
+//! send what a well-behaved client never would. Every test runs against both TCP backends.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
+use djinn_client::{ClientError, DType, ErrorCode};
+use djinn_dataplane::proto::{FrameHeader, HEADER_LEN, Hello, Kind, Limits, Message, PROTOCOL_VERSION, TensorDesc, encode_head, transports};
+use support::{BACKENDS, Node, pattern, read_reply, reset_on_close};
+
+#[test]
+fn a_gibibyte_tensor_goes_in_and_comes_back_byte_exact() {
+    for backend in BACKENDS {
+        let node = Node::start(backend, &["--device-memory-budget", "3GiB"]);
+        let mut client = node.client();
+        let data = pattern(1 << 30, 1);
+        assert!(!client.put("big", DType::F32, &[1 << 28], &data).unwrap());
+        let back = client.get("big").unwrap();
+        assert_eq!(back.desc, TensorDesc::new(DType::F32, vec![1 << 28]).unwrap());
+        assert!(back.bytes() == &data[..], "{backend}: bytes differ");
+        drop(back);
+        assert_eq!(node.stat(&mut client, "budget_used_bytes"), 1 << 30);
+        client.delete("big").unwrap();
+        assert_eq!(node.stat(&mut client, "budget_used_bytes"), 0, "{backend}");
+    }
+}
+
+#[test]
+fn sixty_four_clients_of_a_thousand_requests_each_all_get_their_own_answers() {
+    for backend in BACKENDS {
+        let node = Arc::new(Node::start(backend, &[]));
+        let workers: Vec<_> = (0..64u64)
+            .map(|id| {
+                let node = Arc::clone(&node);
+                thread::spawn(move || {
+                    let mut client = node.client();
+                    let name = format!("t{id}");
+                    for i in 0..500u64 {
+                        let len = 8 + ((id * 131 + i * 17) % 4096) as usize;
+                        let data = pattern(len, id * 1000 + i);
+                        client.put(&name, DType::U8, &[len as u64], &data).unwrap();
+                        let back = client.get(&name).unwrap();
+                        assert_eq!(back.bytes(), &data[..], "client {id} request {i}");
+                    }
+                    client.delete(&name).unwrap();
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().expect("a client failed");
+        }
+        let mut client = node.client();
+        assert_eq!(node.stat(&mut client, "frames_in"), 64 * (1 + 1000 + 1) + 1 + 1);
+        assert_eq!(node.stat(&mut client, "budget_used_bytes"), 0);
+        assert!(client.list().unwrap().is_empty());
+    }
+}
+
+#[test]
+fn requests_pipelined_on_one_connection_are_answered_by_request_id() {
+    for backend in BACKENDS {
+        let node = Node::start(backend, &[]);
+        node.client().put("p", DType::I64, &[4], &pattern(32, 3)).unwrap();
+        let mut stream = TcpStream::connect(node.addr).unwrap();
+        let mut wire = Vec::new();
+        let mut head = Vec::new();
+        for id in 100..300u64 {
+            let message = if id % 2 == 0 { Message::Ping } else { Message::Get { name: "p".into() } };
+            encode_head(&mut head, id, &message).unwrap();
+            wire.extend_from_slice(&head);
+        }
+        stream.write_all(&wire).unwrap();
+        for id in 100..300u64 {
+            let (header, message, payload) = read_reply(&mut stream);
+            assert_eq!(header.request_id.get(), id);
+            if id % 2 == 0 {
+                assert_eq!(message, Message::Pong);
+            } else {
+                assert!(matches!(message, Message::GetReply { .. }));
+                assert_eq!(payload, pattern(32, 3));
+            }
+        }
+    }
+}
+
+/// Sends `bytes` on a fresh connection, half-closes it, and returns the error reply.
+fn error_for(node: &Node, bytes: &[u8]) -> (u64, ErrorCode, String) {
+    let mut stream = TcpStream::connect(node.addr).unwrap();
+    stream.write_all(bytes).unwrap();
+    stream.shutdown(Shutdown::Write).unwrap();
+    let (header, message, _) = read_reply(&mut stream);
+    let Message::Error { code, message } = message else { panic!("expected an error, got {message:?}") };
+    (header.request_id.get(), code, message)
+}
+
+fn put_frame(id: u64, name: &str, tensor: TensorDesc, payload: &[u8]) -> Vec<u8> {
+    let mut wire = Vec::new();
+    encode_head(&mut wire, id, &Message::Put { name: name.into(), tensor }).unwrap();
+    wire.extend_from_slice(payload);
+    wire
+}
+
+/// One round of every kind of bad input; returns what the node answered, in order.
+fn bad_input_round(node: &Node) -> Vec<ErrorCode> {
+    let mut codes = Vec::new();
+    let header = |kind: Kind, meta: u32, payload: u64| zerocopy::IntoBytes::as_bytes(&FrameHeader::new(kind, 7, meta, payload)).to_vec();
+
+    // Malformed header: wrong magic.
+    let mut bad = header(Kind::Ping, 0, 0);
+    bad[..4].copy_from_slice(b"HTTP");
+    codes.push(error_for(node, &bad).1);
+
+    // Truncated frame: a 1 MiB put that stops half way, then the client half-closes.
+    let tensor = TensorDesc::new(DType::U8, vec![1 << 20]).unwrap();
+    let frame = put_frame(8, "cut", tensor, &pattern(1 << 20, 5));
+    let (_, code, message) = error_for(node, &frame[..frame.len() / 2]);
+    assert!(message.contains("payload"), "{message}");
+    codes.push(code);
+
+    // Length over the limit (the node runs with --max-payload 64MiB): refused from the header.
+    codes.push(error_for(node, &header(Kind::Put, 20, (64 << 20) + 1)).1);
+
+    // Unknown kind, with a body the node must skip: the connection stays usable.
+    let mut stream = TcpStream::connect(node.addr).unwrap();
+    let mut unknown = header(Kind::Ping, 4, 100);
+    unknown[6..8].copy_from_slice(&0x0177u16.to_le_bytes());
+    unknown.extend([0u8; 104]);
+    let mut ping = Vec::new();
+    encode_head(&mut ping, 9, &Message::Ping).unwrap();
+    unknown.extend(&ping);
+    stream.write_all(&unknown).unwrap();
+    let (h, reply, _) = read_reply(&mut stream);
+    assert_eq!(h.request_id.get(), 7);
+    let Message::Error { code, .. } = reply else { panic!("{reply:?}") };
+    codes.push(code);
+    assert_eq!(read_reply(&mut stream).1, Message::Pong);
+
+    // Descriptor whose byte length disagrees with dtype × shape: refused, connection usable.
+    let lying = TensorDesc { byte_len: 12, ..TensorDesc::new(DType::F32, vec![2, 2]).unwrap() };
+    stream.write_all(&put_frame(10, "lie", lying, &[0u8; 12])).unwrap();
+    let (h, reply, _) = read_reply(&mut stream);
+    assert_eq!(h.request_id.get(), 10);
+    let Message::Error { code, .. } = reply else { panic!("{reply:?}") };
+    codes.push(code);
+    stream.write_all(&ping).unwrap();
+    assert_eq!(read_reply(&mut stream).1, Message::Pong);
+
+    // A client that vanishes mid-frame (reset, no half-close): the node just drops it.
+    let mut vanishing = TcpStream::connect(node.addr).unwrap();
+    let tensor = TensorDesc::new(DType::U8, vec![8 << 20]).unwrap();
+    let frame = put_frame(11, "gone", tensor, &pattern(8 << 20, 6));
+    vanishing.write_all(&frame[..3 << 20]).unwrap();
+    reset_on_close(&vanishing);
+    drop(vanishing);
+
+    codes
+}
+
+#[test]
+fn bad_input_gets_typed_errors_and_leaks_nothing() {
+    for backend in BACKENDS {
+        let node = Node::start(backend, &["--max-payload", "64MiB"]);
+        let mut observer = node.client();
+        observer.put("keep", DType::U8, &[3], &[1, 2, 3]).unwrap();
+        let baseline = node.stat(&mut observer, "budget_used_bytes");
+        let expected = [
+            ErrorCode::BadMagic,
+            ErrorCode::Truncated,
+            ErrorCode::FrameTooLarge,
+            ErrorCode::UnknownKind,
+            ErrorCode::BadDescriptor,
+        ];
+        let mut rss_after_first = 0;
+        for round in 0..10 {
+            assert_eq!(bad_input_round(&node), expected, "{backend}, round {round}");
+            // The node still serves others, and every byte it took is back.
+            assert_eq!(observer.get("keep").unwrap().bytes(), &[1, 2, 3]);
+            node.wait_for_stat(&mut observer, "connections_open", 1);
+            assert_eq!(node.stat(&mut observer, "budget_used_bytes"), baseline, "{backend}, round {round}");
+            if round == 0 {
+                rss_after_first = node.rss();
+            }
+        }
+        let rss = node.rss();
+        assert!(
+            rss <= rss_after_first + (16 << 20),
+            "{backend}: RSS grew from {rss_after_first} to {rss} bytes over 10 rounds"
+        );
+    }
+}
+
+#[test]
+fn a_hello_from_another_protocol_version_is_refused_naming_both() {
+    for backend in BACKENDS {
+        let node = Node::start(backend, &[]);
+        let hello = Hello { protocol_version: 9, ..Hello::new(&Limits::default(), transports::TCP, "future") };
+        let mut wire = Vec::new();
+        encode_head(&mut wire, 1, &Message::Hello(hello)).unwrap();
+        let (_, code, message) = error_for(&node, &wire);
+        assert_eq!(code, ErrorCode::VersionMismatch);
+        assert!(message.contains("version 9") && message.contains(&format!("version {PROTOCOL_VERSION}")), "{message}");
+        // The same in the frame header: fatal for the stream, still named.
+        let mut wire = zerocopy::IntoBytes::as_bytes(&FrameHeader::new(Kind::Ping, 1, 0, 0)).to_vec();
+        wire[4..6].copy_from_slice(&3u16.to_le_bytes());
+        let (_, code, message) = error_for(&node, &wire);
+        assert_eq!(code, ErrorCode::VersionMismatch);
+        assert!(message.contains("version 3"), "{message}");
+    }
+}
+
+#[test]
+fn a_put_over_the_budget_is_refused_before_its_payload_is_taken() {
+    for backend in BACKENDS {
+        let node = Node::start(backend, &["--device-memory-budget", "1MiB"]);
+        let mut client = node.client();
+        let err = client.put("big", DType::U8, &[2 << 20], &pattern(2 << 20, 1)).unwrap_err();
+        assert_eq!(err.remote_code(), Some(ErrorCode::OverBudget), "{err}");
+        // The connection stays in step and the budget untouched.
+        client.put("small", DType::U8, &[1000], &pattern(1000, 2)).unwrap();
+        assert_eq!(node.stat(&mut client, "budget_used_bytes"), 1000);
+        assert_eq!(node.stat(&mut client, "pool_misses"), 0, "nothing allocated for the refused put");
+    }
+}
+
+#[test]
+fn unknown_names_are_not_found() {
+    for backend in BACKENDS {
+        let node = Node::start(backend, &[]);
+        let mut client = node.client();
+        let err = client.get("nope").unwrap_err();
+        assert!(matches!(&err, ClientError::Remote { code: ErrorCode::NotFound, message, .. } if message.contains("nope")));
+        assert_eq!(client.delete("nope").unwrap_err().remote_code(), Some(ErrorCode::NotFound));
+        client.ping().unwrap();
+    }
+}
+
+#[test]
+fn listing_pages_through_every_name_in_order() {
+    for backend in BACKENDS {
+        let node = Node::start(backend, &[]);
+        let mut client = node.client();
+        let mut names: Vec<String> = (0..2500).map(|i| format!("n{i:05}")).collect();
+        for name in &names {
+            client.put(name, DType::Bool, &[], &[1]).unwrap();
+        }
+        names.sort();
+        let listed: Vec<String> = client.list().unwrap().into_iter().map(|e| e.name).collect();
+        assert_eq!(listed, names);
+    }
+}
+
+#[test]
+fn a_client_that_never_reads_cannot_make_the_node_buffer_without_bound() {
+    for backend in BACKENDS {
+        let node = Node::start(backend, &["--max-queued", "8MiB"]);
+        let mut client = node.client();
+        client.put("blob", DType::U8, &[4 << 20], &pattern(4 << 20, 9)).unwrap();
+        let rss_before = node.rss();
+        // Ask for the 4 MiB blob 200 times (800 MiB of replies) and read none of them.
+        let mut greedy = TcpStream::connect(node.addr).unwrap();
+        greedy.set_write_timeout(Some(Duration::from_millis(500))).unwrap();
+        let mut head = Vec::new();
+        encode_head(&mut head, 1, &Message::Get { name: "blob".into() }).unwrap();
+        for _ in 0..200 {
+            if greedy.write_all(&head).is_err() {
+                break; // the node stopped reading us: back-pressure reached our socket
+            }
+        }
+        thread::sleep(Duration::from_millis(300));
+        // The node read only what its reply bound allows, and still serves others.
+        let frames_in = node.stat(&mut client, "frames_in");
+        assert!(frames_in < 2 + 50, "{backend}: the node took {frames_in} frames from a client that reads nothing");
+        assert_eq!(client.get("blob").unwrap().bytes().len(), 4 << 20);
+        let rss = node.rss();
+        assert!(rss < rss_before + (32 << 20), "{backend}: RSS went from {rss_before} to {rss}");
+        // Replies are shared with the store, not copied; reading them all back still works.
+        greedy.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let (header, message, payload) = read_reply(&mut greedy);
+        assert_eq!(header.request_id.get(), 1);
+        assert!(matches!(message, Message::GetReply { .. }));
+        assert_eq!(payload.len(), 4 << 20);
+    }
+}
+
+#[test]
+fn sigterm_stops_the_node_cleanly() {
+    for backend in BACKENDS {
+        let node = Node::start(backend, &[]);
+        let mut client = node.client();
+        client.put("x", DType::U8, &[1], &[1]).unwrap();
+        let addr = node.addr;
+        assert!(node.terminate().success(), "{backend}");
+        let mut buf = [0u8; HEADER_LEN];
+        let mut stream = TcpStream::connect(addr);
+        if let Ok(s) = &mut stream {
+            assert_eq!(s.read(&mut buf).unwrap_or(0), 0);
+        }
+    }
+}

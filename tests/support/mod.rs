@@ -1,0 +1,143 @@
+//! Shared by the integration tests: a node process on an ephemeral port, raw frame reading,
+//! deterministic test data.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use djinn_client::Client;
+use djinn_dataplane::proto::{FrameHeader, HEADER_LEN, Kind, Limits, Message};
+
+pub const BACKENDS: [&str; 2] = ["mio", "uring"];
+
+/// A `djinn node` child process, killed on drop.
+pub struct Node {
+    child: Child,
+    pub addr: SocketAddr,
+}
+
+impl Node {
+    pub fn start(backend: &str, extra: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_djinn"))
+            .args(["node", "--listen", "127.0.0.1:0", "--tcp-backend", backend, "--log", "error"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("cannot start djinn node");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("node output");
+        let addr = line
+            .strip_prefix("djinn node listening on ")
+            .and_then(|a| a.trim().parse().ok())
+            .unwrap_or_else(|| panic!("unexpected first line from the node: {line:?}"));
+        Self { child, addr }
+    }
+
+    pub fn client(&self) -> Client {
+        Client::connect(self.addr).expect("connect to the node")
+    }
+
+    pub fn stat(&self, client: &mut Client, name: &str) -> u64 {
+        let stats = client.stats().expect("stats");
+        stats.iter().find(|(k, _)| k == name).unwrap_or_else(|| panic!("no counter {name} in {stats:?}")).1
+    }
+
+    /// Waits (up to 10 s) for a counter that changes as the node catches up with closes.
+    pub fn wait_for_stat(&self, client: &mut Client, name: &str, value: u64) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let now = self.stat(client, name);
+            if now == value {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{name} stayed at {now}, expected {value}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Resident set size of the node process, bytes.
+    pub fn rss(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("proc status");
+        let kib: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .expect("VmRSS");
+        kib * 1024
+    }
+
+    /// Sends SIGTERM and waits for the exit.
+    pub fn terminate(mut self) -> ExitStatus {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "node ignored SIGTERM");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `len` bytes that differ with `seed` and with position (a period that is no power of two).
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    const PERIOD: usize = (1 << 20) + 7;
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let block: Vec<u8> = (0..PERIOD.min(len))
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect();
+    let mut out = Vec::with_capacity(len);
+    while out.len() < len {
+        let n = block.len().min(len - out.len());
+        out.extend_from_slice(&block[..n]);
+    }
+    out
+}
+
+/// Reads one frame: header, decoded message, payload bytes.
+pub fn read_reply(stream: &mut TcpStream) -> (FrameHeader, Message, Vec<u8>) {
+    let mut head = [0u8; HEADER_LEN];
+    stream.read_exact(&mut head).expect("reply header");
+    let header = FrameHeader::parse(&head).expect("header");
+    let mut meta = vec![0u8; header.meta_len.get() as usize];
+    stream.read_exact(&mut meta).expect("reply metadata");
+    let kind = Kind::from_wire(header.kind.get()).expect("known kind");
+    let message = Message::decode(kind, &meta, &Limits::default()).expect("reply decodes");
+    let mut payload = vec![0u8; header.payload_len.get() as usize];
+    stream.read_exact(&mut payload).expect("reply payload");
+    (header, message, payload)
+}
+
+/// Makes closing `stream` send a reset instead of a FIN: the peer sees a client vanish.
+pub fn reset_on_close(stream: &TcpStream) {
+    use std::os::fd::AsRawFd;
+    let linger = libc::linger { l_onoff: 1, l_linger: 0 };
+    // SAFETY: a valid socket and a linger struct of the size passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&linger as *const libc::linger).cast(),
+            size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0, "SO_LINGER: {}", std::io::Error::last_os_error());
+}

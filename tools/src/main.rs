@@ -1,0 +1,152 @@
+//! `djinn`: run a node, talk to one, benchmark the data plane.
+
+mod node;
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+use djinn_client::{Client, DType};
+
+use djinn_gpudirect::ByteSize;
+
+#[derive(Parser, Debug)]
+#[command(name = "djinn", version, about = "Run PyTorch work on the GPUs of other machines in the rack", long_about = None)]
+struct Cli {
+    /// Log filter (tracing's env-filter syntax), e.g. `info` or `djinn_dataplane=debug`.
+    /// RUST_LOG overrides it.
+    #[arg(long, global = true, default_value = "info")]
+    log: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Serve tensors on this host (prints `djinn node listening on ADDR` once bound).
+    Node(node::NodeArgs),
+    /// Round trips to a node: prints each one and a summary.
+    Ping {
+        /// Node address, HOST:PORT.
+        addr: String,
+        /// Number of pings.
+        #[arg(short, long, default_value_t = 5)]
+        count: u32,
+    },
+    /// Store a file's bytes on a node as a named tensor.
+    Put {
+        addr: String,
+        name: String,
+        /// Element type: f16, bf16, f32, f64, i8, i16, i32, i64, u8, bool.
+        #[arg(long)]
+        dtype: DType,
+        /// Dimensions, comma-separated (`2,3`); empty for a scalar. Default: the file's length
+        /// in elements, one dimension.
+        #[arg(long, value_delimiter = ',')]
+        shape: Option<Vec<u64>>,
+        /// File holding the raw little-endian elements.
+        #[arg(long)]
+        file: PathBuf,
+    },
+    /// Fetch a named tensor's bytes into a file and print its descriptor.
+    Get {
+        addr: String,
+        name: String,
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// List a node's tensors.
+    Ls { addr: String },
+    /// Delete a named tensor.
+    Rm { addr: String, name: String },
+    /// Print a node's counters.
+    Stats { addr: String },
+    /// Benchmarks; each prints p50/p99/p999 beside its baseline measured in the same run.
+    #[command(subcommand)]
+    Bench(djinn_bench::BenchCommand),
+    /// A baseline peer for `djinn bench` (raw blocking sockets); not for direct use.
+    #[command(hide = true)]
+    BenchPeer(djinn_bench::PeerArgs),
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&cli.log))
+        .context("bad --log filter")?;
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    match cli.command {
+        Command::Node(args) => node::run(args),
+        Command::Ping { addr, count } => {
+            let mut client = Client::connect(&addr).with_context(|| format!("cannot reach {addr}"))?;
+            let node = client.node();
+            println!(
+                "{addr}: {} (protocol {}, transport tcp, max payload {})",
+                node.agent,
+                node.protocol_version,
+                ByteSize(node.max_payload)
+            );
+            let mut times = Vec::new();
+            for i in 0..count {
+                let rtt = client.ping()?;
+                println!("pong {i}: {:.1} µs", rtt.as_secs_f64() * 1e6);
+                times.push(rtt);
+            }
+            times.sort();
+            if let (Some(min), Some(max)) = (times.first(), times.last()) {
+                let median = times[times.len() / 2];
+                println!("{count} pings: min {:.1} µs, median {:.1} µs, max {:.1} µs", us(*min), us(median), us(*max));
+            }
+            Ok(())
+        }
+        Command::Put { addr, name, dtype, shape, file } => {
+            let bytes = std::fs::read(&file).with_context(|| format!("cannot read {}", file.display()))?;
+            let shape = match shape {
+                Some(shape) => shape,
+                None => {
+                    if bytes.len() as u64 % dtype.size() != 0 {
+                        bail!("{} bytes is not a whole number of {dtype} elements", bytes.len());
+                    }
+                    vec![bytes.len() as u64 / dtype.size()]
+                }
+            };
+            let mut client = Client::connect(&addr).with_context(|| format!("cannot reach {addr}"))?;
+            let replaced = client.put(&name, dtype, &shape, &bytes)?;
+            println!("stored {name} ({dtype}{shape:?}, {} bytes){}", bytes.len(), if replaced { ", replacing the old one" } else { "" });
+            Ok(())
+        }
+        Command::Get { addr, name, out } => {
+            let mut client = Client::connect(&addr).with_context(|| format!("cannot reach {addr}"))?;
+            let tensor = client.get(&name)?;
+            std::fs::write(&out, tensor.bytes()).with_context(|| format!("cannot write {}", out.display()))?;
+            println!("{name}: {} → {}", tensor.desc, out.display());
+            Ok(())
+        }
+        Command::Ls { addr } => {
+            let mut client = Client::connect(&addr).with_context(|| format!("cannot reach {addr}"))?;
+            for entry in client.list()? {
+                println!("{}\t{}", entry.name, entry.tensor);
+            }
+            Ok(())
+        }
+        Command::Rm { addr, name } => {
+            let mut client = Client::connect(&addr).with_context(|| format!("cannot reach {addr}"))?;
+            client.delete(&name)?;
+            println!("deleted {name}");
+            Ok(())
+        }
+        Command::Stats { addr } => {
+            let mut client = Client::connect(&addr).with_context(|| format!("cannot reach {addr}"))?;
+            for (name, value) in client.stats()? {
+                println!("{name}\t{value}");
+            }
+            Ok(())
+        }
+        Command::Bench(command) => djinn_bench::run(command),
+        Command::BenchPeer(args) => djinn_bench::run_peer(args),
+    }
+}
+
+fn us(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}

@@ -1,0 +1,102 @@
+//! `djinn node`: the data plane's poller serving the tensor store.
+
+use std::io::Write;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::{Args, ValueEnum};
+use djinn_dataplane::proto::Limits;
+use djinn_dataplane::tcp::{Backend, Server, ServerConfig};
+use djinn_executor::TensorStore;
+use djinn_gpudirect::{BufferPool, MemoryBudget};
+use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
+
+use djinn_gpudirect::ByteSize;
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum TcpBackend {
+    /// epoll through mio (the default: measured faster on this kind of machine, see bench/RESULTS.md).
+    Mio,
+    /// io_uring.
+    Uring,
+}
+
+#[derive(Args, Debug)]
+pub struct NodeArgs {
+    /// Address to listen on, HOST:PORT (port 0 picks a free one).
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    listen: String,
+    /// Memory the node may hold for tensors (and later weights, the ring buffer, sessions),
+    /// per device; on a host without CUDA, host memory. Default: half of physical memory.
+    #[arg(long)]
+    device_memory_budget: Option<ByteSize>,
+    /// Largest payload of one frame; larger frames are refused before anything is allocated.
+    #[arg(long, default_value = "16GiB")]
+    max_payload: ByteSize,
+    /// Largest metadata section of one frame.
+    #[arg(long, default_value = "1MiB")]
+    max_meta: ByteSize,
+    /// Free receive buffers kept for reuse (fresh pages cost five times reused ones).
+    #[arg(long, default_value = "1GiB")]
+    buffer_pool: ByteSize,
+    /// Unsent reply bytes per connection before the node stops reading from it.
+    #[arg(long, default_value = "64MiB")]
+    max_queued: ByteSize,
+    /// Microseconds the poller keeps polling after its last work before it blocks.
+    #[arg(long, default_value_t = 50)]
+    spin_us: u64,
+    /// TCP backend of the poller.
+    #[arg(long, value_enum, default_value = "mio")]
+    tcp_backend: TcpBackend,
+}
+
+fn physical_memory() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let (pages, page) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    (pages.max(0) as u64).saturating_mul(page.max(0) as u64)
+}
+
+pub fn run(args: NodeArgs) -> Result<()> {
+    let max_meta = u32::try_from(args.max_meta.0).context("--max-meta must be under 4 GiB")?;
+    let limits = Limits { max_meta, max_payload: args.max_payload.0, ..Limits::default() };
+    let budget = MemoryBudget::new(args.device_memory_budget.map_or(physical_memory() / 2, |b| b.0));
+    match djinn_gpudirect::cuda_devices() {
+        Ok(devices) if devices.is_empty() => tracing::info!("no CUDA driver: device memory is host memory"),
+        Ok(devices) => {
+            for d in devices {
+                tracing::info!(ordinal = d.ordinal, name = %d.name, memory = %ByteSize(d.total_memory), pci = %d.pci_bus_id, "CUDA device");
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "CUDA driver present but unusable: device memory is host memory"),
+    }
+    let store = TensorStore::new(budget.clone(), BufferPool::new(args.buffer_pool.0, 64 * 1024), max_meta);
+    let config = ServerConfig {
+        limits,
+        spin: Duration::from_micros(args.spin_us),
+        max_queued_bytes: args.max_queued.0,
+        backend: match args.tcp_backend {
+            TcpBackend::Mio => Backend::Mio,
+            TcpBackend::Uring => Backend::Uring,
+        },
+        ..ServerConfig::default()
+    };
+    let agent = concat!("djinn-node/", env!("CARGO_PKG_VERSION"));
+    let server = Server::bind(&args.listen, config, store, agent).with_context(|| format!("cannot listen on {}", args.listen))?;
+    let addr = server.local_addr();
+    let shutdown = server.shutdown_handle();
+    let mut signals = Signals::new([SIGINT, SIGTERM]).context("cannot install signal handlers")?;
+    std::thread::Builder::new().name("djinn-signals".into()).spawn(move || {
+        if let Some(signal) = signals.forever().next() {
+            tracing::info!(signal, "shutting down");
+            shutdown.shutdown();
+        }
+    })?;
+    // The first line of stdout is the bound address: scripts and tests read it (no port races).
+    println!("djinn node listening on {addr}");
+    std::io::stdout().flush()?;
+    tracing::info!(%addr, backend = ?args.tcp_backend, budget = %ByteSize(budget.limit()), "node serving");
+    let counters = server.run().context("poller failed")?;
+    tracing::info!(?counters, budget_used = budget.used(), "node stopped");
+    Ok(())
+}
