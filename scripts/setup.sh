@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Idempotent set-up for a fresh Debian 12 machine: system packages, the Python venv with the
 # libtorch that `tch` needs, and a release build of the workspace. A second run only checks.
+# `--no-build` skips the build (scripts/test.sh builds what it tests itself).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+BUILD=1
+[ "${1:-}" = "--no-build" ] && BUILD=0
 
 APT_PACKAGES=(build-essential pkg-config cmake libclang-dev libibverbs-dev librdmacm-dev
   rdma-core ibverbs-utils python3-venv python3-dev)
@@ -18,8 +21,13 @@ done
 if ((${#missing[@]})); then
   log "installing Debian packages: ${missing[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  aptlog=$(mktemp)
+  if ! { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq \
+      --no-install-recommends "${missing[@]}"; } >"$aptlog" 2>&1; then
+    cat "$aptlog" >&2
+    exit 1
+  fi
+  rm -f "$aptlog"
 fi
 
 if ! command -v cargo >/dev/null 2>&1; then
@@ -45,6 +53,8 @@ then
   .venv/bin/pip install -q --disable-pip-version-check "${PY_PACKAGES[@]}"
 fi
 
-log "building the workspace (release)"
-cargo build --release --workspace --quiet
-log "ready: target/release/djinn"
+if [ "$BUILD" = 1 ]; then
+  log "building the workspace (release)"
+  cargo build --release --workspace --locked --quiet
+  log "ready: target/release/djinn"
+fi

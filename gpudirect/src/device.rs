@@ -33,8 +33,9 @@ pub fn cuda_devices() -> Result<Vec<CudaDevice>, DeviceError> {
         .map(|ordinal| {
             let dev = result::device::get(ordinal).map_err(ctx("cuDeviceGet"))?;
             let name = result::device::get_name(dev).map_err(ctx("cuDeviceGetName"))?;
-            // SAFETY (both): `dev` was returned by cuDeviceGet.
+            // SAFETY: `dev` was returned by cuDeviceGet.
             let total = unsafe { result::device::total_mem(dev) }.map_err(ctx("cuDeviceTotalMem"))?;
+            // SAFETY: as above.
             let attr = |a| unsafe { result::device::get_attribute(dev, a) };
             use sys::CUdevice_attribute::*;
             let domain = attr(CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID).map_err(ctx("cuDeviceGetAttribute"))?;

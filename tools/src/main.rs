@@ -74,7 +74,11 @@ fn main() -> Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(&cli.log))
         .context("bad --log filter")?;
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
     match cli.command {
         Command::Node(args) => node::run(args),
         Command::Ping { addr, count } => {
@@ -104,7 +108,7 @@ fn main() -> Result<()> {
             let shape = match shape {
                 Some(shape) => shape,
                 None => {
-                    if bytes.len() as u64 % dtype.size() != 0 {
+                    if !(bytes.len() as u64).is_multiple_of(dtype.size()) {
                         bail!("{} bytes is not a whole number of {dtype} elements", bytes.len());
                     }
                     vec![bytes.len() as u64 / dtype.size()]

@@ -236,7 +236,7 @@ impl ClientConn {
         let deadline = self.options.timeout.map(|t| Instant::now() + t);
         let mut spin_until = Instant::now() + self.options.spin;
         loop {
-            while let Some(event) = self.reader.next_event(&mut PoolAlloc(&self.pool)) {
+            if let Some(event) = self.reader.next_event(&mut PoolAlloc(&self.pool)) {
                 match event {
                     RecvEvent::Frame(Frame { message: Message::Error { code, message }, request_id: id, .. })
                         if id == request_id || id == 0 =>
@@ -278,7 +278,9 @@ impl ClientConn {
                     if Instant::now() >= spin_until {
                         self.wait(libc::POLLIN, deadline)?;
                     } else {
-                        std::hint::spin_loop();
+                        // Give the core away while spinning: when the node shares it with us,
+                        // a pure busy-wait would keep it from answering.
+                        std::thread::yield_now();
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}

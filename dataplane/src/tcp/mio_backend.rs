@@ -80,6 +80,10 @@ impl<S: Service> MioServer<S> {
                 Err(e) => return Err(e),
             }
             let worked = !events.is_empty() || !self.ready.is_empty();
+            if busy && !worked {
+                // Spinning, and nothing came: let a client on this core run.
+                std::thread::yield_now();
+            }
             for event in events.iter() {
                 match event.token() {
                     LISTENER => self.accept()?,

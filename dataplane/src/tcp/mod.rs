@@ -21,8 +21,8 @@ pub struct Server<S> {
 }
 
 enum BackendServer<S> {
-    Mio(mio_backend::MioServer<S>),
-    Uring(uring_backend::UringServer<S>),
+    Mio(Box<mio_backend::MioServer<S>>),
+    Uring(Box<uring_backend::UringServer<S>>),
 }
 
 impl<S> std::fmt::Debug for Server<S> {
@@ -39,8 +39,8 @@ impl<S: Service> Server<S> {
         let backend = config.backend;
         let core = Core::new(service, config, agent);
         let backend = match backend {
-            Backend::Mio => BackendServer::Mio(mio_backend::MioServer::new(listener, core)?),
-            Backend::Uring => BackendServer::Uring(uring_backend::UringServer::new(listener, core)?),
+            Backend::Mio => BackendServer::Mio(Box::new(mio_backend::MioServer::new(listener, core)?)),
+            Backend::Uring => BackendServer::Uring(Box::new(uring_backend::UringServer::new(listener, core)?)),
         };
         Ok(Self { local_addr, backend })
     }

@@ -162,6 +162,8 @@ impl<S: Service> UringServer<S> {
             completions.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
             if !completions.is_empty() {
                 last_work = Instant::now();
+            } else if busy {
+                std::thread::yield_now();
             }
             for &(data, result) in &completions {
                 self.complete(data, result)?;

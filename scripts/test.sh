@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Every test: installs what is missing, then clippy (warnings are errors), the Rust tests
+# (unit, property and integration tests against real node processes), and the Python tests
+# once the Python package has them. `.ci/run` calls this on a fresh machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh --no-build
+
+step() { printf '\n== %s\n' "$*" >&2; }
+
+step "clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "cargo test"
+cargo test --workspace --locked
+
+if [ -d client-lib/python/tests ]; then
+  step "python tests"
+  .venv/bin/python -m pytest -q client-lib/python/tests
+fi
+
+step "all tests passed"
