@@ -8,7 +8,8 @@ bash scripts/setup.sh --no-build
 
 step() { printf '\n== %s\n' "$*" >&2; }
 
-step "clippy"
+step "rustfmt, clippy"
+cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "cargo test"

@@ -10,7 +10,9 @@ use std::thread;
 use std::time::Duration;
 
 use djinn_client::{ClientError, DType, ErrorCode};
-use djinn_dataplane::proto::{FrameHeader, HEADER_LEN, Hello, Kind, Limits, Message, PROTOCOL_VERSION, TensorDesc, encode_head, transports};
+use djinn_dataplane::proto::{
+    FrameHeader, HEADER_LEN, Hello, Kind, Limits, Message, PROTOCOL_VERSION, TensorDesc, encode_head, transports,
+};
 use support::{BACKENDS, Node, pattern, read_reply, reset_on_close};
 
 #[test]
@@ -108,7 +110,9 @@ fn put_frame(id: u64, name: &str, tensor: TensorDesc, payload: &[u8]) -> Vec<u8>
 /// One round of every kind of bad input; returns what the node answered, in order.
 fn bad_input_round(node: &Node) -> Vec<ErrorCode> {
     let mut codes = Vec::new();
-    let header = |kind: Kind, meta: u32, payload: u64| zerocopy::IntoBytes::as_bytes(&FrameHeader::new(kind, 7, meta, payload)).to_vec();
+    let header = |kind: Kind, meta: u32, payload: u64| {
+        zerocopy::IntoBytes::as_bytes(&FrameHeader::new(kind, 7, meta, payload)).to_vec()
+    };
 
     // Malformed header: wrong magic.
     let mut bad = header(Kind::Ping, 0, 0);
@@ -233,7 +237,9 @@ fn unknown_names_are_not_found() {
         let node = Node::start(backend, &[]);
         let mut client = node.client();
         let err = client.get("nope").unwrap_err();
-        assert!(matches!(&err, ClientError::Remote { code: ErrorCode::NotFound, message, .. } if message.contains("nope")));
+        assert!(
+            matches!(&err, ClientError::Remote { code: ErrorCode::NotFound, message, .. } if message.contains("nope"))
+        );
         assert_eq!(client.delete("nope").unwrap_err().remote_code(), Some(ErrorCode::NotFound));
         client.ping().unwrap();
     }

@@ -30,8 +30,10 @@ pub fn run(command: BenchCommand) -> Result<()> {
 /// with `down` bytes, again and again, from buffers allocated and touched once.
 #[derive(Args, Debug)]
 pub struct PeerArgs {
+    /// Bytes read per round.
     #[arg(long)]
     up: usize,
+    /// Bytes answered per round.
     #[arg(long)]
     down: usize,
 }

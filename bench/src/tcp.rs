@@ -32,8 +32,10 @@ pub struct TcpArgs {
     /// --max-iters).
     #[arg(long, default_value = "4GiB")]
     volume: ByteSize,
+    /// Fewest timed iterations of one measurement (the largest sizes).
     #[arg(long, default_value_t = 20)]
     min_iters: u64,
+    /// Most timed iterations of one measurement (the smallest sizes).
     #[arg(long, default_value_t = 20000)]
     max_iters: u64,
     /// Append the table, the command and the machine to this markdown file.

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 pub use djinn_dataplane::proto::{DType, ErrorCode, Hello, ListEntry, TensorDesc};
 use djinn_dataplane::proto::{Frame, Limits, Message, ProtocolError, transports};
-pub use djinn_dataplane::tcp::{ClientError, ClientOptions};
 use djinn_dataplane::tcp::ClientConn;
+pub use djinn_dataplane::tcp::{ClientError, ClientOptions};
 
 /// A tensor received from a node: its descriptor and its bytes, in a buffer that goes back to
 /// the client's pool when dropped.

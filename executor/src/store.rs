@@ -46,7 +46,13 @@ pub const MAX_LIST: u32 = 1000;
 
 impl TensorStore {
     pub fn new(budget: MemoryBudget, pool: BufferPool, max_meta: u32) -> Self {
-        Self { budget, pool, tensors: BTreeMap::new(), stats: StoreStats::default(), max_list_meta: max_meta as usize / 2 }
+        Self {
+            budget,
+            pool,
+            tensors: BTreeMap::new(),
+            stats: StoreStats::default(),
+            max_list_meta: max_meta as usize / 2,
+        }
     }
 
     pub fn stats(&self) -> StoreStats {
@@ -127,7 +133,9 @@ impl Service for TensorStore {
                 None => Reply::error(ErrorCode::NotFound, format!("no tensor named {name:?}")),
             },
             (Message::List { after, limit }, _) => self.list(after, limit),
-            (message, _) => Reply::error(ErrorCode::Unexpected, format!("a node does not serve {} requests", message.kind().name())),
+            (message, _) => {
+                Reply::error(ErrorCode::Unexpected, format!("a node does not serve {} requests", message.kind().name()))
+            }
         }
     }
 

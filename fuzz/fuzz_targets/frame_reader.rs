@@ -8,27 +8,38 @@
 //!   read sizes.
 //!
 //! Input layout:
-//! - byte 0: bits 0..4 = number of read-size bytes minus one (1..=16 of them); bit 7 = the
-//!   allocator refuses every other allocation (to exercise the discard path);
+//! - byte 0: bits 0..4 = number of read-size bytes minus one (1..=16 of them); bit 6 = metadata
+//!   limit of 128 KiB instead of 64 KiB (larger than the staging buffer, so it must grow); bit 7 =
+//!   the allocator refuses every other allocation (to exercise the discard path);
 //! - the read-size bytes, cycled: 0 = as much as the reader offers, 1..=191 = that many bytes,
 //!   192..=255 = (b - 191) × 512 bytes (512 B to 32 KiB);
 //! - the rest: the byte stream.
 #![no_main]
 
 use djinn_dataplane::proto::{
-    FrameHeader, FrameReader, HEADER_LEN, Kind, Limits, Message, Payload, PayloadAlloc, ProtocolError, RecvEvent,
-    Refusal, ErrorCode, payload_layout,
+    ErrorCode, FrameHeader, FrameReader, HEADER_LEN, Kind, Limits, Message, Payload, PayloadAlloc, ProtocolError,
+    RecvEvent, Refusal, payload_layout,
 };
 use djinn_gpudirect::HostBuf;
 use libfuzzer_sys::fuzz_target;
 
-const LIMITS: Limits = Limits { max_payload: 1 << 20, max_meta: 1 << 16, max_dims: 16, max_name: 1024 };
+fn limits(large_meta: bool) -> Limits {
+    let max_meta = if large_meta { 1 << 17 } else { 1 << 16 };
+    Limits { max_payload: 1 << 20, max_meta, ..Default::default() }
+}
 
 /// What a reader reports, in a form that can be compared.
 #[derive(Debug, PartialEq)]
 enum Seen {
-    Frame { request_id: u64, message: Message, payload: Option<Vec<u8>> },
-    Rejected { request_id: u64, refusal: Refusal },
+    Frame {
+        request_id: u64,
+        message: Message,
+        payload: Option<Vec<u8>>,
+    },
+    Rejected {
+        request_id: u64,
+        refusal: Refusal,
+    },
     Fatal(ProtocolError),
     /// The result of `on_eof`, after the whole stream was read.
     Eof(Option<ProtocolError>),
@@ -83,9 +94,10 @@ fn read_size(b: u8) -> usize {
 }
 
 /// Drives a `FrameReader` over `stream` with reads of `sizes` (cycled).
-fn drive(stream: &[u8], sizes: &[usize], refuse_odd: bool) -> Vec<Seen> {
-    let mut reader = FrameReader::new(LIMITS);
-    let mut alloc = FuzzAlloc { limits: LIMITS, refuse_odd, calls: 0 };
+fn drive(stream: &[u8], sizes: &[usize], refuse_odd: bool, large_meta: bool) -> Vec<Seen> {
+    let limits = limits(large_meta);
+    let mut reader = FrameReader::new(limits);
+    let mut alloc = FuzzAlloc { limits, refuse_odd, calls: 0 };
     let mut seen = Vec::new();
     let mut pos = 0;
     let mut size = sizes.iter().cycle();
@@ -93,7 +105,7 @@ fn drive(stream: &[u8], sizes: &[usize], refuse_odd: bool) -> Vec<Seen> {
         while let Some(event) = reader.next_event(&mut alloc) {
             match event {
                 RecvEvent::Frame(frame) => {
-                    round_trip(&frame.message, &LIMITS);
+                    round_trip(&frame.message, &limits);
                     let payload = frame.payload.map(|p| p.buf.as_slice().to_vec());
                     seen.push(Seen::Frame { request_id: frame.request_id, message: frame.message, payload });
                 }
@@ -132,8 +144,8 @@ fn drive(stream: &[u8], sizes: &[usize], refuse_odd: bool) -> Vec<Seen> {
 }
 
 /// The same protocol, parsed in one pass over the whole stream.
-fn reference(stream: &[u8], refuse_odd: bool) -> Vec<Seen> {
-    let limits = LIMITS;
+fn reference(stream: &[u8], refuse_odd: bool, large_meta: bool) -> Vec<Seen> {
+    let limits = limits(large_meta);
     let mut alloc = FuzzAlloc { limits, refuse_odd, calls: 0 };
     let mut seen = Vec::new();
     let mut rest = stream;
@@ -226,13 +238,14 @@ fuzz_target!(|data: &[u8]| {
     let Some((&control, data)) = data.split_first() else { return };
     let count = (control & 0x0f) as usize + 1;
     let refuse_odd = control & 0x80 != 0;
+    let large_meta = control & 0x40 != 0;
     if data.len() < count {
         return;
     }
     let (size_bytes, stream) = data.split_at(count);
     let sizes: Vec<usize> = size_bytes.iter().copied().map(read_size).collect();
 
-    let got = drive(stream, &sizes, refuse_odd);
-    let want = reference(stream, refuse_odd);
+    let got = drive(stream, &sizes, refuse_odd, large_meta);
+    let want = reference(stream, refuse_odd, large_meta);
     assert_eq!(got, want, "reader events differ from the one-shot parse (read sizes {sizes:?})");
 });

@@ -9,18 +9,21 @@
 use djinn_dataplane::proto::{Kind, Limits, Message};
 use libfuzzer_sys::fuzz_target;
 
-const LIMITS: Limits = Limits { max_payload: 1 << 20, max_meta: 1 << 16, max_dims: 16, max_name: 1024 };
+fn limits() -> Limits {
+    Limits { max_payload: 1 << 20, max_meta: 1 << 16, ..Default::default() }
+}
 
 fuzz_target!(|data: &[u8]| {
     let Some((code, meta)) = data.split_first_chunk::<2>() else { return };
     let Some(kind) = Kind::from_wire(u16::from_le_bytes(*code)) else { return };
-    let Ok(message) = Message::decode(kind, meta, &LIMITS) else { return };
+    let limits = limits();
+    let Ok(message) = Message::decode(kind, meta, &limits) else { return };
     assert_eq!(message.kind(), kind, "decoded as the wrong kind");
 
     let mut encoded = Vec::new();
     message.encode(&mut encoded);
     assert_eq!(encoded, meta, "{message:?} encodes differently from the metadata it was decoded from");
-    let again = Message::decode(kind, &encoded, &LIMITS)
+    let again = Message::decode(kind, &encoded, &limits)
         .unwrap_or_else(|e| panic!("re-encoded {message:?} does not decode: {e}"));
     assert_eq!(again, message, "message changed through encode → decode");
 });

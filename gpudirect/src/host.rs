@@ -51,32 +51,22 @@ impl RawBuf {
                 )
             };
             if ptr == libc::MAP_FAILED {
-                return Err(AllocError {
-                    bytes: cap,
-                    reason: std::io::Error::last_os_error().to_string(),
-                });
+                return Err(AllocError { bytes: cap, reason: std::io::Error::last_os_error().to_string() });
             }
-            let ptr = NonNull::new(ptr.cast::<u8>()).ok_or_else(|| AllocError {
-                bytes: cap,
-                reason: "mmap returned null".into(),
-            })?;
+            let ptr = NonNull::new(ptr.cast::<u8>())
+                .ok_or_else(|| AllocError { bytes: cap, reason: "mmap returned null".into() })?;
             return Ok(Self { ptr, cap });
         }
         let layout = Self::small_layout(cap)?;
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { alloc::alloc_zeroed(layout) };
-        let ptr = NonNull::new(ptr).ok_or_else(|| AllocError {
-            bytes: cap,
-            reason: "allocator returned null".into(),
-        })?;
+        let ptr =
+            NonNull::new(ptr).ok_or_else(|| AllocError { bytes: cap, reason: "allocator returned null".into() })?;
         Ok(Self { ptr, cap })
     }
 
     fn small_layout(cap: usize) -> Result<Layout, AllocError> {
-        Layout::from_size_align(cap, BUFFER_ALIGN).map_err(|e| AllocError {
-            bytes: cap,
-            reason: e.to_string(),
-        })
+        Layout::from_size_align(cap, BUFFER_ALIGN).map_err(|e| AllocError { bytes: cap, reason: e.to_string() })
     }
 }
 
@@ -291,9 +281,7 @@ impl PoolShared {
         }
         let admitted = self
             .retained
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| {
-                (r + cap <= self.max_retained).then_some(r + cap)
-            })
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| (r + cap <= self.max_retained).then_some(r + cap))
             .is_ok();
         if admitted {
             let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());

@@ -116,7 +116,11 @@ fn main() -> Result<()> {
             };
             let mut client = Client::connect(&addr).with_context(|| format!("cannot reach {addr}"))?;
             let replaced = client.put(&name, dtype, &shape, &bytes)?;
-            println!("stored {name} ({dtype}{shape:?}, {} bytes){}", bytes.len(), if replaced { ", replacing the old one" } else { "" });
+            println!(
+                "stored {name} ({dtype}{shape:?}, {} bytes){}",
+                bytes.len(),
+                if replaced { ", replacing the old one" } else { "" }
+            );
             Ok(())
         }
         Command::Get { addr, name, out } => {

@@ -82,7 +82,8 @@ pub fn run(args: NodeArgs) -> Result<()> {
         ..ServerConfig::default()
     };
     let agent = concat!("djinn-node/", env!("CARGO_PKG_VERSION"));
-    let server = Server::bind(&args.listen, config, store, agent).with_context(|| format!("cannot listen on {}", args.listen))?;
+    let server = Server::bind(&args.listen, config, store, agent)
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
     let addr = server.local_addr();
     let shutdown = server.shutdown_handle();
     let mut signals = Signals::new([SIGINT, SIGTERM]).context("cannot install signal handlers")?;

@@ -83,7 +83,10 @@ pub trait PayloadAlloc {
 pub enum RecvEvent {
     Frame(Frame),
     /// The frame was read and dropped; answer `request_id` with this refusal.
-    Rejected { request_id: u64, refusal: Refusal },
+    Rejected {
+        request_id: u64,
+        refusal: Refusal,
+    },
     /// The stream cannot be framed any more: report the error and close.
     Fatal(ProtocolError),
 }
@@ -176,13 +179,19 @@ impl FrameReader {
         let error = match &self.state {
             State::Failed => return None,
             State::Header if buffered == 0 => return None,
-            State::Header => ProtocolError::Truncated { part: "header", received: buffered, expected: HEADER_LEN as u64 },
-            State::Meta { header, .. } => {
-                ProtocolError::Truncated { part: "metadata", received: buffered, expected: header.meta_len.get().into() }
+            State::Header => {
+                ProtocolError::Truncated { part: "header", received: buffered, expected: HEADER_LEN as u64 }
             }
-            State::Payload { payload, filled, .. } => {
-                ProtocolError::Truncated { part: "payload", received: *filled as u64, expected: payload.buf.len() as u64 }
-            }
+            State::Meta { header, .. } => ProtocolError::Truncated {
+                part: "metadata",
+                received: buffered,
+                expected: header.meta_len.get().into(),
+            },
+            State::Payload { payload, filled, .. } => ProtocolError::Truncated {
+                part: "payload",
+                received: *filled as u64,
+                expected: payload.buf.len() as u64,
+            },
             State::Discard { remaining, .. } => {
                 ProtocolError::Truncated { part: "payload", received: 0, expected: *remaining }
             }
@@ -342,7 +351,10 @@ impl OutFrame {
         let payload_len = encode_head(&mut head, request_id, message)?;
         let descs = message.tensors();
         if descs.len() != tensors.len() {
-            return Err(ProtocolError::PayloadMismatch { announced: tensors.len() as u64, expected: descs.len() as u64 });
+            return Err(ProtocolError::PayloadMismatch {
+                announced: tensors.len() as u64,
+                expected: descs.len() as u64,
+            });
         }
         let (offsets, _) = payload_layout(descs)?;
         let mut segments = Vec::with_capacity(tensors.len() * 2);

@@ -52,20 +52,42 @@ pub enum Message {
     Ping,
     Pong,
     /// Store a named tensor (its bytes are the payload), replacing one of the same name.
-    Put { name: String, tensor: TensorDesc },
-    PutAck { replaced: bool },
-    Get { name: String },
+    Put {
+        name: String,
+        tensor: TensorDesc,
+    },
+    PutAck {
+        replaced: bool,
+    },
+    Get {
+        name: String,
+    },
     /// The tensor's bytes are the payload.
-    GetReply { tensor: TensorDesc },
-    Delete { name: String },
+    GetReply {
+        tensor: TensorDesc,
+    },
+    Delete {
+        name: String,
+    },
     DeleteAck,
     /// Names in order, starting after `after`, at most `limit` of them.
-    List { after: Option<String>, limit: u32 },
+    List {
+        after: Option<String>,
+        limit: u32,
+    },
     /// `more` is true when names follow the last one returned.
-    ListReply { entries: Vec<ListEntry>, more: bool },
+    ListReply {
+        entries: Vec<ListEntry>,
+        more: bool,
+    },
     Stats,
-    StatsReply { counters: Vec<(String, u64)> },
-    Error { code: ErrorCode, message: String },
+    StatsReply {
+        counters: Vec<(String, u64)>,
+    },
+    Error {
+        code: ErrorCode,
+        message: String,
+    },
 }
 
 impl Message {
@@ -250,10 +272,7 @@ struct Reader<'a> {
 impl<'a> Reader<'a> {
     fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], ProtocolError> {
         if self.bytes.len() < n {
-            return Err(ProtocolError::MalformedMeta(format!(
-                "{what}: needs {n} bytes, {} left",
-                self.bytes.len()
-            )));
+            return Err(ProtocolError::MalformedMeta(format!("{what}: needs {n} bytes, {} left", self.bytes.len())));
         }
         let (head, rest) = self.bytes.split_at(n);
         self.bytes = rest;
@@ -286,8 +305,7 @@ impl<'a> Reader<'a> {
     fn string(&mut self, what: &str) -> Result<String, ProtocolError> {
         let len = self.u16(what)? as usize;
         let bytes = self.take(len, what)?;
-        String::from_utf8(bytes.to_vec())
-            .map_err(|_| ProtocolError::MalformedMeta(format!("{what} is not UTF-8")))
+        String::from_utf8(bytes.to_vec()).map_err(|_| ProtocolError::MalformedMeta(format!("{what} is not UTF-8")))
     }
     fn name(&mut self) -> Result<String, ProtocolError> {
         let name = self.string("name")?;
@@ -313,8 +331,8 @@ impl<'a> Reader<'a> {
     }
     fn tensor(&mut self) -> Result<TensorDesc, ProtocolError> {
         let code = self.u8("dtype")?;
-        let dtype = DType::from_wire(code)
-            .ok_or_else(|| ProtocolError::BadDescriptor(format!("unknown dtype code {code}")))?;
+        let dtype =
+            DType::from_wire(code).ok_or_else(|| ProtocolError::BadDescriptor(format!("unknown dtype code {code}")))?;
         let rank = self.u8("rank")? as usize;
         if rank > self.limits.max_dims {
             return Err(ProtocolError::BadDescriptor(format!(

@@ -64,7 +64,12 @@ pub struct ClientOptions {
 
 impl Default for ClientOptions {
     fn default() -> Self {
-        Self { spin: Duration::from_micros(50), timeout: Some(Duration::from_secs(60)), limits: Limits::default(), pool_bytes: 1 << 30 }
+        Self {
+            spin: Duration::from_micros(50),
+            timeout: Some(Duration::from_secs(60)),
+            limits: Limits::default(),
+            pool_bytes: 1 << 30,
+        }
     }
 }
 

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::proto::{
-    ErrorCode, Frame, FrameReader, Hello, Kind, Limits, Message, OutFrame, Payload, PayloadAlloc, PROTOCOL_VERSION,
+    ErrorCode, Frame, FrameReader, Hello, Kind, Limits, Message, OutFrame, PROTOCOL_VERSION, Payload, PayloadAlloc,
     ProtocolError, RecvEvent, Refusal, SendQueue, SharedBytes, transports,
 };
 

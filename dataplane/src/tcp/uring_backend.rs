@@ -125,10 +125,11 @@ impl<S: Service> UringServer<S> {
     }
 
     fn arm_accept(&mut self) -> io::Result<()> {
-        let entry = opcode::Accept::new(types::Fd(self.listener.as_raw_fd()), std::ptr::null_mut(), std::ptr::null_mut())
-            .flags(libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK)
-            .build()
-            .user_data(user_data(Op::Accept, 0));
+        let entry =
+            opcode::Accept::new(types::Fd(self.listener.as_raw_fd()), std::ptr::null_mut(), std::ptr::null_mut())
+                .flags(libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK)
+                .build()
+                .user_data(user_data(Op::Accept, 0));
         self.push(entry)
     }
 
@@ -274,7 +275,11 @@ impl<S: Service> UringServer<S> {
             }
             if !c.cancelled {
                 c.cancelled = true;
-                entries[0] = Some(opcode::AsyncCancel2::new(types::CancelBuilder::fd(fd).all()).build().user_data(user_data(Op::Cancel, key)));
+                entries[0] = Some(
+                    opcode::AsyncCancel2::new(types::CancelBuilder::fd(fd).all())
+                        .build()
+                        .user_data(user_data(Op::Cancel, key)),
+                );
             }
         } else {
             if !c.writing && !c.conn.queue.is_empty() {
@@ -284,7 +289,11 @@ impl<S: Service> UringServer<S> {
                     *dst = libc::iovec { iov_base: src.as_ptr() as *mut _, iov_len: src.len() };
                 }
                 c.writing = true;
-                entries[0] = Some(opcode::Writev::new(fd, c.write_iov.as_ptr(), n as u32).build().user_data(user_data(Op::Write, key)));
+                entries[0] = Some(
+                    opcode::Writev::new(fd, c.write_iov.as_ptr(), n as u32)
+                        .build()
+                        .user_data(user_data(Op::Write, key)),
+                );
             }
             if !c.reading && c.conn.wants_read(&self.core.config) {
                 let target = c.conn.reader.read_target();
@@ -295,7 +304,9 @@ impl<S: Service> UringServer<S> {
                     n += 1;
                 }
                 c.reading = true;
-                entries[1] = Some(opcode::Readv::new(fd, c.read_iov.as_ptr(), n as u32).build().user_data(user_data(Op::Read, key)));
+                entries[1] = Some(
+                    opcode::Readv::new(fd, c.read_iov.as_ptr(), n as u32).build().user_data(user_data(Op::Read, key)),
+                );
             }
         }
         for entry in entries.into_iter().flatten() {
