@@ -5,7 +5,7 @@ use std::ops::Bound;
 use std::sync::Arc;
 
 use djinn_dataplane::proto::{ErrorCode, Frame, ListEntry, Message, Payload, Refusal, TensorDesc};
-use djinn_dataplane::tcp::{Reply, Service};
+use djinn_dataplane::tcp::{Replier, Reply, ReplyTo, Service};
 use djinn_gpudirect::{BufferPool, HostBuf, MemoryBudget};
 
 /// A tensor in the store: its descriptor and the received payload it lives in (never copied).
@@ -111,8 +111,8 @@ impl Service for TensorStore {
         }
     }
 
-    fn handle(&mut self, frame: Frame) -> Reply {
-        match (frame.message, frame.payload) {
+    fn handle(&mut self, frame: Frame, _to: ReplyTo, _replier: &Replier) -> Option<Reply> {
+        Some(match (frame.message, frame.payload) {
             (Message::Put { name, tensor }, Some(data)) => self.put(name, tensor, data),
             // An empty tensor has no payload bytes.
             (Message::Put { name, tensor }, None) => {
@@ -136,7 +136,7 @@ impl Service for TensorStore {
             (message, _) => {
                 Reply::error(ErrorCode::Unexpected, format!("a node does not serve {} requests", message.kind().name()))
             }
-        }
+        })
     }
 
     fn stats(&self, out: &mut Vec<(String, u64)>) {

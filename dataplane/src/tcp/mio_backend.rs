@@ -30,40 +30,41 @@ pub(crate) struct MioServer<S> {
     poll: Poll,
     listener: TcpListener,
     flag: Arc<AtomicBool>,
-    waker: Arc<Waker>,
+    wake: Arc<dyn Fn() + Send + Sync>,
     core: Core<S>,
     conns: Slab<MioConn>,
     ready: Vec<usize>,
 }
 
 impl<S: Service> MioServer<S> {
-    pub fn new(listener: std::net::TcpListener, core: Core<S>) -> io::Result<Self> {
+    /// `make_core` gets the function that wakes this poller from another thread.
+    pub fn new(
+        listener: std::net::TcpListener,
+        make_core: impl FnOnce(Arc<dyn Fn() + Send + Sync>) -> Core<S>,
+    ) -> io::Result<Self> {
         listener.set_nonblocking(true)?;
         let mut listener = TcpListener::from_std(listener);
         let poll = Poll::new()?;
         poll.registry().register(&mut listener, LISTENER, Interest::READABLE)?;
-        let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
+        let waker = Waker::new(poll.registry(), WAKER)?;
+        let wake: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+            if let Err(e) = waker.wake() {
+                tracing::error!(error = %e, "cannot wake the poller");
+            }
+        });
         Ok(Self {
             poll,
             listener,
             flag: Arc::new(AtomicBool::new(false)),
-            waker,
-            core,
+            core: make_core(Arc::clone(&wake)),
+            wake,
             conns: Slab::new(),
             ready: Vec::new(),
         })
     }
 
     pub fn shutdown_handle(&self) -> ShutdownHandle {
-        let waker = Arc::clone(&self.waker);
-        ShutdownHandle::new(
-            Arc::clone(&self.flag),
-            Arc::new(move || {
-                if let Err(e) = waker.wake() {
-                    tracing::error!(error = %e, "cannot wake the poller");
-                }
-            }),
-        )
+        ShutdownHandle::new(Arc::clone(&self.flag), Arc::clone(&self.wake))
     }
 
     pub fn run(mut self) -> io::Result<ServerCounters> {
@@ -79,7 +80,17 @@ impl<S: Service> MioServer<S> {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
             }
-            let worked = !events.is_empty() || !self.ready.is_empty();
+            let mut worked = !events.is_empty() || !self.ready.is_empty();
+            while let Some((slot, to, reply)) = self.core.next_deferred() {
+                worked = true;
+                if let Some(c) = self.conns.get_mut(slot) {
+                    self.core.deliver(&mut c.conn, to, reply);
+                    if !c.scheduled {
+                        c.scheduled = true;
+                        self.ready.push(slot);
+                    }
+                }
+            }
             if busy && !worked {
                 // Spinning, and nothing came: let a client on this core run.
                 std::thread::yield_now();
@@ -138,7 +149,7 @@ impl<S: Service> MioServer<S> {
             let entry = self.conns.vacant_entry();
             let key = entry.key();
             self.poll.registry().register(&mut stream, Token(key), Interest::READABLE | Interest::WRITABLE)?;
-            let conn = self.core.on_accept(peer);
+            let conn = self.core.on_accept(peer, key);
             entry.insert(MioConn { stream, conn, readable: true, writable: true, scheduled: true });
             self.ready.push(key);
         }

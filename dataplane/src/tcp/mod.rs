@@ -10,7 +10,7 @@ use std::io;
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 
 pub use client::{ClientConn, ClientError, ClientOptions};
-pub use server::{Backend, Reply, ServerConfig, ServerCounters, Service, ShutdownHandle};
+pub use server::{Backend, Replier, Reply, ReplyTo, ServerConfig, ServerCounters, Service, ShutdownHandle};
 
 use server::Core;
 
@@ -37,10 +37,10 @@ impl<S: Service> Server<S> {
         let listener = TcpListener::bind(addr)?;
         let local_addr = listener.local_addr()?;
         let backend = config.backend;
-        let core = Core::new(service, config, agent);
+        let make_core = |wake| Core::new(service, config, agent, wake);
         let backend = match backend {
-            Backend::Mio => BackendServer::Mio(Box::new(mio_backend::MioServer::new(listener, core)?)),
-            Backend::Uring => BackendServer::Uring(Box::new(uring_backend::UringServer::new(listener, core)?)),
+            Backend::Mio => BackendServer::Mio(Box::new(mio_backend::MioServer::new(listener, make_core)?)),
+            Backend::Uring => BackendServer::Uring(Box::new(uring_backend::UringServer::new(listener, make_core)?)),
         };
         Ok(Self { local_addr, backend })
     }

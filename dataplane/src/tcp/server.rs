@@ -7,6 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use crossbeam_channel::{Receiver, Sender};
+
 use crate::proto::{
     ErrorCode, Frame, FrameReader, Hello, Kind, Limits, Message, OutFrame, PROTOCOL_VERSION, Payload, PayloadAlloc,
     ProtocolError, RecvEvent, Refusal, SendQueue, SharedBytes, transports,
@@ -35,13 +37,46 @@ impl fmt::Debug for Reply {
     }
 }
 
+/// Where a deferred reply goes: a connection (by slot and by a number never reused, so a reply
+/// for a connection that closed is dropped, not delivered to its slot's next tenant) and the
+/// request it answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ReplyTo {
+    slot: usize,
+    conn_id: u64,
+    pub request_id: u64,
+}
+
+/// Sends replies to the poller from other threads (executor workers) and wakes it.
+#[derive(Clone)]
+pub struct Replier {
+    tx: Sender<(ReplyTo, Reply)>,
+    wake: Arc<dyn Fn() + Send + Sync>,
+}
+
+impl Replier {
+    pub fn send(&self, to: ReplyTo, reply: Reply) {
+        // The receiver lives as long as the poller; after it stops, replies have nowhere to go.
+        if self.tx.send((to, reply)).is_ok() {
+            (self.wake)();
+        }
+    }
+}
+
+impl fmt::Debug for Replier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Replier").field("queued", &self.tx.len()).finish()
+    }
+}
+
 /// What a node does with requests. Called on the poller thread: it must not block.
 pub trait Service {
     /// Memory for the payload of `message` (`len` bytes), or why it is refused. Called before
     /// any payload byte is read, so a refused request costs no allocation.
     fn alloc(&mut self, message: &Message, len: usize) -> Result<Payload, Refusal>;
-    /// Answers a request that is not one of the data plane's own (hello, ping, stats).
-    fn handle(&mut self, frame: Frame) -> Reply;
+    /// Answers a request that is not one of the data plane's own (hello, ping, stats), now
+    /// (`Some`) or later from another thread through `replier` (`None`).
+    fn handle(&mut self, frame: Frame, to: ReplyTo, replier: &Replier) -> Option<Reply>;
     /// Appends the service's counters to a stats reply.
     fn stats(&self, out: &mut Vec<(String, u64)>);
 }
@@ -69,6 +104,9 @@ pub struct ServerConfig {
     pub read_budget: usize,
     /// Connections beyond this are closed at once.
     pub max_connections: usize,
+    /// Requests of one connection being answered by other threads before the poller stops
+    /// reading that connection.
+    pub max_in_flight: usize,
     pub backend: Backend,
 }
 
@@ -81,6 +119,7 @@ impl Default for ServerConfig {
             max_queued_frames: 1024,
             read_budget: 4 << 20,
             max_connections: 4096,
+            max_in_flight: 256,
             backend: Backend::default(),
         }
     }
@@ -130,17 +169,19 @@ pub(crate) struct Conn {
     pub reader: FrameReader,
     pub queue: SendQueue,
     pub peer: SocketAddr,
+    slot: usize,
+    id: u64,
+    /// Requests handed to other threads and not answered yet.
+    in_flight: usize,
     /// No more reading: the peer closed, or the stream failed. Close once the queue is sent.
     pub closing: bool,
 }
 
 impl Conn {
-    pub fn new(peer: SocketAddr, limits: Limits) -> Self {
-        Self { reader: FrameReader::new(limits), queue: SendQueue::default(), peer, closing: false }
-    }
-
     fn under_limits(&self, config: &ServerConfig) -> bool {
-        self.queue.queued_bytes() < config.max_queued_bytes && self.queue.queued_frames() < config.max_queued_frames
+        self.queue.queued_bytes() < config.max_queued_bytes
+            && self.queue.queued_frames() < config.max_queued_frames
+            && self.in_flight < config.max_in_flight
     }
 
     /// True when the backend should read from this connection.
@@ -148,8 +189,9 @@ impl Conn {
         !self.closing && self.under_limits(config)
     }
 
+    /// Closing, with every reply sent (a client that half-closed still gets its answers).
     pub fn is_done(&self) -> bool {
-        self.closing && self.queue.is_empty()
+        self.closing && self.queue.is_empty() && self.in_flight == 0
     }
 }
 
@@ -159,6 +201,8 @@ pub(crate) struct Core<S> {
     pub config: ServerConfig,
     pub counters: ServerCounters,
     hello: Hello,
+    replier: Replier,
+    replies: Receiver<(ReplyTo, Reply)>,
 }
 
 struct Alloc<'a, S>(&'a mut S);
@@ -170,16 +214,43 @@ impl<S: Service> PayloadAlloc for Alloc<'_, S> {
 }
 
 impl<S: Service> Core<S> {
-    pub fn new(service: S, config: ServerConfig, agent: &str) -> Self {
+    /// `wake` makes the backend's poller return from a blocking wait.
+    pub fn new(service: S, config: ServerConfig, agent: &str, wake: Arc<dyn Fn() + Send + Sync>) -> Self {
         let hello = Hello::new(&config.limits, transports::TCP, agent);
-        Self { service, config, counters: ServerCounters::default(), hello }
+        let (tx, replies) = crossbeam_channel::unbounded();
+        Self { service, config, counters: ServerCounters::default(), hello, replier: Replier { tx, wake }, replies }
     }
 
-    pub fn on_accept(&mut self, peer: SocketAddr) -> Conn {
+    /// A new connection in slab slot `slot`.
+    pub fn on_accept(&mut self, peer: SocketAddr, slot: usize) -> Conn {
         self.counters.connections_accepted += 1;
         self.counters.connections_open += 1;
         tracing::debug!(%peer, "connection accepted");
-        Conn::new(peer, self.config.limits)
+        Conn {
+            reader: FrameReader::new(self.config.limits),
+            queue: SendQueue::default(),
+            peer,
+            slot,
+            id: self.counters.connections_accepted,
+            in_flight: 0,
+            closing: false,
+        }
+    }
+
+    /// The next reply sent from another thread, with the slot of its connection.
+    pub fn next_deferred(&mut self) -> Option<(usize, ReplyTo, Reply)> {
+        self.replies.try_recv().ok().map(|(to, reply)| (to.slot, to, reply))
+    }
+
+    /// Queues a deferred reply on `conn` (the connection in its slot), unless that connection
+    /// is not the one the request came on.
+    pub fn deliver(&mut self, conn: &mut Conn, to: ReplyTo, reply: Reply) {
+        if conn.id != to.conn_id {
+            tracing::debug!(request_id = to.request_id, "reply for a closed connection dropped");
+            return;
+        }
+        conn.in_flight -= 1;
+        self.send(conn, to.request_id, reply);
     }
 
     pub fn on_close(&mut self, conn: &Conn) {
@@ -205,9 +276,11 @@ impl<S: Service> Core<S> {
             match event {
                 RecvEvent::Frame(frame) => {
                     self.counters.frames_in += 1;
-                    let request_id = frame.request_id;
-                    let reply = self.dispatch(frame);
-                    self.send(conn, request_id, reply);
+                    let to = ReplyTo { slot: conn.slot, conn_id: conn.id, request_id: frame.request_id };
+                    match self.dispatch(frame, to) {
+                        Some(reply) => self.send(conn, to.request_id, reply),
+                        None => conn.in_flight += 1,
+                    }
                 }
                 RecvEvent::Rejected { request_id, refusal } => {
                     self.counters.frames_in += 1;
@@ -245,12 +318,12 @@ impl<S: Service> Core<S> {
         conn.queue.push(frame);
     }
 
-    fn dispatch(&mut self, frame: Frame) -> Reply {
-        match &frame.message {
+    fn dispatch(&mut self, frame: Frame, to: ReplyTo) -> Option<Reply> {
+        let reply = match &frame.message {
             Message::Hello(peer) => {
                 if peer.protocol_version != PROTOCOL_VERSION {
                     let e = ProtocolError::VersionMismatch { ours: PROTOCOL_VERSION, theirs: peer.protocol_version };
-                    return Reply::error(e.code(), e.to_string());
+                    return Some(Reply::error(e.code(), e.to_string()));
                 }
                 tracing::debug!(agent = %peer.agent, "hello");
                 Reply::message(Message::HelloAck(self.hello.clone()))
@@ -288,8 +361,9 @@ impl<S: Service> Core<S> {
                 Reply::error(e.code(), format!("{e}: replies are not requests"))
             }
             Message::Put { .. } | Message::Get { .. } | Message::Delete { .. } | Message::List { .. } => {
-                self.service.handle(frame)
+                return self.service.handle(frame, to, &self.replier);
             }
-        }
+        };
+        Some(reply)
     }
 }

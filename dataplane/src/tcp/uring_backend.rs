@@ -66,6 +66,7 @@ pub(crate) struct UringServer<S> {
     listener: std::net::TcpListener,
     wake_fd: Arc<OwnedFd>,
     wake_buf: Box<u64>,
+    wake: Arc<dyn Fn() + Send + Sync>,
     flag: Arc<AtomicBool>,
     core: Core<S>,
     conns: Slab<UringConn>,
@@ -77,7 +78,11 @@ fn empty_iovec() -> libc::iovec {
 }
 
 impl<S: Service> UringServer<S> {
-    pub fn new(listener: std::net::TcpListener, core: Core<S>) -> io::Result<Self> {
+    /// `make_core` gets the function that wakes this poller from another thread.
+    pub fn new(
+        listener: std::net::TcpListener,
+        make_core: impl FnOnce(Arc<dyn Fn() + Send + Sync>) -> Core<S>,
+    ) -> io::Result<Self> {
         let ring = IoUring::new(RING_ENTRIES)?;
         // SAFETY: eventfd has no memory preconditions; the result is checked.
         let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
@@ -86,31 +91,30 @@ impl<S: Service> UringServer<S> {
         }
         // SAFETY: `fd` is a fresh descriptor owned by nobody else.
         let wake_fd = Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
+        let fd = Arc::clone(&wake_fd);
+        let wake: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+            let one: u64 = 1;
+            // SAFETY: writes 8 bytes from a live u64 to an eventfd we keep open.
+            let rc = unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+            if rc != 8 {
+                tracing::error!(error = %io::Error::last_os_error(), "cannot wake the poller");
+            }
+        });
         Ok(Self {
             ring,
             listener,
             wake_fd,
             wake_buf: Box::new(0),
             flag: Arc::new(AtomicBool::new(false)),
-            core,
+            core: make_core(Arc::clone(&wake)),
+            wake,
             conns: Slab::new(),
             dirty: Vec::new(),
         })
     }
 
     pub fn shutdown_handle(&self) -> ShutdownHandle {
-        let fd = Arc::clone(&self.wake_fd);
-        ShutdownHandle::new(
-            Arc::clone(&self.flag),
-            Arc::new(move || {
-                let one: u64 = 1;
-                // SAFETY: writes 8 bytes from a live u64 to an eventfd we keep open.
-                let rc = unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
-                if rc != 8 {
-                    tracing::error!(error = %io::Error::last_os_error(), "cannot wake the poller");
-                }
-            }),
-        )
+        ShutdownHandle::new(Arc::clone(&self.flag), Arc::clone(&self.wake))
     }
 
     /// Queues a submission, flushing the queue to the kernel first when it is full.
@@ -147,6 +151,13 @@ impl<S: Service> UringServer<S> {
         let mut last_work = Instant::now();
         let mut completions: Vec<(u64, i32)> = Vec::with_capacity(RING_ENTRIES as usize);
         while !self.flag.load(Ordering::Acquire) {
+            while let Some((slot, to, reply)) = self.core.next_deferred() {
+                last_work = Instant::now();
+                if let Some(c) = self.conns.get_mut(slot) {
+                    self.core.deliver(&mut c.conn, to, reply);
+                    self.dirty.push(slot);
+                }
+            }
             for key in std::mem::take(&mut self.dirty) {
                 self.schedule(key)?;
             }
@@ -248,8 +259,10 @@ impl<S: Service> UringServer<S> {
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
         }
-        let conn = self.core.on_accept(peer);
-        let key = self.conns.insert(UringConn {
+        let entry = self.conns.vacant_entry();
+        let key = entry.key();
+        let conn = self.core.on_accept(peer, key);
+        entry.insert(UringConn {
             stream,
             conn,
             reading: false,
