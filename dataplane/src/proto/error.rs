@@ -19,6 +19,9 @@ pub enum ErrorCode {
     Unexpected,
     OutOfMemory,
     Internal,
+    UnknownModel,
+    BadArchive,
+    ExecutionFailed,
     /// A code this build does not know (sent by a newer peer).
     Other(u16),
 }
@@ -41,6 +44,9 @@ impl ErrorCode {
             Self::Unexpected => 13,
             Self::OutOfMemory => 14,
             Self::Internal => 15,
+            Self::UnknownModel => 16,
+            Self::BadArchive => 17,
+            Self::ExecutionFailed => 18,
             Self::Other(code) => code,
         }
     }
@@ -62,6 +68,9 @@ impl ErrorCode {
             13 => Self::Unexpected,
             14 => Self::OutOfMemory,
             15 => Self::Internal,
+            16 => Self::UnknownModel,
+            17 => Self::BadArchive,
+            18 => Self::ExecutionFailed,
             other => Self::Other(other),
         }
     }

@@ -8,6 +8,65 @@ use super::error::{ErrorCode, ProtocolError};
 use super::header::{Kind, PROTOCOL_VERSION};
 use super::limits::Limits;
 use super::tensor::{DType, TensorDesc};
+use super::value::Value;
+
+/// A model's identity: BLAKE3 over its blocks' TorchScript archives (see
+/// [`Fingerprint::of_blocks`]).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Fingerprint(pub [u8; 32]);
+
+impl Fingerprint {
+    /// Hashes the number of blocks, then each block's length and bytes, so that no two
+    /// different splits of the same bytes collide.
+    pub fn of_blocks<B: AsRef<[u8]>>(blocks: &[B]) -> Self {
+        let mut h = blake3::Hasher::new();
+        h.update(&(blocks.len() as u64).to_le_bytes());
+        for b in blocks {
+            h.update(&(b.as_ref().len() as u64).to_le_bytes());
+            h.update(b.as_ref());
+        }
+        Self(*h.finalize().as_bytes())
+    }
+
+    pub fn to_hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    pub fn from_hex(s: &str) -> Option<Self> {
+        if s.len() != 64 || !s.is_ascii() {
+            return None;
+        }
+        let mut out = [0u8; 32];
+        for (i, byte) in out.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
+        }
+        Some(Self(out))
+    }
+}
+
+impl std::fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Fingerprint({})", &self.to_hex()[..16])
+    }
+}
+
+impl std::fmt::Display for Fingerprint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+/// What a node says of a model it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelInfo {
+    pub fingerprint: Fingerprint,
+    pub blocks: u32,
+    /// Bytes of parameters and buffers on the device (what the budget is charged).
+    pub weight_bytes: u64,
+    /// `cpu` or `cuda:N`.
+    pub device: String,
+    pub executions: u64,
+}
 
 /// Transports a peer can speak, announced in the hello exchange.
 pub mod transports {
@@ -45,7 +104,7 @@ pub struct ListEntry {
     pub tensor: TensorDesc,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Message {
     Hello(Hello),
     HelloAck(Hello),
@@ -88,6 +147,24 @@ pub enum Message {
         code: ErrorCode,
         message: String,
     },
+    /// Starts uploading a model: the lengths of its blocks' archives, in execution order.
+    RegisterBegin { fingerprint: Fingerprint, blocks: Vec<u64> },
+    /// `registered`: the node already holds this model and nothing needs uploading.
+    RegisterReady { upload: u64, registered: bool },
+    /// Bytes `offset..offset + len` of the upload (the blocks' archives concatenated); the
+    /// payload is the chunk, described as a u8 tensor.
+    RegisterChunk { upload: u64, offset: u64, chunk: TensorDesc },
+    RegisterProgress { received: u64, total: u64 },
+    /// Checks the fingerprint and loads the model on the node's device.
+    RegisterCommit { upload: u64 },
+    Registered { model: ModelInfo },
+    /// Runs a model on positional `inputs`; their tensors are the payload.
+    Execute { fingerprint: Fingerprint, tensors: Vec<TensorDesc>, inputs: Vec<Value> },
+    ExecuteReply { tensors: Vec<TensorDesc>, output: Value },
+    Unregister { fingerprint: Fingerprint },
+    UnregisterAck,
+    ListModels,
+    ModelList { models: Vec<ModelInfo> },
 }
 
 impl Message {
@@ -108,13 +185,49 @@ impl Message {
             Self::Stats => Kind::Stats,
             Self::StatsReply { .. } => Kind::StatsReply,
             Self::Error { .. } => Kind::Error,
+            Self::RegisterBegin { .. } => Kind::RegisterBegin,
+            Self::RegisterReady { .. } => Kind::RegisterReady,
+            Self::RegisterChunk { .. } => Kind::RegisterChunk,
+            Self::RegisterProgress { .. } => Kind::RegisterProgress,
+            Self::RegisterCommit { .. } => Kind::RegisterCommit,
+            Self::Registered { .. } => Kind::Registered,
+            Self::Execute { .. } => Kind::Execute,
+            Self::ExecuteReply { .. } => Kind::ExecuteReply,
+            Self::Unregister { .. } => Kind::Unregister,
+            Self::UnregisterAck => Kind::UnregisterAck,
+            Self::ListModels => Kind::ListModels,
+            Self::ModelList { .. } => Kind::ModelList,
         }
+    }
+
+    /// True for the kinds a node sends back; a node refuses them as requests.
+    pub fn is_reply(&self) -> bool {
+        matches!(
+            self,
+            Self::HelloAck(_)
+                | Self::Pong
+                | Self::PutAck { .. }
+                | Self::GetReply { .. }
+                | Self::DeleteAck
+                | Self::ListReply { .. }
+                | Self::StatsReply { .. }
+                | Self::Error { .. }
+                | Self::RegisterReady { .. }
+                | Self::RegisterProgress { .. }
+                | Self::Registered { .. }
+                | Self::ExecuteReply { .. }
+                | Self::UnregisterAck
+                | Self::ModelList { .. }
+        )
     }
 
     /// The tensors whose bytes make up this message's payload, in payload order.
     pub fn tensors(&self) -> &[TensorDesc] {
         match self {
-            Self::Put { tensor, .. } | Self::GetReply { tensor } => std::slice::from_ref(tensor),
+            Self::Put { tensor, .. } | Self::GetReply { tensor } | Self::RegisterChunk { chunk: tensor, .. } => {
+                std::slice::from_ref(tensor)
+            }
+            Self::Execute { tensors, .. } | Self::ExecuteReply { tensors, .. } => tensors,
             _ => &[],
         }
     }
@@ -133,7 +246,7 @@ impl Message {
                 w.u64(h.max_payload);
                 w.str(&h.agent);
             }
-            Self::Ping | Self::Pong | Self::DeleteAck | Self::Stats => {}
+            Self::Ping | Self::Pong | Self::DeleteAck | Self::Stats | Self::UnregisterAck | Self::ListModels => {}
             Self::Put { name, tensor } => {
                 w.str(name);
                 w.tensor(tensor);
@@ -169,6 +282,47 @@ impl Message {
             Self::Error { code, message } => {
                 w.u16(code.to_wire());
                 w.str(message);
+            }
+            Self::RegisterBegin { fingerprint, blocks } => {
+                w.fingerprint(fingerprint);
+                w.u32(blocks.len() as u32);
+                for &b in blocks {
+                    w.u64(b);
+                }
+            }
+            Self::RegisterReady { upload, registered } => {
+                w.u64(*upload);
+                w.u8(u8::from(*registered));
+            }
+            Self::RegisterChunk { upload, offset, chunk } => {
+                w.u64(*upload);
+                w.u64(*offset);
+                w.tensor(chunk);
+            }
+            Self::RegisterProgress { received, total } => {
+                w.u64(*received);
+                w.u64(*total);
+            }
+            Self::RegisterCommit { upload } => w.u64(*upload),
+            Self::Registered { model } => w.model(model),
+            Self::Execute { fingerprint, tensors, inputs } => {
+                w.fingerprint(fingerprint);
+                w.tensors(tensors);
+                w.u32(inputs.len() as u32);
+                for v in inputs {
+                    v.encode(w.0);
+                }
+            }
+            Self::ExecuteReply { tensors, output } => {
+                w.tensors(tensors);
+                output.encode(w.0);
+            }
+            Self::Unregister { fingerprint } => w.fingerprint(fingerprint),
+            Self::ModelList { models } => {
+                w.u32(models.len() as u32);
+                for m in models {
+                    w.model(m);
+                }
             }
         }
     }
@@ -217,6 +371,53 @@ impl Message {
                 Self::StatsReply { counters }
             }
             Kind::Error => Self::Error { code: ErrorCode::from_wire(r.u16("code")?), message: r.string("message")? },
+            Kind::RegisterBegin => {
+                let fingerprint = r.fingerprint()?;
+                let n = r.count("blocks", 8)?;
+                let mut blocks = Vec::with_capacity(n);
+                for _ in 0..n {
+                    blocks.push(r.u64("block length")?);
+                }
+                Self::RegisterBegin { fingerprint, blocks }
+            }
+            Kind::RegisterReady => {
+                Self::RegisterReady { upload: r.u64("upload")?, registered: r.bool("registered")? }
+            }
+            Kind::RegisterChunk => {
+                Self::RegisterChunk { upload: r.u64("upload")?, offset: r.u64("offset")?, chunk: r.tensor()? }
+            }
+            Kind::RegisterProgress => {
+                Self::RegisterProgress { received: r.u64("received")?, total: r.u64("total")? }
+            }
+            Kind::RegisterCommit => Self::RegisterCommit { upload: r.u64("upload")? },
+            Kind::Registered => Self::Registered { model: r.model()? },
+            Kind::Execute => {
+                let fingerprint = r.fingerprint()?;
+                let tensors = r.tensors()?;
+                let n = r.count("inputs", 1)?;
+                let mut inputs = Vec::with_capacity(n);
+                for _ in 0..n {
+                    inputs.push(Value::decode(&mut r.bytes, tensors.len())?);
+                }
+                Self::Execute { fingerprint, tensors, inputs }
+            }
+            Kind::ExecuteReply => {
+                let tensors = r.tensors()?;
+                let output = Value::decode(&mut r.bytes, tensors.len())?;
+                Self::ExecuteReply { tensors, output }
+            }
+            Kind::Unregister => Self::Unregister { fingerprint: r.fingerprint()? },
+            Kind::UnregisterAck => Self::UnregisterAck,
+            Kind::ListModels => Self::ListModels,
+            Kind::ModelList => {
+                // The smallest entry: fingerprint, u32, u64, empty string, u64.
+                let n = r.count("models", 32 + 4 + 8 + 2 + 8)?;
+                let mut models = Vec::with_capacity(n);
+                for _ in 0..n {
+                    models.push(r.model()?);
+                }
+                Self::ModelList { models }
+            }
         };
         if !r.bytes.is_empty() {
             return Err(ProtocolError::MalformedMeta(format!(
@@ -253,6 +454,22 @@ impl Writer<'_> {
         }
         self.u16(end as u16);
         self.0.extend_from_slice(&s.as_bytes()[..end]);
+    }
+    fn fingerprint(&mut self, f: &Fingerprint) {
+        self.0.extend_from_slice(&f.0);
+    }
+    fn tensors(&mut self, tensors: &[TensorDesc]) {
+        self.u32(tensors.len() as u32);
+        for t in tensors {
+            self.tensor(t);
+        }
+    }
+    fn model(&mut self, m: &ModelInfo) {
+        self.fingerprint(&m.fingerprint);
+        self.u32(m.blocks);
+        self.u64(m.weight_bytes);
+        self.str(&m.device);
+        self.u64(m.executions);
     }
     fn tensor(&mut self, t: &TensorDesc) {
         self.u8(t.dtype.to_wire());
@@ -328,6 +545,26 @@ impl<'a> Reader<'a> {
             )));
         }
         Ok(count)
+    }
+    fn fingerprint(&mut self) -> Result<Fingerprint, ProtocolError> {
+        self.array("fingerprint").map(Fingerprint)
+    }
+    fn tensors(&mut self) -> Result<Vec<TensorDesc>, ProtocolError> {
+        let n = self.count("tensors", 10)?;
+        let mut tensors = Vec::with_capacity(n);
+        for _ in 0..n {
+            tensors.push(self.tensor()?);
+        }
+        Ok(tensors)
+    }
+    fn model(&mut self) -> Result<ModelInfo, ProtocolError> {
+        Ok(ModelInfo {
+            fingerprint: self.fingerprint()?,
+            blocks: self.u32("blocks")?,
+            weight_bytes: self.u64("weight bytes")?,
+            device: self.string("device")?,
+            executions: self.u64("executions")?,
+        })
     }
     fn tensor(&mut self) -> Result<TensorDesc, ProtocolError> {
         let code = self.u8("dtype")?;

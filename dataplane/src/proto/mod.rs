@@ -6,6 +6,7 @@ mod header;
 mod limits;
 mod message;
 mod tensor;
+mod value;
 
 pub use codec::{
     Frame, FrameReader, OutFrame, Payload, PayloadAlloc, ReadTarget, RecvEvent, Refusal, STAGING_LEN, SendQueue,
@@ -14,8 +15,9 @@ pub use codec::{
 pub use error::{ErrorCode, ProtocolError};
 pub use header::{FrameHeader, HEADER_LEN, Kind, MAGIC, PROTOCOL_VERSION};
 pub use limits::Limits;
-pub use message::{Hello, ListEntry, Message, transports};
+pub use message::{Fingerprint, Hello, ListEntry, Message, ModelInfo, transports};
 pub use tensor::{DType, TENSOR_ALIGN, TensorDesc, payload_layout};
+pub use value::{MAX_VALUE_DEPTH, Value};
 
 #[cfg(test)]
 mod tests;

@@ -81,8 +81,77 @@ fn hello() -> impl Strategy<Value = Hello> {
     })
 }
 
+fn fingerprint() -> impl Strategy<Value = Fingerprint> {
+    any::<[u8; 32]>().prop_map(Fingerprint)
+}
+
+fn model_info() -> impl Strategy<Value = ModelInfo> {
+    (fingerprint(), any::<u32>(), any::<u64>(), "(cpu|cuda:[0-7])", any::<u64>()).prop_map(
+        |(fingerprint, blocks, weight_bytes, device, executions)| ModelInfo {
+            fingerprint,
+            blocks,
+            weight_bytes,
+            device,
+            executions,
+        },
+    )
+}
+
+/// A nested value whose tensor indices are below `tensors` (finite floats: NaN is not equal
+/// to itself).
+fn value(tensors: u32) -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::None),
+        any::<i64>().prop_map(Value::Int),
+        (-1e300f64..1e300).prop_map(Value::Float),
+        any::<bool>().prop_map(Value::Bool),
+        ".{0,12}".prop_map(Value::Str),
+    ];
+    let leaf = if tensors == 0 { leaf.boxed() } else { prop_oneof![leaf, (0..tensors).prop_map(Value::Tensor)].boxed() };
+    leaf.prop_recursive(4, 24, 4, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Tuple),
+            prop::collection::vec(inner.clone(), 0..4).prop_map(Value::List),
+            prop::collection::vec((".{0,6}".prop_map(Value::Str), inner), 0..4).prop_map(Value::Dict),
+        ]
+    })
+}
+
+fn model_message() -> impl Strategy<Value = Message> {
+    prop_oneof![
+        (fingerprint(), prop::collection::vec(any::<u64>(), 0..5))
+            .prop_map(|(fingerprint, blocks)| Message::RegisterBegin { fingerprint, blocks }),
+        (any::<u64>(), any::<bool>()).prop_map(|(upload, registered)| Message::RegisterReady { upload, registered }),
+        (any::<u64>(), any::<u64>(), 0u64..300).prop_map(|(upload, offset, n)| Message::RegisterChunk {
+            upload,
+            offset,
+            chunk: TensorDesc::new(DType::U8, vec![n]).unwrap()
+        }),
+        (any::<u64>(), any::<u64>()).prop_map(|(received, total)| Message::RegisterProgress { received, total }),
+        any::<u64>().prop_map(|upload| Message::RegisterCommit { upload }),
+        model_info().prop_map(|model| Message::Registered { model }),
+        (fingerprint(), prop::collection::vec(tensor(), 0..4))
+            .prop_flat_map(|(f, tensors)| {
+                let n = tensors.len() as u32;
+                (Just(f), Just(tensors), prop::collection::vec(value(n), 0..4))
+            })
+            .prop_map(|(fingerprint, tensors, inputs)| Message::Execute { fingerprint, tensors, inputs }),
+        prop::collection::vec(tensor(), 0..4)
+            .prop_flat_map(|tensors| {
+                let n = tensors.len() as u32;
+                (Just(tensors), value(n))
+            })
+            .prop_map(|(tensors, output)| Message::ExecuteReply { tensors, output }),
+        fingerprint().prop_map(|fingerprint| Message::Unregister { fingerprint }),
+        Just(Message::UnregisterAck),
+        Just(Message::ListModels),
+        prop::collection::vec(model_info(), 0..3).prop_map(|models| Message::ModelList { models }),
+    ]
+}
+
 fn message() -> impl Strategy<Value = Message> {
     prop_oneof![
+        model_message(),
         hello().prop_map(Message::Hello),
         hello().prop_map(Message::HelloAck),
         Just(Message::Ping),
@@ -308,4 +377,31 @@ fn truncation_is_reported_with_the_part_cut() {
         );
     }
     assert!(feed(Limits::default(), &wire, &[64]).len() == 1);
+}
+
+#[test]
+fn values_nested_too_deep_are_refused() {
+    let mut v = Value::Int(1);
+    for _ in 0..=MAX_VALUE_DEPTH {
+        v = Value::List(vec![v]);
+    }
+    let mut bytes = Vec::new();
+    v.encode(&mut bytes);
+    assert!(matches!(Value::decode(&mut &bytes[..], 0), Err(ProtocolError::MalformedMeta(m)) if m.contains("deeper")));
+}
+
+#[test]
+fn tensor_indices_must_name_a_tensor_of_the_frame() {
+    let mut bytes = Vec::new();
+    Value::Tuple(vec![Value::Tensor(0), Value::Tensor(2)]).encode(&mut bytes);
+    assert!(Value::decode(&mut &bytes[..], 2).is_err());
+    assert!(Value::decode(&mut &bytes[..], 3).is_ok());
+}
+
+#[test]
+fn fingerprints_separate_block_boundaries() {
+    let whole = Fingerprint::of_blocks(&[b"abcd".as_slice()]);
+    let split = Fingerprint::of_blocks(&[b"ab".as_slice(), b"cd".as_slice()]);
+    assert_ne!(whole, split);
+    assert_eq!(Fingerprint::from_hex(&whole.to_hex()), Some(whole));
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, Sender};
 
 use crate::proto::{
-    ErrorCode, Frame, FrameReader, Hello, Kind, Limits, Message, OutFrame, PROTOCOL_VERSION, Payload, PayloadAlloc,
+    ErrorCode, Frame, FrameReader, Hello, Limits, Message, OutFrame, PROTOCOL_VERSION, Payload, PayloadAlloc,
     ProtocolError, RecvEvent, Refusal, SendQueue, SharedBytes, transports,
 };
 
@@ -348,21 +348,11 @@ impl<S: Service> Core<S> {
                 self.service.stats(&mut counters);
                 Reply::message(Message::StatsReply { counters })
             }
-            Message::HelloAck(_)
-            | Message::Pong
-            | Message::PutAck { .. }
-            | Message::GetReply { .. }
-            | Message::DeleteAck
-            | Message::ListReply { .. }
-            | Message::StatsReply { .. }
-            | Message::Error { .. } => {
-                let kind: Kind = frame.message.kind();
-                let e = ProtocolError::Unexpected { kind: kind.name() };
+            message if message.is_reply() => {
+                let e = ProtocolError::Unexpected { kind: message.kind().name() };
                 Reply::error(e.code(), format!("{e}: replies are not requests"))
             }
-            Message::Put { .. } | Message::Get { .. } | Message::Delete { .. } | Message::List { .. } => {
-                return self.service.handle(frame, to, &self.replier);
-            }
+            _ => return self.service.handle(frame, to, &self.replier),
         };
         Some(reply)
     }
