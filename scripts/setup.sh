@@ -10,7 +10,7 @@ BUILD=1
 APT_PACKAGES=(build-essential pkg-config cmake libclang-dev libibverbs-dev librdmacm-dev
   rdma-core ibverbs-utils python3-venv python3-dev)
 TORCH_VERSION=2.13.0
-PY_PACKAGES=("torch==${TORCH_VERSION}" "maturin>=1.16,<2" "pytest>=8")
+PY_PACKAGES=("torch==${TORCH_VERSION}" "numpy>=1.26" "maturin>=1.16,<2" "pytest>=8")
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 
@@ -45,7 +45,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 if ! .venv/bin/python - <<PY 2>/dev/null
 import importlib.metadata as m, sys
-ok = m.version("torch") == "${TORCH_VERSION}" and m.version("maturin") and m.version("pytest")
+ok = m.version("torch") == "${TORCH_VERSION}" and all(m.version(p) for p in ("numpy", "maturin", "pytest"))
 sys.exit(0 if ok else 1)
 PY
 then

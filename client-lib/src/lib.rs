@@ -12,8 +12,8 @@
 use std::net::ToSocketAddrs;
 use std::time::{Duration, Instant};
 
-pub use djinn_dataplane::proto::{DType, ErrorCode, Hello, ListEntry, TensorDesc};
-use djinn_dataplane::proto::{Frame, Limits, Message, ProtocolError, transports};
+pub use djinn_dataplane::proto::{DType, ErrorCode, Fingerprint, Hello, ListEntry, ModelInfo, TensorDesc, Value};
+use djinn_dataplane::proto::{Frame, Limits, Message, Payload, ProtocolError, payload_layout, transports};
 use djinn_dataplane::tcp::ClientConn;
 pub use djinn_dataplane::tcp::{ClientError, ClientOptions};
 
@@ -31,9 +31,59 @@ impl Tensor {
     }
 }
 
+/// An input tensor: borrowed bytes, written to the socket from where they are.
+#[derive(Debug, Clone, Copy)]
+pub struct TensorRef<'a> {
+    pub dtype: DType,
+    pub shape: &'a [u64],
+    pub bytes: &'a [u8],
+}
+
+/// A model's output: a value whose `Value::Tensor(i)` name `tensor(i)`, all in one received
+/// buffer (returned to the client's pool when this is dropped).
+#[derive(Debug)]
+pub struct Output {
+    pub value: Value,
+    pub tensors: Vec<TensorDesc>,
+    offsets: Vec<u64>,
+    payload: Option<Payload>,
+}
+
+impl Output {
+    /// The bytes of output tensor `i`.
+    pub fn tensor_bytes(&self, i: usize) -> &[u8] {
+        let (Some(desc), Some(&offset)) = (self.tensors.get(i), self.offsets.get(i)) else { return &[] };
+        let start = offset as usize;
+        self.payload.as_ref().map_or(&[], |p| &p.buf.as_slice()[start..start + desc.byte_len as usize])
+    }
+}
+
+/// What `register_model` did.
+#[derive(Debug, Clone)]
+pub struct Registration {
+    pub fingerprint: Fingerprint,
+    /// The node's account of the model, when this call uploaded it; `None` when the node
+    /// already held it (nothing was sent but the fingerprint).
+    pub uploaded: Option<ModelInfo>,
+}
+
+/// Bytes per registration chunk.
+pub const REGISTER_CHUNK: usize = 16 << 20;
+
+/// Byte and request counts of one client.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClientStats {
+    pub requests: u64,
+    pub errors: u64,
+    pub reconnects: u64,
+}
+
 pub struct Client {
     conn: ClientConn,
     node: Hello,
+    addrs: Vec<std::net::SocketAddr>,
+    options: ClientOptions,
+    stats: ClientStats,
 }
 
 impl std::fmt::Debug for Client {
@@ -50,8 +100,17 @@ impl Client {
     /// Connects and exchanges hellos; a node speaking another protocol version is refused with
     /// an error naming both versions.
     pub fn connect_with(addr: impl ToSocketAddrs, options: ClientOptions) -> Result<Self, ClientError> {
+        let addrs: Vec<_> =
+            addr.to_socket_addrs().map_err(|source| ClientError::Io { peer: unspecified(), source })?.collect();
+        let (conn, node) = Self::open(&addrs, &options)?;
+        Ok(Self { conn, node, addrs, options, stats: ClientStats::default() })
+    }
+
+    /// Connects and exchanges hellos; a node speaking another protocol version is refused with
+    /// an error naming both versions.
+    fn open(addrs: &[std::net::SocketAddr], options: &ClientOptions) -> Result<(ClientConn, Hello), ClientError> {
         let limits = options.limits;
-        let mut conn = ClientConn::connect(addr, options)?;
+        let mut conn = ClientConn::connect(addrs, options.clone())?;
         let hello = Hello::new(&limits, transports::TCP, concat!("djinn-client/", env!("CARGO_PKG_VERSION")));
         let reply = conn.request(&Message::Hello(hello), &[])?;
         let Message::HelloAck(node) = reply.message else {
@@ -66,7 +125,120 @@ impl Client {
                 },
             });
         }
-        Ok(Self { conn, node })
+        Ok((conn, node))
+    }
+
+    /// Sends a request; when the connection is found broken (the node restarted, a network
+    /// blip), connects again once and repeats it. Every request that goes through here is
+    /// safe to repeat.
+    fn call(&mut self, message: &Message, tensors: &[&[u8]]) -> Result<Frame, ClientError> {
+        self.stats.requests += 1;
+        if !self.conn.is_usable() {
+            self.reconnect()?;
+        }
+        let result = match self.conn.request(message, tensors) {
+            Err(e) if !self.conn.is_usable() && is_connection_loss(&e) => {
+                tracing::info!(error = %e, "connection lost; reconnecting");
+                self.reconnect()?;
+                self.conn.request(message, tensors)
+            }
+            other => other,
+        };
+        if result.is_err() {
+            self.stats.errors += 1;
+        }
+        result
+    }
+
+    fn reconnect(&mut self) -> Result<(), ClientError> {
+        let (conn, node) = Self::open(&self.addrs, &self.options)?;
+        self.conn = conn;
+        self.node = node;
+        self.stats.reconnects += 1;
+        Ok(())
+    }
+
+    /// Bytes moved and requests made by this client.
+    pub fn client_stats(&self) -> (ClientStats, u64, u64) {
+        (self.stats, self.conn.bytes_sent(), self.conn.bytes_received())
+    }
+
+    /// Uploads a model (its blocks' TorchScript archives, in execution order) unless the node
+    /// already holds one with the same fingerprint; `progress(sent, total)` follows the upload.
+    pub fn register_model<B: AsRef<[u8]>>(
+        &mut self,
+        blocks: &[B],
+        mut progress: impl FnMut(u64, u64),
+    ) -> Result<Registration, ClientError> {
+        let fingerprint = Fingerprint::of_blocks(blocks);
+        let lens: Vec<u64> = blocks.iter().map(|b| b.as_ref().len() as u64).collect();
+        let reply = self.call(&Message::RegisterBegin { fingerprint, blocks: lens.clone() }, &[])?;
+        let upload = match reply.message {
+            Message::RegisterReady { registered: true, .. } => return Ok(Registration { fingerprint, uploaded: None }),
+            Message::RegisterReady { upload, .. } => upload,
+            _ => return Err(unexpected(&self.conn, reply)),
+        };
+        // An upload belongs to its connection: chunks go without the reconnecting retry.
+        let total: u64 = lens.iter().sum();
+        let mut offset = 0u64;
+        for block in blocks {
+            for chunk in block.as_ref().chunks(REGISTER_CHUNK) {
+                let desc = TensorDesc::new(DType::U8, vec![chunk.len() as u64]).map_err(ClientError::Request)?;
+                let message = Message::RegisterChunk { upload, offset, chunk: desc };
+                let reply = self.conn.request(&message, &[chunk])?;
+                let Message::RegisterProgress { received, .. } = reply.message else {
+                    return Err(unexpected(&self.conn, reply));
+                };
+                offset = received;
+                progress(received, total);
+            }
+        }
+        let reply = self.conn.request(&Message::RegisterCommit { upload }, &[])?;
+        match reply.message {
+            Message::Registered { model } => Ok(Registration { fingerprint, uploaded: Some(model) }),
+            _ => Err(unexpected(&self.conn, reply)),
+        }
+    }
+
+    /// Runs a registered model on positional `inputs`, whose `Value::Tensor(i)` name
+    /// `tensors[i]`.
+    pub fn execute(
+        &mut self,
+        fingerprint: &Fingerprint,
+        inputs: &[Value],
+        tensors: &[TensorRef<'_>],
+    ) -> Result<Output, ClientError> {
+        let descs = tensors
+            .iter()
+            .map(|t| TensorDesc::new(t.dtype, t.shape.to_vec()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(ClientError::Request)?;
+        let bytes: Vec<&[u8]> = tensors.iter().map(|t| t.bytes).collect();
+        let message = Message::Execute { fingerprint: *fingerprint, tensors: descs, inputs: inputs.to_vec() };
+        let reply = self.call(&message, &bytes)?;
+        match reply.message {
+            Message::ExecuteReply { tensors, output } => {
+                let (offsets, _) = payload_layout(&tensors).map_err(ClientError::Request)?;
+                Ok(Output { value: output, tensors, offsets, payload: reply.payload })
+            }
+            _ => Err(unexpected(&self.conn, reply)),
+        }
+    }
+
+    pub fn unregister_model(&mut self, fingerprint: &Fingerprint) -> Result<(), ClientError> {
+        let reply = self.call(&Message::Unregister { fingerprint: *fingerprint }, &[])?;
+        match reply.message {
+            Message::UnregisterAck => Ok(()),
+            _ => Err(unexpected(&self.conn, reply)),
+        }
+    }
+
+    pub fn list_models(&mut self) -> Result<Vec<ModelInfo>, ClientError> {
+        let reply = self.call(&Message::ListModels, &[])?;
+        match reply.message {
+            Message::ModelList { models } => Ok(models),
+            _ => Err(unexpected(&self.conn, reply)),
+        }
     }
 
     /// What the node announced: its version, transports and limits.
@@ -81,7 +253,7 @@ impl Client {
     /// One round trip; returns its duration.
     pub fn ping(&mut self) -> Result<Duration, ClientError> {
         let start = Instant::now();
-        let reply = self.conn.request(&Message::Ping, &[])?;
+        let reply = self.call(&Message::Ping, &[])?;
         match reply.message {
             Message::Pong => Ok(start.elapsed()),
             _ => Err(unexpected(&self.conn, reply)),
@@ -93,7 +265,7 @@ impl Client {
     pub fn put(&mut self, name: &str, dtype: DType, shape: &[u64], bytes: &[u8]) -> Result<bool, ClientError> {
         let tensor = TensorDesc::new(dtype, shape.to_vec()).map_err(ClientError::Request)?;
         let message = Message::Put { name: name.to_owned(), tensor };
-        let reply = self.conn.request(&message, &[bytes])?;
+        let reply = self.call(&message, &[bytes])?;
         match reply.message {
             Message::PutAck { replaced } => Ok(replaced),
             _ => Err(unexpected(&self.conn, reply)),
@@ -101,7 +273,7 @@ impl Client {
     }
 
     pub fn get(&mut self, name: &str) -> Result<Tensor, ClientError> {
-        let reply = self.conn.request(&Message::Get { name: name.to_owned() }, &[])?;
+        let reply = self.call(&Message::Get { name: name.to_owned() }, &[])?;
         match reply.message {
             Message::GetReply { tensor } => Ok(Tensor { desc: tensor, data: reply.payload }),
             _ => Err(unexpected(&self.conn, reply)),
@@ -109,7 +281,7 @@ impl Client {
     }
 
     pub fn delete(&mut self, name: &str) -> Result<(), ClientError> {
-        let reply = self.conn.request(&Message::Delete { name: name.to_owned() }, &[])?;
+        let reply = self.call(&Message::Delete { name: name.to_owned() }, &[])?;
         match reply.message {
             Message::DeleteAck => Ok(()),
             _ => Err(unexpected(&self.conn, reply)),
@@ -121,7 +293,7 @@ impl Client {
         let mut all = Vec::new();
         let mut after = None;
         loop {
-            let reply = self.conn.request(&Message::List { after: after.take(), limit: u32::MAX }, &[])?;
+            let reply = self.call(&Message::List { after: after.take(), limit: u32::MAX }, &[])?;
             let Message::ListReply { entries, more } = reply.message else {
                 return Err(unexpected(&self.conn, reply));
             };
@@ -135,7 +307,7 @@ impl Client {
 
     /// The node's counters, by name.
     pub fn stats(&mut self) -> Result<Vec<(String, u64)>, ClientError> {
-        let reply = self.conn.request(&Message::Stats, &[])?;
+        let reply = self.call(&Message::Stats, &[])?;
         match reply.message {
             Message::StatsReply { counters } => Ok(counters),
             _ => Err(unexpected(&self.conn, reply)),
@@ -145,4 +317,13 @@ impl Client {
 
 fn unexpected(conn: &ClientConn, reply: Frame) -> ClientError {
     ClientError::UnexpectedReply { peer: conn.peer(), request_id: reply.request_id, kind: reply.message.kind().name() }
+}
+
+fn unspecified() -> std::net::SocketAddr {
+    std::net::SocketAddr::from(([0, 0, 0, 0], 0))
+}
+
+/// The connection itself failed (as opposed to the node refusing the request).
+fn is_connection_loss(e: &ClientError) -> bool {
+    matches!(e, ClientError::Io { .. } | ClientError::Closed { .. })
 }

@@ -1,7 +1,16 @@
-//! The node side of Djinn: what a node holds and answers. For now that is the named-tensor
-//! store served over the data plane; every byte it holds is taken from the node's one
-//! device-memory budget.
+//! The node side of Djinn: what a node holds and computes. Named tensors live in host memory
+//! under the node's budget; models are ordered lists of TorchScript blocks, loaded once per
+//! fingerprint onto the node's device (libtorch through `tch`) and run by worker threads that
+//! the data plane's poller feeds.
 
+mod convert;
+mod error;
+mod models;
+mod service;
 mod store;
+mod workers;
 
-pub use store::{StoreStats, TensorStore};
+pub use error::ExecError;
+pub use service::{NodeOptions, NodeService};
+pub use store::TensorStore;
+pub use tch::Device;

@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::sync::Arc;
 
-use djinn_dataplane::proto::{ErrorCode, Frame, ListEntry, Message, Payload, Refusal, TensorDesc};
-use djinn_dataplane::tcp::{Replier, Reply, ReplyTo, Service};
+use djinn_dataplane::proto::{ErrorCode, ListEntry, Message, Payload, Refusal, TensorDesc};
+use djinn_dataplane::tcp::Reply;
 use djinn_gpudirect::{BufferPool, HostBuf, MemoryBudget};
 
 /// A tensor in the store: its descriptor and the received payload it lives in (never copied).
@@ -22,10 +22,10 @@ impl AsRef<[u8]> for StoredTensor {
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct StoreStats {
-    pub tensors: u64,
+struct StoreStats {
+    tensors: u64,
     /// Bytes of the tensors in the store.
-    pub stored_bytes: u64,
+    stored_bytes: u64,
 }
 
 /// The node's named tensors. A put's payload is received straight into memory reserved from
@@ -53,10 +53,6 @@ impl TensorStore {
             stats: StoreStats::default(),
             max_list_meta: max_meta as usize / 2,
         }
-    }
-
-    pub fn stats(&self) -> StoreStats {
-        self.stats
     }
 
     fn put(&mut self, name: String, desc: TensorDesc, data: Payload) -> Reply {
@@ -96,23 +92,17 @@ impl TensorStore {
     }
 }
 
-impl Service for TensorStore {
-    fn alloc(&mut self, message: &Message, len: usize) -> Result<Payload, Refusal> {
-        match message {
-            Message::Put { .. } => {
-                let reservation = self.budget.try_reserve(len as u64)?;
-                let buf = self.pool.take(len)?;
-                Ok(Payload { buf, reservation: Some(reservation) })
-            }
-            other => Err(Refusal {
-                code: ErrorCode::Unexpected,
-                message: format!("a {} request carries no payload", other.kind().name()),
-            }),
-        }
+impl TensorStore {
+    /// Memory for a put's payload: reserved from the budget, then taken from the pool.
+    pub fn alloc(&mut self, len: usize) -> Result<Payload, Refusal> {
+        let reservation = self.budget.try_reserve(len as u64)?;
+        let buf = self.pool.take(len)?;
+        Ok(Payload { buf, reservation: Some(reservation) })
     }
 
-    fn handle(&mut self, frame: Frame, _to: ReplyTo, _replier: &Replier) -> Option<Reply> {
-        Some(match (frame.message, frame.payload) {
+    /// Answers put, get, delete and list.
+    pub fn handle(&mut self, message: Message, payload: Option<Payload>) -> Reply {
+        match (message, payload) {
             (Message::Put { name, tensor }, Some(data)) => self.put(name, tensor, data),
             // An empty tensor has no payload bytes.
             (Message::Put { name, tensor }, None) => {
@@ -133,13 +123,14 @@ impl Service for TensorStore {
                 None => Reply::error(ErrorCode::NotFound, format!("no tensor named {name:?}")),
             },
             (Message::List { after, limit }, _) => self.list(after, limit),
-            (message, _) => {
-                Reply::error(ErrorCode::Unexpected, format!("a node does not serve {} requests", message.kind().name()))
-            }
-        })
+            (message, _) => Reply::error(
+                ErrorCode::Unexpected,
+                format!("the tensor store does not serve {} requests", message.kind().name()),
+            ),
+        }
     }
 
-    fn stats(&self, out: &mut Vec<(String, u64)>) {
+    pub fn stats(&self, out: &mut Vec<(String, u64)>) {
         let pool = self.pool.stats();
         out.extend(
             [

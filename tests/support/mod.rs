@@ -21,8 +21,12 @@ pub struct Node {
 
 impl Node {
     pub fn start(backend: &str, extra: &[&str]) -> Self {
+        Self::start_at("127.0.0.1:0", backend, extra)
+    }
+
+    pub fn start_at(listen: &str, backend: &str, extra: &[&str]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_djinn"))
-            .args(["node", "--listen", "127.0.0.1:0", "--tcp-backend", backend, "--log", "error"])
+            .args(["node", "--listen", listen, "--tcp-backend", backend, "--log", "error"])
             .args(extra)
             .stdout(Stdio::piped())
             .spawn()
@@ -140,4 +144,26 @@ pub fn reset_on_close(stream: &TcpStream) {
         )
     };
     assert_eq!(rc, 0, "SO_LINGER: {}", std::io::Error::last_os_error());
+}
+
+/// The folder of TorchScript archives that tests/models/make_models.py writes (once per test
+/// process), with the torch of .venv.
+pub fn models_dir() -> &'static std::path::Path {
+    static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let dir = std::env::temp_dir().join(format!("djinn-test-models-{}", std::process::id()));
+        let status = Command::new(root.join(".venv/bin/python"))
+            .arg(root.join("tests/models/make_models.py"))
+            .arg(&dir)
+            .stdout(Stdio::null())
+            .status()
+            .expect("cannot run .venv/bin/python (run scripts/setup.sh)");
+        assert!(status.success(), "make_models.py failed");
+        dir
+    })
+}
+
+pub fn archive(name: &str) -> Vec<u8> {
+    std::fs::read(models_dir().join(format!("{name}.pt"))).expect("archive")
 }

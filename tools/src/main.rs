@@ -23,8 +23,11 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Serve tensors on this host (prints `djinn node listening on ADDR` once bound).
+    /// Serve tensors and models on this host (prints `djinn node listening on ADDR` once bound).
     Node(node::NodeArgs),
+    /// Everything for one machine in one process: today a single node (the control plane joins
+    /// it when it exists). Takes the same flags as `node`.
+    Up(node::NodeArgs),
     /// Round trips to a node: prints each one and a summary.
     Ping {
         /// Node address, HOST:PORT.
@@ -80,7 +83,7 @@ fn main() -> Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match cli.command {
-        Command::Node(args) => node::run(args),
+        Command::Node(args) | Command::Up(args) => node::run(args),
         Command::Ping { addr, count } => {
             let mut client = Client::connect(&addr).with_context(|| format!("cannot reach {addr}"))?;
             let node = client.node();

@@ -1,14 +1,14 @@
-//! `djinn node`: the data plane's poller serving the tensor store.
+//! `djinn node` (and `djinn up`): the data plane's poller in front of the executor.
 
 use std::io::Write;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use djinn_dataplane::proto::Limits;
 use djinn_dataplane::tcp::{Backend, Server, ServerConfig};
-use djinn_executor::TensorStore;
-use djinn_gpudirect::{BufferPool, MemoryBudget};
+use djinn_executor::{Device, NodeOptions, NodeService};
+use djinn_gpudirect::MemoryBudget;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
@@ -49,6 +49,34 @@ pub struct NodeArgs {
     /// TCP backend of the poller.
     #[arg(long, value_enum, default_value = "mio")]
     tcp_backend: TcpBackend,
+    /// Where models run: `auto` (the first GPU if CUDA is present, else the CPU), `cpu` or
+    /// `cuda:N`.
+    #[arg(long, default_value = "auto", value_parser = parse_device)]
+    device: DeviceArg,
+    /// Executor worker threads (models run on these, never on the poller).
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    /// libtorch's threads inside one operation, per worker.
+    #[arg(long, default_value_t = 1)]
+    intra_op_threads: i32,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub enum DeviceArg {
+    Auto,
+    Given(Device),
+}
+
+fn parse_device(s: &str) -> Result<DeviceArg, String> {
+    match s {
+        "auto" => Ok(DeviceArg::Auto),
+        "cpu" => Ok(DeviceArg::Given(Device::Cpu)),
+        _ => s
+            .strip_prefix("cuda:")
+            .and_then(|n| n.parse().ok())
+            .map(|n| DeviceArg::Given(Device::Cuda(n)))
+            .ok_or_else(|| format!("{s:?} is not a device: use auto, cpu or cuda:N")),
+    }
 }
 
 fn physical_memory() -> u64 {
@@ -70,7 +98,18 @@ pub fn run(args: NodeArgs) -> Result<()> {
         }
         Err(e) => tracing::warn!(error = %e, "CUDA driver present but unusable: device memory is host memory"),
     }
-    let store = TensorStore::new(budget.clone(), BufferPool::new(args.buffer_pool.0, 64 * 1024), max_meta);
+    let device = match args.device {
+        DeviceArg::Given(device) => device,
+        DeviceArg::Auto => Device::cuda_if_available(),
+    };
+    if let Device::Cuda(n) = device
+        && !(tch::Cuda::is_available() && (n as i64) < tch::Cuda::device_count())
+    {
+        bail!("--device cuda:{n}: libtorch sees {} CUDA devices", tch::Cuda::device_count());
+    }
+    tch::set_num_threads(args.intra_op_threads.max(1));
+    let options = NodeOptions { device, workers: args.workers, pool_bytes: args.buffer_pool.0, max_meta };
+    let service = NodeService::new(budget.clone(), options).context("cannot start the executor")?;
     let config = ServerConfig {
         limits,
         spin: Duration::from_micros(args.spin_us),
@@ -82,7 +121,7 @@ pub fn run(args: NodeArgs) -> Result<()> {
         ..ServerConfig::default()
     };
     let agent = concat!("djinn-node/", env!("CARGO_PKG_VERSION"));
-    let server = Server::bind(&args.listen, config, store, agent)
+    let server = Server::bind(&args.listen, config, service, agent)
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let addr = server.local_addr();
     let shutdown = server.shutdown_handle();
@@ -96,7 +135,7 @@ pub fn run(args: NodeArgs) -> Result<()> {
     // The first line of stdout is the bound address: scripts and tests read it (no port races).
     println!("djinn node listening on {addr}");
     std::io::stdout().flush()?;
-    tracing::info!(%addr, backend = ?args.tcp_backend, budget = %ByteSize(budget.limit()), "node serving");
+    tracing::info!(%addr, backend = ?args.tcp_backend, ?device, budget = %ByteSize(budget.limit()), "node serving");
     let counters = server.run().context("poller failed")?;
     tracing::info!(?counters, budget_used = budget.used(), "node stopped");
     Ok(())

@@ -148,23 +148,51 @@ pub enum Message {
         message: String,
     },
     /// Starts uploading a model: the lengths of its blocks' archives, in execution order.
-    RegisterBegin { fingerprint: Fingerprint, blocks: Vec<u64> },
+    RegisterBegin {
+        fingerprint: Fingerprint,
+        blocks: Vec<u64>,
+    },
     /// `registered`: the node already holds this model and nothing needs uploading.
-    RegisterReady { upload: u64, registered: bool },
+    RegisterReady {
+        upload: u64,
+        registered: bool,
+    },
     /// Bytes `offset..offset + len` of the upload (the blocks' archives concatenated); the
     /// payload is the chunk, described as a u8 tensor.
-    RegisterChunk { upload: u64, offset: u64, chunk: TensorDesc },
-    RegisterProgress { received: u64, total: u64 },
+    RegisterChunk {
+        upload: u64,
+        offset: u64,
+        chunk: TensorDesc,
+    },
+    RegisterProgress {
+        received: u64,
+        total: u64,
+    },
     /// Checks the fingerprint and loads the model on the node's device.
-    RegisterCommit { upload: u64 },
-    Registered { model: ModelInfo },
+    RegisterCommit {
+        upload: u64,
+    },
+    Registered {
+        model: ModelInfo,
+    },
     /// Runs a model on positional `inputs`; their tensors are the payload.
-    Execute { fingerprint: Fingerprint, tensors: Vec<TensorDesc>, inputs: Vec<Value> },
-    ExecuteReply { tensors: Vec<TensorDesc>, output: Value },
-    Unregister { fingerprint: Fingerprint },
+    Execute {
+        fingerprint: Fingerprint,
+        tensors: Vec<TensorDesc>,
+        inputs: Vec<Value>,
+    },
+    ExecuteReply {
+        tensors: Vec<TensorDesc>,
+        output: Value,
+    },
+    Unregister {
+        fingerprint: Fingerprint,
+    },
     UnregisterAck,
     ListModels,
-    ModelList { models: Vec<ModelInfo> },
+    ModelList {
+        models: Vec<ModelInfo>,
+    },
 }
 
 impl Message {
@@ -380,15 +408,11 @@ impl Message {
                 }
                 Self::RegisterBegin { fingerprint, blocks }
             }
-            Kind::RegisterReady => {
-                Self::RegisterReady { upload: r.u64("upload")?, registered: r.bool("registered")? }
-            }
+            Kind::RegisterReady => Self::RegisterReady { upload: r.u64("upload")?, registered: r.bool("registered")? },
             Kind::RegisterChunk => {
                 Self::RegisterChunk { upload: r.u64("upload")?, offset: r.u64("offset")?, chunk: r.tensor()? }
             }
-            Kind::RegisterProgress => {
-                Self::RegisterProgress { received: r.u64("received")?, total: r.u64("total")? }
-            }
+            Kind::RegisterProgress => Self::RegisterProgress { received: r.u64("received")?, total: r.u64("total")? },
             Kind::RegisterCommit => Self::RegisterCommit { upload: r.u64("upload")? },
             Kind::Registered => Self::Registered { model: r.model()? },
             Kind::Execute => {

@@ -107,7 +107,8 @@ fn value(tensors: u32) -> impl Strategy<Value = Value> {
         any::<bool>().prop_map(Value::Bool),
         ".{0,12}".prop_map(Value::Str),
     ];
-    let leaf = if tensors == 0 { leaf.boxed() } else { prop_oneof![leaf, (0..tensors).prop_map(Value::Tensor)].boxed() };
+    let leaf =
+        if tensors == 0 { leaf.boxed() } else { prop_oneof![leaf, (0..tensors).prop_map(Value::Tensor)].boxed() };
     leaf.prop_recursive(4, 24, 4, |inner| {
         prop_oneof![
             prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Tuple),

@@ -91,6 +91,8 @@ pub struct ClientConn {
     head: Vec<u8>,
     next_id: u64,
     broken: bool,
+    bytes_sent: u64,
+    bytes_received: u64,
 }
 
 impl std::fmt::Debug for ClientConn {
@@ -132,11 +134,21 @@ impl ClientConn {
             head: Vec::with_capacity(256),
             next_id: 1,
             broken: false,
+            bytes_sent: 0,
+            bytes_received: 0,
         })
     }
 
     pub fn peer(&self) -> SocketAddr {
         self.peer
+    }
+
+    pub fn bytes_sent(&self) -> u64 {
+        self.bytes_sent
+    }
+
+    pub fn bytes_received(&self) -> u64 {
+        self.bytes_received
     }
 
     /// False once the connection failed; a new one is needed.
@@ -201,6 +213,7 @@ impl ClientConn {
             }
             match send_vectored(&self.stream, &iov[..count]) {
                 Ok(mut n) => {
+                    self.bytes_sent += n as u64;
                     while n > 0 {
                         let left = slices[index].len() - skip;
                         if n >= left {
@@ -276,6 +289,7 @@ impl ClientConn {
                     });
                 }
                 Ok(n) => {
+                    self.bytes_received += n as u64;
                     self.reader.on_read(n);
                     spin_until = Instant::now() + self.options.spin;
                 }

@@ -47,6 +47,13 @@ pub struct ReplyTo {
     pub request_id: u64,
 }
 
+impl ReplyTo {
+    /// The connection the request came on (unique for the server's life).
+    pub fn connection(&self) -> u64 {
+        self.conn_id
+    }
+}
+
 /// Sends replies to the poller from other threads (executor workers) and wakes it.
 #[derive(Clone)]
 pub struct Replier {
@@ -79,6 +86,8 @@ pub trait Service {
     fn handle(&mut self, frame: Frame, to: ReplyTo, replier: &Replier) -> Option<Reply>;
     /// Appends the service's counters to a stats reply.
     fn stats(&self, out: &mut Vec<(String, u64)>);
+    /// A connection closed: whatever the service kept for it (an upload) can go.
+    fn on_disconnect(&mut self, _connection: u64) {}
 }
 
 /// The server backend: mio (epoll) or io_uring.
@@ -255,6 +264,7 @@ impl<S: Service> Core<S> {
 
     pub fn on_close(&mut self, conn: &Conn) {
         self.counters.connections_open -= 1;
+        self.service.on_disconnect(conn.id);
         tracing::debug!(peer = %conn.peer, "connection closed");
     }
 

@@ -1,0 +1,28 @@
+use djinn_dataplane::proto::ErrorCode;
+
+/// Why a model could not be registered or run. Each maps to the error code the client sees.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExecError {
+    #[error("libtorch: {0}")]
+    Torch(#[from] tch::TchError),
+    #[error("archive rejected: {0}")]
+    BadArchive(String),
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("over the device-memory budget: {0}")]
+    OverBudget(#[from] djinn_gpudirect::OverBudget),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ExecError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Self::Torch(_) | Self::Unsupported(_) => ErrorCode::ExecutionFailed,
+            Self::BadArchive(_) => ErrorCode::BadArchive,
+            Self::OverBudget(_) => ErrorCode::OverBudget,
+            Self::Internal(_) => ErrorCode::Internal,
+        }
+    }
+}

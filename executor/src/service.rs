@@ -1,0 +1,182 @@
+//! What a node answers: named tensors (on the poller thread: they are cheap) and models
+//! (registration bookkeeping on the poller, loading and execution on the workers).
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use djinn_dataplane::proto::{ErrorCode, Fingerprint, Frame, Message, Payload, Refusal};
+use djinn_dataplane::tcp::{Replier, Reply, ReplyTo, Service};
+use djinn_gpudirect::{BufferPool, MemoryBudget};
+use tch::Device;
+
+use crate::models::{ModelStore, Upload};
+use crate::store::TensorStore;
+use crate::workers::{Job, Workers};
+
+#[derive(Debug, Clone)]
+pub struct NodeOptions {
+    pub device: Device,
+    pub workers: usize,
+    /// Free receive buffers kept for reuse, bytes.
+    pub pool_bytes: u64,
+    /// The peer-facing metadata limit (list replies are sized to fit it).
+    pub max_meta: u32,
+}
+
+#[derive(Debug)]
+pub struct NodeService {
+    tensors: TensorStore,
+    models: Arc<Mutex<ModelStore>>,
+    uploads: HashMap<u64, Upload>,
+    next_upload: u64,
+    pool: BufferPool,
+    workers: Workers,
+}
+
+impl NodeService {
+    pub fn new(budget: MemoryBudget, options: NodeOptions) -> std::io::Result<Self> {
+        let pool = BufferPool::new(options.pool_bytes, 64 * 1024);
+        let models = Arc::new(Mutex::new(ModelStore::new(budget.clone())));
+        let workers = Workers::start(options.workers, options.device, Arc::clone(&models))?;
+        Ok(Self {
+            tensors: TensorStore::new(budget, pool.clone(), options.max_meta),
+            models,
+            uploads: HashMap::new(),
+            next_upload: 1,
+            pool,
+            workers,
+        })
+    }
+
+    fn models(&self) -> MutexGuard<'_, ModelStore> {
+        self.models.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn register_begin(&mut self, fingerprint: Fingerprint, blocks: Vec<u64>, to: ReplyTo) -> Reply {
+        if self.models().contains(&fingerprint) {
+            return Reply::message(Message::RegisterReady { upload: 0, registered: true });
+        }
+        match Upload::new(fingerprint, blocks, to.connection()) {
+            Ok(upload) => {
+                let id = self.next_upload;
+                self.next_upload += 1;
+                tracing::info!(model = %fingerprint, bytes = upload.total, upload = id, "registration started");
+                self.uploads.insert(id, upload);
+                Reply::message(Message::RegisterReady { upload: id, registered: false })
+            }
+            Err(e) => Reply::error(ErrorCode::BadArchive, e),
+        }
+    }
+
+    fn register_chunk(&mut self, id: u64, offset: u64, payload: Option<Payload>, to: ReplyTo) -> Reply {
+        let Some(upload) = self.uploads.get_mut(&id).filter(|u| u.connection == to.connection()) else {
+            return Reply::error(ErrorCode::NotFound, format!("no upload {id} on this connection"));
+        };
+        let Some(chunk) = payload else {
+            return Reply::error(ErrorCode::BadArchive, "an empty chunk");
+        };
+        let before = upload.received * 10 / upload.total.max(1);
+        if let Err(e) = upload.add(offset, chunk) {
+            self.uploads.remove(&id);
+            return Reply::error(ErrorCode::BadArchive, e);
+        }
+        let after = upload.received * 10 / upload.total.max(1);
+        if after > before {
+            tracing::info!(model = %upload.fingerprint, received = upload.received, total = upload.total, "registration {}%", after * 10);
+        }
+        Reply::message(Message::RegisterProgress { received: upload.received, total: upload.total })
+    }
+}
+
+impl Service for NodeService {
+    fn alloc(&mut self, message: &Message, len: usize) -> Result<Payload, Refusal> {
+        match message {
+            Message::Put { .. } => self.tensors.alloc(len),
+            // Archive bytes stay until the model is loaded: they are charged to the budget,
+            // evicting idle models if need be.
+            Message::RegisterChunk { upload, .. } => {
+                if !self.uploads.contains_key(upload) {
+                    return Err(Refusal { code: ErrorCode::NotFound, message: format!("no upload {upload}") });
+                }
+                let reservation = self.models().reserve_evicting(len as u64)?;
+                Ok(Payload { buf: self.pool.take(len)?, reservation: Some(reservation) })
+            }
+            // Inputs live for one request, in host memory (copied to the device when it is a GPU).
+            Message::Execute { .. } => Ok(Payload { buf: self.pool.take(len)?, reservation: None }),
+            other => Err(Refusal {
+                code: ErrorCode::Unexpected,
+                message: format!("a {} request carries no payload", other.kind().name()),
+            }),
+        }
+    }
+
+    fn handle(&mut self, frame: Frame, to: ReplyTo, replier: &Replier) -> Option<Reply> {
+        let Frame { message, payload, request_id } = frame;
+        Some(match message {
+            message @ (Message::Put { .. } | Message::Get { .. } | Message::Delete { .. } | Message::List { .. }) => {
+                self.tensors.handle(message, payload)
+            }
+            Message::RegisterBegin { fingerprint, blocks } => self.register_begin(fingerprint, blocks, to),
+            Message::RegisterChunk { upload, offset, .. } => self.register_chunk(upload, offset, payload, to),
+            Message::RegisterCommit { upload: id } => {
+                match self.uploads.remove(&id).filter(|u| u.connection == to.connection()) {
+                    Some(upload) => {
+                        self.workers.submit(Job::Load { upload }, to, replier);
+                        return None;
+                    }
+                    None => Reply::error(ErrorCode::NotFound, format!("no upload {id} on this connection")),
+                }
+            }
+            message @ Message::Execute { .. } => {
+                let Message::Execute { fingerprint, .. } = &message else { unreachable!() };
+                let fingerprint = *fingerprint;
+                match self.models().get(&fingerprint) {
+                    Some(model) => {
+                        let frame = Frame { request_id, message, payload };
+                        self.workers.submit(Job::Execute { model, frame }, to, replier);
+                        return None;
+                    }
+                    None => Reply::error(ErrorCode::UnknownModel, format!("no model {fingerprint} on this node")),
+                }
+            }
+            Message::Unregister { fingerprint } => {
+                if self.models().remove(&fingerprint) {
+                    Reply::message(Message::UnregisterAck)
+                } else {
+                    Reply::error(ErrorCode::UnknownModel, format!("no model {fingerprint} on this node"))
+                }
+            }
+            Message::ListModels => Reply::message(Message::ModelList { models: self.models().list() }),
+            other => {
+                Reply::error(ErrorCode::Unexpected, format!("a node does not serve {} requests", other.kind().name()))
+            }
+        })
+    }
+
+    fn stats(&self, out: &mut Vec<(String, u64)>) {
+        self.tensors.stats(out);
+        self.models().stats(out);
+        let c = &self.workers.counters;
+        out.extend(
+            [
+                ("uploads", self.uploads.len() as u64),
+                ("executions", c.executions.load(Ordering::Relaxed)),
+                ("execution_errors", c.execution_errors.load(Ordering::Relaxed)),
+                ("model_loads", c.loads.load(Ordering::Relaxed)),
+                ("model_load_errors", c.load_errors.load(Ordering::Relaxed)),
+            ]
+            .map(|(k, v)| (k.to_owned(), v)),
+        );
+    }
+
+    fn on_disconnect(&mut self, connection: u64) {
+        self.uploads.retain(|id, u| {
+            let keep = u.connection != connection;
+            if !keep {
+                tracing::info!(upload = id, model = %u.fingerprint, "registration abandoned: its connection closed");
+            }
+            keep
+        });
+    }
+}

@@ -1,0 +1,142 @@
+//! Executor worker threads. The poller hands them model work over a crossbeam channel (it never
+//! runs model code itself); they answer through the data plane's `Replier`.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use crossbeam_channel::{Receiver, Sender};
+use djinn_dataplane::proto::{Frame, Message, SharedBytes};
+use djinn_dataplane::tcp::{Replier, Reply, ReplyTo};
+use tch::Device;
+
+use crate::convert::{Outputs, input_tensors, to_ivalue};
+use crate::error::ExecError;
+use crate::models::{Model, ModelStore, Upload};
+
+pub enum Job {
+    Execute { model: Arc<Model>, frame: Frame },
+    Load { upload: Upload },
+}
+
+struct Envelope {
+    job: Job,
+    to: ReplyTo,
+    replier: Replier,
+}
+
+#[derive(Debug, Default)]
+pub struct WorkerCounters {
+    pub executions: AtomicU64,
+    pub execution_errors: AtomicU64,
+    pub loads: AtomicU64,
+    pub load_errors: AtomicU64,
+}
+
+pub struct Workers {
+    tx: Option<Sender<Envelope>>,
+    threads: Vec<JoinHandle<()>>,
+    pub counters: Arc<WorkerCounters>,
+}
+
+impl std::fmt::Debug for Workers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Workers").field("threads", &self.threads.len()).finish()
+    }
+}
+
+impl Workers {
+    pub fn start(count: usize, device: Device, models: Arc<Mutex<ModelStore>>) -> std::io::Result<Self> {
+        let (tx, rx) = crossbeam_channel::unbounded::<Envelope>();
+        let counters = Arc::new(WorkerCounters::default());
+        let threads = (0..count.max(1))
+            .map(|i| {
+                let rx = rx.clone();
+                let models = Arc::clone(&models);
+                let counters = Arc::clone(&counters);
+                std::thread::Builder::new()
+                    .name(format!("djinn-worker-{i}"))
+                    .spawn(move || work(rx, device, models, counters))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self { tx: Some(tx), threads, counters })
+    }
+
+    pub fn submit(&self, job: Job, to: ReplyTo, replier: &Replier) {
+        let envelope = Envelope { job, to, replier: replier.clone() };
+        if let Some(tx) = &self.tx
+            && let Err(e) = tx.send(envelope)
+        {
+            // Only when every worker is gone (they stop only on shutdown).
+            let Envelope { to, replier, .. } = e.into_inner();
+            replier.send(to, Reply::error(djinn_dataplane::proto::ErrorCode::Internal, "the executor has stopped"));
+        }
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        self.tx = None;
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn work(rx: Receiver<Envelope>, device: Device, models: Arc<Mutex<ModelStore>>, counters: Arc<WorkerCounters>) {
+    for Envelope { job, to, replier } in rx {
+        let is_load = matches!(job, Job::Load { .. });
+        let result = catch_unwind(AssertUnwindSafe(|| match job {
+            Job::Execute { model, frame } => execute(&model, frame),
+            Job::Load { upload } => load(upload, device, &models),
+        }))
+        .unwrap_or_else(|panic| {
+            let what =
+                panic.downcast_ref::<String>().cloned().or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()));
+            Err(ExecError::Internal(format!("worker panicked: {}", what.unwrap_or_default())))
+        });
+        let (ok, errors) = if is_load {
+            (&counters.loads, &counters.load_errors)
+        } else {
+            (&counters.executions, &counters.execution_errors)
+        };
+        let reply = match result {
+            Ok(reply) => {
+                ok.fetch_add(1, Ordering::Relaxed);
+                reply
+            }
+            Err(e) => {
+                errors.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(error = %e, "request failed");
+                Reply::error(e.code(), e.to_string())
+            }
+        };
+        replier.send(to, reply);
+    }
+}
+
+fn execute(model: &Model, frame: Frame) -> Result<Reply, ExecError> {
+    let Message::Execute { tensors, inputs, .. } = frame.message else {
+        return Err(ExecError::Internal("not an execute request".into()));
+    };
+    let payload = frame.payload.map(Arc::new);
+    let tensors = input_tensors(&tensors, payload.as_ref(), model.device)?;
+    let args = inputs.iter().map(|v| to_ivalue(v, &tensors)).collect::<Result<Vec<_>, _>>()?;
+    let output = model.forward(args)?;
+    let mut outputs = Outputs::new(payload);
+    let output = outputs.value(output)?;
+    Ok(Reply {
+        message: Message::ExecuteReply { tensors: outputs.descs, output },
+        tensors: outputs.tensors.into_iter().map(|t| Arc::new(t) as SharedBytes).collect(),
+    })
+}
+
+fn load(upload: Upload, device: Device, models: &Mutex<ModelStore>) -> Result<Reply, ExecError> {
+    let started = std::time::Instant::now();
+    let fingerprint = upload.fingerprint;
+    let loaded = upload.load(device)?;
+    let model = models.lock().unwrap_or_else(|e| e.into_inner()).insert(loaded)?;
+    tracing::info!(model = %fingerprint, weight_bytes = model.weight_bytes, seconds = started.elapsed().as_secs_f64(), "model loaded");
+    Ok(Reply::message(Message::Registered { model: model.info() }))
+}

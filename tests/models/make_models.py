@@ -1,0 +1,61 @@
+"""Writes the TorchScript archives the integration tests register, into the folder given.
+
+Each model is saved whole (`NAME.pt`) and, where it is a stack of layers, also as blocks
+(`NAME.block0.pt`, ...), so the tests can check that running the blocks in order gives the
+whole model's output.
+"""
+import sys
+from pathlib import Path
+from typing import Dict, Tuple
+
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+out = Path(sys.argv[1])
+out.mkdir(parents=True, exist_ok=True)
+
+
+def save(module, name, example=None):
+    module = module.eval()
+    scripted = torch.jit.trace(module, example) if example is not None else torch.jit.script(module)
+    scripted.save(str(out / f"{name}.pt"))
+
+
+mlp = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 256))
+save(mlp, "mlp", torch.randn(4, 256))
+for i, layer in enumerate(mlp):
+    save(layer, f"mlp.block{i}", torch.randn(4, 256 if i == 0 else 1024))
+
+
+class Structured(nn.Module):
+    def forward(self, x: torch.Tensor, scale: float, n: int) -> Dict[str, Tuple[torch.Tensor, Tuple[int, float, bool, str]]]:
+        return {"scaled": (x * scale, (n + 1, scale * 2.0, n > 2, "ok")), "neg": (-x, (n, 0.5, False, "neg"))}
+
+
+save(Structured(), "structured")
+
+
+class Halves(nn.Module):
+    def forward(self, x: torch.Tensor, idx: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        return x * 2, idx + 1
+
+
+save(Halves(), "halves")
+
+
+class Identity(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+save(Identity(), "identity")
+
+
+class Fails(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ torch.ones(3, 3)
+
+
+save(Fails(), "fails")
+print("models written to", out)
