@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up for a fresh Debian 12 machine: system packages, the Python venv with the
 # libtorch that `tch` needs, and a release build of the workspace. A second run only checks.
-# `--no-build` skips the build (scripts/test.sh builds what it tests itself).
+# `--no-build` skips the release build of the workspace (scripts/test.sh builds what it tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=1
@@ -52,6 +52,11 @@ then
   log "installing ${PY_PACKAGES[*]} into .venv (torch is the CUDA build, about 2.6 GB)"
   .venv/bin/pip install -q --disable-pip-version-check "${PY_PACKAGES[@]}"
 fi
+
+# The Python package: the PyO3 extension built with maturin and installed (editable) into .venv.
+log "building and installing the Python package djinn into .venv"
+VIRTUAL_ENV="$PWD/.venv" .venv/bin/maturin develop --release --quiet -m client-lib/python/Cargo.toml \
+  >/dev/null 2>.venv/maturin.log || { cat .venv/maturin.log >&2; exit 1; }
 
 if [ "$BUILD" = 1 ]; then
   log "building the workspace (release)"

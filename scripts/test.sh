@@ -15,9 +15,7 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 step "cargo test"
 cargo test --workspace --locked
 
-if [ -d client-lib/python/tests ]; then
-  step "python tests"
-  .venv/bin/python -m pytest -q client-lib/python/tests
-fi
+step "python tests (the real extension against a real node)"
+DJINN_BIN="$PWD/target/debug/djinn" .venv/bin/python -m pytest -q client-lib/python/tests
 
 step "all tests passed"

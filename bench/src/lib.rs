@@ -2,6 +2,7 @@
 //! machine, and prints p50/p99/p999 beside it with the ratio: these machines are noisy, ratios
 //! are what carry from one run to the next.
 
+mod execute;
 mod tcp;
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -11,6 +12,7 @@ use std::process::{Child, ChildStdout, Command, Stdio};
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 
+pub use execute::ExecuteArgs;
 pub use tcp::TcpArgs;
 
 #[derive(Subcommand, Debug)]
@@ -18,11 +20,15 @@ pub enum BenchCommand {
     /// Put and get round trips over TCP, 8 B to 256 MiB, against raw blocking sockets between
     /// two processes, for each TCP backend of the node.
     Tcp(TcpArgs),
+    /// Remote execution of a TinyMLP and a 64 MiB identity against the local libtorch forward
+    /// and raw sockets.
+    Execute(ExecuteArgs),
 }
 
 pub fn run(command: BenchCommand) -> Result<()> {
     match command {
         BenchCommand::Tcp(args) => tcp::run(args),
+        BenchCommand::Execute(args) => execute::run(args),
     }
 }
 

@@ -44,10 +44,10 @@ pub struct TcpArgs {
 }
 
 #[derive(Clone, Copy)]
-struct Stats {
-    p50: f64,
-    p99: f64,
-    p999: f64,
+pub(crate) struct Stats {
+    pub p50: f64,
+    pub p99: f64,
+    pub p999: f64,
 }
 
 impl Stats {
@@ -58,7 +58,7 @@ impl Stats {
 }
 
 /// Runs `op` `iters` times after a tenth as many warm-up runs; latencies in nanoseconds.
-fn measure(iters: u64, mut op: impl FnMut() -> Result<()>) -> Result<Stats> {
+pub(crate) fn measure(iters: u64, mut op: impl FnMut() -> Result<()>) -> Result<Stats> {
     let mut h = Histogram::<u64>::new(3).context("histogram")?;
     for _ in 0..(iters / 10).max(2) {
         op()?;
@@ -72,7 +72,7 @@ fn measure(iters: u64, mut op: impl FnMut() -> Result<()>) -> Result<Stats> {
 }
 
 /// Round trips against a raw peer that reads `up` bytes and answers `down` bytes.
-fn raw(up: usize, down: usize, iters: u64) -> Result<Stats> {
+pub(crate) fn raw(up: usize, down: usize, iters: u64) -> Result<Stats> {
     let peer = Spawned::start(&["bench-peer", "--up", &up.to_string(), "--down", &down.to_string()])?;
     let mut stream = TcpStream::connect(peer.addr)?;
     stream.set_nodelay(true)?;
@@ -170,7 +170,7 @@ pub fn run(args: TcpArgs) -> Result<()> {
     Ok(())
 }
 
-fn today() -> String {
+pub(crate) fn today() -> String {
     std::process::Command::new("date")
         .arg("+%Y-%m-%d %H:%M %Z")
         .output()

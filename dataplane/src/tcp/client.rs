@@ -65,7 +65,7 @@ pub struct ClientOptions {
 impl Default for ClientOptions {
     fn default() -> Self {
         Self {
-            spin: Duration::from_micros(50),
+            spin: Duration::from_micros(200),
             timeout: Some(Duration::from_secs(60)),
             limits: Limits::default(),
             pool_bytes: 1 << 30,

@@ -73,7 +73,8 @@ impl<S: Service> MioServer<S> {
         while !self.flag.load(Ordering::Acquire) {
             // Adaptive polling: keep polling without blocking for `spin` after the last piece
             // of work (a wake-up on the other core costs about 20 µs here), then block.
-            let busy = !self.ready.is_empty() || last_work.elapsed() < self.core.config.spin;
+            let busy =
+                !self.ready.is_empty() || self.core.awaiting_replies() || last_work.elapsed() < self.core.config.spin;
             let timeout = busy.then_some(std::time::Duration::ZERO);
             match self.poll.poll(&mut events, timeout) {
                 Ok(()) => {}

@@ -209,6 +209,8 @@ pub(crate) struct Core<S> {
     pub service: S,
     pub config: ServerConfig,
     pub counters: ServerCounters,
+    /// Requests answered by other threads and not answered yet, over every connection.
+    deferred: usize,
     hello: Hello,
     replier: Replier,
     replies: Receiver<(ReplyTo, Reply)>,
@@ -227,7 +229,15 @@ impl<S: Service> Core<S> {
     pub fn new(service: S, config: ServerConfig, agent: &str, wake: Arc<dyn Fn() + Send + Sync>) -> Self {
         let hello = Hello::new(&config.limits, transports::TCP, agent);
         let (tx, replies) = crossbeam_channel::unbounded();
-        Self { service, config, counters: ServerCounters::default(), hello, replier: Replier { tx, wake }, replies }
+        Self {
+            service,
+            config,
+            counters: ServerCounters::default(),
+            deferred: 0,
+            hello,
+            replier: Replier { tx, wake },
+            replies,
+        }
     }
 
     /// A new connection in slab slot `slot`.
@@ -248,7 +258,15 @@ impl<S: Service> Core<S> {
 
     /// The next reply sent from another thread, with the slot of its connection.
     pub fn next_deferred(&mut self) -> Option<(usize, ReplyTo, Reply)> {
-        self.replies.try_recv().ok().map(|(to, reply)| (to.slot, to, reply))
+        let (to, reply) = self.replies.try_recv().ok()?;
+        self.deferred -= 1;
+        Some((to.slot, to, reply))
+    }
+
+    /// True while another thread is working on a request: the reply is near, so the poller
+    /// keeps polling rather than sleep and pay a wake-up for it.
+    pub fn awaiting_replies(&self) -> bool {
+        self.deferred > 0
     }
 
     /// Queues a deferred reply on `conn` (the connection in its slot), unless that connection
@@ -289,7 +307,10 @@ impl<S: Service> Core<S> {
                     let to = ReplyTo { slot: conn.slot, conn_id: conn.id, request_id: frame.request_id };
                     match self.dispatch(frame, to) {
                         Some(reply) => self.send(conn, to.request_id, reply),
-                        None => conn.in_flight += 1,
+                        None => {
+                            conn.in_flight += 1;
+                            self.deferred += 1;
+                        }
                     }
                 }
                 RecvEvent::Rejected { request_id, refusal } => {

@@ -163,7 +163,7 @@ impl<S: Service> UringServer<S> {
             }
             // Adaptive polling, as in the mio backend: enter without waiting while recently
             // busy (which also runs the kernel's pending completion work), then block.
-            let busy = last_work.elapsed() < self.core.config.spin;
+            let busy = self.core.awaiting_replies() || last_work.elapsed() < self.core.config.spin;
             let entered = if busy { self.ring.submit() } else { self.ring.submit_and_wait(1) };
             match entered {
                 Ok(_) => {}

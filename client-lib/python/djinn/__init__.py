@@ -1,0 +1,325 @@
+"""Run PyTorch models on a Djinn node as if they were local.
+
+    import djinn
+    djinn.init("127.0.0.1:7070")
+    rm = djinn.register(model, example_inputs)   # uploads TorchScript once
+    y = rm(x)                                     # sends only the fingerprint and x
+
+A model is an ordered list of TorchScript blocks: `nn.Sequential` becomes one block per
+layer, and any model can be split with `blocks=[...]` (submodules or callables, in execution
+order). A block's tuple output becomes the next block's positional arguments. Registration
+checks that the blocks, chained, reproduce the model's own output on the example inputs.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import threading
+import warnings
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+import torch
+from torch import nn
+
+from . import _native
+from ._native import (
+    BadArchiveError,
+    DjinnError,
+    ExecutionError,
+    NotFoundError,
+    OverBudgetError,
+    RemoteError,
+    TransportError,
+    UnknownModelError,
+)
+
+__all__ = [
+    "BadArchiveError",
+    "BlockMismatchError",
+    "Client",
+    "DjinnError",
+    "ExecutionError",
+    "NotFoundError",
+    "OverBudgetError",
+    "RemoteError",
+    "RemoteModel",
+    "TransportError",
+    "UnknownModelError",
+    "init",
+    "register",
+    "remote",
+    "stats",
+]
+
+
+class BlockMismatchError(DjinnError, ValueError):
+    """The blocks given, run in order, do not reproduce the model's output."""
+
+
+_WIRE_DTYPES = {
+    torch.float16: "f16",
+    torch.bfloat16: "bf16",
+    torch.float32: "f32",
+    torch.float64: "f64",
+    torch.int8: "i8",
+    torch.int16: "i16",
+    torch.int32: "i32",
+    torch.int64: "i64",
+    torch.uint8: "u8",
+    torch.bool: "bool",
+}
+_TORCH_DTYPES = {name: dtype for dtype, name in _WIRE_DTYPES.items()}
+
+
+class Client:
+    """A connection to one node. `djinn.init` makes the default one."""
+
+    def __init__(self, address: str, timeout: float = 60.0):
+        self._native = _native.Client(address, timeout)
+        self.address = address
+
+    def register(self, model, example_inputs, blocks=None, progress=None) -> "RemoteModel":
+        return register(model, example_inputs, blocks=blocks, progress=progress, client=self)
+
+    def ping(self) -> float:
+        """Round-trip time to the node, seconds."""
+        return self._native.ping()
+
+    def models(self) -> list[dict]:
+        return self._native.list_models()
+
+    def stats(self) -> dict:
+        """This connection's transport, bytes sent and received, and request counts."""
+        return self._native.stats()
+
+    def node_stats(self) -> dict:
+        return self._native.node_stats()
+
+
+_default: Optional[Client] = None
+_default_lock = threading.Lock()
+
+
+def init(address: str, timeout: float = 60.0) -> Client:
+    """Connects to the node at `address` ("host:port") and makes it the default."""
+    global _default
+    client = Client(address, timeout)
+    with _default_lock:
+        _default = client
+    return client
+
+
+def _client(client: Optional[Client]) -> Client:
+    if client is not None:
+        return client
+    if _default is None:
+        raise DjinnError("not connected: call djinn.init('host:port') first")
+    return _default
+
+
+def stats() -> dict:
+    """The default connection's transport, bytes sent and received, and request counts."""
+    return _client(None).stats()
+
+
+class _Callable(nn.Module):
+    """Wraps a plain function so that it can be traced into a block."""
+
+    def __init__(self, fn: Callable):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
+def _as_args(value) -> tuple:
+    return value if isinstance(value, tuple) else (value,)
+
+
+def _to_torchscript(block, args: tuple):
+    """TorchScript is what the node's libtorch loads; torch 2.13 marks it deprecated in favour
+    of torch.export, which libtorch cannot load, hence the silenced warnings."""
+    if isinstance(block, (torch.jit.ScriptModule, torch.jit.ScriptFunction)):
+        return block
+    module = block if isinstance(block, nn.Module) else _Callable(block)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return torch.jit.script(module)
+    except Exception:
+        # Not scriptable (Python control flow TorchScript cannot compile): trace it on the
+        # inputs it will see. The chained check below catches a trace that does not generalise
+        # to these inputs.
+        return torch.jit.trace(module, args, strict=False, check_trace=False)
+
+
+def _archive(script) -> bytes:
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.jit.save(script, buf)
+    return buf.getvalue()
+
+
+def _mismatch(a, b, path: str = "output") -> Optional[str]:
+    """Where `a` (the blocks' output) differs from `b` (the model's), or None."""
+    if isinstance(b, torch.Tensor):
+        if not isinstance(a, torch.Tensor):
+            return f"{path}: a {type(a).__name__} instead of a tensor"
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return f"{path}: {a.dtype}{list(a.shape)} instead of {b.dtype}{list(b.shape)}"
+        if a.dtype.is_floating_point:
+            ok = torch.allclose(a, b, rtol=1e-5, atol=1e-6, equal_nan=True)
+        else:
+            ok = torch.equal(a, b)
+        return None if ok else f"{path}: values differ (largest difference {(a.double() - b.double()).abs().max().item():.3g})"
+    if isinstance(b, (tuple, list)):
+        if not isinstance(a, (tuple, list)) or len(a) != len(b):
+            return f"{path}: {type(a).__name__} of {len(a) if hasattr(a, '__len__') else '?'} instead of {type(b).__name__} of {len(b)}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            if (m := _mismatch(x, y, f"{path}[{i}]")) is not None:
+                return m
+        return None
+    if isinstance(b, dict):
+        if not isinstance(a, dict) or set(a) != set(b):
+            return f"{path}: keys {sorted(map(str, a)) if isinstance(a, dict) else type(a).__name__} instead of {sorted(map(str, b))}"
+        for k in b:
+            if (m := _mismatch(a[k], b[k], f"{path}[{k!r}]")) is not None:
+                return m
+        return None
+    if isinstance(b, float) and isinstance(a, float) and math.isclose(a, b, rel_tol=1e-6):
+        return None
+    return None if a == b else f"{path}: {a!r} instead of {b!r}"
+
+
+def register(
+    model,
+    example_inputs,
+    blocks: Optional[Sequence] = None,
+    progress: Optional[Callable[[int, int], None]] = None,
+    client: Optional[Client] = None,
+) -> "RemoteModel":
+    """Turns `model` into TorchScript blocks, uploads them (once per node: identical bytes are
+    shared) and returns a RemoteModel to call.
+
+    `example_inputs`: one input, or a tuple of positional inputs. `blocks`: submodules or
+    callables in execution order whose chained application reproduces `model`; by default an
+    `nn.Sequential` is split into its layers and anything else is one block.
+    `progress(sent, total)` follows the upload."""
+    client = _client(client)
+    args = _as_args(example_inputs)
+    if blocks is None:
+        blocks = list(model.children()) if isinstance(model, nn.Sequential) and len(model) > 0 else [model]
+    if len(blocks) == 0:
+        raise ValueError("a model needs at least one block")
+    with torch.no_grad():
+        was_training = model.training if isinstance(model, nn.Module) else False
+        if isinstance(model, nn.Module):
+            model.eval()
+        try:
+            expected = model(*args)
+            scripts = []
+            x = args
+            for block in blocks:
+                script = _to_torchscript(block, x)
+                scripts.append(script)
+                x = _as_args(script(*x))
+            got = x[0] if len(x) == 1 and not isinstance(expected, tuple) else x
+        finally:
+            if was_training:
+                model.train()
+    if (where := _mismatch(got, expected)) is not None:
+        raise BlockMismatchError(f"the {len(blocks)} blocks, chained, do not reproduce the model: {where}")
+    archives = [_archive(s) for s in scripts]
+    return RemoteModel(client, archives, progress)
+
+
+class RemoteModel:
+    """A model registered on a node. Calling it runs it there and returns CPU tensors, in the
+    structure the local model returns."""
+
+    def __init__(self, client: Client, archives: list[bytes], progress=None):
+        self._client = client
+        # Kept so that the model can be registered again if the node loses it (a restart, or
+        # eviction while idle).
+        self._archives = archives
+        self.fingerprint, self.uploaded, self.weight_bytes = client._native.register_model(archives, progress)
+        self.blocks = len(archives)
+
+    def __repr__(self) -> str:
+        return f"RemoteModel({self.fingerprint[:16]}…, {self.blocks} blocks, on {self._client.address})"
+
+    def __call__(self, *inputs):
+        tensors: list[torch.Tensor] = []
+        wire_inputs = [_flatten(v, tensors) for v in inputs]
+        specs = [
+            (_WIRE_DTYPES[t.dtype], list(t.shape), t.data_ptr(), t.numel() * t.element_size()) for t in tensors
+        ]
+        try:
+            out = self._client._native.execute(self.fingerprint, wire_inputs, specs)
+        except UnknownModelError:
+            self._client._native.register_model(self._archives, None)
+            out = self._client._native.execute(self.fingerprint, wire_inputs, specs)
+        return _unflatten(out)
+
+    def unregister(self) -> None:
+        self._client._native.unregister_model(self.fingerprint)
+
+
+def _flatten(value, tensors: list):
+    if isinstance(value, torch.Tensor):
+        t = value.detach()
+        if t.dtype not in _WIRE_DTYPES:
+            raise TypeError(f"tensors of {t.dtype} cannot be sent (supported: {', '.join(map(str, _WIRE_DTYPES))})")
+        if t.device.type != "cpu":
+            t = t.cpu()
+        tensors.append(t.contiguous())
+        return _native.TensorSlot(len(tensors) - 1)
+    if isinstance(value, tuple):
+        return tuple(_flatten(v, tensors) for v in value)
+    if isinstance(value, list):
+        return [_flatten(v, tensors) for v in value]
+    if isinstance(value, dict):
+        return {k: _flatten(v, tensors) for k, v in value.items()}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise TypeError(f"cannot send a {type(value).__name__} to a remote model")
+
+
+def _unflatten(value):
+    if isinstance(value, _native.OutputTensor):
+        dtype = _TORCH_DTYPES[value.dtype]
+        shape = tuple(value.shape)
+        if value.nbytes == 0:
+            return torch.empty(shape, dtype=dtype)
+        return torch.frombuffer(value, dtype=dtype).view(shape)
+    if isinstance(value, tuple):
+        return tuple(_unflatten(v) for v in value)
+    if isinstance(value, list):
+        return [_unflatten(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _unflatten(v) for k, v in value.items()}
+    return value
+
+
+class _LazyRemote:
+    def __init__(self, model, client):
+        self._model = model
+        self._client = client
+        self._remote: Optional[RemoteModel] = None
+        self._lock = threading.Lock()
+
+    def __call__(self, *inputs):
+        if self._remote is None:
+            with self._lock:
+                if self._remote is None:
+                    self._remote = register(self._model, inputs, client=self._client)
+        return self._remote(*inputs)
+
+
+def remote(model, client: Optional[Client] = None) -> Callable:
+    """A callable that registers `model` on its first call (with that call's inputs as the
+    example) and runs it remotely from then on."""
+    return _LazyRemote(model, client)

@@ -1,0 +1,335 @@
+//! `djinn._native`: the Python package's binding of `djinn-client`. The GIL is released around
+//! every network call; input tensors are sent from their own memory (the Python side passes
+//! their data pointers and keeps them alive for the call); output tensors are handed to Python
+//! as buffers over the received bytes, which `torch.frombuffer` wraps without a copy.
+
+use std::ffi::c_int;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use djinn_client::{
+    Client as RustClient, ClientError, ClientOptions, DType, ErrorCode, Fingerprint, Output, TensorRef, Value,
+};
+use pyo3::create_exception;
+use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedBytes;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+
+create_exception!(_native, DjinnError, PyException, "Base of every error the djinn package raises.");
+create_exception!(_native, TransportError, DjinnError, "The node could not be reached or the connection broke.");
+create_exception!(_native, RemoteError, DjinnError, "The node refused or failed a request; the message is the node's.");
+create_exception!(
+    _native,
+    UnknownModelError,
+    RemoteError,
+    "The node does not hold that model (never registered, or evicted)."
+);
+create_exception!(_native, ExecutionError, RemoteError, "The model failed on the node (libtorch's message).");
+create_exception!(_native, BadArchiveError, RemoteError, "The node could not load the TorchScript archive.");
+create_exception!(_native, OverBudgetError, RemoteError, "The node's device-memory budget cannot hold this.");
+create_exception!(_native, NotFoundError, RemoteError, "No such tensor or upload on the node.");
+
+fn to_py_err(e: ClientError) -> PyErr {
+    match &e {
+        ClientError::Remote { code, message, .. } => {
+            let message = message.clone();
+            match code {
+                ErrorCode::UnknownModel => UnknownModelError::new_err(message),
+                ErrorCode::ExecutionFailed => ExecutionError::new_err(message),
+                ErrorCode::BadArchive => BadArchiveError::new_err(message),
+                ErrorCode::OverBudget => OverBudgetError::new_err(message),
+                ErrorCode::NotFound => NotFoundError::new_err(message),
+                _ => RemoteError::new_err(e.to_string()),
+            }
+        }
+        ClientError::Io { .. } | ClientError::Closed { .. } | ClientError::Timeout { .. } => {
+            TransportError::new_err(e.to_string())
+        }
+        _ => DjinnError::new_err(e.to_string()),
+    }
+}
+
+/// Stands for input tensor `index` inside the nested inputs handed to `Client.execute`.
+#[pyclass(frozen, module = "djinn._native")]
+struct TensorSlot {
+    #[pyo3(get)]
+    index: u32,
+}
+
+#[pymethods]
+impl TensorSlot {
+    #[new]
+    fn new(index: u32) -> Self {
+        Self { index }
+    }
+}
+
+/// An output tensor: dtype, shape and a writable buffer over its bytes.
+#[pyclass(module = "djinn._native")]
+struct OutputTensor {
+    output: Arc<Output>,
+    index: usize,
+    #[pyo3(get)]
+    dtype: &'static str,
+    #[pyo3(get)]
+    shape: Vec<u64>,
+    #[pyo3(get)]
+    nbytes: usize,
+}
+
+#[pymethods]
+impl OutputTensor {
+    unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: c_int) -> PyResult<()> {
+        let (ptr, len) = {
+            let this = slf.borrow();
+            let bytes = this.output.tensor_bytes(this.index);
+            (bytes.as_ptr() as *mut std::ffi::c_void, bytes.len() as ffi::Py_ssize_t)
+        };
+        // SAFETY: `view` comes from Python; the bytes live as long as `slf` (the view holds a
+        // reference to it). Each output tensor's bytes belong to its one OutputTensor and Rust
+        // never reads them again, so Python may write them (torch tensors are mutable).
+        let rc = unsafe { ffi::PyBuffer_FillInfo(view, slf.as_ptr(), ptr, len, 0, flags) };
+        if rc == 0 { Ok(()) } else { Err(PyErr::fetch(slf.py())) }
+    }
+}
+
+fn value_from_py(obj: &Bound<'_, PyAny>) -> PyResult<Value> {
+    if obj.is_none() {
+        return Ok(Value::None);
+    }
+    if let Ok(slot) = obj.cast::<TensorSlot>() {
+        return Ok(Value::Tensor(slot.get().index));
+    }
+    // bool before int: a Python bool is an int.
+    if let Ok(b) = obj.cast::<PyBool>() {
+        return Ok(Value::Bool(b.is_true()));
+    }
+    if obj.is_instance_of::<PyInt>() {
+        return Ok(Value::Int(obj.extract()?));
+    }
+    if obj.is_instance_of::<PyFloat>() {
+        return Ok(Value::Float(obj.extract()?));
+    }
+    if let Ok(s) = obj.cast::<PyString>() {
+        return Ok(Value::Str(s.to_str()?.to_owned()));
+    }
+    if let Ok(t) = obj.cast::<PyTuple>() {
+        return Ok(Value::Tuple(t.iter().map(|v| value_from_py(&v)).collect::<PyResult<_>>()?));
+    }
+    if let Ok(l) = obj.cast::<PyList>() {
+        return Ok(Value::List(l.iter().map(|v| value_from_py(&v)).collect::<PyResult<_>>()?));
+    }
+    if let Ok(d) = obj.cast::<PyDict>() {
+        return Ok(Value::Dict(
+            d.iter().map(|(k, v)| Ok((value_from_py(&k)?, value_from_py(&v)?))).collect::<PyResult<_>>()?,
+        ));
+    }
+    Err(PyTypeError::new_err(format!("cannot send a {} to a remote model", obj.get_type().name()?)))
+}
+
+fn value_to_py<'py>(py: Python<'py>, value: &Value, output: &Arc<Output>) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match value {
+        Value::None => py.None().into_bound(py),
+        Value::Tensor(i) => {
+            let index = *i as usize;
+            let desc = output.tensors.get(index).ok_or_else(|| DjinnError::new_err(format!("no output tensor {i}")))?;
+            let tensor = OutputTensor {
+                output: Arc::clone(output),
+                index,
+                dtype: desc.dtype.name(),
+                shape: desc.shape.clone(),
+                nbytes: desc.byte_len as usize,
+            };
+            Bound::new(py, tensor)?.into_any()
+        }
+        Value::Int(v) => v.into_pyobject(py)?.into_any(),
+        Value::Float(v) => v.into_pyobject(py)?.into_any(),
+        Value::Bool(v) => PyBool::new(py, *v).to_owned().into_any(),
+        Value::Str(s) => PyString::new(py, s).into_any(),
+        Value::Tuple(items) => {
+            PyTuple::new(py, items.iter().map(|v| value_to_py(py, v, output)).collect::<PyResult<Vec<_>>>()?)?
+                .into_any()
+        }
+        Value::List(items) => {
+            PyList::new(py, items.iter().map(|v| value_to_py(py, v, output)).collect::<PyResult<Vec<_>>>()?)?.into_any()
+        }
+        Value::Dict(entries) => {
+            let d = PyDict::new(py);
+            for (k, v) in entries {
+                d.set_item(value_to_py(py, k, output)?, value_to_py(py, v, output)?)?;
+            }
+            d.into_any()
+        }
+    })
+}
+
+fn parse_fingerprint(hex: &str) -> PyResult<Fingerprint> {
+    Fingerprint::from_hex(hex).ok_or_else(|| PyValueError::new_err(format!("{hex:?} is not a model fingerprint")))
+}
+
+/// A connection to one node. Safe to share between threads (calls are serialised); for
+/// parallel calls, give each thread its own client.
+#[pyclass(frozen, module = "djinn._native")]
+struct Client {
+    inner: Mutex<RustClient>,
+    #[pyo3(get)]
+    address: String,
+}
+
+impl Client {
+    fn lock(&self) -> MutexGuard<'_, RustClient> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[pymethods]
+impl Client {
+    #[new]
+    #[pyo3(signature = (address, timeout = 60.0))]
+    fn new(py: Python<'_>, address: String, timeout: f64) -> PyResult<Self> {
+        let options = ClientOptions {
+            timeout: (timeout > 0.0).then(|| Duration::from_secs_f64(timeout)),
+            ..ClientOptions::default()
+        };
+        let client = py.detach(|| RustClient::connect_with(address.as_str(), options)).map_err(to_py_err)?;
+        Ok(Self { inner: Mutex::new(client), address })
+    }
+
+    /// Round-trip time in seconds.
+    fn ping(&self, py: Python<'_>) -> PyResult<f64> {
+        py.detach(|| self.lock().ping()).map(|d| d.as_secs_f64()).map_err(to_py_err)
+    }
+
+    /// Uploads the blocks (TorchScript archives, in execution order) unless the node holds
+    /// them already. Returns (fingerprint, uploaded, weight bytes or None).
+    #[pyo3(signature = (blocks, progress = None))]
+    fn register_model(
+        &self,
+        py: Python<'_>,
+        blocks: Vec<PyBackedBytes>,
+        progress: Option<Py<PyAny>>,
+    ) -> PyResult<(String, bool, Option<u64>)> {
+        let registration = py
+            .detach(|| {
+                self.lock().register_model(&blocks, |sent, total| {
+                    if let Some(cb) = &progress {
+                        Python::attach(|py| {
+                            if let Err(e) = cb.call1(py, (sent, total)) {
+                                e.write_unraisable(py, None);
+                            }
+                        });
+                    }
+                })
+            })
+            .map_err(to_py_err)?;
+        let weight_bytes = registration.uploaded.as_ref().map(|m| m.weight_bytes);
+        Ok((registration.fingerprint.to_hex(), registration.uploaded.is_some(), weight_bytes))
+    }
+
+    /// Runs a model. `inputs`: the positional arguments, nested, with `TensorSlot(i)` for
+    /// tensors; `tensors[i]`: (dtype, shape, data pointer, byte length) of a contiguous CPU
+    /// tensor the caller keeps alive during the call.
+    fn execute<'py>(
+        &self,
+        py: Python<'py>,
+        fingerprint: &str,
+        inputs: Vec<Bound<'py, PyAny>>,
+        tensors: Vec<(String, Vec<u64>, usize, usize)>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let fingerprint = parse_fingerprint(fingerprint)?;
+        let inputs = inputs.iter().map(value_from_py).collect::<PyResult<Vec<_>>>()?;
+        let specs = tensors
+            .iter()
+            .map(|(dtype, shape, ptr, len)| {
+                let dtype: DType = dtype.parse().map_err(PyValueError::new_err)?;
+                Ok((dtype, shape.as_slice(), *ptr, *len))
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let refs: Vec<TensorRef<'_>> = specs
+            .iter()
+            .map(|&(dtype, shape, ptr, len)| TensorRef {
+                dtype,
+                shape,
+                bytes: if len == 0 {
+                    &[]
+                } else {
+                    // SAFETY: the Python caller passes the data pointer and byte length of a
+                    // contiguous CPU tensor that it holds until this call returns.
+                    unsafe { std::slice::from_raw_parts(ptr as *const u8, len) }
+                },
+            })
+            .collect();
+        let output = py.detach(|| self.lock().execute(&fingerprint, &inputs, &refs)).map_err(to_py_err)?;
+        let output = Arc::new(output);
+        value_to_py(py, &output.value, &output)
+    }
+
+    fn unregister_model(&self, py: Python<'_>, fingerprint: &str) -> PyResult<()> {
+        let fingerprint = parse_fingerprint(fingerprint)?;
+        py.detach(|| self.lock().unregister_model(&fingerprint)).map_err(to_py_err)
+    }
+
+    /// The node's models: a list of dicts.
+    fn list_models<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        let models = py.detach(|| self.lock().list_models()).map_err(to_py_err)?;
+        models
+            .into_iter()
+            .map(|m| {
+                let d = PyDict::new(py);
+                d.set_item("fingerprint", m.fingerprint.to_hex())?;
+                d.set_item("blocks", m.blocks)?;
+                d.set_item("weight_bytes", m.weight_bytes)?;
+                d.set_item("device", m.device)?;
+                d.set_item("executions", m.executions)?;
+                Ok(d)
+            })
+            .collect()
+    }
+
+    /// This connection's transport, bytes and request counts.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let (counts, sent, received) = self.lock().client_stats();
+        let d = PyDict::new(py);
+        d.set_item("address", &self.address)?;
+        d.set_item("transport", "tcp")?;
+        d.set_item("bytes_sent", sent)?;
+        d.set_item("bytes_received", received)?;
+        d.set_item("requests", counts.requests)?;
+        d.set_item("errors", counts.errors)?;
+        d.set_item("reconnects", counts.reconnects)?;
+        Ok(d)
+    }
+
+    /// The node's counters.
+    fn node_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let counters = py.detach(|| self.lock().stats()).map_err(to_py_err)?;
+        let d = PyDict::new(py);
+        for (k, v) in counters {
+            d.set_item(k, v)?;
+        }
+        Ok(d)
+    }
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add_class::<Client>()?;
+    m.add_class::<TensorSlot>()?;
+    m.add_class::<OutputTensor>()?;
+    for (name, ty) in [
+        ("DjinnError", py.get_type::<DjinnError>()),
+        ("TransportError", py.get_type::<TransportError>()),
+        ("RemoteError", py.get_type::<RemoteError>()),
+        ("UnknownModelError", py.get_type::<UnknownModelError>()),
+        ("ExecutionError", py.get_type::<ExecutionError>()),
+        ("BadArchiveError", py.get_type::<BadArchiveError>()),
+        ("OverBudgetError", py.get_type::<OverBudgetError>()),
+        ("NotFoundError", py.get_type::<NotFoundError>()),
+    ] {
+        m.add(name, ty)?;
+    }
+    Ok(())
+}
