@@ -55,22 +55,18 @@ impl Model {
     /// arguments (as the Python package chains blocks); the last block's output is returned.
     pub fn forward(&self, args: Vec<IValue>) -> Result<IValue, ExecError> {
         let _guard = tch::no_grad_guard();
+        let (last, first) =
+            self.blocks.split_last().ok_or_else(|| ExecError::Internal("a model without blocks".into()))?;
         let mut args = args;
-        let Some(last) = self.blocks.len().checked_sub(1) else {
-            return Err(ExecError::Internal("a model without blocks".into()));
-        };
-        for (i, block) in self.blocks.iter().enumerate() {
-            let out = block.forward_is(&args)?;
-            if i == last {
-                self.executions.fetch_add(1, Ordering::Relaxed);
-                return Ok(out);
-            }
-            args = match out {
+        for block in first {
+            args = match block.forward_is(&args)? {
                 IValue::Tuple(items) => items,
                 other => vec![other],
             };
         }
-        unreachable!("the last block returns")
+        let out = last.forward_is(&args)?;
+        self.executions.fetch_add(1, Ordering::Relaxed);
+        Ok(out)
     }
 }
 

@@ -128,12 +128,12 @@ impl Service for NodeService {
                     None => Reply::error(ErrorCode::NotFound, format!("no upload {id} on this connection")),
                 }
             }
-            message @ Message::Execute { .. } => {
-                let Message::Execute { fingerprint, .. } = &message else { unreachable!() };
-                let fingerprint = *fingerprint;
-                match self.models().get(&fingerprint) {
+            Message::Execute { fingerprint, tensors, inputs } => {
+                let model = self.models().get(&fingerprint);
+                match model {
                     Some(model) => {
-                        let frame = Frame { request_id, message, payload };
+                        let frame =
+                            Frame { request_id, message: Message::Execute { fingerprint, tensors, inputs }, payload };
                         self.workers.submit(Job::Execute { model, frame }, to, replier);
                         return None;
                     }
