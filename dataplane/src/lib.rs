@@ -2,4 +2,5 @@
 //! ([`tcp`]): a node-side poller on mio or io_uring, and a blocking client connection.
 
 pub mod proto;
+pub mod rdma;
 pub mod tcp;

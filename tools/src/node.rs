@@ -107,6 +107,12 @@ pub fn run(args: NodeArgs) -> Result<()> {
     {
         bail!("--device cuda:{n}: libtorch sees {} CUDA devices", tch::Cuda::device_count());
     }
+    match djinn_dataplane::rdma::find_port(None) {
+        Ok(port) => {
+            tracing::info!(%port, "RDMA port present; frames go over TCP (the RDMA transport is not in the node yet)")
+        }
+        Err(e) => tracing::info!("{e}: the data plane speaks TCP"),
+    }
     tch::set_num_threads(args.intra_op_threads.max(1));
     let options = NodeOptions { device, workers: args.workers, pool_bytes: args.buffer_pool.0, max_meta };
     let service = NodeService::new(budget.clone(), options).context("cannot start the executor")?;

@@ -1,0 +1,9 @@
+//! RDMA verbs (on sideway): finding a usable port, and reliable-connected queue pairs.
+//! The transport that carries frames over them (eager SENDs, rendezvous WRITEs with immediate,
+//! credits) builds on these.
+
+mod device;
+mod verbs;
+
+pub use device::{NoRdma, RdmaPort, find_port, mtu_bytes, mtu_of_bytes};
+pub use verbs::{Completion, CompletionKind, EndpointInfo, QueueDepths, RcEndpoint, RdmaError, Registered};
