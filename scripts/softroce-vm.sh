@@ -177,7 +177,7 @@ timeout -k 5 "$TIMEOUT" qemu-system-x86_64 \
 QPID=$!
 
 # Turn the status lines into progress on stderr while the VM runs.
-elapsed() { printf '%.1fs' "$(echo "$(date +%s.%N) - $START" | bc)"; }
+elapsed() { awk -v s="$START" -v n="$(date +%s.%N)" 'BEGIN { printf "%.1fs", n - s }'; }
 ( tail -n +1 -F --pid="$QPID" "$RUNDIR/status" 2>/dev/null | tr -d '\r' | while read -r kind rest; do
     case "$kind" in
       STAGE)

@@ -53,7 +53,9 @@ fn send_and_write_with_immediate_between_two_queue_pairs() {
     let slot = HostBuf::zeroed(4096).unwrap();
     // SAFETY: `slot` outlives the registration and the receives below.
     let slot_mr = unsafe { b.register(slot.as_ptr(), slot.len()) }.unwrap();
+    // SAFETY: the buffers named are registered above and outlive this work request.
     unsafe { b.post_recv(1, &slot_mr, slot_mr.addr, 4096) }.unwrap();
+    // SAFETY: the buffers named are registered above and outlive this work request.
     unsafe { a.post_send(2, b"hello over rdma", None) }.unwrap();
     let got = wait([&a, &b], 2).unwrap();
     let recv = got.iter().find(|c| c.wr_id == 1).expect("receive completion");
@@ -65,8 +67,11 @@ fn send_and_write_with_immediate_between_two_queue_pairs() {
     let dst = HostBuf::zeroed(1 << 20).unwrap();
     // SAFETY: both buffers outlive their registrations and the write.
     let (src_mr, dst_mr) =
+        // SAFETY: the buffers named are registered above and outlive this work request.
         unsafe { (a.register(src.as_ptr(), src.len()).unwrap(), b.register(dst.as_ptr(), dst.len()).unwrap()) };
+    // SAFETY: the buffers named are registered above and outlive this work request.
     unsafe { b.post_recv(3, &slot_mr, slot_mr.addr, 4096) }.unwrap();
+    // SAFETY: the buffers named are registered above and outlive this work request.
     unsafe { a.post_write_imm(4, &src_mr, src_mr.addr, 1 << 20, dst_mr.rkey(), dst_mr.addr, 0xabc) }.unwrap();
     let got = wait([&a, &b], 2).unwrap();
     let landed = got.iter().find(|c| c.wr_id == 3).expect("write-with-immediate completion");
@@ -74,7 +79,9 @@ fn send_and_write_with_immediate_between_two_queue_pairs() {
     assert!(dst.as_slice() == src.as_slice(), "the written bytes differ");
 
     // A write with a wrong key fails its work request: a typed error, not a hang.
+    // SAFETY: the buffers named are registered above and outlive this work request.
     unsafe { b.post_recv(5, &slot_mr, slot_mr.addr, 4096) }.unwrap();
+    // SAFETY: the buffers named are registered above and outlive this work request.
     unsafe { a.post_write_imm(6, &src_mr, src_mr.addr, 64, dst_mr.rkey() ^ 0x5a5a, dst_mr.addr, 1) }.unwrap();
     let err = wait([&a, &b], 1).unwrap_err();
     assert!(matches!(err, RdmaError::Completion { .. }), "{err}");
