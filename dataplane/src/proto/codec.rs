@@ -235,24 +235,7 @@ impl FrameReader {
                     self.start += meta_len;
                     let request_id = header.request_id.get();
                     let payload_len = header.payload_len.get();
-                    let decoded = Message::decode(kind, meta, &self.limits).and_then(|message| {
-                        let (_, expected) = payload_layout(message.tensors())?;
-                        if expected == payload_len {
-                            Ok(message)
-                        } else {
-                            Err(ProtocolError::PayloadMismatch { announced: payload_len, expected })
-                        }
-                    });
-                    let allocated = decoded.map_err(Refusal::from).and_then(|message| {
-                        if payload_len == 0 {
-                            return Ok((message, None));
-                        }
-                        let len = usize::try_from(payload_len).map_err(|_| {
-                            Refusal::from(ProtocolError::FrameTooLarge { len: payload_len, limit: usize::MAX as u64 })
-                        })?;
-                        let payload = alloc.alloc(&message, len)?;
-                        Ok((message, Some(payload)))
-                    });
+                    let allocated = decode_body(&header, kind, meta, &self.limits, alloc);
                     match allocated {
                         Ok((message, None)) => {
                             self.state = State::Header;
@@ -292,6 +275,31 @@ impl FrameReader {
             }
         }
     }
+}
+
+/// Decodes a frame's metadata (its header already validated) and, when it has a payload, asks
+/// `alloc` for the memory it will land in. A refusal leaves the frame to be skipped; the
+/// stream stays in step. Shared by the byte-stream reader and the RDMA transport.
+pub fn decode_body(
+    header: &FrameHeader,
+    kind: Kind,
+    meta: &[u8],
+    limits: &Limits,
+    alloc: &mut dyn PayloadAlloc,
+) -> Result<(Message, Option<Payload>), Refusal> {
+    let payload_len = header.payload_len.get();
+    let message = Message::decode(kind, meta, limits)?;
+    let (_, expected) = payload_layout(message.tensors())?;
+    if expected != payload_len {
+        return Err(ProtocolError::PayloadMismatch { announced: payload_len, expected }.into());
+    }
+    if payload_len == 0 {
+        return Ok((message, None));
+    }
+    let len = usize::try_from(payload_len)
+        .map_err(|_| Refusal::from(ProtocolError::FrameTooLarge { len: payload_len, limit: usize::MAX as u64 }))?;
+    let payload = alloc.alloc(&message, len)?;
+    Ok((message, Some(payload)))
 }
 
 /// Writes the header and metadata of `message` into `out` (cleared first) and returns the
@@ -378,11 +386,32 @@ impl OutFrame {
         self.len
     }
 
+    /// The header and metadata.
+    pub fn head(&self) -> &[u8] {
+        &self.head
+    }
+
+    pub fn payload_len(&self) -> u64 {
+        self.len - self.head.len() as u64
+    }
+
+    /// The tensors' bytes with their offsets in the payload (padding left out).
+    pub fn payload_segments(&self) -> impl Iterator<Item = (u64, &[u8])> {
+        let mut offset = 0u64;
+        self.segments.iter().filter_map(move |segment| {
+            let bytes = segment.as_slice();
+            let at = offset;
+            offset += bytes.len() as u64;
+            matches!(segment, Segment::Bytes(_)).then_some((at, bytes))
+        })
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
-    fn slices(&self) -> impl Iterator<Item = &[u8]> {
+    /// Every byte of the frame, in order: head, tensors and padding.
+    pub fn slices(&self) -> impl Iterator<Item = &[u8]> {
         std::iter::once(self.head.as_slice()).chain(self.segments.iter().map(Segment::as_slice))
     }
 }

@@ -3,7 +3,12 @@
 //! credits) builds on these.
 
 mod device;
+mod session;
 mod verbs;
 
+#[cfg(test)]
+mod session_tests;
+
 pub use device::{NoRdma, RdmaPort, find_port, mtu_bytes, mtu_of_bytes};
+pub use session::{Action, RDMA_HEADER_LEN, Session, SessionConfig, SessionError};
 pub use verbs::{Completion, CompletionKind, EndpointInfo, QueueDepths, RcEndpoint, RdmaError, Registered};

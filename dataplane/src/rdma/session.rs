@@ -1,0 +1,390 @@
+//! Frames over one reliable connection, without I/O: what to post (receives, SENDs, WRITEs
+//! with immediate) and which frames completions make. Both ends run the same machine.
+//!
+//! - A frame that fits a receive slot goes as one SEND (`EAGER`).
+//! - A larger one is announced (`RTS`: its head and payload length); the receiver takes memory
+//!   for the payload (its budget decides, before anything moves), registers it and answers
+//!   `CTS` (address, key), or `REFUSE`; the sender then RDMA-WRITEs the payload straight into
+//!   that memory, the last WRITE carrying the transfer id as immediate.
+//! - Every SEND and WRITE with immediate consumes one receive the peer posted. Each side tells
+//!   the other how many receives it has posted again since it last said (`credits` in every
+//!   message; a `CREDIT` message when there is nothing else to send and half the slots are
+//!   owed). One credit is kept back for that message, so the two sides never wait on each
+//!   other with credits owed.
+
+use std::collections::{HashMap, VecDeque};
+
+use crate::proto::{
+    FrameHeader, HEADER_LEN, Kind, Limits, OutFrame, Payload, PayloadAlloc, ProtocolError, RecvEvent, Refusal,
+    decode_body,
+};
+
+/// Bytes of the header that starts every SEND.
+pub const RDMA_HEADER_LEN: usize = 16;
+
+mod op {
+    pub const EAGER: u8 = 1;
+    pub const RTS: u8 = 2;
+    pub const CTS: u8 = 3;
+    pub const CREDIT: u8 = 4;
+    pub const REFUSE: u8 = 5;
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionConfig {
+    /// Receives each side keeps posted.
+    pub slots: u32,
+    /// Bytes of each receive slot; a frame of at most `slot_size - RDMA_HEADER_LEN` bytes goes
+    /// eagerly.
+    pub slot_size: u32,
+    pub limits: Limits,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        Self { slots: 64, slot_size: 16 * 1024, limits: Limits::default() }
+    }
+}
+
+/// The peer broke the protocol: the connection cannot go on.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SessionError {
+    #[error("RDMA message too short ({0} bytes)")]
+    Short(usize),
+    #[error("unknown RDMA operation {0}")]
+    UnknownOp(u8),
+    #[error("no transfer {0} in progress")]
+    UnknownTransfer(u32),
+    #[error("eager frame: {0}")]
+    Frame(String),
+}
+
+/// What the driver must do, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Post receive slot `slot` (again).
+    PostRecv { slot: u32 },
+    /// SEND these bytes (inline when small, else from a registered send buffer).
+    Send { bytes: Vec<u8> },
+    /// Register the memory of incoming transfer `xfer` ([`Session::incoming_buffer`]) and
+    /// call [`Session::advertise`] with its address and key.
+    Register { xfer: u32 },
+    /// RDMA-WRITE the payload of outgoing transfer `xfer` ([`Session::outgoing_segments`]) to
+    /// `addr` under `rkey`, the last WRITE with immediate `xfer`; then call
+    /// [`Session::on_write_sent`] once the WRITEs complete.
+    Write { xfer: u32, addr: u64, rkey: u32 },
+}
+
+struct Incoming {
+    request_id: u64,
+    message: crate::proto::Message,
+    payload: Payload,
+}
+
+/// One connection's protocol state.
+pub struct Session {
+    config: SessionConfig,
+    peer_credits: u32,
+    owed_credits: u32,
+    next_xfer: u32,
+    /// Frames waiting for credits, in order.
+    waiting: VecDeque<OutFrame>,
+    /// Announced, waiting for the peer's CTS or REFUSE.
+    announced: HashMap<u32, OutFrame>,
+    /// Cleared by the peer, waiting for a credit to write: (xfer, address, key).
+    cleared: VecDeque<(u32, u64, u32)>,
+    /// CTS and REFUSE answers waiting for a credit: (op, xfer, len, body).
+    answers: VecDeque<(u8, u32, u64, Vec<u8>)>,
+    /// Being written to the peer.
+    writing: HashMap<u32, OutFrame>,
+    /// Memory taken for the peer's announced payloads, until their WRITE lands.
+    incoming: HashMap<u32, Incoming>,
+    actions: VecDeque<Action>,
+    /// What arrived, in the order the peer sent it: a large frame still being written holds
+    /// back the frames after it, so requests are served in the order they were made.
+    inbox: VecDeque<Inbound>,
+}
+
+enum Inbound {
+    Ready(RecvEvent),
+    Writing(u32),
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("peer_credits", &self.peer_credits)
+            .field("owed_credits", &self.owed_credits)
+            .field("waiting", &self.waiting.len())
+            .field("incoming", &self.incoming.len())
+            .field("inbox", &self.inbox.len())
+            .finish()
+    }
+}
+
+fn header(op: u8, credits: u32, xfer: u32, len: u64) -> [u8; RDMA_HEADER_LEN] {
+    let mut h = [0u8; RDMA_HEADER_LEN];
+    h[0] = op;
+    h[2..4].copy_from_slice(&(credits.min(u16::MAX.into()) as u16).to_le_bytes());
+    h[4..8].copy_from_slice(&xfer.to_le_bytes());
+    h[8..16].copy_from_slice(&len.to_le_bytes());
+    h
+}
+
+impl Session {
+    /// A session whose receive slots still need posting (the first actions say so). At least
+    /// four slots (fewer are raised to four).
+    pub fn new(config: SessionConfig) -> Self {
+        let config = SessionConfig { slots: config.slots.max(4), ..config };
+        let actions = (0..config.slots).map(|slot| Action::PostRecv { slot }).collect();
+        Self {
+            config,
+            peer_credits: config.slots,
+            owed_credits: 0,
+            next_xfer: 1,
+            waiting: VecDeque::new(),
+            announced: HashMap::new(),
+            cleared: VecDeque::new(),
+            answers: VecDeque::new(),
+            writing: HashMap::new(),
+            incoming: HashMap::new(),
+            actions,
+            inbox: VecDeque::new(),
+        }
+    }
+
+    pub fn config(&self) -> &SessionConfig {
+        &self.config
+    }
+
+    /// Queues a frame for the peer.
+    pub fn send_frame(&mut self, frame: OutFrame) {
+        self.waiting.push_back(frame);
+        self.pump();
+    }
+
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    /// Frames (and refusals) that arrived, in the order the peer sent them.
+    pub fn poll_event(&mut self) -> Option<RecvEvent> {
+        match self.inbox.front() {
+            Some(Inbound::Ready(_)) => match self.inbox.pop_front() {
+                Some(Inbound::Ready(event)) => Some(event),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// Nothing queued, announced, being written or awaited, in either direction.
+    pub fn is_idle(&self) -> bool {
+        self.waiting.is_empty()
+            && self.announced.is_empty()
+            && self.cleared.is_empty()
+            && self.answers.is_empty()
+            && self.writing.is_empty()
+            && self.incoming.is_empty()
+            && self.inbox.is_empty()
+    }
+
+    /// The memory an incoming transfer lands in (to register).
+    pub fn incoming_buffer(&mut self, xfer: u32) -> Option<&mut Payload> {
+        self.incoming.get_mut(&xfer).map(|i| &mut i.payload)
+    }
+
+    /// The payload of an outgoing transfer: (offset in the peer's buffer, bytes) per tensor.
+    pub fn outgoing_segments(&self, xfer: u32) -> Option<impl Iterator<Item = (u64, &[u8])>> {
+        self.writing.get(&xfer).map(OutFrame::payload_segments)
+    }
+
+    /// The incoming transfer's memory is registered: tell the peer where to write.
+    pub fn advertise(&mut self, xfer: u32, addr: u64, rkey: u32) {
+        if let Some(incoming) = self.incoming.get(&xfer) {
+            let mut body = Vec::with_capacity(12);
+            body.extend_from_slice(&addr.to_le_bytes());
+            body.extend_from_slice(&rkey.to_le_bytes());
+            let len = incoming.payload.buf.len() as u64;
+            self.answers.push_back((op::CTS, xfer, len, body));
+            self.pump();
+        }
+    }
+
+    /// The WRITEs of an outgoing transfer completed: its memory may go.
+    pub fn on_write_sent(&mut self, xfer: u32) {
+        self.writing.remove(&xfer);
+    }
+
+    /// A SEND landed in receive slot `slot`. The slot is posted again once its bytes are used.
+    pub fn on_receive(&mut self, slot: u32, bytes: &[u8], alloc: &mut dyn PayloadAlloc) -> Result<(), SessionError> {
+        if bytes.len() < RDMA_HEADER_LEN {
+            return Err(SessionError::Short(bytes.len()));
+        }
+        let (head, body) = bytes.split_at(RDMA_HEADER_LEN);
+        let credits = u32::from(u16::from_le_bytes([head[2], head[3]]));
+        let xfer = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
+        let len = u64::from_le_bytes(head[8..16].try_into().unwrap_or_default());
+        self.peer_credits += credits;
+        match head[0] {
+            op::EAGER => self.on_eager(body, alloc)?,
+            op::RTS => self.on_rts(xfer, len, body, alloc)?,
+            op::CTS => {
+                let (Some(addr), Some(rkey)) = (body.get(..8), body.get(8..12)) else {
+                    return Err(SessionError::Short(bytes.len()));
+                };
+                let frame = self.announced.remove(&xfer).ok_or(SessionError::UnknownTransfer(xfer))?;
+                self.writing.insert(xfer, frame);
+                self.cleared.push_back((
+                    xfer,
+                    u64::from_le_bytes(addr.try_into().unwrap_or_default()),
+                    u32::from_le_bytes(rkey.try_into().unwrap_or_default()),
+                ));
+            }
+            op::REFUSE => {
+                self.announced.remove(&xfer).ok_or(SessionError::UnknownTransfer(xfer))?;
+            }
+            op::CREDIT => {}
+            other => return Err(SessionError::UnknownOp(other)),
+        }
+        self.repost(slot);
+        self.pump();
+        Ok(())
+    }
+
+    /// A WRITE with immediate `xfer` landed (it used receive slot `slot`): the frame is whole.
+    pub fn on_write_received(&mut self, slot: u32, xfer: u32) -> Result<(), SessionError> {
+        let incoming = self.incoming.remove(&xfer).ok_or(SessionError::UnknownTransfer(xfer))?;
+        let frame = RecvEvent::Frame(crate::proto::Frame {
+            request_id: incoming.request_id,
+            message: incoming.message,
+            payload: Some(incoming.payload),
+        });
+        if let Some(entry) = self.inbox.iter_mut().find(|e| matches!(e, Inbound::Writing(x) if *x == xfer)) {
+            *entry = Inbound::Ready(frame);
+        }
+        self.repost(slot);
+        self.pump();
+        Ok(())
+    }
+
+    fn repost(&mut self, slot: u32) {
+        self.actions.push_back(Action::PostRecv { slot });
+        self.owed_credits += 1;
+    }
+
+    fn on_eager(&mut self, body: &[u8], alloc: &mut dyn PayloadAlloc) -> Result<(), SessionError> {
+        let head = body.get(..HEADER_LEN).ok_or(SessionError::Short(body.len()))?;
+        let header = FrameHeader::parse(head).ok_or(SessionError::Short(body.len()))?;
+        let meta_len = header.meta_len.get() as usize;
+        let meta = body.get(HEADER_LEN..HEADER_LEN + meta_len).ok_or(SessionError::Short(body.len()))?;
+        let payload = &body[HEADER_LEN + meta_len..];
+        if payload.len() as u64 != header.payload_len.get() {
+            return Err(SessionError::Frame(format!(
+                "{} payload bytes where the header says {}",
+                payload.len(),
+                header.payload_len.get()
+            )));
+        }
+        self.accept_head(&header, meta, alloc, Some(payload));
+        Ok(())
+    }
+
+    fn on_rts(&mut self, xfer: u32, len: u64, body: &[u8], alloc: &mut dyn PayloadAlloc) -> Result<(), SessionError> {
+        let header = FrameHeader::parse(body).ok_or(SessionError::Short(body.len()))?;
+        let meta_len = header.meta_len.get() as usize;
+        let meta = body.get(HEADER_LEN..HEADER_LEN + meta_len).ok_or(SessionError::Short(body.len()))?;
+        if len != header.payload_len.get() {
+            return Err(SessionError::Frame(format!(
+                "announced {len} bytes, header says {}",
+                header.payload_len.get()
+            )));
+        }
+        match self.accept_head(&header, meta, alloc, None) {
+            Some(incoming) => {
+                self.incoming.insert(xfer, incoming);
+                self.inbox.push_back(Inbound::Writing(xfer));
+                self.actions.push_back(Action::Register { xfer });
+            }
+            // Refused: the sender drops the payload.
+            None => self.answers.push_back((op::REFUSE, xfer, 0, Vec::new())),
+        }
+        Ok(())
+    }
+
+    /// Validates and decodes a frame head and takes memory for its payload through `alloc`.
+    /// With the payload in hand (`eager`: copied in, it is small) the frame becomes an event;
+    /// otherwise the caller gets the parked transfer. Refusals become events.
+    fn accept_head(
+        &mut self,
+        header: &FrameHeader,
+        meta: &[u8],
+        alloc: &mut dyn PayloadAlloc,
+        eager: Option<&[u8]>,
+    ) -> Option<Incoming> {
+        let request_id = header.request_id.get();
+        let decoded = header
+            .validate(&self.config.limits)
+            .map_err(Refusal::from)
+            .and_then(|()| {
+                Kind::from_wire(header.kind.get())
+                    .ok_or_else(|| Refusal::from(ProtocolError::UnknownKind { kind: header.kind.get() }))
+            })
+            .and_then(|kind| decode_body(header, kind, meta, &self.config.limits, alloc));
+        let frame = |message, payload| RecvEvent::Frame(crate::proto::Frame { request_id, message, payload });
+        match (decoded, eager) {
+            (Err(refusal), _) => self.inbox.push_back(Inbound::Ready(RecvEvent::Rejected { request_id, refusal })),
+            (Ok((message, None)), _) => self.inbox.push_back(Inbound::Ready(frame(message, None))),
+            (Ok((message, Some(mut payload))), Some(bytes)) => {
+                payload.buf.as_mut_slice().copy_from_slice(bytes);
+                self.inbox.push_back(Inbound::Ready(frame(message, Some(payload))));
+            }
+            (Ok((message, Some(payload))), None) => return Some(Incoming { request_id, message, payload }),
+        }
+        None
+    }
+
+    /// Queues one SEND carrying the credits owed; the caller has checked a credit is left.
+    fn send(&mut self, op: u8, xfer: u32, len: u64, parts: &[&[u8]]) {
+        let body: usize = parts.iter().map(|p| p.len()).sum();
+        let mut bytes = Vec::with_capacity(RDMA_HEADER_LEN + body);
+        bytes.extend_from_slice(&header(op, std::mem::take(&mut self.owed_credits), xfer, len));
+        for part in parts {
+            bytes.extend_from_slice(part);
+        }
+        self.peer_credits -= 1;
+        self.actions.push_back(Action::Send { bytes });
+    }
+
+    /// Sends what credits allow: answers first, then cleared payloads, then new frames, each
+    /// needing two credits so that one is always left for a `CREDIT` message; that message
+    /// goes when half the slots are owed. (Each side receiving at least four slots' worth, a
+    /// `CREDIT` always returns at least two credits, enough for the peer to move.)
+    fn pump(&mut self) {
+        let eager_max = self.config.slot_size as u64 - RDMA_HEADER_LEN as u64;
+        while self.peer_credits >= 2 {
+            if let Some((op, xfer, len, body)) = self.answers.pop_front() {
+                self.send(op, xfer, len, &[&body]);
+            } else if let Some((xfer, addr, rkey)) = self.cleared.pop_front() {
+                // The WRITE with immediate uses one of the peer's receives.
+                self.peer_credits -= 1;
+                self.actions.push_back(Action::Write { xfer, addr, rkey });
+            } else if let Some(frame) = self.waiting.pop_front() {
+                if frame.len() <= eager_max {
+                    let slices: Vec<&[u8]> = frame.slices().collect();
+                    self.send(op::EAGER, 0, frame.len(), &slices);
+                } else {
+                    let xfer = self.next_xfer;
+                    self.next_xfer = self.next_xfer.wrapping_add(1).max(1);
+                    self.send(op::RTS, xfer, frame.payload_len(), &[frame.head()]);
+                    self.announced.insert(xfer, frame);
+                }
+            } else {
+                break;
+            }
+        }
+        if self.owed_credits >= self.config.slots / 2 && self.peer_credits >= 1 {
+            self.send(op::CREDIT, 0, 0, &[]);
+        }
+    }
+}

@@ -1,0 +1,189 @@
+//! Two sessions joined by a simulated reliable connection: messages arrive in order per
+//! direction, each SEND or WRITE with immediate needs a receive the peer posted (none posted is
+//! the hardware's receiver-not-ready: a credit bug), WRITEs copy into the advertised memory.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use djinn_gpudirect::HostBuf;
+use proptest::prelude::*;
+
+use super::session::{Action, Session, SessionConfig};
+use crate::proto::{DType, Message, OutFrame, Payload, PayloadAlloc, RecvEvent, Refusal, SharedBytes, TensorDesc};
+
+enum Wire {
+    Send(Vec<u8>),
+    Write { xfer: u32, segments: Vec<(u64, Vec<u8>)> },
+}
+
+/// Refuses payloads larger than `max` (as a node over its budget would).
+struct Alloc {
+    max: usize,
+}
+
+impl PayloadAlloc for Alloc {
+    fn alloc(&mut self, _message: &Message, len: usize) -> Result<Payload, Refusal> {
+        if len > self.max {
+            return Err(Refusal { code: crate::proto::ErrorCode::OverBudget, message: format!("{len} bytes") });
+        }
+        Ok(Payload { buf: HostBuf::zeroed(len)?, reservation: None })
+    }
+}
+
+struct Side {
+    session: Session,
+    posted: VecDeque<u32>,
+    outbox: VecDeque<Wire>,
+    delivered: Vec<(u64, Vec<u8>)>,
+    refused: Vec<u64>,
+    /// Ids of delivered and refused frames, in the order the session handed them out.
+    order: Vec<u64>,
+    alloc: Alloc,
+}
+
+impl Side {
+    fn new(config: SessionConfig, max: usize) -> Self {
+        Self {
+            session: Session::new(config),
+            posted: VecDeque::new(),
+            outbox: VecDeque::new(),
+            delivered: Vec::new(),
+            refused: Vec::new(),
+            order: Vec::new(),
+            alloc: Alloc { max },
+        }
+    }
+
+    fn run_actions(&mut self) {
+        while let Some(action) = self.session.poll_action() {
+            match action {
+                Action::PostRecv { slot } => self.posted.push_back(slot),
+                Action::Send { bytes } => {
+                    assert!(bytes.len() <= self.session.config().slot_size as usize, "a SEND larger than a slot");
+                    self.outbox.push_back(Wire::Send(bytes));
+                }
+                // The simulation's "address" of an incoming transfer is its id.
+                Action::Register { xfer } => self.session.advertise(xfer, u64::from(xfer), 7),
+                Action::Write { xfer, addr, rkey } => {
+                    assert_eq!(rkey, 7);
+                    let segments = self
+                        .session
+                        .outgoing_segments(xfer)
+                        .expect("a write of a known transfer")
+                        .map(|(offset, bytes)| (offset, bytes.to_vec()))
+                        .collect();
+                    self.outbox.push_back(Wire::Write { xfer: addr as u32, segments });
+                    self.session.on_write_sent(xfer);
+                }
+            }
+        }
+        while let Some(event) = self.session.poll_event() {
+            match event {
+                RecvEvent::Frame(f) => {
+                    let bytes = f.payload.map(|p| p.buf.as_slice().to_vec()).unwrap_or_default();
+                    self.order.push(f.request_id);
+                    self.delivered.push((f.request_id, bytes));
+                }
+                RecvEvent::Rejected { request_id, .. } => {
+                    self.order.push(request_id);
+                    self.refused.push(request_id);
+                }
+                RecvEvent::Fatal(e) => panic!("fatal: {e}"),
+            }
+        }
+    }
+
+    /// Delivers one message from the peer's outbox; false when there was none.
+    fn receive_from(&mut self, peer: &mut Side) -> bool {
+        let Some(wire) = peer.outbox.pop_front() else { return false };
+        let slot = self.posted.pop_front().expect("receiver not ready: a message without a posted receive");
+        match wire {
+            Wire::Send(bytes) => self.session.on_receive(slot, &bytes, &mut self.alloc).expect("protocol"),
+            Wire::Write { xfer, segments } => {
+                let buf = self.session.incoming_buffer(xfer).expect("a write into advertised memory");
+                for (offset, bytes) in segments {
+                    buf.buf.as_mut_slice()[offset as usize..offset as usize + bytes.len()].copy_from_slice(&bytes);
+                }
+                self.session.on_write_received(slot, xfer).expect("protocol");
+            }
+        }
+        true
+    }
+}
+
+fn frame(id: u64, len: usize) -> (OutFrame, Vec<u8>) {
+    let bytes: Vec<u8> = (0..len).map(|i| (i as u64 * 31 + id) as u8).collect();
+    let tensor = TensorDesc::new(DType::U8, vec![len as u64]).expect("desc");
+    let message = Message::Put { name: format!("t{id}"), tensor };
+    let out = OutFrame::new(id, &message, vec![Arc::new(bytes.clone()) as SharedBytes]).expect("frame");
+    (out, bytes)
+}
+
+proptest! {
+    #[test]
+    fn every_frame_arrives_in_order_without_overrunning_receives(
+        slots in 4u32..9,
+        slot_size in 256u32..2048,
+        sizes in prop::collection::vec((any::<bool>(), 0usize..6000), 1..40),
+        schedule in prop::collection::vec(0u8..4, 0..400),
+        refuse_over in prop::option::of(1000usize..5000),
+    ) {
+        let config = SessionConfig { slots, slot_size, ..SessionConfig::default() };
+        let max = refuse_over.unwrap_or(usize::MAX);
+        let mut a = Side::new(config, max);
+        let mut b = Side::new(config, max);
+        let mut expected: [HashMap<u64, Vec<u8>>; 2] = [HashMap::new(), HashMap::new()];
+        let mut to_send: VecDeque<(bool, u64, usize)> =
+            sizes.iter().enumerate().map(|(i, &(dir, len))| (dir, i as u64 + 1, len)).collect();
+        a.run_actions();
+        b.run_actions();
+        let mut steps = schedule.into_iter().chain(std::iter::repeat(3)).take(200_000);
+        loop {
+            let idle = to_send.is_empty() && a.outbox.is_empty() && b.outbox.is_empty();
+            if idle {
+                break;
+            }
+            match steps.next() {
+                Some(0) | Some(3) if !to_send.is_empty() => {
+                    let (a_to_b, id, len) = to_send.pop_front().unwrap();
+                    let (out, bytes) = frame(id, len);
+                    if a_to_b {
+                        a.session.send_frame(out);
+                        expected[1].insert(id, bytes);
+                    } else {
+                        b.session.send_frame(out);
+                        expected[0].insert(id, bytes);
+                    }
+                }
+                Some(1) => { b.receive_from(&mut a); }
+                Some(2) => { a.receive_from(&mut b); }
+                Some(_) => {
+                    if !b.receive_from(&mut a) {
+                        a.receive_from(&mut b);
+                    }
+                }
+                None => prop_assert!(false, "no progress: a deadlock"),
+            }
+            a.run_actions();
+            b.run_actions();
+        }
+        for (side, expected) in [(&a, &expected[0]), (&b, &expected[1])] {
+            let mut ids: Vec<u64> = side.delivered.iter().map(|(id, _)| *id).chain(side.refused.iter().copied()).collect();
+            ids.sort();
+            let mut want: Vec<u64> = expected.keys().copied().collect();
+            want.sort();
+            prop_assert_eq!(ids, want, "every frame is delivered or refused");
+            for (id, bytes) in &side.delivered {
+                prop_assert_eq!(bytes, &expected[id], "frame {} arrived changed", id);
+            }
+            for id in &side.refused {
+                prop_assert!(expected[id].len() > max, "frame {} refused below the limit", id);
+            }
+            // Ids grow in sending order: frames come out in the order they were sent.
+            let mut sorted = side.order.clone();
+            sorted.sort();
+            prop_assert_eq!(&side.order, &sorted, "frames out of order");
+            prop_assert!(side.session.is_idle(), "state left behind: {:?}", side.session);
+        }
+    }
+}
