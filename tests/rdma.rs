@@ -5,7 +5,9 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use djinn_dataplane::rdma::{Completion, CompletionKind, QueueDepths, RcEndpoint, RdmaError, RdmaPort, find_port};
+use djinn_dataplane::rdma::{
+    Completion, CompletionKind, QueueDepths, RcEndpoint, RdmaContext, RdmaError, RdmaPort, find_port,
+};
 use djinn_gpudirect::HostBuf;
 use support::pattern;
 
@@ -19,17 +21,19 @@ fn device_port() -> Option<RdmaPort> {
     Some(find_port(Some(&name)).unwrap_or_else(|e| panic!("DJINN_RDMA_DEVICE={name}: {e}")))
 }
 
-/// Polls both endpoints until `want` completions arrived (or a completion failed).
-fn wait(endpoints: [&RcEndpoint; 2], want: usize) -> Result<Vec<Completion>, RdmaError> {
+/// Polls the shared completion queue until `want` completions arrived (or one failed).
+fn wait(ctx: &RdmaContext, want: usize) -> Result<Vec<Completion>, RdmaError> {
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut got = Vec::new();
-    while got.len() < want {
-        for e in endpoints {
-            e.poll(|c| got.push(c))?;
-        }
+    let mut failed = None;
+    while got.len() < want && failed.is_none() {
+        ctx.poll(|c| match c {
+            Ok(c) => got.push(c),
+            Err(e) => failed = Some(e),
+        })?;
         assert!(Instant::now() < deadline, "completions did not arrive: {got:?}");
     }
-    Ok(got)
+    failed.map_or(Ok(got), Err)
 }
 
 #[test]
@@ -43,8 +47,9 @@ fn a_host_without_rdma_is_told_so_without_a_panic() {
 #[test]
 fn send_and_write_with_immediate_between_two_queue_pairs() {
     let Some(port) = device_port() else { return };
-    let mut a = RcEndpoint::new(&port, QueueDepths::default()).unwrap();
-    let mut b = RcEndpoint::new(&port, QueueDepths::default()).unwrap();
+    let ctx = RdmaContext::new(&port, 1024).unwrap();
+    let mut a = RcEndpoint::new(&ctx, QueueDepths::default()).unwrap();
+    let mut b = RcEndpoint::new(&ctx, QueueDepths::default()).unwrap();
     let (ia, ib) = (a.info(), b.info());
     a.connect(&ib).unwrap();
     b.connect(&ia).unwrap();
@@ -52,12 +57,12 @@ fn send_and_write_with_immediate_between_two_queue_pairs() {
     // A small SEND, inline, into a posted receive.
     let slot = HostBuf::zeroed(4096).unwrap();
     // SAFETY: `slot` outlives the registration and the receives below.
-    let slot_mr = unsafe { b.register(slot.as_ptr(), slot.len()) }.unwrap();
+    let slot_mr = unsafe { ctx.register(slot.as_ptr(), slot.len()) }.unwrap();
     // SAFETY: the buffers named are registered above and outlive this work request.
     unsafe { b.post_recv(1, &slot_mr, slot_mr.addr, 4096) }.unwrap();
     // SAFETY: the buffers named are registered above and outlive this work request.
     unsafe { a.post_send(2, b"hello over rdma", None) }.unwrap();
-    let got = wait([&a, &b], 2).unwrap();
+    let got = wait(&ctx, 2).unwrap();
     let recv = got.iter().find(|c| c.wr_id == 1).expect("receive completion");
     assert_eq!((recv.kind, recv.byte_len), (CompletionKind::Receive, 15));
     assert_eq!(&slot.as_slice()[..15], b"hello over rdma");
@@ -68,12 +73,12 @@ fn send_and_write_with_immediate_between_two_queue_pairs() {
     // SAFETY: both buffers outlive their registrations and the write.
     let (src_mr, dst_mr) =
         // SAFETY: the buffers named are registered above and outlive this work request.
-        unsafe { (a.register(src.as_ptr(), src.len()).unwrap(), b.register(dst.as_ptr(), dst.len()).unwrap()) };
+        unsafe { (ctx.register(src.as_ptr(), src.len()).unwrap(), ctx.register(dst.as_ptr(), dst.len()).unwrap()) };
     // SAFETY: the buffers named are registered above and outlive this work request.
     unsafe { b.post_recv(3, &slot_mr, slot_mr.addr, 4096) }.unwrap();
     // SAFETY: the buffers named are registered above and outlive this work request.
     unsafe { a.post_write_imm(4, &src_mr, src_mr.addr, 1 << 20, dst_mr.rkey(), dst_mr.addr, 0xabc) }.unwrap();
-    let got = wait([&a, &b], 2).unwrap();
+    let got = wait(&ctx, 2).unwrap();
     let landed = got.iter().find(|c| c.wr_id == 3).expect("write-with-immediate completion");
     assert_eq!((landed.kind, landed.imm), (CompletionKind::ReceiveWrite, Some(0xabc)));
     assert!(dst.as_slice() == src.as_slice(), "the written bytes differ");
@@ -83,6 +88,6 @@ fn send_and_write_with_immediate_between_two_queue_pairs() {
     unsafe { b.post_recv(5, &slot_mr, slot_mr.addr, 4096) }.unwrap();
     // SAFETY: the buffers named are registered above and outlive this work request.
     unsafe { a.post_write_imm(6, &src_mr, src_mr.addr, 64, dst_mr.rkey() ^ 0x5a5a, dst_mr.addr, 1) }.unwrap();
-    let err = wait([&a, &b], 1).unwrap_err();
+    let err = wait(&ctx, 1).unwrap_err();
     assert!(matches!(err, RdmaError::Completion { .. }), "{err}");
 }

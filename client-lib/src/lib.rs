@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 pub use djinn_dataplane::proto::{DType, ErrorCode, Fingerprint, Hello, ListEntry, ModelInfo, TensorDesc, Value};
 use djinn_dataplane::proto::{Frame, Limits, Message, Payload, ProtocolError, payload_layout, transports};
 use djinn_dataplane::tcp::ClientConn;
-pub use djinn_dataplane::tcp::{ClientError, ClientOptions};
+pub use djinn_dataplane::tcp::{ClientError, ClientOptions, Transport};
 
 /// A tensor received from a node: its descriptor and its bytes, in a buffer that goes back to
 /// the client's pool when dropped.
@@ -111,7 +111,12 @@ impl Client {
     fn open(addrs: &[std::net::SocketAddr], options: &ClientOptions) -> Result<(ClientConn, Hello), ClientError> {
         let limits = options.limits;
         let mut conn = ClientConn::connect(addrs, options.clone())?;
-        let hello = Hello::new(&limits, transports::TCP, concat!("djinn-client/", env!("CARGO_PKG_VERSION")));
+        let port = match options.transport {
+            Transport::Tcp => Err(djinn_dataplane::rdma::NoRdma::NoDevice(None)),
+            Transport::Auto | Transport::Rdma => djinn_dataplane::rdma::find_port(options.rdma_device.as_deref()),
+        };
+        let ours = if port.is_ok() { transports::TCP | transports::RDMA } else { transports::TCP };
+        let hello = Hello::new(&limits, ours, concat!("djinn-client/", env!("CARGO_PKG_VERSION")));
         let reply = conn.request(&Message::Hello(hello), &[])?;
         let Message::HelloAck(node) = reply.message else {
             return Err(unexpected(&conn, reply));
@@ -125,7 +130,29 @@ impl Client {
                 },
             });
         }
+        let offered = node.transports & transports::RDMA != 0;
+        match (options.transport, port, offered) {
+            (Transport::Tcp, _, _) => {}
+            (_, Ok(port), true) => match conn.upgrade_to_rdma(&port, options.rdma) {
+                Ok(()) => tracing::info!(%port, "frames go over RDMA"),
+                Err(e) if options.transport == Transport::Rdma => return Err(e),
+                Err(e) => {
+                    tracing::info!(error = %e, "RDMA set-up failed; using TCP");
+                    let options = ClientOptions { transport: Transport::Tcp, ..options.clone() };
+                    return Self::open(addrs, &options);
+                }
+            },
+            (Transport::Rdma, Err(e), _) => return Err(ClientError::NoRdma(e.to_string())),
+            (Transport::Rdma, Ok(_), false) => return Err(ClientError::NoRdma("the node does not offer RDMA".into())),
+            (Transport::Auto, Err(e), _) => tracing::debug!("{e}: using TCP"),
+            (Transport::Auto, Ok(_), false) => tracing::debug!("the node does not offer RDMA: using TCP"),
+        }
         Ok((conn, node))
+    }
+
+    /// The transport frames go over: "rdma" or "tcp".
+    pub fn transport(&self) -> &'static str {
+        self.conn.transport()
     }
 
     /// Sends a request; when the connection is found broken (the node restarted, a network

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
-use djinn_client::{Client, DType};
+use djinn_client::{Client, ClientOptions, DType, Transport};
 
 use djinn_gpudirect::ByteSize;
 
@@ -35,6 +35,9 @@ enum Command {
         /// Number of pings.
         #[arg(short, long, default_value_t = 5)]
         count: u32,
+        /// Transport to use: auto, rdma or tcp.
+        #[arg(long, default_value = "auto")]
+        transport: Transport,
     },
     /// Store a file's bytes on a node as a named tensor.
     Put {
@@ -84,13 +87,15 @@ fn main() -> Result<()> {
         .init();
     match cli.command {
         Command::Node(args) | Command::Up(args) => node::run(args),
-        Command::Ping { addr, count } => {
-            let mut client = Client::connect(&addr).with_context(|| format!("cannot reach {addr}"))?;
+        Command::Ping { addr, count, transport } => {
+            let options = ClientOptions { transport, ..ClientOptions::default() };
+            let mut client = Client::connect_with(&addr, options).with_context(|| format!("cannot reach {addr}"))?;
             let node = client.node();
             println!(
-                "{addr}: {} (protocol {}, transport tcp, max payload {})",
+                "{addr}: {} (protocol {}, transport {}, max payload {})",
                 node.agent,
                 node.protocol_version,
+                client.transport(),
                 ByteSize(node.max_payload)
             );
             let mut times = Vec::new();

@@ -1,12 +1,14 @@
 //! `djinn node` (and `djinn up`): the data plane's poller in front of the executor.
 
 use std::io::Write;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use djinn_dataplane::proto::Limits;
-use djinn_dataplane::tcp::{Backend, Server, ServerConfig};
+use djinn_dataplane::rdma::{RdmaContext, SessionConfig};
+use djinn_dataplane::tcp::{Backend, Server, ServerConfig, Transport};
 use djinn_executor::{Device, NodeOptions, NodeService};
 use djinn_gpudirect::MemoryBudget;
 use signal_hook::consts::{SIGINT, SIGTERM};
@@ -59,6 +61,41 @@ pub struct NodeArgs {
     /// libtorch's threads inside one operation, per worker.
     #[arg(long, default_value_t = 1)]
     intra_op_threads: i32,
+    /// Transports offered: `auto` (RDMA too when this host has an active RDMA port), `rdma`
+    /// (fail without one) or `tcp`.
+    #[arg(long, default_value = "auto")]
+    transport: Transport,
+    /// The RDMA device to use (the first active one by default).
+    #[arg(long)]
+    rdma_device: Option<String>,
+}
+
+/// Completion queue entries of the node's RDMA context (shared by every RDMA connection).
+const RDMA_CQE: u32 = 8192;
+
+/// The RDMA context to offer, after `--transport` and what the host has.
+fn rdma_context(args: &NodeArgs) -> Result<Option<Arc<RdmaContext>>> {
+    if args.transport == Transport::Tcp {
+        return Ok(None);
+    }
+    let port = match djinn_dataplane::rdma::find_port(args.rdma_device.as_deref()) {
+        Ok(port) => port,
+        Err(e) if args.transport == Transport::Auto => {
+            tracing::info!("{e}: the data plane speaks TCP");
+            return Ok(None);
+        }
+        Err(e) => bail!("--transport rdma: {e}"),
+    };
+    if matches!(args.tcp_backend, TcpBackend::Uring) {
+        if args.transport == Transport::Rdma {
+            bail!("--transport rdma needs --tcp-backend mio");
+        }
+        tracing::info!(%port, "RDMA is offered with the mio backend only: the data plane speaks TCP");
+        return Ok(None);
+    }
+    let ctx = RdmaContext::new(&port, RDMA_CQE).with_context(|| format!("cannot use RDMA port {port}"))?;
+    tracing::info!(%port, "offering RDMA");
+    Ok(Some(ctx))
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -107,12 +144,7 @@ pub fn run(args: NodeArgs) -> Result<()> {
     {
         bail!("--device cuda:{n}: libtorch sees {} CUDA devices", tch::Cuda::device_count());
     }
-    match djinn_dataplane::rdma::find_port(None) {
-        Ok(port) => {
-            tracing::info!(%port, "RDMA port present; frames go over TCP (the RDMA transport is not in the node yet)")
-        }
-        Err(e) => tracing::info!("{e}: the data plane speaks TCP"),
-    }
+    let rdma = rdma_context(&args)?;
     tch::set_num_threads(args.intra_op_threads.max(1));
     let options = NodeOptions { device, workers: args.workers, pool_bytes: args.buffer_pool.0, max_meta };
     let service = NodeService::new(budget.clone(), options).context("cannot start the executor")?;
@@ -124,6 +156,8 @@ pub fn run(args: NodeArgs) -> Result<()> {
             TcpBackend::Mio => Backend::Mio,
             TcpBackend::Uring => Backend::Uring,
         },
+        rdma_connections: (RDMA_CQE / (SessionConfig::default().slots * 5)) as usize,
+        rdma,
         ..ServerConfig::default()
     };
     let agent = concat!("djinn-node/", env!("CARGO_PKG_VERSION"));

@@ -22,6 +22,7 @@ pub enum ErrorCode {
     UnknownModel,
     BadArchive,
     ExecutionFailed,
+    Busy,
     /// A code this build does not know (sent by a newer peer).
     Other(u16),
 }
@@ -47,6 +48,7 @@ impl ErrorCode {
             Self::UnknownModel => 16,
             Self::BadArchive => 17,
             Self::ExecutionFailed => 18,
+            Self::Busy => 19,
             Self::Other(code) => code,
         }
     }
@@ -71,6 +73,7 @@ impl ErrorCode {
             16 => Self::UnknownModel,
             17 => Self::BadArchive,
             18 => Self::ExecutionFailed,
+            19 => Self::Busy,
             other => Self::Other(other),
         }
     }

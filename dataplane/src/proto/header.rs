@@ -115,6 +115,8 @@ kinds! {
     Stats = 0x0d,
     StatsReply = 0x0e,
     Error = 0x0f,
+    RdmaConnect = 0x10,
+    RdmaAccept = 0x11,
     RegisterBegin = 0x101,
     RegisterReady = 0x102,
     RegisterChunk = 0x103,

@@ -56,6 +56,19 @@ impl std::fmt::Display for Fingerprint {
     }
 }
 
+/// One side of an RDMA connection, exchanged over the TCP connection: its queue pair and the
+/// receive slots both sides use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RdmaParams {
+    pub qp_number: u32,
+    pub psn: u32,
+    pub gid: [u8; 16],
+    /// Active MTU in bytes; both sides use the smaller.
+    pub mtu: u32,
+    pub slots: u32,
+    pub slot_size: u32,
+}
+
 /// What a node says of a model it holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelInfo {
@@ -147,6 +160,10 @@ pub enum Message {
         code: ErrorCode,
         message: String,
     },
+    /// Asks to carry this connection's frames over RDMA from now on.
+    RdmaConnect(RdmaParams),
+    /// The node's side; after it, frames go over the queue pairs.
+    RdmaAccept(RdmaParams),
     /// Starts uploading a model: the lengths of its blocks' archives, in execution order.
     RegisterBegin {
         fingerprint: Fingerprint,
@@ -213,6 +230,8 @@ impl Message {
             Self::Stats => Kind::Stats,
             Self::StatsReply { .. } => Kind::StatsReply,
             Self::Error { .. } => Kind::Error,
+            Self::RdmaConnect(_) => Kind::RdmaConnect,
+            Self::RdmaAccept(_) => Kind::RdmaAccept,
             Self::RegisterBegin { .. } => Kind::RegisterBegin,
             Self::RegisterReady { .. } => Kind::RegisterReady,
             Self::RegisterChunk { .. } => Kind::RegisterChunk,
@@ -240,6 +259,7 @@ impl Message {
                 | Self::ListReply { .. }
                 | Self::StatsReply { .. }
                 | Self::Error { .. }
+                | Self::RdmaAccept(_)
                 | Self::RegisterReady { .. }
                 | Self::RegisterProgress { .. }
                 | Self::Registered { .. }
@@ -310,6 +330,14 @@ impl Message {
             Self::Error { code, message } => {
                 w.u16(code.to_wire());
                 w.str(message);
+            }
+            Self::RdmaConnect(p) | Self::RdmaAccept(p) => {
+                w.u32(p.qp_number);
+                w.u32(p.psn);
+                w.0.extend_from_slice(&p.gid);
+                w.u32(p.mtu);
+                w.u32(p.slots);
+                w.u32(p.slot_size);
             }
             Self::RegisterBegin { fingerprint, blocks } => {
                 w.fingerprint(fingerprint);
@@ -399,6 +427,17 @@ impl Message {
                 Self::StatsReply { counters }
             }
             Kind::Error => Self::Error { code: ErrorCode::from_wire(r.u16("code")?), message: r.string("message")? },
+            Kind::RdmaConnect | Kind::RdmaAccept => {
+                let params = RdmaParams {
+                    qp_number: r.u32("qp number")?,
+                    psn: r.u32("psn")?,
+                    gid: r.array("gid")?,
+                    mtu: r.u32("mtu")?,
+                    slots: r.u32("slots")?,
+                    slot_size: r.u32("slot size")?,
+                };
+                if kind == Kind::RdmaConnect { Self::RdmaConnect(params) } else { Self::RdmaAccept(params) }
+            }
             Kind::RegisterBegin => {
                 let fingerprint = r.fingerprint()?;
                 let n = r.count("blocks", 8)?;

@@ -118,8 +118,16 @@ fn value(tensors: u32) -> impl Strategy<Value = Value> {
     })
 }
 
+fn rdma_params() -> impl Strategy<Value = RdmaParams> {
+    (any::<u32>(), any::<u32>(), any::<[u8; 16]>(), any::<u32>(), any::<u32>(), any::<u32>()).prop_map(
+        |(qp_number, psn, gid, mtu, slots, slot_size)| RdmaParams { qp_number, psn, gid, mtu, slots, slot_size },
+    )
+}
+
 fn model_message() -> impl Strategy<Value = Message> {
     prop_oneof![
+        rdma_params().prop_map(Message::RdmaConnect),
+        rdma_params().prop_map(Message::RdmaAccept),
         (fingerprint(), prop::collection::vec(any::<u64>(), 0..5))
             .prop_map(|(fingerprint, blocks)| Message::RegisterBegin { fingerprint, blocks }),
         (any::<u64>(), any::<bool>()).prop_map(|(upload, registered)| Message::RegisterReady { upload, registered }),

@@ -2,6 +2,7 @@
 //! The transport that carries frames over them (eager SENDs, rendezvous WRITEs with immediate,
 //! credits) builds on these.
 
+mod channel;
 mod device;
 mod session;
 mod verbs;
@@ -9,6 +10,9 @@ mod verbs;
 #[cfg(test)]
 mod session_tests;
 
+pub use channel::{ChannelError, RdmaChannel, connection_key};
 pub use device::{NoRdma, RdmaPort, find_port, mtu_bytes, mtu_of_bytes};
-pub use session::{Action, RDMA_HEADER_LEN, Session, SessionConfig, SessionError};
-pub use verbs::{Completion, CompletionKind, EndpointInfo, QueueDepths, RcEndpoint, RdmaError, Registered};
+pub use session::{Action, MAX_XFER, RDMA_HEADER_LEN, Session, SessionConfig, SessionError};
+pub use verbs::{
+    Completion, CompletionKind, EndpointInfo, QueueDepths, RcEndpoint, RdmaContext, RdmaError, Registered,
+};

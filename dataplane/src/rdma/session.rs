@@ -19,6 +19,9 @@ use crate::proto::{
     decode_body,
 };
 
+/// Transfer ids run from 1 to this, then wrap.
+pub const MAX_XFER: u32 = 0x00ff_ffff;
+
 /// Bytes of the header that starts every SEND.
 pub const RDMA_HEADER_LEN: usize = 16;
 
@@ -375,7 +378,8 @@ impl Session {
                     self.send(op::EAGER, 0, frame.len(), &slices);
                 } else {
                     let xfer = self.next_xfer;
-                    self.next_xfer = self.next_xfer.wrapping_add(1).max(1);
+                    // Ids stay within 24 bits: they travel in work request ids too.
+                    self.next_xfer = self.next_xfer % MAX_XFER + 1;
                     self.send(op::RTS, xfer, frame.payload_len(), &[frame.head()]);
                     self.announced.insert(xfer, frame);
                 }

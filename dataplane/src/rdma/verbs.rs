@@ -3,11 +3,14 @@
 //! memory registration, posting receives, SENDs (inline when small) and RDMA WRITEs with
 //! immediate, and polling completions without allocating.
 
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 
 use sideway::ibverbs::AccessFlags;
 use sideway::ibverbs::address::{AddressHandleAttribute, Gid};
-use sideway::ibverbs::completion::{ExtendedCompletionQueue, GenericCompletionQueue, WorkCompletionStatus};
+use sideway::ibverbs::completion::{
+    CompletionChannel, CompletionQueue, ExtendedCompletionQueue, GenericCompletionQueue, WorkCompletionStatus,
+};
 use sideway::ibverbs::memory_region::MemoryRegion;
 use sideway::ibverbs::protection_domain::ProtectionDomain;
 use sideway::ibverbs::queue_pair::{
@@ -27,6 +30,16 @@ pub enum RdmaError {
     Completion { wr_id: u64, status: WorkCompletionStatus, vendor_err: u32 },
     #[error("work request {wr_id} completed with unknown status {status}")]
     UnknownCompletion { wr_id: u64, status: u32 },
+}
+
+impl RdmaError {
+    /// The work request a failed completion belongs to.
+    pub fn wr_id(&self) -> Option<u64> {
+        match self {
+            Self::Completion { wr_id, .. } | Self::UnknownCompletion { wr_id, .. } => Some(*wr_id),
+            Self::Verb { .. } => None,
+        }
+    }
 }
 
 fn verb<E: std::fmt::Display>(verb: &'static str) -> impl FnOnce(E) -> RdmaError {
@@ -87,10 +100,90 @@ impl Registered {
     }
 }
 
-pub struct RcEndpoint {
+/// What the queue pairs of one process share: the port, a protection domain, one completion
+/// queue (a poller polls one queue whatever the number of connections; `wr_id`s tell them
+/// apart) and its completion channel (a file descriptor to sleep on).
+pub struct RdmaContext {
     port: RdmaPort,
     pd: Arc<ProtectionDomain>,
     cq: Arc<ExtendedCompletionQueue>,
+    channel: Arc<CompletionChannel>,
+}
+
+impl std::fmt::Debug for RdmaContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdmaContext").field("port", &self.port).finish()
+    }
+}
+
+impl RdmaContext {
+    /// `cqe`: completion queue entries, enough for every queue pair's send and receive depth.
+    pub fn new(port: &RdmaPort, cqe: u32) -> Result<Arc<Self>, RdmaError> {
+        let pd = port.context.alloc_pd().map_err(verb("ibv_alloc_pd"))?;
+        let channel = CompletionChannel::new(&port.context).map_err(verb("ibv_create_comp_channel"))?;
+        let cq = port
+            .context
+            .create_cq_builder()
+            .setup_cqe(cqe)
+            .setup_comp_channel(&channel, 0)
+            .build_ex()
+            .map_err(verb("ibv_create_cq_ex"))?;
+        set_nonblocking(channel.as_raw_fd())?;
+        Ok(Arc::new(Self { port: port.clone(), pd, cq, channel }))
+    }
+
+    pub fn port(&self) -> &RdmaPort {
+        &self.port
+    }
+
+    /// The completion channel's descriptor: readable after [`Self::arm`] once a completion
+    /// arrives.
+    pub fn fd(&self) -> RawFd {
+        self.channel.as_raw_fd()
+    }
+
+    /// Asks for an event on the channel at the next completion. Poll once more afterwards:
+    /// a completion that arrived before arming raises no event.
+    pub fn arm(&self) -> Result<(), RdmaError> {
+        // SAFETY: the CQ lives as long as `self`.
+        let rc = unsafe { rdma_mummy_sys::ibv_req_notify_cq(self.cq.cq().as_ptr(), 0) };
+        if rc == 0 { Ok(()) } else { Err(verb("ibv_req_notify_cq")(std::io::Error::from_raw_os_error(rc))) }
+    }
+
+    /// Consumes the events the channel raised (after its descriptor became readable).
+    pub fn ack_events(&self) {
+        let mut cq = std::ptr::null_mut();
+        let mut ctx = std::ptr::null_mut();
+        // SAFETY: the channel is non-blocking and outlives the call.
+        let channel = unsafe { self.channel.comp_channel() }.as_ptr();
+        // SAFETY: each event got is acknowledged at once, on the CQ it names.
+        while unsafe { rdma_mummy_sys::ibv_get_cq_event(channel, &mut cq, &mut ctx) } == 0 {
+            // SAFETY: `cq` came from the event just got.
+            unsafe { rdma_mummy_sys::ibv_ack_cq_events(cq, 1) };
+        }
+    }
+
+    /// Registers `len` bytes at `addr` for local use and for the peer's writes.
+    ///
+    /// # Safety
+    /// The memory must stay valid (neither freed nor unmapped) while the returned registration
+    /// lives and while any work request that uses it is in flight.
+    pub unsafe fn register(&self, addr: *const u8, len: usize) -> Result<Registered, RdmaError> {
+        // SAFETY: forwarded to the caller.
+        let mr = unsafe { self.pd.reg_mr(addr as usize, len, AccessFlags::LocalWrite | AccessFlags::RemoteWrite) }
+            .map_err(verb("ibv_reg_mr"))?;
+        Ok(Registered { mr, addr: addr as u64, len })
+    }
+}
+
+fn set_nonblocking(fd: RawFd) -> Result<(), RdmaError> {
+    // SAFETY: fcntl on a descriptor we own.
+    let rc = unsafe { libc::fcntl(fd, libc::F_SETFL, libc::fcntl(fd, libc::F_GETFL) | libc::O_NONBLOCK) };
+    if rc < 0 { Err(verb("fcntl(O_NONBLOCK)")(std::io::Error::last_os_error())) } else { Ok(()) }
+}
+
+pub struct RcEndpoint {
+    ctx: Arc<RdmaContext>,
     qp: ExtendedQueuePair,
     psn: u32,
     max_inline: u32,
@@ -98,7 +191,7 @@ pub struct RcEndpoint {
 
 impl std::fmt::Debug for RcEndpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RcEndpoint").field("port", &self.port).field("qp_number", &self.qp.qp_number()).finish()
+        f.debug_struct("RcEndpoint").field("qp_number", &self.qp.qp_number()).finish()
     }
 }
 
@@ -118,17 +211,12 @@ impl Default for QueueDepths {
 }
 
 impl RcEndpoint {
-    /// A queue pair in the INIT state on `port`, with its own completion queue.
-    pub fn new(port: &RdmaPort, depths: QueueDepths) -> Result<Self, RdmaError> {
-        let pd = port.context.alloc_pd().map_err(verb("ibv_alloc_pd"))?;
-        let cq = port
-            .context
-            .create_cq_builder()
-            .setup_cqe(depths.send + depths.recv)
-            .build_ex()
-            .map_err(verb("ibv_create_cq_ex"))?;
-        let handle = GenericCompletionQueue::from(Arc::clone(&cq));
-        let mut qp = pd
+    /// A queue pair in the INIT state, completing into the context's queue.
+    pub fn new(ctx: &Arc<RdmaContext>, depths: QueueDepths) -> Result<Self, RdmaError> {
+        let port = &ctx.port;
+        let handle = GenericCompletionQueue::from(Arc::clone(&ctx.cq));
+        let mut qp = ctx
+            .pd
             .create_qp_builder()
             .setup_max_send_wr(depths.send)
             .setup_max_recv_wr(depths.recv)
@@ -149,21 +237,27 @@ impl RcEndpoint {
         let psn = (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos())
             ^ std::process::id())
             & 0x00ff_ffff;
-        Ok(Self { port: port.clone(), pd, cq, qp, psn, max_inline: depths.max_inline })
+        Ok(Self { ctx: Arc::clone(ctx), qp, psn, max_inline: depths.max_inline })
     }
 
     pub fn info(&self) -> EndpointInfo {
-        EndpointInfo { qp_number: self.qp.qp_number(), psn: self.psn, gid: self.port.gid.raw, mtu: self.port.mtu }
+        let port = &self.ctx.port;
+        EndpointInfo { qp_number: self.qp.qp_number(), psn: self.psn, gid: port.gid.raw, mtu: port.mtu }
+    }
+
+    pub fn max_inline(&self) -> u32 {
+        self.max_inline
     }
 
     /// Connects to the peer described by `remote`: RTR then RTS, at the smaller of the two MTUs.
     pub fn connect(&mut self, remote: &EndpointInfo) -> Result<(), RdmaError> {
-        let mtu = mtu_of_bytes(self.port.mtu.min(remote.mtu));
+        let port = &self.ctx.port;
+        let mtu = mtu_of_bytes(port.mtu.min(remote.mtu));
         let mut av = AddressHandleAttribute::new();
         av.setup_dest_lid(0)
-            .setup_port(self.port.port)
+            .setup_port(port.port)
             .setup_service_level(0)
-            .setup_grh_src_gid_index(self.port.gid_index as u8)
+            .setup_grh_src_gid_index(port.gid_index as u8)
             .setup_grh_dest_gid(&Gid { raw: remote.gid })
             .setup_grh_hop_limit(64);
         let mut attr = QueuePairAttribute::new();
@@ -185,18 +279,6 @@ impl RcEndpoint {
             .setup_rnr_retry(7)
             .setup_max_read_atomic(0);
         self.qp.modify(&attr).map_err(verb("ibv_modify_qp(RTS)"))
-    }
-
-    /// Registers `len` bytes at `addr` for local use and for the peer's writes.
-    ///
-    /// # Safety
-    /// The memory must stay valid (neither freed nor unmapped) while the returned registration
-    /// lives and while any work request that uses it is in flight.
-    pub unsafe fn register(&self, addr: *const u8, len: usize) -> Result<Registered, RdmaError> {
-        // SAFETY: forwarded to the caller.
-        let mr = unsafe { self.pd.reg_mr(addr as usize, len, AccessFlags::LocalWrite | AccessFlags::RemoteWrite) }
-            .map_err(verb("ibv_reg_mr"))?;
-        Ok(Registered { mr, addr: addr as u64, len })
     }
 
     /// Posts a receive into `len` bytes at `addr` (inside `region`).
@@ -232,6 +314,26 @@ impl RcEndpoint {
         guard.post().map_err(verb("ibv_post_send"))
     }
 
+    /// Writes `len` bytes at `addr` (in `region`) to the peer's `remote_addr` (`rkey`).
+    ///
+    /// # Safety
+    /// As for [`Self::post_write_imm`].
+    pub unsafe fn post_write(
+        &mut self,
+        wr_id: u64,
+        region: &Registered,
+        addr: u64,
+        len: u32,
+        rkey: u32,
+        remote_addr: u64,
+    ) -> Result<(), RdmaError> {
+        let mut guard = self.qp.start_post_send();
+        let handle = guard.construct_wr(wr_id, WorkRequestFlags::Signaled).setup_write(rkey, remote_addr);
+        // SAFETY: forwarded to the caller.
+        unsafe { handle.setup_sge(region.lkey(), addr, len) };
+        guard.post().map_err(verb("ibv_post_send(WRITE)"))
+    }
+
     /// Writes `len` bytes at `addr` (in `region`) to the peer's `remote_addr` (`rkey`), then
     /// delivers `imm` to the peer's next posted receive.
     ///
@@ -254,9 +356,12 @@ impl RcEndpoint {
         unsafe { handle.setup_sge(region.lkey(), addr, len) };
         guard.post().map_err(verb("ibv_post_send(WRITE_WITH_IMM)"))
     }
+}
 
-    /// Hands every available completion to `each`; a failed one ends the poll with its error.
-    pub fn poll(&self, mut each: impl FnMut(Completion)) -> Result<usize, RdmaError> {
+impl RdmaContext {
+    /// Hands every available completion to `each`: a successful one as `Ok`, a failed one (its
+    /// work request, and the connection it belongs to, are done for) as `Err`.
+    pub fn poll(&self, mut each: impl FnMut(Result<Completion, RdmaError>)) -> Result<usize, RdmaError> {
         let mut poller = match self.cq.start_poll() {
             Ok(p) => p,
             Err(sideway::ibverbs::completion::PollCompletionQueueError::CompletionQueueEmpty) => return Ok(0),
@@ -266,11 +371,13 @@ impl RcEndpoint {
         for wc in poller.by_ref() {
             let wr_id = wc.wr_id();
             let status = wc.status();
+            n += 1;
             if status != WorkCompletionStatus::Success as u32 {
-                return Err(match known_status(status) {
+                each(Err(match known_status(status) {
                     Some(status) => RdmaError::Completion { wr_id, status, vendor_err: wc.vendor_err() },
                     None => RdmaError::UnknownCompletion { wr_id, status },
-                });
+                }));
+                continue;
             }
             use sideway::ibverbs::completion::WorkCompletionOperationType as Op;
             let opcode = wc.opcode();
@@ -285,8 +392,7 @@ impl RcEndpoint {
             // Immediates travel only with WRITEs here (sideway does not expose the completion's
             // flags, which would tell a SEND with immediate from one without).
             let imm = (kind == CompletionKind::ReceiveWrite).then(|| wc.imm_data());
-            each(Completion { wr_id, byte_len: if receives { wc.byte_len() } else { 0 }, imm, kind });
-            n += 1;
+            each(Ok(Completion { wr_id, byte_len: if receives { wc.byte_len() } else { 0 }, imm, kind }));
         }
         Ok(n)
     }

@@ -7,7 +7,14 @@ use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+
 use djinn_gpudirect::BufferPool;
+
+use crate::proto::{OutFrame, RdmaParams, SharedBytes};
+use crate::rdma::{
+    ChannelError, Completion, EndpointInfo, RdmaChannel, RdmaContext, RdmaError, RdmaPort, SessionConfig,
+};
 
 use crate::proto::{
     ErrorCode, Frame, FrameReader, Limits, Message, Payload, PayloadAlloc, ProtocolError, RecvEvent, Refusal, ZEROS,
@@ -39,6 +46,14 @@ pub enum ClientError {
     UnexpectedReply { peer: SocketAddr, request_id: u64, kind: &'static str },
     #[error("request does not fit the protocol: {0}")]
     Request(ProtocolError),
+    #[error("RDMA path to {peer} failed: {source}")]
+    Rdma {
+        peer: SocketAddr,
+        #[source]
+        source: ChannelError,
+    },
+    #[error("RDMA asked for but not usable: {0}")]
+    NoRdma(String),
 }
 
 impl ClientError {
@@ -51,8 +66,35 @@ impl ClientError {
     }
 }
 
+/// Which transport carries frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Transport {
+    /// RDMA when both ends have an active device that reaches the other, else TCP.
+    #[default]
+    Auto,
+    Rdma,
+    Tcp,
+}
+
+impl std::str::FromStr for Transport {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "rdma" => Ok(Self::Rdma),
+            "tcp" => Ok(Self::Tcp),
+            _ => Err(format!("{s:?} is not a transport: use auto, rdma or tcp")),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct ClientOptions {
+    pub transport: Transport,
+    /// The RDMA device to use (the first active one when `None`).
+    pub rdma_device: Option<String>,
+    /// Receive slots of the RDMA path.
+    pub rdma: SessionConfig,
     /// How long to poll without blocking for a reply before sleeping in `poll(2)`.
     pub spin: Duration,
     /// Longest wait for a reply (and for a write to make progress); `None` waits forever.
@@ -65,6 +107,9 @@ pub struct ClientOptions {
 impl Default for ClientOptions {
     fn default() -> Self {
         Self {
+            transport: Transport::default(),
+            rdma_device: None,
+            rdma: SessionConfig::default(),
             spin: Duration::from_micros(200),
             timeout: Some(Duration::from_secs(60)),
             limits: Limits::default(),
@@ -91,6 +136,8 @@ pub struct ClientConn {
     head: Vec<u8>,
     next_id: u64,
     broken: bool,
+    /// Set once frames go over RDMA.
+    rdma: Option<RdmaPath>,
     bytes_sent: u64,
     bytes_received: u64,
 }
@@ -134,6 +181,7 @@ impl ClientConn {
             head: Vec::with_capacity(256),
             next_id: 1,
             broken: false,
+            rdma: None,
             bytes_sent: 0,
             bytes_received: 0,
         })
@@ -164,7 +212,11 @@ impl ClientConn {
         }
         let request_id = self.next_id;
         self.next_id += 1;
-        let result = self.send(request_id, message, tensors).and_then(|()| self.receive(request_id));
+        let result = if self.rdma.is_some() {
+            self.request_rdma(request_id, message, tensors)
+        } else {
+            self.send(request_id, message, tensors).and_then(|()| self.receive(request_id))
+        };
         if let Err(e) = &result {
             // A refused request leaves the stream in step; anything else may not.
             if !matches!(e, ClientError::Remote { .. } | ClientError::Request(_)) {
@@ -255,28 +307,7 @@ impl ClientConn {
         let mut spin_until = Instant::now() + self.options.spin;
         loop {
             if let Some(event) = self.reader.next_event(&mut PoolAlloc(&self.pool)) {
-                match event {
-                    RecvEvent::Frame(Frame { message: Message::Error { code, message }, request_id: id, .. })
-                        if id == request_id || id == 0 =>
-                    {
-                        return Err(ClientError::Remote { peer, code, message });
-                    }
-                    RecvEvent::Frame(frame) if frame.request_id == request_id => return Ok(frame),
-                    RecvEvent::Frame(frame) => {
-                        return Err(ClientError::UnexpectedReply {
-                            peer,
-                            request_id: frame.request_id,
-                            kind: frame.message.kind().name(),
-                        });
-                    }
-                    RecvEvent::Rejected { refusal, .. } => {
-                        return Err(ClientError::Protocol {
-                            peer,
-                            source: ProtocolError::MalformedMeta(refusal.message),
-                        });
-                    }
-                    RecvEvent::Fatal(source) => return Err(ClientError::Protocol { peer, source }),
-                }
+                return reply_of(peer, request_id, event);
             }
             let target = self.reader.read_target();
             let mut iov = [IoSliceMut::new(target.payload), IoSliceMut::new(target.staging)];
@@ -334,6 +365,184 @@ impl ClientConn {
                 let e = io::Error::last_os_error();
                 if e.kind() != io::ErrorKind::Interrupted {
                     return Err(ClientError::Io { peer: self.peer, source: e });
+                }
+            }
+        }
+    }
+}
+
+/// The outcome of a request from the event that answers it.
+fn reply_of(peer: SocketAddr, request_id: u64, event: RecvEvent) -> Result<Frame, ClientError> {
+    match event {
+        RecvEvent::Frame(Frame { message: Message::Error { code, message }, request_id: id, .. })
+            if id == request_id || id == 0 =>
+        {
+            Err(ClientError::Remote { peer, code, message })
+        }
+        RecvEvent::Frame(frame) if frame.request_id == request_id => Ok(frame),
+        RecvEvent::Frame(frame) => Err(ClientError::UnexpectedReply {
+            peer,
+            request_id: frame.request_id,
+            kind: frame.message.kind().name(),
+        }),
+        RecvEvent::Rejected { refusal, .. } => {
+            Err(ClientError::Protocol { peer, source: ProtocolError::MalformedMeta(refusal.message) })
+        }
+        RecvEvent::Fatal(source) => Err(ClientError::Protocol { peer, source }),
+    }
+}
+
+/// The client's RDMA path: its own context (one queue pair) and the channel.
+struct RdmaPath {
+    // The channel (queue pair) goes before the context.
+    channel: RdmaChannel,
+    ctx: Arc<RdmaContext>,
+    completions: Vec<Result<Completion, RdmaError>>,
+}
+
+/// Bytes the caller lends for the length of one request: the request returns only once the
+/// reply arrived and our WRITEs completed, so the memory is not used after it is given back.
+struct Lent {
+    ptr: *const u8,
+    len: usize,
+}
+
+impl AsRef<[u8]> for Lent {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: see the type's comment.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+// SAFETY: read-only access to memory the caller keeps alive for the request.
+unsafe impl Send for Lent {}
+// SAFETY: as above.
+unsafe impl Sync for Lent {}
+
+impl ClientConn {
+    /// "rdma" once frames go over RDMA, else "tcp".
+    pub fn transport(&self) -> &'static str {
+        if self.rdma.is_some() { "rdma" } else { "tcp" }
+    }
+
+    /// Moves this connection's frames to RDMA: sets up a queue pair on `port`, exchanges the
+    /// two sides' parameters over TCP, connects. The TCP connection stays (it tells when the
+    /// node goes away).
+    pub fn upgrade_to_rdma(&mut self, port: &RdmaPort, config: SessionConfig) -> Result<(), ClientError> {
+        let peer = self.peer;
+        let rdma = |source: ChannelError| ClientError::Rdma { peer, source };
+        let ctx = RdmaContext::new(port, config.slots * 5 + 16).map_err(|e| rdma(e.into()))?;
+        let mut channel = RdmaChannel::new(&ctx, 0, config).map_err(rdma)?;
+        let info = channel.info();
+        let used = *channel.config();
+        let ask = RdmaParams {
+            qp_number: info.qp_number,
+            psn: info.psn,
+            gid: info.gid,
+            mtu: info.mtu,
+            slots: used.slots,
+            slot_size: used.slot_size,
+        };
+        let reply = self.request(&Message::RdmaConnect(ask), &[])?;
+        let Message::RdmaAccept(node) = reply.message else {
+            return Err(ClientError::UnexpectedReply { peer, request_id: reply.request_id, kind: reply.message.kind().name() });
+        };
+        if (node.slots, node.slot_size) != (used.slots, used.slot_size) {
+            self.broken = true;
+            return Err(ClientError::NoRdma(format!(
+                "the node uses {} slots of {} bytes, not {} of {}",
+                node.slots, node.slot_size, used.slots, used.slot_size
+            )));
+        }
+        let remote = EndpointInfo { qp_number: node.qp_number, psn: node.psn, gid: node.gid, mtu: node.mtu };
+        if let Err(e) = channel.connect(&remote) {
+            // The node already routes this connection's replies to RDMA: it is unusable now.
+            self.broken = true;
+            return Err(rdma(e));
+        }
+        self.rdma = Some(RdmaPath { channel, ctx, completions: Vec::new() });
+        Ok(())
+    }
+
+    fn request_rdma(&mut self, request_id: u64, message: &Message, tensors: &[&[u8]]) -> Result<Frame, ClientError> {
+        let peer = self.peer;
+        let lent = tensors.iter().map(|t| Arc::new(Lent { ptr: t.as_ptr(), len: t.len() }) as SharedBytes).collect();
+        let frame = OutFrame::new(request_id, message, lent).map_err(ClientError::Request)?;
+        self.bytes_sent += frame.len();
+        let Some(path) = self.rdma.as_mut() else { return Err(ClientError::Closed { peer }) };
+        path.channel.send_frame(frame).map_err(|source| ClientError::Rdma { peer, source })?;
+        let deadline = self.options.timeout.map(|t| Instant::now() + t);
+        let mut spin_until = Instant::now() + self.options.spin;
+        let mut reply = None;
+        loop {
+            if reply.is_none()
+                && let Some(event) = path.channel.poll_event()
+            {
+                let outcome = reply_of(peer, request_id, event);
+                if let Ok(frame) = &outcome {
+                    self.bytes_received += frame.payload.as_ref().map_or(0, |p| p.buf.len() as u64);
+                }
+                reply = Some(outcome);
+                continue;
+            }
+            if reply.is_some() && path.channel.writes_done() {
+                return reply.unwrap_or(Err(ClientError::Closed { peer }));
+            }
+            let mut completions = std::mem::take(&mut path.completions);
+            path.ctx.poll(|c| completions.push(c)).map_err(|e| ClientError::Rdma { peer, source: e.into() })?;
+            let progressed = !completions.is_empty();
+            for c in completions.drain(..) {
+                let c = c.map_err(|e| ClientError::Rdma { peer, source: e.into() })?;
+                path.channel.on_completion(c, &mut PoolAlloc(&self.pool)).map_err(|source| ClientError::Rdma { peer, source })?;
+            }
+            path.completions = completions;
+            if progressed {
+                spin_until = Instant::now() + self.options.spin;
+                continue;
+            }
+            if Instant::now() < spin_until {
+                std::thread::yield_now();
+                continue;
+            }
+            // Sleep until a completion, or the node's end of the TCP connection moving (it
+            // closes when the node goes away), or the deadline.
+            path.ctx.arm().map_err(|e| ClientError::Rdma { peer, source: e.into() })?;
+            let mut any = false;
+            path.ctx.poll(|c| {
+                any = true;
+                path.completions.push(c);
+            })
+            .map_err(|e| ClientError::Rdma { peer, source: e.into() })?;
+            if any {
+                continue;
+            }
+            let mut fds = [
+                libc::pollfd { fd: path.ctx.fd(), events: libc::POLLIN, revents: 0 },
+                libc::pollfd { fd: self.stream.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+            ];
+            let timeout_ms = match deadline {
+                None => -1,
+                Some(d) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(ClientError::Timeout { peer, timeout: self.options.timeout.unwrap_or_default() });
+                    }
+                    left.as_millis().clamp(1, i32::MAX as u128) as i32
+                }
+            };
+            // SAFETY: two valid pollfds for the duration of the call.
+            let rc = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout_ms) };
+            if rc > 0 {
+                if fds[0].revents != 0 {
+                    path.ctx.ack_events();
+                }
+                if fds[1].revents != 0 {
+                    let mut byte = [0u8; 1];
+                    // SAFETY: a one-byte read into a live buffer.
+                    let n = unsafe { libc::recv(self.stream.as_raw_fd(), byte.as_mut_ptr().cast(), 1, libc::MSG_PEEK) };
+                    if n == 0 || (n < 0 && io::Error::last_os_error().kind() != io::ErrorKind::WouldBlock) {
+                        return Err(ClientError::Closed { peer });
+                    }
                 }
             }
         }

@@ -7,13 +7,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use mio::net::{TcpListener, TcpStream};
+use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 use slab::Slab;
 
 use super::server::{Conn, Core, ServerCounters, Service, ShutdownHandle};
+use crate::rdma::{Completion, RdmaContext, RdmaError, connection_key};
 
 const LISTENER: Token = Token(usize::MAX - 1);
 const WAKER: Token = Token(usize::MAX - 2);
+const RDMA: Token = Token(usize::MAX - 3);
 /// Slices handed to one `writev`.
 const MAX_IOV: usize = 64;
 
@@ -34,6 +37,8 @@ pub(crate) struct MioServer<S> {
     core: Core<S>,
     conns: Slab<MioConn>,
     ready: Vec<usize>,
+    rdma: Option<Arc<RdmaContext>>,
+    completions: Vec<Result<Completion, RdmaError>>,
 }
 
 impl<S: Service> MioServer<S> {
@@ -52,11 +57,18 @@ impl<S: Service> MioServer<S> {
                 tracing::error!(error = %e, "cannot wake the poller");
             }
         });
+        let core = make_core(Arc::clone(&wake));
+        let rdma = core.config.rdma.clone();
+        if let Some(ctx) = &rdma {
+            poll.registry().register(&mut SourceFd(&ctx.fd()), RDMA, Interest::READABLE)?;
+        }
         Ok(Self {
             poll,
             listener,
             flag: Arc::new(AtomicBool::new(false)),
-            core: make_core(Arc::clone(&wake)),
+            core,
+            rdma,
+            completions: Vec::new(),
             wake,
             conns: Slab::new(),
             ready: Vec::new(),
@@ -75,7 +87,10 @@ impl<S: Service> MioServer<S> {
             // of work (a wake-up on the other core costs about 20 µs here), then block.
             let busy =
                 !self.ready.is_empty() || self.core.awaiting_replies() || last_work.elapsed() < self.core.config.spin;
-            let timeout = busy.then_some(std::time::Duration::ZERO);
+            let mut timeout = busy.then_some(std::time::Duration::ZERO);
+            if timeout.is_none() && self.arm_rdma() {
+                timeout = Some(std::time::Duration::ZERO);
+            }
             match self.poll.poll(&mut events, timeout) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -100,6 +115,11 @@ impl<S: Service> MioServer<S> {
                 match event.token() {
                     LISTENER => self.accept()?,
                     WAKER => {}
+                    RDMA => {
+                        if let Some(ctx) = &self.rdma {
+                            ctx.ack_events();
+                        }
+                    }
                     Token(key) => {
                         if let Some(c) = self.conns.get_mut(key) {
                             c.readable |= event.is_readable() || event.is_read_closed() || event.is_error();
@@ -112,6 +132,7 @@ impl<S: Service> MioServer<S> {
                     }
                 }
             }
+            worked |= self.poll_rdma() > 0;
             for key in std::mem::take(&mut self.ready) {
                 self.drive(key);
             }
@@ -124,6 +145,45 @@ impl<S: Service> MioServer<S> {
             self.core.on_close(&c.conn);
         }
         Ok(self.core.counters)
+    }
+
+    /// Asks for a completion event before the poller sleeps; true when completions arrived
+    /// meanwhile (the poller must not sleep then).
+    fn arm_rdma(&mut self) -> bool {
+        let Some(ctx) = &self.rdma else { return false };
+        if let Err(e) = ctx.arm() {
+            tracing::error!(error = %e, "cannot arm the RDMA completion queue");
+        }
+        self.poll_rdma() > 0
+    }
+
+    /// Hands every RDMA completion to its connection.
+    fn poll_rdma(&mut self) -> usize {
+        let Some(ctx) = &self.rdma else { return 0 };
+        let mut completions = std::mem::take(&mut self.completions);
+        if let Err(e) = ctx.poll(|c| completions.push(c)) {
+            tracing::error!(error = %e, "polling the RDMA completion queue failed");
+        }
+        let n = completions.len();
+        for completion in completions.drain(..) {
+            let wr_id = match &completion {
+                Ok(c) => c.wr_id,
+                Err(e) => e.wr_id().unwrap_or_default(),
+            };
+            let key = connection_key(wr_id);
+            let slot = (key >> 16) as usize;
+            let Some(c) = self.conns.get_mut(slot) else { continue };
+            if !Core::<S>::rdma_key_matches(&c.conn, key) {
+                continue;
+            }
+            self.core.on_rdma_completion(&mut c.conn, completion);
+            if !c.scheduled {
+                c.scheduled = true;
+                self.ready.push(slot);
+            }
+        }
+        self.completions = completions;
+        n
     }
 
     fn accept(&mut self) -> io::Result<()> {

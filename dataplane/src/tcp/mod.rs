@@ -9,7 +9,7 @@ mod uring_backend;
 use std::io;
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 
-pub use client::{ClientConn, ClientError, ClientOptions};
+pub use client::{ClientConn, ClientError, ClientOptions, Transport};
 pub use server::{Backend, Replier, Reply, ReplyTo, ServerConfig, ServerCounters, Service, ShutdownHandle};
 
 use server::Core;

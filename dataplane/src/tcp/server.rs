@@ -9,8 +9,10 @@ use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
 
+use crate::rdma::{ChannelError, Completion, EndpointInfo, RdmaChannel, RdmaContext, RdmaError, SessionConfig};
+
 use crate::proto::{
-    ErrorCode, Frame, FrameReader, Hello, Limits, Message, OutFrame, PROTOCOL_VERSION, Payload, PayloadAlloc,
+    ErrorCode, Frame, FrameReader, Hello, Limits, RdmaParams, Message, OutFrame, PROTOCOL_VERSION, Payload, PayloadAlloc,
     ProtocolError, RecvEvent, Refusal, SendQueue, SharedBytes, transports,
 };
 
@@ -117,6 +119,11 @@ pub struct ServerConfig {
     /// reading that connection.
     pub max_in_flight: usize,
     pub backend: Backend,
+    /// When set, clients may move their frames to RDMA (mio backend only).
+    pub rdma: Option<Arc<RdmaContext>>,
+    /// RDMA connections at once (their queue pairs share one completion queue); more are
+    /// refused and those clients use TCP.
+    pub rdma_connections: usize,
 }
 
 impl Default for ServerConfig {
@@ -130,6 +137,8 @@ impl Default for ServerConfig {
             max_connections: 4096,
             max_in_flight: 256,
             backend: Backend::default(),
+            rdma: None,
+            rdma_connections: 16,
         }
     }
 }
@@ -184,6 +193,8 @@ pub(crate) struct Conn {
     in_flight: usize,
     /// No more reading: the peer closed, or the stream failed. Close once the queue is sent.
     pub closing: bool,
+    /// Set once the client moved this connection's frames to RDMA.
+    pub rdma: Option<RdmaChannel>,
 }
 
 impl Conn {
@@ -211,6 +222,7 @@ pub(crate) struct Core<S> {
     pub counters: ServerCounters,
     /// Requests answered by other threads and not answered yet, over every connection.
     deferred: usize,
+    rdma_open: usize,
     hello: Hello,
     replier: Replier,
     replies: Receiver<(ReplyTo, Reply)>,
@@ -227,13 +239,15 @@ impl<S: Service> PayloadAlloc for Alloc<'_, S> {
 impl<S: Service> Core<S> {
     /// `wake` makes the backend's poller return from a blocking wait.
     pub fn new(service: S, config: ServerConfig, agent: &str, wake: Arc<dyn Fn() + Send + Sync>) -> Self {
-        let hello = Hello::new(&config.limits, transports::TCP, agent);
+        let offered = if config.rdma.is_some() { transports::TCP | transports::RDMA } else { transports::TCP };
+        let hello = Hello::new(&config.limits, offered, agent);
         let (tx, replies) = crossbeam_channel::unbounded();
         Self {
             service,
             config,
             counters: ServerCounters::default(),
             deferred: 0,
+            rdma_open: 0,
             hello,
             replier: Replier { tx, wake },
             replies,
@@ -253,6 +267,7 @@ impl<S: Service> Core<S> {
             id: self.counters.connections_accepted,
             in_flight: 0,
             closing: false,
+            rdma: None,
         }
     }
 
@@ -282,6 +297,9 @@ impl<S: Service> Core<S> {
 
     pub fn on_close(&mut self, conn: &Conn) {
         self.counters.connections_open -= 1;
+        if conn.rdma.is_some() {
+            self.rdma_open -= 1;
+        }
         self.service.on_disconnect(conn.id);
         tracing::debug!(peer = %conn.peer, "connection closed");
     }
@@ -296,12 +314,25 @@ impl<S: Service> Core<S> {
         conn.queue.on_written(n);
     }
 
-    /// Decodes and answers whatever complete frames are buffered, while the connection's
-    /// replies stay under the back-pressure limits.
+    /// Decodes and answers whatever complete frames are buffered (from the socket, then from
+    /// RDMA), while the connection's replies stay under the back-pressure limits.
     pub fn process(&mut self, conn: &mut Conn) {
         while !conn.closing && conn.under_limits(&self.config) {
-            let Some(event) = conn.reader.next_event(&mut Alloc(&mut self.service)) else { break };
+            let event = match conn.reader.next_event(&mut Alloc(&mut self.service)) {
+                Some(event) => event,
+                None => match conn.rdma.as_mut().and_then(RdmaChannel::poll_event) {
+                    Some(event) => event,
+                    None => break,
+                },
+            };
             match event {
+                RecvEvent::Frame(Frame { request_id, message: Message::RdmaConnect(params), .. }) => {
+                    self.counters.frames_in += 1;
+                    // Answered over TCP: the RDMA path exists only once the client has this.
+                    let reply = self.rdma_connect(conn, params);
+                    let frame = self.frame(request_id, reply);
+                    conn.queue.push(frame);
+                }
                 RecvEvent::Frame(frame) => {
                     self.counters.frames_in += 1;
                     let to = ReplyTo { slot: conn.slot, conn_id: conn.id, request_id: frame.request_id };
@@ -324,6 +355,69 @@ impl<S: Service> Core<S> {
         }
     }
 
+    /// Sets up this connection's RDMA channel; the reply carries the node's side.
+    fn rdma_connect(&mut self, conn: &mut Conn, params: RdmaParams) -> Reply {
+        let Some(ctx) = &self.config.rdma else {
+            return Reply::error(ErrorCode::Unexpected, "this node does not offer RDMA");
+        };
+        if self.rdma_open >= self.config.rdma_connections || conn.rdma.is_some() {
+            return Reply::error(ErrorCode::Busy, "no RDMA connection left on this node: use TCP");
+        }
+        let config = SessionConfig {
+            slots: params.slots.clamp(4, 1024),
+            slot_size: params.slot_size.clamp(1024, 1 << 20),
+            limits: self.config.limits,
+        };
+        // Slot and connection number: a completion of a closed connection's queue pair never
+        // reaches the connection that took its slot.
+        let key = ((conn.slot as u32) << 16) | (conn.id as u32 & 0xffff);
+        let remote = EndpointInfo { qp_number: params.qp_number, psn: params.psn, gid: params.gid, mtu: params.mtu };
+        let channel = RdmaChannel::new(ctx, key, config).and_then(|mut ch| ch.connect(&remote).map(|()| ch));
+        match channel {
+            Ok(channel) => {
+                let info = channel.info();
+                let used = *channel.config();
+                tracing::info!(peer = %conn.peer, qp = info.qp_number, "connection moved to RDMA");
+                conn.rdma = Some(channel);
+                self.rdma_open += 1;
+                Reply::message(Message::RdmaAccept(RdmaParams {
+                    qp_number: info.qp_number,
+                    psn: info.psn,
+                    gid: info.gid,
+                    mtu: info.mtu,
+                    slots: used.slots,
+                    slot_size: used.slot_size,
+                }))
+            }
+            Err(e) => Reply::error(ErrorCode::Internal, format!("cannot set up RDMA: {e}")),
+        }
+    }
+
+    /// A completion of this connection's RDMA channel (its key matched).
+    pub fn on_rdma_completion(&mut self, conn: &mut Conn, completion: Result<Completion, RdmaError>) {
+        let Some(channel) = conn.rdma.as_mut() else { return };
+        let result = completion.map_err(ChannelError::from).and_then(|c| channel.on_completion(c, &mut Alloc(&mut self.service)));
+        match result {
+            Ok(()) => self.process(conn),
+            Err(e) => self.fail_rdma(conn, e),
+        }
+    }
+
+    /// The RDMA path broke (the peer vanished, or broke the protocol): the connection ends.
+    fn fail_rdma(&mut self, conn: &mut Conn, error: ChannelError) {
+        self.counters.protocol_failures += 1;
+        tracing::warn!(peer = %conn.peer, %error, "closing connection: its RDMA path failed");
+        if conn.rdma.take().is_some() {
+            self.rdma_open -= 1;
+        }
+        conn.closing = true;
+    }
+
+    /// True when `key` names this connection's RDMA channel.
+    pub fn rdma_key_matches(conn: &Conn, key: u32) -> bool {
+        conn.rdma.as_ref().is_some_and(|ch| ch.key() == key)
+    }
+
     /// The peer closed its side: a frame cut short is reported (the peer may still read).
     pub fn on_eof(&mut self, conn: &mut Conn) {
         if let Some(error) = conn.reader.on_eof() {
@@ -339,14 +433,26 @@ impl<S: Service> Core<S> {
         conn.closing = true;
     }
 
-    fn send(&mut self, conn: &mut Conn, request_id: u64, reply: Reply) {
-        let frame = OutFrame::new(request_id, &reply.message, reply.tensors).unwrap_or_else(|e| {
+    fn frame(&mut self, request_id: u64, reply: Reply) -> OutFrame {
+        self.counters.frames_out += 1;
+        OutFrame::new(request_id, &reply.message, reply.tensors).unwrap_or_else(|e| {
             tracing::error!(error = %e, "service built an inconsistent reply");
             let error = Message::error(ErrorCode::Internal, format!("inconsistent reply: {e}"));
             OutFrame::new(request_id, &error, Vec::new()).expect("an error frame has no payload")
-        });
-        self.counters.frames_out += 1;
-        conn.queue.push(frame);
+        })
+    }
+
+    /// Sends a reply the way the connection's requests come: over RDMA once moved there.
+    fn send(&mut self, conn: &mut Conn, request_id: u64, reply: Reply) {
+        let frame = self.frame(request_id, reply);
+        match conn.rdma.as_mut() {
+            Some(channel) => {
+                if let Err(e) = channel.send_frame(frame) {
+                    self.fail_rdma(conn, e);
+                }
+            }
+            None => conn.queue.push(frame),
+        }
     }
 
     fn dispatch(&mut self, frame: Frame, to: ReplyTo) -> Option<Reply> {

@@ -1,0 +1,290 @@
+//! One connection's RDMA driver: carries out a [`Session`]'s actions with verbs (registered
+//! receive and send slots, memory registered per transfer) and feeds completions back to it.
+//! The same driver serves the node's poller and the client.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use djinn_gpudirect::HostBuf;
+
+use super::session::{Action, Session, SessionConfig, SessionError};
+use super::verbs::{
+    Completion, CompletionKind, EndpointInfo, QueueDepths, RcEndpoint, RdmaContext, RdmaError, Registered,
+};
+use crate::proto::{OutFrame, PayloadAlloc, RecvEvent};
+
+/// Why an RDMA connection stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ChannelError {
+    #[error(transparent)]
+    Rdma(#[from] RdmaError),
+    #[error("peer broke the RDMA protocol: {0}")]
+    Session(#[from] SessionError),
+    #[error("allocating RDMA slots: {0}")]
+    Alloc(#[from] djinn_gpudirect::AllocError),
+}
+
+/// `wr_id` = connection key (32 bits) | tag (8) | index (24).
+mod tag {
+    pub const RECV: u64 = 1;
+    pub const SEND: u64 = 2;
+    pub const WRITE_LAST: u64 = 3;
+    pub const WRITE_PART: u64 = 4;
+}
+const INLINE: u64 = 0x00ff_ffff;
+/// Largest single WRITE; larger segments are split.
+const MAX_WRITE: usize = 1 << 30;
+
+fn wr_id(key: u32, tag: u64, index: u64) -> u64 {
+    (u64::from(key) << 32) | (tag << 24) | (index & 0x00ff_ffff)
+}
+
+/// The connection a work request belongs to.
+pub fn connection_key(wr_id: u64) -> u32 {
+    (wr_id >> 32) as u32
+}
+
+// Fields drop in order: the queue pair first, then the registrations, then the memory.
+pub struct RdmaChannel {
+    endpoint: RcEndpoint,
+    incoming_mrs: HashMap<u32, Registered>,
+    outgoing_mrs: HashMap<u32, Vec<Registered>>,
+    recv_mr: Registered,
+    send_mr: Registered,
+    session: Session,
+    recv_slots: HostBuf,
+    send_slots: HostBuf,
+    key: u32,
+    ctx: Arc<RdmaContext>,
+    slot_size: usize,
+    free_send: Vec<u32>,
+    /// SENDs waiting for a free send slot.
+    pending_sends: VecDeque<Vec<u8>>,
+}
+
+impl std::fmt::Debug for RdmaChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdmaChannel").field("key", &self.key).field("session", &self.session).finish()
+    }
+}
+
+impl RdmaChannel {
+    /// A queue pair with its slots registered, not yet connected. `key` names the connection
+    /// in completions ([`connection_key`]).
+    pub fn new(ctx: &Arc<RdmaContext>, key: u32, config: SessionConfig) -> Result<Self, ChannelError> {
+        let session = Session::new(config);
+        let config = *session.config();
+        let slots = config.slots as usize;
+        let slot_size = config.slot_size as usize;
+        let depths = QueueDepths { send: config.slots * 4, recv: config.slots, ..QueueDepths::default() };
+        let endpoint = RcEndpoint::new(ctx, depths)?;
+        let recv_slots = HostBuf::zeroed(slots * slot_size)?;
+        let send_slots = HostBuf::zeroed(slots * slot_size)?;
+        // SAFETY: the slot buffers are fields of the channel and outlive their registrations
+        // and the queue pair (dropped first, see the field order).
+        let (recv_mr, send_mr) = unsafe {
+            (ctx.register(recv_slots.as_ptr(), recv_slots.len())?, ctx.register(send_slots.as_ptr(), send_slots.len())?)
+        };
+        Ok(Self {
+            key,
+            ctx: Arc::clone(ctx),
+            endpoint,
+            session,
+            slot_size,
+            recv_mr,
+            recv_slots,
+            send_mr,
+            send_slots,
+            free_send: (0..config.slots).rev().collect(),
+            pending_sends: VecDeque::new(),
+            incoming_mrs: HashMap::new(),
+            outgoing_mrs: HashMap::new(),
+        })
+    }
+
+    pub fn key(&self) -> u32 {
+        self.key
+    }
+
+    pub fn info(&self) -> EndpointInfo {
+        self.endpoint.info()
+    }
+
+    pub fn config(&self) -> &SessionConfig {
+        self.session.config()
+    }
+
+    /// Connects to the peer and posts the receives.
+    pub fn connect(&mut self, remote: &EndpointInfo) -> Result<(), ChannelError> {
+        self.endpoint.connect(remote)?;
+        self.drive()
+    }
+
+    pub fn send_frame(&mut self, frame: OutFrame) -> Result<(), ChannelError> {
+        self.session.send_frame(frame);
+        self.drive()
+    }
+
+    pub fn poll_event(&mut self) -> Option<RecvEvent> {
+        self.session.poll_event()
+    }
+
+    /// True when no WRITE of ours is in flight (the memory it reads may be released).
+    pub fn writes_done(&self) -> bool {
+        self.outgoing_mrs.is_empty()
+    }
+
+    /// Feeds one of this connection's completions to the protocol.
+    pub fn on_completion(&mut self, c: Completion, alloc: &mut dyn PayloadAlloc) -> Result<(), ChannelError> {
+        let index = (c.wr_id & 0x00ff_ffff) as u32;
+        match (c.wr_id >> 24) & 0xff {
+            tag::RECV => match (c.kind, c.imm) {
+                (CompletionKind::ReceiveWrite, Some(xfer)) => {
+                    self.incoming_mrs.remove(&xfer);
+                    self.session.on_write_received(index, xfer)?;
+                }
+                _ => {
+                    let start = index as usize * self.slot_size;
+                    let end = start + (c.byte_len as usize).min(self.slot_size);
+                    self.session.on_receive(index, &self.recv_slots.as_slice()[start..end], alloc)?;
+                }
+            },
+            tag::SEND if u64::from(index) != INLINE => {
+                self.free_send.push(index);
+                if let Some(bytes) = self.pending_sends.pop_front() {
+                    self.post_send(bytes)?;
+                }
+            }
+            tag::WRITE_LAST => {
+                self.outgoing_mrs.remove(&index);
+                self.session.on_write_sent(index);
+            }
+            _ => {}
+        }
+        self.drive()
+    }
+
+    fn drive(&mut self) -> Result<(), ChannelError> {
+        while let Some(action) = self.session.poll_action() {
+            match action {
+                Action::PostRecv { slot } => {
+                    let addr = self.recv_mr.addr + (slot as usize * self.slot_size) as u64;
+                    // SAFETY: the slot lies in the registered receive buffer, which outlives
+                    // the queue pair.
+                    unsafe {
+                        self.endpoint.post_recv(
+                            wr_id(self.key, tag::RECV, slot.into()),
+                            &self.recv_mr,
+                            addr,
+                            self.slot_size as u32,
+                        )
+                    }?;
+                }
+                Action::Send { bytes } => {
+                    if self.free_send.is_empty() && bytes.len() > self.endpoint.max_inline() as usize {
+                        self.pending_sends.push_back(bytes);
+                    } else {
+                        self.post_send(bytes)?;
+                    }
+                }
+                Action::Register { xfer } => {
+                    let Some(payload) = self.session.incoming_buffer(xfer) else { continue };
+                    let (ptr, len) = (payload.buf.as_ptr(), payload.buf.len());
+                    // SAFETY: the payload stays in the session until its WRITE lands (then the
+                    // registration is dropped first, in `on_completion`).
+                    let mr = unsafe { self.ctx.register(ptr, len) }?;
+                    let (addr, rkey) = (mr.addr, mr.rkey());
+                    self.incoming_mrs.insert(xfer, mr);
+                    self.session.advertise(xfer, addr, rkey);
+                }
+                Action::Write { xfer, addr, rkey } => self.post_writes(xfer, addr, rkey)?,
+            }
+        }
+        Ok(())
+    }
+
+    fn post_send(&mut self, bytes: Vec<u8>) -> Result<(), ChannelError> {
+        if bytes.len() <= self.endpoint.max_inline() as usize {
+            // SAFETY: inline data is copied into the work request.
+            unsafe { self.endpoint.post_send(wr_id(self.key, tag::SEND, INLINE), &bytes, None) }?;
+            return Ok(());
+        }
+        let Some(slot) = self.free_send.pop() else {
+            self.pending_sends.push_back(bytes);
+            return Ok(());
+        };
+        let start = slot as usize * self.slot_size;
+        let dst = &mut self.send_slots.as_mut_slice()[start..start + bytes.len()];
+        dst.copy_from_slice(&bytes);
+        // SAFETY: the send slot stays untouched until this send completes (it is only reused
+        // after its completion frees it).
+        let sent = unsafe {
+            let slice = std::slice::from_raw_parts(self.send_slots.as_ptr().add(start), bytes.len());
+            self.endpoint.post_send(wr_id(self.key, tag::SEND, slot.into()), slice, Some(&self.send_mr))
+        };
+        sent.map_err(Into::into)
+    }
+
+    /// Writes an outgoing transfer's tensors to the peer's advertised memory, the last WRITE
+    /// carrying the transfer id as immediate.
+    fn post_writes(&mut self, xfer: u32, addr: u64, rkey: u32) -> Result<(), ChannelError> {
+        let mut pieces: Vec<(u64, *const u8, usize)> = Vec::new();
+        if let Some(segments) = self.session.outgoing_segments(xfer) {
+            for (offset, bytes) in segments {
+                for (i, chunk) in bytes.chunks(MAX_WRITE).enumerate() {
+                    pieces.push((offset + (i * MAX_WRITE) as u64, chunk.as_ptr(), chunk.len()));
+                }
+            }
+        }
+        let mut mrs = Vec::with_capacity(pieces.len());
+        let last = pieces.len().saturating_sub(1);
+        for (i, &(offset, ptr, len)) in pieces.iter().enumerate() {
+            // SAFETY: the bytes belong to the frame the session keeps in `writing` until
+            // `on_write_sent`, which comes after this WRITE's completion; the registration is
+            // kept as long (in `outgoing_mrs`).
+            let mr = unsafe { self.ctx.register(ptr, len) }?;
+            let remote = addr + offset;
+            // SAFETY: as above.
+            unsafe {
+                if i == last {
+                    self.endpoint.post_write_imm(
+                        wr_id(self.key, tag::WRITE_LAST, xfer.into()),
+                        &mr,
+                        mr.addr,
+                        len as u32,
+                        rkey,
+                        remote,
+                        xfer,
+                    )
+                } else {
+                    self.endpoint.post_write(
+                        wr_id(self.key, tag::WRITE_PART, xfer.into()),
+                        &mr,
+                        mr.addr,
+                        len as u32,
+                        rkey,
+                        remote,
+                    )
+                }
+            }?;
+            mrs.push(mr);
+        }
+        if pieces.is_empty() {
+            // Nothing to write (a payload of empty tensors): the immediate alone completes it.
+            // SAFETY: a zero-length write reads no memory.
+            unsafe {
+                self.endpoint.post_write_imm(
+                    wr_id(self.key, tag::WRITE_LAST, xfer.into()),
+                    &self.send_mr,
+                    self.send_mr.addr,
+                    0,
+                    rkey,
+                    addr,
+                    xfer,
+                )
+            }?;
+        }
+        self.outgoing_mrs.insert(xfer, mrs);
+        Ok(())
+    }
+}
