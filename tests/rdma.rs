@@ -91,3 +91,125 @@ fn send_and_write_with_immediate_between_two_queue_pairs() {
     let err = wait(&ctx, 1).unwrap_err();
     assert!(matches!(err, RdmaError::Completion { .. }), "{err}");
 }
+
+/// Options for a client that must use RDMA on the device under test.
+fn rdma_options(device: &str) -> djinn_client::ClientOptions {
+    djinn_client::ClientOptions {
+        transport: djinn_client::Transport::Rdma,
+        rdma_device: Some(device.to_owned()),
+        timeout: Some(Duration::from_secs(120)),
+        ..Default::default()
+    }
+}
+
+fn rdma_node(device: &str, extra: &[&str]) -> support::Node {
+    let mut args = vec!["--transport", "rdma", "--rdma-device", device];
+    args.extend_from_slice(extra);
+    support::Node::start("mio", &args)
+}
+
+#[test]
+fn tensors_from_1_kib_to_256_mib_go_over_rdma_byte_exact() {
+    let Some(port) = device_port() else { return };
+    let node = rdma_node(&port.device, &[]);
+    let mut client = djinn_client::Client::connect_with(node.addr, rdma_options(&port.device)).unwrap();
+    assert_eq!(client.transport(), "rdma");
+    for (i, len) in [1usize << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20].into_iter().enumerate() {
+        let data = pattern(len, i as u64);
+        client.put("t", djinn_client::DType::U8, &[len as u64], &data).unwrap();
+        let back = client.get("t").unwrap();
+        assert!(back.bytes() == data.as_slice(), "{len} bytes differ after the round trip");
+    }
+    assert_eq!(client.transport(), "rdma");
+}
+
+#[test]
+fn sixteen_clients_at_once_over_rdma() {
+    let Some(port) = device_port() else { return };
+    let node = std::sync::Arc::new(rdma_node(&port.device, &[]));
+    let threads: Vec<_> = (0..16u64)
+        .map(|id| {
+            let node = std::sync::Arc::clone(&node);
+            let device = port.device.clone();
+            std::thread::spawn(move || {
+                let mut client = djinn_client::Client::connect_with(node.addr, rdma_options(&device)).unwrap();
+                assert_eq!(client.transport(), "rdma");
+                let name = format!("c{id}");
+                for i in 0..40u64 {
+                    // Small (eager) and large (rendezvous) frames, interleaved.
+                    let len = if i % 4 == 0 { 100_000 } else { 1000 + (i * 37) as usize };
+                    let data = pattern(len, id * 100 + i);
+                    client.put(&name, djinn_client::DType::U8, &[len as u64], &data).unwrap();
+                    assert!(client.get(&name).unwrap().bytes() == data.as_slice(), "client {id} call {i}");
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("a client failed");
+    }
+}
+
+#[test]
+fn a_model_executed_over_rdma_gives_what_it_gives_over_tcp() {
+    let Some(port) = device_port() else { return };
+    let node = rdma_node(&port.device, &[]);
+    let mut over_rdma = djinn_client::Client::connect_with(node.addr, rdma_options(&port.device)).unwrap();
+    let tcp = djinn_client::ClientOptions { transport: djinn_client::Transport::Tcp, ..Default::default() };
+    let mut over_tcp = djinn_client::Client::connect_with(node.addr, tcp).unwrap();
+    assert_eq!((over_rdma.transport(), over_tcp.transport()), ("rdma", "tcp"));
+    let blocks = vec![support::archive("mlp")];
+    let fingerprint = over_rdma.register_model(&blocks, |_, _| {}).unwrap().fingerprint;
+    let x: Vec<u8> = pattern(4 * 256, 3).iter().flat_map(|&b| ((b as f32 - 128.0) / 64.0).to_le_bytes()).collect();
+    let input = [djinn_client::TensorRef { dtype: djinn_client::DType::F32, shape: &[4, 256], bytes: &x }];
+    let a = over_rdma.execute(&fingerprint, &[djinn_client::Value::Tensor(0)], &input).unwrap();
+    let b = over_tcp.execute(&fingerprint, &[djinn_client::Value::Tensor(0)], &input).unwrap();
+    assert_eq!(a.tensors, b.tensors);
+    assert!(a.tensor_bytes(0) == b.tensor_bytes(0));
+    // A 64 MiB identity both ways, over RDMA.
+    let identity = over_rdma.register_model(&[support::archive("identity")], |_, _| {}).unwrap().fingerprint;
+    let big = pattern(64 << 20, 9);
+    let input = [djinn_client::TensorRef { dtype: djinn_client::DType::U8, shape: &[64 << 20], bytes: &big }];
+    let out = over_rdma.execute(&identity, &[djinn_client::Value::Tensor(0)], &input).unwrap();
+    assert!(out.tensor_bytes(0) == big.as_slice());
+}
+
+#[test]
+fn a_peer_that_dies_mid_transfer_is_a_typed_error_and_the_node_goes_on() {
+    let Some(port) = device_port() else { return };
+    // The node dies under a client: the client's request fails within its timeout.
+    let node = rdma_node(&port.device, &[]);
+    let mut options = rdma_options(&port.device);
+    options.timeout = Some(Duration::from_secs(10));
+    let mut client = djinn_client::Client::connect_with(node.addr, options).unwrap();
+    let data = pattern(256 << 20, 4);
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        drop(node);
+    });
+    let started = Instant::now();
+    let err = client.put("big", djinn_client::DType::U8, &[256 << 20], &data).unwrap_err();
+    killer.join().unwrap();
+    assert!(started.elapsed() < Duration::from_secs(15), "took {:?}", started.elapsed());
+    eprintln!("the client saw: {err}");
+
+    // A client dies under the node: the node keeps serving the others.
+    let node = rdma_node(&port.device, &[]);
+    let file = std::env::temp_dir().join(format!("djinn-rdma-big-{}", std::process::id()));
+    std::fs::write(&file, pattern(256 << 20, 5)).unwrap();
+    let mut put = std::process::Command::new(env!("CARGO_BIN_EXE_djinn"))
+        .args(["--log", "error", "--transport", "rdma", "put", &node.addr.to_string(), "gone", "--dtype", "u8"])
+        .arg("--file")
+        .arg(&file)
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    put.kill().unwrap();
+    put.wait().unwrap();
+    std::fs::remove_file(&file).ok();
+    let mut other = djinn_client::Client::connect_with(node.addr, rdma_options(&port.device)).unwrap();
+    other.put("ok", djinn_client::DType::U8, &[3], &[1, 2, 3]).unwrap();
+    assert_eq!(other.get("ok").unwrap().bytes(), &[1, 2, 3]);
+    node.wait_for_stat(&mut other, "connections_open", 1);
+    assert_eq!(node.stat(&mut other, "budget_used_bytes"), 3);
+}

@@ -151,6 +151,10 @@ pub fn reset_on_close(stream: &TcpStream) {
 pub fn models_dir() -> &'static std::path::Path {
     static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
     DIR.get_or_init(|| {
+        // Made beforehand where Python is slow to start (the emulated RDMA VM).
+        if let Some(dir) = std::env::var_os("DJINN_TEST_MODELS") {
+            return dir.into();
+        }
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         let dir = std::env::temp_dir().join(format!("djinn-test-models-{}", std::process::id()));
         let status = Command::new(root.join(".venv/bin/python"))

@@ -17,6 +17,9 @@ struct Cli {
     /// RUST_LOG overrides it.
     #[arg(long, global = true, default_value = "info")]
     log: String,
+    /// Transport of the client commands (ping, put, get, ls, rm, stats): auto, rdma or tcp.
+    #[arg(long, global = true, default_value = "auto")]
+    transport: Transport,
     #[command(subcommand)]
     command: Command,
 }
@@ -35,9 +38,6 @@ enum Command {
         /// Number of pings.
         #[arg(short, long, default_value_t = 5)]
         count: u32,
-        /// Transport to use: auto, rdma or tcp.
-        #[arg(long, default_value = "auto")]
-        transport: Transport,
     },
     /// Store a file's bytes on a node as a named tensor.
     Put {
@@ -85,11 +85,15 @@ fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    let transport = cli.transport;
+    let connect = |addr: &str| {
+        let options = ClientOptions { transport, ..ClientOptions::default() };
+        Client::connect_with(addr, options).with_context(|| format!("cannot reach {addr}"))
+    };
     match cli.command {
         Command::Node(args) | Command::Up(args) => node::run(args),
-        Command::Ping { addr, count, transport } => {
-            let options = ClientOptions { transport, ..ClientOptions::default() };
-            let mut client = Client::connect_with(&addr, options).with_context(|| format!("cannot reach {addr}"))?;
+        Command::Ping { addr, count } => {
+            let mut client = connect(&addr)?;
             let node = client.node();
             println!(
                 "{addr}: {} (protocol {}, transport {}, max payload {})",
@@ -122,7 +126,7 @@ fn main() -> Result<()> {
                     vec![bytes.len() as u64 / dtype.size()]
                 }
             };
-            let mut client = Client::connect(&addr).with_context(|| format!("cannot reach {addr}"))?;
+            let mut client = connect(&addr)?;
             let replaced = client.put(&name, dtype, &shape, &bytes)?;
             println!(
                 "stored {name} ({dtype}{shape:?}, {} bytes){}",
@@ -132,27 +136,27 @@ fn main() -> Result<()> {
             Ok(())
         }
         Command::Get { addr, name, out } => {
-            let mut client = Client::connect(&addr).with_context(|| format!("cannot reach {addr}"))?;
+            let mut client = connect(&addr)?;
             let tensor = client.get(&name)?;
             std::fs::write(&out, tensor.bytes()).with_context(|| format!("cannot write {}", out.display()))?;
             println!("{name}: {} → {}", tensor.desc, out.display());
             Ok(())
         }
         Command::Ls { addr } => {
-            let mut client = Client::connect(&addr).with_context(|| format!("cannot reach {addr}"))?;
+            let mut client = connect(&addr)?;
             for entry in client.list()? {
                 println!("{}\t{}", entry.name, entry.tensor);
             }
             Ok(())
         }
         Command::Rm { addr, name } => {
-            let mut client = Client::connect(&addr).with_context(|| format!("cannot reach {addr}"))?;
+            let mut client = connect(&addr)?;
             client.delete(&name)?;
             println!("deleted {name}");
             Ok(())
         }
         Command::Stats { addr } => {
-            let mut client = Client::connect(&addr).with_context(|| format!("cannot reach {addr}"))?;
+            let mut client = connect(&addr)?;
             for (name, value) in client.stats()? {
                 println!("{name}\t{value}");
             }

@@ -380,11 +380,9 @@ fn reply_of(peer: SocketAddr, request_id: u64, event: RecvEvent) -> Result<Frame
             Err(ClientError::Remote { peer, code, message })
         }
         RecvEvent::Frame(frame) if frame.request_id == request_id => Ok(frame),
-        RecvEvent::Frame(frame) => Err(ClientError::UnexpectedReply {
-            peer,
-            request_id: frame.request_id,
-            kind: frame.message.kind().name(),
-        }),
+        RecvEvent::Frame(frame) => {
+            Err(ClientError::UnexpectedReply { peer, request_id: frame.request_id, kind: frame.message.kind().name() })
+        }
         RecvEvent::Rejected { refusal, .. } => {
             Err(ClientError::Protocol { peer, source: ProtocolError::MalformedMeta(refusal.message) })
         }
@@ -445,7 +443,11 @@ impl ClientConn {
         };
         let reply = self.request(&Message::RdmaConnect(ask), &[])?;
         let Message::RdmaAccept(node) = reply.message else {
-            return Err(ClientError::UnexpectedReply { peer, request_id: reply.request_id, kind: reply.message.kind().name() });
+            return Err(ClientError::UnexpectedReply {
+                peer,
+                request_id: reply.request_id,
+                kind: reply.message.kind().name(),
+            });
         };
         if (node.slots, node.slot_size) != (used.slots, used.slot_size) {
             self.broken = true;
@@ -493,7 +495,9 @@ impl ClientConn {
             let progressed = !completions.is_empty();
             for c in completions.drain(..) {
                 let c = c.map_err(|e| ClientError::Rdma { peer, source: e.into() })?;
-                path.channel.on_completion(c, &mut PoolAlloc(&self.pool)).map_err(|source| ClientError::Rdma { peer, source })?;
+                path.channel
+                    .on_completion(c, &mut PoolAlloc(&self.pool))
+                    .map_err(|source| ClientError::Rdma { peer, source })?;
             }
             path.completions = completions;
             if progressed {
@@ -508,11 +512,12 @@ impl ClientConn {
             // closes when the node goes away), or the deadline.
             path.ctx.arm().map_err(|e| ClientError::Rdma { peer, source: e.into() })?;
             let mut any = false;
-            path.ctx.poll(|c| {
-                any = true;
-                path.completions.push(c);
-            })
-            .map_err(|e| ClientError::Rdma { peer, source: e.into() })?;
+            path.ctx
+                .poll(|c| {
+                    any = true;
+                    path.completions.push(c);
+                })
+                .map_err(|e| ClientError::Rdma { peer, source: e.into() })?;
             if any {
                 continue;
             }

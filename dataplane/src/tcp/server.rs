@@ -12,8 +12,8 @@ use crossbeam_channel::{Receiver, Sender};
 use crate::rdma::{ChannelError, Completion, EndpointInfo, RdmaChannel, RdmaContext, RdmaError, SessionConfig};
 
 use crate::proto::{
-    ErrorCode, Frame, FrameReader, Hello, Limits, RdmaParams, Message, OutFrame, PROTOCOL_VERSION, Payload, PayloadAlloc,
-    ProtocolError, RecvEvent, Refusal, SendQueue, SharedBytes, transports,
+    ErrorCode, Frame, FrameReader, Hello, Limits, Message, OutFrame, PROTOCOL_VERSION, Payload, PayloadAlloc,
+    ProtocolError, RdmaParams, RecvEvent, Refusal, SendQueue, SharedBytes, transports,
 };
 
 /// The node's answer to one request.
@@ -396,7 +396,9 @@ impl<S: Service> Core<S> {
     /// A completion of this connection's RDMA channel (its key matched).
     pub fn on_rdma_completion(&mut self, conn: &mut Conn, completion: Result<Completion, RdmaError>) {
         let Some(channel) = conn.rdma.as_mut() else { return };
-        let result = completion.map_err(ChannelError::from).and_then(|c| channel.on_completion(c, &mut Alloc(&mut self.service)));
+        let result = completion
+            .map_err(ChannelError::from)
+            .and_then(|c| channel.on_completion(c, &mut Alloc(&mut self.service)));
         match result {
             Ok(()) => self.process(conn),
             Err(e) => self.fail_rdma(conn, e),
