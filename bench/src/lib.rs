@@ -3,6 +3,7 @@
 //! are what carry from one run to the next.
 
 mod execute;
+mod rdma;
 mod tcp;
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -13,6 +14,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 
 pub use execute::ExecuteArgs;
+pub use rdma::RdmaArgs;
 pub use tcp::TcpArgs;
 
 #[derive(Subcommand, Debug)]
@@ -23,12 +25,16 @@ pub enum BenchCommand {
     /// Remote execution of a TinyMLP and a 64 MiB identity against the local libtorch forward
     /// and raw sockets.
     Execute(ExecuteArgs),
+    /// Round trips over RDMA, 2 B to 64 MiB, beside perftest on the same device (run it in
+    /// the soft-RoCE VM: scripts/softroce-vm.sh).
+    Rdma(RdmaArgs),
 }
 
 pub fn run(command: BenchCommand) -> Result<()> {
     match command {
         BenchCommand::Tcp(args) => tcp::run(args),
         BenchCommand::Execute(args) => execute::run(args),
+        BenchCommand::Rdma(args) => rdma::run(args),
     }
 }
 
