@@ -8,7 +8,10 @@ BUILD=1
 [ "${1:-}" = "--no-build" ] && BUILD=0
 
 APT_PACKAGES=(build-essential pkg-config cmake libclang-dev libibverbs-dev librdmacm-dev
-  rdma-core ibverbs-utils python3-venv python3-dev)
+  rdma-core ibverbs-utils python3-venv python3-dev
+  # scripts/softroce-vm.sh: a qemu VM with Debian's generic kernel (it has rdma_rxe), busybox-static
+  # for its initramfs, perftest to validate rxe0.
+  qemu-system-x86 seabios linux-image-amd64 busybox-static kmod cpio iproute2 perftest)
 TORCH_VERSION=2.13.0
 PY_PACKAGES=("torch==${TORCH_VERSION}" "numpy>=1.26" "maturin>=1.16,<2" "pytest>=8")
 

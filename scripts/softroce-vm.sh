@@ -33,7 +33,7 @@ GW=10.0.2.2
 log() { printf '[softroce-vm] %s\n' "$*" >&2; }
 fail() { log "error: $*"; exit 125; }
 usage() {
-  sed -n '9,10p' "${BASH_SOURCE[0]}" | sed 's/^#  *//' >&2
+  sed -n '8,9p' "${BASH_SOURCE[0]}" | sed 's/^#  *//' >&2
   exit 2
 }
 
@@ -156,7 +156,7 @@ trap 'exit 143' TERM
 } >"$RUNDIR/cmd.sh"
 : >"$RUNDIR/status"
 
-if [ "$PERFTEST" = 1 ]; then WHAT="perftest (ib_write_lat, ib_write_bw)"; else WHAT="$*"; fi
+if [ "$PERFTEST" = 1 ]; then WHAT="perftest (ib_write_lat, ib_write_bw)"; elif (($# == 1)); then WHAT=$1; else WHAT=$(printf '%q ' "$@"); WHAT=${WHAT% }; fi
 log "booting ($KVER, $CPUS vCPUs, $MEM MiB, timeout ${TIMEOUT}s)"
 START=$(date +%s.%N)
 # ttyS0: the console, to a log; ttyS1: the command's output, to our stdout; ttyS2: status lines.
@@ -178,7 +178,8 @@ QPID=$!
 
 # Turn the status lines into progress on stderr while the VM runs.
 elapsed() { awk -v s="$START" -v n="$(date +%s.%N)" 'BEGIN { printf "%.1fs", n - s }'; }
-( tail -n +1 -F --pid="$QPID" "$RUNDIR/status" 2>/dev/null | tr -d '\r' | while read -r kind rest; do
+( tail -n +1 -F -s 0.2 --pid="$QPID" "$RUNDIR/status" 2>/dev/null | while read -r kind rest; do
+    rest=${rest%$'\r'}
     case "$kind" in
       STAGE)
         case "$rest" in

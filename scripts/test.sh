@@ -18,4 +18,15 @@ cargo test --workspace --locked
 step "python tests (the real extension against a real node)"
 DJINN_BIN="$PWD/target/debug/djinn" .venv/bin/python -m pytest -q client-lib/python/tests
 
+step "RDMA tests in the soft-RoCE VM (qemu, TCG: minutes)"
+# Python is slow to start under emulation: the models the tests register are made here.
+models="$PWD/target/test-models"
+.venv/bin/python tests/models/make_models.py "$models" >/dev/null 2>&1
+rdma_tests=$(cargo test -p djinn --test rdma --no-run --locked --message-format=json 2>/dev/null |
+  .venv/bin/python -c 'import json, sys
+found = [m["executable"] for m in map(json.loads, sys.stdin)
+         if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "rdma" and m.get("executable")]
+print(found[-1])')
+DJINN_TEST_MODELS="$models" scripts/softroce-vm.sh -- "$rdma_tests" --test-threads=1
+
 step "all tests passed"

@@ -21,12 +21,12 @@ fn device_port() -> Option<RdmaPort> {
     Some(find_port(Some(&name)).unwrap_or_else(|e| panic!("DJINN_RDMA_DEVICE={name}: {e}")))
 }
 
-/// Polls the shared completion queue until `want` completions arrived (or one failed).
-fn wait(ctx: &RdmaContext, want: usize) -> Result<Vec<Completion>, RdmaError> {
+/// Polls the shared completion queue until the work requests `want` completed (or one failed).
+fn wait(ctx: &RdmaContext, want: &[u64]) -> Result<Vec<Completion>, RdmaError> {
     let deadline = Instant::now() + Duration::from_secs(20);
-    let mut got = Vec::new();
+    let mut got: Vec<Completion> = Vec::new();
     let mut failed = None;
-    while got.len() < want && failed.is_none() {
+    while !want.iter().all(|w| got.iter().any(|c| c.wr_id == *w)) && failed.is_none() {
         ctx.poll(|c| match c {
             Ok(c) => got.push(c),
             Err(e) => failed = Some(e),
@@ -62,7 +62,7 @@ fn send_and_write_with_immediate_between_two_queue_pairs() {
     unsafe { b.post_recv(1, &slot_mr, slot_mr.addr, 4096) }.unwrap();
     // SAFETY: the buffers named are registered above and outlive this work request.
     unsafe { a.post_send(2, b"hello over rdma", None) }.unwrap();
-    let got = wait(&ctx, 2).unwrap();
+    let got = wait(&ctx, &[1, 2]).unwrap();
     let recv = got.iter().find(|c| c.wr_id == 1).expect("receive completion");
     assert_eq!((recv.kind, recv.byte_len), (CompletionKind::Receive, 15));
     assert_eq!(&slot.as_slice()[..15], b"hello over rdma");
@@ -78,7 +78,7 @@ fn send_and_write_with_immediate_between_two_queue_pairs() {
     unsafe { b.post_recv(3, &slot_mr, slot_mr.addr, 4096) }.unwrap();
     // SAFETY: the buffers named are registered above and outlive this work request.
     unsafe { a.post_write_imm(4, &src_mr, src_mr.addr, 1 << 20, dst_mr.rkey(), dst_mr.addr, 0xabc) }.unwrap();
-    let got = wait(&ctx, 2).unwrap();
+    let got = wait(&ctx, &[3, 4]).unwrap();
     let landed = got.iter().find(|c| c.wr_id == 3).expect("write-with-immediate completion");
     assert_eq!((landed.kind, landed.imm), (CompletionKind::ReceiveWrite, Some(0xabc)));
     assert!(dst.as_slice() == src.as_slice(), "the written bytes differ");
@@ -88,8 +88,9 @@ fn send_and_write_with_immediate_between_two_queue_pairs() {
     unsafe { b.post_recv(5, &slot_mr, slot_mr.addr, 4096) }.unwrap();
     // SAFETY: the buffers named are registered above and outlive this work request.
     unsafe { a.post_write_imm(6, &src_mr, src_mr.addr, 64, dst_mr.rkey() ^ 0x5a5a, dst_mr.addr, 1) }.unwrap();
-    let err = wait(&ctx, 1).unwrap_err();
-    assert!(matches!(err, RdmaError::Completion { .. }), "{err}");
+    let err = wait(&ctx, &[6]).unwrap_err();
+    assert!(matches!(err, RdmaError::Completion { status: 10, .. }), "{err}");
+    assert!(err.to_string().contains("remote access error"), "{err}");
 }
 
 /// Options for a client that must use RDMA on the device under test.
