@@ -505,7 +505,9 @@ impl ClientConn {
                 continue;
             }
             if Instant::now() < spin_until {
-                std::thread::yield_now();
+                // Polling the completion queue is a memory read, no system call: spin on it
+                // (the node is on another host, or at least another core).
+                std::hint::spin_loop();
                 continue;
             }
             // Sleep until a completion, or the node's end of the TCP connection moving (it

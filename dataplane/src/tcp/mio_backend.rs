@@ -17,6 +17,8 @@ use crate::rdma::{Completion, RdmaContext, RdmaError, connection_key};
 const LISTENER: Token = Token(usize::MAX - 1);
 const WAKER: Token = Token(usize::MAX - 2);
 const RDMA: Token = Token(usize::MAX - 3);
+/// Polling of the RDMA completion queue between two epoll rounds while busy.
+const RDMA_SPIN: std::time::Duration = std::time::Duration::from_micros(20);
 /// Slices handed to one `writev`.
 const MAX_IOV: usize = 64;
 
@@ -108,8 +110,18 @@ impl<S: Service> MioServer<S> {
                 }
             }
             if busy && !worked {
-                // Spinning, and nothing came: let a client on this core run.
-                std::thread::yield_now();
+                if self.rdma.is_some() {
+                    // Poll the completion queue (memory reads, no system call) for a while
+                    // before the next epoll round.
+                    let until = Instant::now() + RDMA_SPIN;
+                    while Instant::now() < until && !worked {
+                        worked = self.poll_rdma() > 0;
+                        std::hint::spin_loop();
+                    }
+                } else {
+                    // Spinning, and nothing came: let a client on this core run.
+                    std::thread::yield_now();
+                }
             }
             for event in events.iter() {
                 match event.token() {
