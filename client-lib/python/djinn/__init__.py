@@ -75,8 +75,9 @@ _TORCH_DTYPES = {name: dtype for dtype, name in _WIRE_DTYPES.items()}
 class Client:
     """A connection to one node. `djinn.init` makes the default one."""
 
-    def __init__(self, address: str, timeout: float = 60.0):
-        self._native = _native.Client(address, timeout)
+    def __init__(self, address: str, timeout: float = 60.0, transport: str = "auto"):
+        """`transport`: "auto" (RDMA when both ends have it, else TCP), "rdma" or "tcp"."""
+        self._native = _native.Client(address, timeout, transport)
         self.address = address
 
     def register(self, model, example_inputs, blocks=None, progress=None) -> "RemoteModel":
@@ -101,10 +102,11 @@ _default: Optional[Client] = None
 _default_lock = threading.Lock()
 
 
-def init(address: str, timeout: float = 60.0) -> Client:
-    """Connects to the node at `address` ("host:port") and makes it the default."""
+def init(address: str, timeout: float = 60.0, transport: str = "auto") -> Client:
+    """Connects to the node at `address` ("host:port") and makes it the default.
+    `transport`: "auto" (RDMA when both ends have it, else TCP), "rdma" or "tcp"."""
     global _default
-    client = Client(address, timeout)
+    client = Client(address, timeout, transport)
     with _default_lock:
         _default = client
     return client

@@ -187,10 +187,11 @@ impl Client {
 #[pymethods]
 impl Client {
     #[new]
-    #[pyo3(signature = (address, timeout = 60.0))]
-    fn new(py: Python<'_>, address: String, timeout: f64) -> PyResult<Self> {
+    #[pyo3(signature = (address, timeout = 60.0, transport = "auto"))]
+    fn new(py: Python<'_>, address: String, timeout: f64, transport: &str) -> PyResult<Self> {
         let options = ClientOptions {
             timeout: (timeout > 0.0).then(|| Duration::from_secs_f64(timeout)),
+            transport: transport.parse().map_err(PyValueError::new_err)?,
             ..ClientOptions::default()
         };
         let client = py.detach(|| RustClient::connect_with(address.as_str(), options)).map_err(to_py_err)?;
@@ -290,10 +291,11 @@ impl Client {
 
     /// This connection's transport, bytes and request counts.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let (counts, sent, received) = self.lock().client_stats();
+        let client = self.lock();
+        let (counts, sent, received) = client.client_stats();
         let d = PyDict::new(py);
         d.set_item("address", &self.address)?;
-        d.set_item("transport", "tcp")?;
+        d.set_item("transport", client.transport())?;
         d.set_item("bytes_sent", sent)?;
         d.set_item("bytes_received", received)?;
         d.set_item("requests", counts.requests)?;

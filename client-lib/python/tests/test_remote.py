@@ -215,6 +215,15 @@ def test_thirty_two_concurrent_clients_get_correct_results(node):
     assert not errors, errors[:3]
 
 
+def test_rdma_where_there_is_none_is_a_clear_error(node):
+    # These hosts have no RDMA: asking for it fails clearly; auto falls back to TCP.
+    with pytest.raises(djinn.DjinnError, match="RDMA"):
+        djinn.Client(node.address, transport="rdma")
+    assert djinn.Client(node.address, transport="auto").stats()["transport"] == "tcp"
+    with pytest.raises(ValueError, match="transport"):
+        djinn.Client(node.address, transport="carrier-pigeon")
+
+
 def test_not_connected_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(djinn, "_default", None)
     with pytest.raises(djinn.DjinnError, match="djinn.init"):
