@@ -77,7 +77,7 @@ fn send_and_write_with_immediate_between_two_queue_pairs() {
     // SAFETY: the buffers named are registered above and outlive this work request.
     unsafe { b.post_recv(3, &slot_mr, slot_mr.addr, 4096) }.unwrap();
     // SAFETY: the buffers named are registered above and outlive this work request.
-    unsafe { a.post_write_imm(4, &src_mr, src_mr.addr, 1 << 20, dst_mr.rkey(), dst_mr.addr, 0xabc) }.unwrap();
+    unsafe { a.post_write(4, &src_mr, src_mr.addr, 1 << 20, dst_mr.rkey(), dst_mr.addr, Some(0xabc)) }.unwrap();
     let got = wait(&ctx, &[3, 4]).unwrap();
     let landed = got.iter().find(|c| c.wr_id == 3).expect("write-with-immediate completion");
     assert_eq!((landed.kind, landed.imm), (CompletionKind::ReceiveWrite, Some(0xabc)));
@@ -87,7 +87,7 @@ fn send_and_write_with_immediate_between_two_queue_pairs() {
     // SAFETY: the buffers named are registered above and outlive this work request.
     unsafe { b.post_recv(5, &slot_mr, slot_mr.addr, 4096) }.unwrap();
     // SAFETY: the buffers named are registered above and outlive this work request.
-    unsafe { a.post_write_imm(6, &src_mr, src_mr.addr, 64, dst_mr.rkey() ^ 0x5a5a, dst_mr.addr, 1) }.unwrap();
+    unsafe { a.post_write(6, &src_mr, src_mr.addr, 64, dst_mr.rkey() ^ 0x5a5a, dst_mr.addr, Some(1)) }.unwrap();
     let err = wait(&ctx, &[6]).unwrap_err();
     assert!(matches!(err, RdmaError::Completion { status: 10, .. }), "{err}");
     assert!(err.to_string().contains("remote access error"), "{err}");

@@ -59,9 +59,15 @@ mount -t sysfs sysfs "$R/sys" || die "mount $R/sys"
 mount -t devtmpfs devtmpfs "$R/dev" || die "mount $R/dev"
 mkdir -p "$R/dev/pts" "$R/dev/shm"
 mount -t devpts -o gid=5,mode=620,ptmxmode=666 devpts "$R/dev/pts" || die "mount $R/dev/pts"
+# The repository may itself live under one of the tmpfs mount points (a CI clone in /tmp):
+# keep a handle on it first and put it back on top of the tmpfs.
+mkdir -p /repo && mount -o bind "$R$REPO" /repo || die "bind mount of $REPO"
 for d in /dev/shm /tmp /run /var/tmp; do
   mount -t tmpfs -o mode=1777 tmpfs "$R$d" || die "mount tmpfs on $R$d"
 done
+if [ ! -d "$R$REPO" ]; then
+  mkdir -p "$R$REPO" && mount -o bind /repo "$R$REPO" || die "putting $REPO back over the tmpfs"
+fi
 mount -t 9p -o "$P9,cache=none" softroce_out "$R$REPO/target/softroce-out" ||
   die "mounting the writable share on $REPO/target/softroce-out failed"
 

@@ -11,7 +11,7 @@ use super::session::{Action, Session, SessionConfig, SessionError};
 use super::verbs::{
     Completion, CompletionKind, EndpointInfo, QueueDepths, RcEndpoint, RdmaContext, RdmaError, Registered,
 };
-use crate::proto::{OutFrame, PayloadAlloc, RecvEvent};
+use crate::proto::{OutFrame, PayloadAlloc, RdmaParams, RecvEvent};
 
 /// Why an RDMA connection stopped.
 #[derive(Debug, thiserror::Error)]
@@ -110,13 +110,28 @@ impl RdmaChannel {
         self.endpoint.info()
     }
 
+    /// This side of the connection, as the handshake carries it.
+    pub fn params(&self) -> RdmaParams {
+        let info = self.endpoint.info();
+        let config = self.session.config();
+        RdmaParams {
+            qp_number: info.qp_number,
+            psn: info.psn,
+            gid: info.gid,
+            mtu: info.mtu,
+            slots: config.slots,
+            slot_size: config.slot_size,
+        }
+    }
+
     pub fn config(&self) -> &SessionConfig {
         self.session.config()
     }
 
-    /// Connects to the peer and posts the receives.
-    pub fn connect(&mut self, remote: &EndpointInfo) -> Result<(), ChannelError> {
-        self.endpoint.connect(remote)?;
+    /// Connects to the peer the handshake described and posts the receives.
+    pub fn connect(&mut self, remote: &RdmaParams) -> Result<(), ChannelError> {
+        let remote = EndpointInfo { qp_number: remote.qp_number, psn: remote.psn, gid: remote.gid, mtu: remote.mtu };
+        self.endpoint.connect(&remote)?;
         self.drive()
     }
 
@@ -244,28 +259,10 @@ impl RdmaChannel {
             // kept as long (in `outgoing_mrs`).
             let mr = unsafe { self.ctx.register(ptr, len) }?;
             let remote = addr + offset;
+            let (tag, imm) = if i == last { (tag::WRITE_LAST, Some(xfer)) } else { (tag::WRITE_PART, None) };
             // SAFETY: as above.
             unsafe {
-                if i == last {
-                    self.endpoint.post_write_imm(
-                        wr_id(self.key, tag::WRITE_LAST, xfer.into()),
-                        &mr,
-                        mr.addr,
-                        len as u32,
-                        rkey,
-                        remote,
-                        xfer,
-                    )
-                } else {
-                    self.endpoint.post_write(
-                        wr_id(self.key, tag::WRITE_PART, xfer.into()),
-                        &mr,
-                        mr.addr,
-                        len as u32,
-                        rkey,
-                        remote,
-                    )
-                }
+                self.endpoint.post_write(wr_id(self.key, tag, xfer.into()), &mr, mr.addr, len as u32, rkey, remote, imm)
             }?;
             mrs.push(mr);
         }
@@ -273,14 +270,14 @@ impl RdmaChannel {
             // Nothing to write (a payload of empty tensors): the immediate alone completes it.
             // SAFETY: a zero-length write reads no memory.
             unsafe {
-                self.endpoint.post_write_imm(
+                self.endpoint.post_write(
                     wr_id(self.key, tag::WRITE_LAST, xfer.into()),
                     &self.send_mr,
                     self.send_mr.addr,
                     0,
                     rkey,
                     addr,
-                    xfer,
+                    Some(xfer),
                 )
             }?;
         }

@@ -317,10 +317,12 @@ impl RcEndpoint {
         guard.post().map_err(verb("ibv_post_send"))
     }
 
-    /// Writes `len` bytes at `addr` (in `region`) to the peer's `remote_addr` (`rkey`).
+    /// Writes `len` bytes at `addr` (in `region`) to the peer's `remote_addr` (`rkey`); with
+    /// `imm`, then delivers it to the peer's next posted receive.
     ///
     /// # Safety
-    /// As for [`Self::post_write_imm`].
+    /// `addr..addr + len` lies in `region` and stays unchanged until the write completes.
+    #[allow(clippy::too_many_arguments)]
     pub unsafe fn post_write(
         &mut self,
         wr_id: u64,
@@ -329,35 +331,17 @@ impl RcEndpoint {
         len: u32,
         rkey: u32,
         remote_addr: u64,
+        imm: Option<u32>,
     ) -> Result<(), RdmaError> {
         let mut guard = self.qp.start_post_send();
-        let handle = guard.construct_wr(wr_id, WorkRequestFlags::Signaled).setup_write(rkey, remote_addr);
+        let wr = guard.construct_wr(wr_id, WorkRequestFlags::Signaled);
+        let handle = match imm {
+            Some(imm) => wr.setup_write_imm(rkey, remote_addr, imm),
+            None => wr.setup_write(rkey, remote_addr),
+        };
         // SAFETY: forwarded to the caller.
         unsafe { handle.setup_sge(region.lkey(), addr, len) };
         guard.post().map_err(verb("ibv_post_send(WRITE)"))
-    }
-
-    /// Writes `len` bytes at `addr` (in `region`) to the peer's `remote_addr` (`rkey`), then
-    /// delivers `imm` to the peer's next posted receive.
-    ///
-    /// # Safety
-    /// `addr..addr + len` lies in `region` and stays unchanged until the write completes.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn post_write_imm(
-        &mut self,
-        wr_id: u64,
-        region: &Registered,
-        addr: u64,
-        len: u32,
-        rkey: u32,
-        remote_addr: u64,
-        imm: u32,
-    ) -> Result<(), RdmaError> {
-        let mut guard = self.qp.start_post_send();
-        let handle = guard.construct_wr(wr_id, WorkRequestFlags::Signaled).setup_write_imm(rkey, remote_addr, imm);
-        // SAFETY: forwarded to the caller.
-        unsafe { handle.setup_sge(region.lkey(), addr, len) };
-        guard.post().map_err(verb("ibv_post_send(WRITE_WITH_IMM)"))
     }
 }
 

@@ -11,10 +11,8 @@ use std::sync::Arc;
 
 use djinn_gpudirect::BufferPool;
 
-use crate::proto::{OutFrame, RdmaParams, SharedBytes};
-use crate::rdma::{
-    ChannelError, Completion, EndpointInfo, RdmaChannel, RdmaContext, RdmaError, RdmaPort, SessionConfig,
-};
+use crate::proto::{OutFrame, SharedBytes};
+use crate::rdma::{ChannelError, Completion, RdmaChannel, RdmaContext, RdmaError, RdmaPort, SessionConfig};
 
 use crate::proto::{
     ErrorCode, Frame, FrameReader, Limits, Message, Payload, PayloadAlloc, ProtocolError, RecvEvent, Refusal, ZEROS,
@@ -431,16 +429,7 @@ impl ClientConn {
         let rdma = |source: ChannelError| ClientError::Rdma { peer, source };
         let ctx = RdmaContext::new(port, config.slots * 5 + 16).map_err(|e| rdma(e.into()))?;
         let mut channel = RdmaChannel::new(&ctx, 0, config).map_err(rdma)?;
-        let info = channel.info();
-        let used = *channel.config();
-        let ask = RdmaParams {
-            qp_number: info.qp_number,
-            psn: info.psn,
-            gid: info.gid,
-            mtu: info.mtu,
-            slots: used.slots,
-            slot_size: used.slot_size,
-        };
+        let ask = channel.params();
         let reply = self.request(&Message::RdmaConnect(ask), &[])?;
         let Message::RdmaAccept(node) = reply.message else {
             return Err(ClientError::UnexpectedReply {
@@ -449,15 +438,14 @@ impl ClientConn {
                 kind: reply.message.kind().name(),
             });
         };
-        if (node.slots, node.slot_size) != (used.slots, used.slot_size) {
+        if (node.slots, node.slot_size) != (ask.slots, ask.slot_size) {
             self.broken = true;
             return Err(ClientError::NoRdma(format!(
                 "the node uses {} slots of {} bytes, not {} of {}",
-                node.slots, node.slot_size, used.slots, used.slot_size
+                node.slots, node.slot_size, ask.slots, ask.slot_size
             )));
         }
-        let remote = EndpointInfo { qp_number: node.qp_number, psn: node.psn, gid: node.gid, mtu: node.mtu };
-        if let Err(e) = channel.connect(&remote) {
+        if let Err(e) = channel.connect(&node) {
             // The node already routes this connection's replies to RDMA: it is unusable now.
             self.broken = true;
             return Err(rdma(e));

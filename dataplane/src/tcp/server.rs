@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
 
-use crate::rdma::{ChannelError, Completion, EndpointInfo, RdmaChannel, RdmaContext, RdmaError, SessionConfig};
+use crate::rdma::{ChannelError, Completion, RdmaChannel, RdmaContext, RdmaError, SessionConfig};
 
 use crate::proto::{
     ErrorCode, Frame, FrameReader, Hello, Limits, Message, OutFrame, PROTOCOL_VERSION, Payload, PayloadAlloc,
@@ -371,23 +371,14 @@ impl<S: Service> Core<S> {
         // Slot and connection number: a completion of a closed connection's queue pair never
         // reaches the connection that took its slot.
         let key = ((conn.slot as u32) << 16) | (conn.id as u32 & 0xffff);
-        let remote = EndpointInfo { qp_number: params.qp_number, psn: params.psn, gid: params.gid, mtu: params.mtu };
-        let channel = RdmaChannel::new(ctx, key, config).and_then(|mut ch| ch.connect(&remote).map(|()| ch));
+        let channel = RdmaChannel::new(ctx, key, config).and_then(|mut ch| ch.connect(&params).map(|()| ch));
         match channel {
             Ok(channel) => {
-                let info = channel.info();
-                let used = *channel.config();
-                tracing::info!(peer = %conn.peer, qp = info.qp_number, "connection moved to RDMA");
+                let ours = channel.params();
+                tracing::info!(peer = %conn.peer, qp = ours.qp_number, "connection moved to RDMA");
                 conn.rdma = Some(channel);
                 self.rdma_open += 1;
-                Reply::message(Message::RdmaAccept(RdmaParams {
-                    qp_number: info.qp_number,
-                    psn: info.psn,
-                    gid: info.gid,
-                    mtu: info.mtu,
-                    slots: used.slots,
-                    slot_size: used.slot_size,
-                }))
+                Reply::message(Message::RdmaAccept(ours))
             }
             Err(e) => Reply::error(ErrorCode::Internal, format!("cannot set up RDMA: {e}")),
         }
