@@ -3,7 +3,6 @@
 //! a raw blocking-socket ping-pong carrying the same bytes.
 
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
@@ -14,7 +13,7 @@ use tch::jit::CModule;
 use tch::{Device, Kind, Tensor, nn, nn::Module};
 
 use crate::Spawned;
-use crate::tcp::{Stats, machine, measure, raw, today};
+use crate::report::{Stats, append_section, measure, raw};
 
 #[derive(Args, Debug)]
 pub struct ExecuteArgs {
@@ -118,18 +117,13 @@ pub fn run(args: ExecuteArgs) -> Result<()> {
     )?;
     print!("{table}");
     if let Some(path) = &args.results {
-        let command: Vec<String> = std::env::args().collect();
-        let text = format!(
-            "\n### `djinn bench execute` — {}\n\nCommand: `{}`  \nMachine: {}  \nTimed iterations: {n} (TinyMLP), {} (64 MiB); node backend {}, payload {}\n\n{table}",
-            today(),
-            command.join(" "),
-            machine(),
+        let notes = [format!(
+            "Timed iterations: {n} (TinyMLP), {} (64 MiB); node backend {}, payload {}",
             args.big_iters,
             args.backend,
-            ByteSize(64 << 20),
-        );
-        std::fs::OpenOptions::new().create(true).append(true).open(path)?.write_all(text.as_bytes())?;
-        println!("appended to {}", path.display());
+            ByteSize(64 << 20)
+        )];
+        append_section(path, "execute", &notes, &table)?;
     }
     Ok(())
 }

@@ -4,6 +4,7 @@
 
 mod execute;
 mod rdma;
+mod report;
 mod tcp;
 
 use std::io::{BufRead, BufReader, Read, Write};

@@ -3,7 +3,6 @@
 //! soft-RoCE VM of scripts/softroce-vm.sh).
 
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -14,7 +13,7 @@ use djinn_client::{Client, ClientOptions, DType, Transport};
 use djinn_gpudirect::ByteSize;
 
 use crate::Spawned;
-use crate::tcp::{Stats, machine, measure, today};
+use crate::report::{Stats, append_section, measure};
 
 #[derive(Args, Debug)]
 pub struct RdmaArgs {
@@ -122,15 +121,11 @@ pub fn run(args: RdmaArgs) -> Result<()> {
         writeln!(table, "{line}")?;
     }
     if let Some(path) = &args.results {
-        let command: Vec<String> = std::env::args().collect();
-        let text = format!(
-            "\n### `djinn bench rdma` — {}\n\nCommand: `{}`  \nMachine: {} (soft-RoCE {} in the qemu VM)  \nRatio: for 2 B, djinn's round trip over 2 × ib_write_lat's typical one-way latency (lower is better); from 64 KiB, djinn's bandwidth over ib_write_bw's average (higher is better).\n\n{table}",
-            today(),
-            command.join(" "),
-            machine(),
-            args.device,
-        );
-        std::fs::OpenOptions::new().create(true).append(true).open(path)?.write_all(text.as_bytes())?;
+        let notes = [
+            format!("Device: soft-RoCE {} in the qemu VM", args.device),
+            "Ratio: for 2 B, djinn's round trip over 2 × ib_write_lat's typical one-way latency (lower is better); from 64 KiB, djinn's bandwidth over ib_write_bw's average (higher is better).".to_owned(),
+        ];
+        append_section(path, "rdma", &notes, &table)?;
     }
     Ok(())
 }

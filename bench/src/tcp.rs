@@ -6,19 +6,15 @@
 //! - get of S bytes against an 8-byte request answered by S bytes from a reused buffer;
 //! - the 64-byte round trip against a raw 64-byte ping-pong.
 
-use std::fmt::Write as _;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::PathBuf;
-use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Args;
 use djinn_client::{Client, ClientOptions, DType};
 use djinn_gpudirect::ByteSize;
-use hdrhistogram::Histogram;
 
 use crate::Spawned;
+use crate::report::{Stats, append_section, measure, raw};
 
 #[derive(Args, Debug)]
 pub struct TcpArgs {
@@ -41,48 +37,6 @@ pub struct TcpArgs {
     /// Append the table, the command and the machine to this markdown file.
     #[arg(long)]
     results: Option<PathBuf>,
-}
-
-#[derive(Clone, Copy)]
-pub(crate) struct Stats {
-    pub p50: f64,
-    pub p99: f64,
-    pub p999: f64,
-}
-
-impl Stats {
-    fn of(h: &Histogram<u64>) -> Self {
-        let us = |q| h.value_at_quantile(q) as f64 / 1000.0;
-        Self { p50: us(0.5), p99: us(0.99), p999: us(0.999) }
-    }
-}
-
-/// Runs `op` `iters` times after a tenth as many warm-up runs; latencies in nanoseconds.
-pub(crate) fn measure(iters: u64, mut op: impl FnMut() -> Result<()>) -> Result<Stats> {
-    let mut h = Histogram::<u64>::new(3).context("histogram")?;
-    for _ in 0..(iters / 10).max(2) {
-        op()?;
-    }
-    for _ in 0..iters {
-        let start = Instant::now();
-        op()?;
-        h.record(start.elapsed().as_nanos() as u64).context("histogram range")?;
-    }
-    Ok(Stats::of(&h))
-}
-
-/// Round trips against a raw peer that reads `up` bytes and answers `down` bytes.
-pub(crate) fn raw(up: usize, down: usize, iters: u64) -> Result<Stats> {
-    let peer = Spawned::start(&["bench-peer", "--up", &up.to_string(), "--down", &down.to_string()])?;
-    let mut stream = TcpStream::connect(peer.addr)?;
-    stream.set_nodelay(true)?;
-    let out = vec![3u8; up];
-    let mut back = vec![0u8; down];
-    measure(iters, || {
-        stream.write_all(&out)?;
-        stream.read_exact(&mut back)?;
-        Ok(())
-    })
 }
 
 struct Row {
@@ -154,45 +108,8 @@ pub fn run(args: TcpArgs) -> Result<()> {
     }
 
     if let Some(path) = &args.results {
-        let mut text = String::new();
-        let command: Vec<String> = std::env::args().collect();
-        writeln!(text, "\n### `djinn bench tcp` — {}\n", today())?;
-        writeln!(text, "Command: `{}`  ", command.join(" "))?;
-        writeln!(text, "Machine: {}\n", machine())?;
-        writeln!(text, "{HEADER}")?;
-        for row in &rows {
-            writeln!(text, "{}", row.line())?;
-        }
-        let mut file = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
-        file.write_all(text.as_bytes())?;
-        println!("appended to {}", path.display());
+        let table: Vec<String> = std::iter::once(HEADER.to_owned()).chain(rows.iter().map(Row::line)).collect();
+        append_section(path, "tcp", &[], &table.join("\n"))?;
     }
     Ok(())
-}
-
-pub(crate) fn today() -> String {
-    std::process::Command::new("date")
-        .arg("+%Y-%m-%d %H:%M %Z")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .map_or_else(|| "date unknown".into(), |s| s.trim().to_owned())
-}
-
-/// CPU model, core count, memory and kernel, read from /proc.
-pub(crate) fn machine() -> String {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let model = cpuinfo
-        .lines()
-        .find_map(|l| l.strip_prefix("model name").and_then(|r| r.split(':').nth(1)))
-        .map_or("unknown CPU", str::trim);
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    let mem_kib: u64 = meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
-        .and_then(|r| r.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0);
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    format!("{cores} × {model}, {} memory, Linux {}", ByteSize(mem_kib * 1024), kernel.trim())
 }

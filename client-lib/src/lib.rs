@@ -13,7 +13,7 @@ use std::net::ToSocketAddrs;
 use std::time::{Duration, Instant};
 
 pub use djinn_dataplane::proto::{DType, ErrorCode, Fingerprint, Hello, ListEntry, ModelInfo, TensorDesc, Value};
-use djinn_dataplane::proto::{Frame, Limits, Message, Payload, ProtocolError, payload_layout, transports};
+use djinn_dataplane::proto::{Frame, Message, Payload, ProtocolError, payload_layout, transports};
 use djinn_dataplane::tcp::ClientConn;
 pub use djinn_dataplane::tcp::{ClientError, ClientOptions, Transport};
 
@@ -271,10 +271,6 @@ impl Client {
     /// What the node announced: its version, transports and limits.
     pub fn node(&self) -> &Hello {
         &self.node
-    }
-
-    pub fn node_limits(&self) -> Limits {
-        Limits { max_meta: self.node.max_meta, max_payload: self.node.max_payload, ..Limits::default() }
     }
 
     /// One round trip; returns its duration.

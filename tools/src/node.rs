@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use djinn_dataplane::proto::Limits;
-use djinn_dataplane::rdma::{RdmaContext, SessionConfig};
+use djinn_dataplane::rdma::{RdmaChannel, RdmaContext, SessionConfig};
 use djinn_dataplane::tcp::{Backend, Server, ServerConfig, Transport};
 use djinn_executor::{Device, NodeOptions, NodeService};
 use djinn_gpudirect::MemoryBudget;
@@ -156,7 +156,7 @@ pub fn run(args: NodeArgs) -> Result<()> {
             TcpBackend::Mio => Backend::Mio,
             TcpBackend::Uring => Backend::Uring,
         },
-        rdma_connections: (RDMA_CQE / (SessionConfig::default().slots * 5)) as usize,
+        rdma_connections: (RDMA_CQE / RdmaChannel::completion_entries(&SessionConfig::default())) as usize,
         rdma,
         ..ServerConfig::default()
     };

@@ -125,10 +125,6 @@ impl FrameReader {
         Self { limits, staging: vec![0; STAGING_LEN], start: 0, end: 0, state: State::Header }
     }
 
-    pub fn limits(&self) -> &Limits {
-        &self.limits
-    }
-
     /// True between frames with nothing buffered: a close here is a clean one.
     pub fn is_idle(&self) -> bool {
         matches!(self.state, State::Header) && self.start == self.end

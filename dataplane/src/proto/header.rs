@@ -82,8 +82,6 @@ macro_rules! kinds {
         pub enum Kind { $($(#[$doc])* $name,)* }
 
         impl Kind {
-            pub const ALL: &[Kind] = &[$(Kind::$name,)*];
-
             pub fn to_wire(self) -> u16 {
                 match self { $(Kind::$name => $code,)* }
             }

@@ -58,7 +58,7 @@ pub struct RdmaChannel {
     ctx: Arc<RdmaContext>,
     slot_size: usize,
     free_send: Vec<u32>,
-    /// SENDs waiting for a free send slot.
+    /// SENDs not posted yet, in order (one waits for a free send slot, the rest behind it).
     pending_sends: VecDeque<Vec<u8>>,
 }
 
@@ -76,7 +76,7 @@ impl RdmaChannel {
         let config = *session.config();
         let slots = config.slots as usize;
         let slot_size = config.slot_size as usize;
-        let depths = QueueDepths { send: config.slots * 4, recv: config.slots, ..QueueDepths::default() };
+        let depths = Self::depths(&config);
         let endpoint = RcEndpoint::new(ctx, depths)?;
         let recv_slots = HostBuf::zeroed(slots * slot_size)?;
         let send_slots = HostBuf::zeroed(slots * slot_size)?;
@@ -102,12 +102,20 @@ impl RdmaChannel {
         })
     }
 
-    pub fn key(&self) -> u32 {
-        self.key
+    /// Queue depths of a connection: a receive per slot, and room for each slot's SEND plus
+    /// the WRITEs of the transfers in flight.
+    fn depths(config: &SessionConfig) -> QueueDepths {
+        QueueDepths { send: config.slots * 4, recv: config.slots, ..QueueDepths::default() }
     }
 
-    pub fn info(&self) -> EndpointInfo {
-        self.endpoint.info()
+    /// Completion queue entries one connection can need at once (its work requests in flight).
+    pub fn completion_entries(config: &SessionConfig) -> u32 {
+        let depths = Self::depths(&config.normalized());
+        depths.send + depths.recv
+    }
+
+    pub fn key(&self) -> u32 {
+        self.key
     }
 
     /// This side of the connection, as the handshake carries it.
@@ -166,9 +174,7 @@ impl RdmaChannel {
             },
             tag::SEND if u64::from(index) != INLINE => {
                 self.free_send.push(index);
-                if let Some(bytes) = self.pending_sends.pop_front() {
-                    self.post_send(bytes)?;
-                }
+                self.flush_sends()?;
             }
             tag::WRITE_LAST => {
                 self.outgoing_mrs.remove(&index);
@@ -196,11 +202,8 @@ impl RdmaChannel {
                     }?;
                 }
                 Action::Send { bytes } => {
-                    if self.free_send.is_empty() && bytes.len() > self.endpoint.max_inline() as usize {
-                        self.pending_sends.push_back(bytes);
-                    } else {
-                        self.post_send(bytes)?;
-                    }
+                    self.pending_sends.push_back(bytes);
+                    self.flush_sends()?;
                 }
                 Action::Register { xfer } => {
                     let Some(payload) = self.session.incoming_buffer(xfer) else { continue };
@@ -218,19 +221,28 @@ impl RdmaChannel {
         Ok(())
     }
 
-    fn post_send(&mut self, bytes: Vec<u8>) -> Result<(), ChannelError> {
-        if bytes.len() <= self.endpoint.max_inline() as usize {
-            // SAFETY: inline data is copied into the work request.
-            unsafe { self.endpoint.post_send(wr_id(self.key, tag::SEND, INLINE), &bytes, None) }?;
-            return Ok(());
+    /// Posts the queued SENDs in order, stopping at one that needs a send slot when none is
+    /// free (a later, inline one must not overtake it: the peer reads them in order).
+    fn flush_sends(&mut self) -> Result<(), ChannelError> {
+        while let Some(bytes) = self.pending_sends.front() {
+            if bytes.len() <= self.endpoint.max_inline() as usize {
+                // SAFETY: inline data is copied into the work request.
+                unsafe { self.endpoint.post_send(wr_id(self.key, tag::SEND, INLINE), bytes, None) }?;
+            } else {
+                let Some(slot) = self.free_send.pop() else { break };
+                self.post_from_slot(slot)?;
+            }
+            self.pending_sends.pop_front();
         }
-        let Some(slot) = self.free_send.pop() else {
-            self.pending_sends.push_back(bytes);
-            return Ok(());
-        };
+        Ok(())
+    }
+
+    /// Copies the first queued SEND into send slot `slot` and posts it from there.
+    fn post_from_slot(&mut self, slot: u32) -> Result<(), ChannelError> {
+        let Some(bytes) = self.pending_sends.front() else { return Ok(()) };
         let start = slot as usize * self.slot_size;
         let dst = &mut self.send_slots.as_mut_slice()[start..start + bytes.len()];
-        dst.copy_from_slice(&bytes);
+        dst.copy_from_slice(bytes);
         // SAFETY: the send slot stays untouched until this send completes (it is only reused
         // after its completion frees it).
         let sent = unsafe {

@@ -43,6 +43,14 @@ pub struct SessionConfig {
     pub limits: Limits,
 }
 
+impl SessionConfig {
+    /// The configuration a session runs with: at least four slots, so that a `CREDIT` message
+    /// always returns at least two credits.
+    pub fn normalized(self) -> Self {
+        Self { slots: self.slots.max(4), ..self }
+    }
+}
+
 impl Default for SessionConfig {
     fn default() -> Self {
         // Frames up to about 128 KiB go in one SEND: below that, the rendezvous's two extra
@@ -140,7 +148,7 @@ impl Session {
     /// A session whose receive slots still need posting (the first actions say so). At least
     /// four slots (fewer are raised to four).
     pub fn new(config: SessionConfig) -> Self {
-        let config = SessionConfig { slots: config.slots.max(4), ..config };
+        let config = config.normalized();
         let actions = (0..config.slots).map(|slot| Action::PostRecv { slot }).collect();
         Self {
             config,

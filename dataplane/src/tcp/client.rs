@@ -427,7 +427,7 @@ impl ClientConn {
     pub fn upgrade_to_rdma(&mut self, port: &RdmaPort, config: SessionConfig) -> Result<(), ClientError> {
         let peer = self.peer;
         let rdma = |source: ChannelError| ClientError::Rdma { peer, source };
-        let ctx = RdmaContext::new(port, config.slots * 5 + 16).map_err(|e| rdma(e.into()))?;
+        let ctx = RdmaContext::new(port, RdmaChannel::completion_entries(&config)).map_err(|e| rdma(e.into()))?;
         let mut channel = RdmaChannel::new(&ctx, 0, config).map_err(rdma)?;
         let ask = channel.params();
         let reply = self.request(&Message::RdmaConnect(ask), &[])?;

@@ -185,7 +185,7 @@ impl<S: Service> MioServer<S> {
             let key = connection_key(wr_id);
             let slot = (key >> 16) as usize;
             let Some(c) = self.conns.get_mut(slot) else { continue };
-            if !Core::<S>::rdma_key_matches(&c.conn, key) {
+            if !c.conn.has_rdma_key(key) {
                 continue;
             }
             self.core.on_rdma_completion(&mut c.conn, completion);

@@ -209,6 +209,11 @@ impl Conn {
         !self.closing && self.under_limits(config)
     }
 
+    /// True when `key` names this connection's RDMA channel.
+    pub fn has_rdma_key(&self, key: u32) -> bool {
+        self.rdma.as_ref().is_some_and(|ch| ch.key() == key)
+    }
+
     /// Closing, with every reply sent (a client that half-closed still gets its answers).
     pub fn is_done(&self) -> bool {
         self.closing && self.queue.is_empty() && self.in_flight == 0
@@ -404,11 +409,6 @@ impl<S: Service> Core<S> {
             self.rdma_open -= 1;
         }
         conn.closing = true;
-    }
-
-    /// True when `key` names this connection's RDMA channel.
-    pub fn rdma_key_matches(conn: &Conn, key: u32) -> bool {
-        conn.rdma.as_ref().is_some_and(|ch| ch.key() == key)
     }
 
     /// The peer closed its side: a frame cut short is reported (the peer may still read).
