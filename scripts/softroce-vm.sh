@@ -164,7 +164,7 @@ timeout -k 5 "$TIMEOUT" qemu-system-x86_64 \
   -accel tcg,thread=multi -cpu max -smp "$CPUS" -m "$MEM" \
   -nodefaults -no-user-config -display none -no-reboot \
   -kernel "$KERNEL" -initrd "$INITRD" \
-  -append "console=ttyS0 quiet loglevel=4 panic=-1 djinn.run=$RUNDIR djinn.repo=$REPO djinn.addr=$ADDR djinn.gw=$GW" \
+  -append "console=ttyS0 tsc=reliable quiet loglevel=4 panic=-1 djinn.run=$RUNDIR djinn.repo=$REPO djinn.addr=$ADDR djinn.gw=$GW" \
   -serial "file:$RUNDIR/console.log" \
   -chardev stdio,id=cmdout,signal=on -serial chardev:cmdout \
   -serial "file:$RUNDIR/status" \

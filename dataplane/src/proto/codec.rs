@@ -21,7 +21,7 @@ use super::error::{ErrorCode, ProtocolError};
 use super::header::{FrameHeader, HEADER_LEN, Kind};
 use super::limits::Limits;
 use super::message::Message;
-use super::tensor::payload_layout;
+use super::tensor::{self, tensor_end, tensor_start};
 
 /// Bytes read ahead of the frame being decoded.
 pub const STAGING_LEN: usize = 64 * 1024;
@@ -285,7 +285,7 @@ pub fn decode_body(
 ) -> Result<(Message, Option<Payload>), Refusal> {
     let payload_len = header.payload_len.get();
     let message = Message::decode(kind, meta, limits)?;
-    let (_, expected) = payload_layout(message.tensors())?;
+    let expected = tensor::payload_len(message.tensors())?;
     if expected != payload_len {
         return Err(ProtocolError::PayloadMismatch { announced: payload_len, expected }.into());
     }
@@ -307,7 +307,7 @@ pub fn encode_head(out: &mut Vec<u8>, request_id: u64, message: &Message) -> Res
     let meta_len = out.len() - HEADER_LEN;
     let meta_len = u32::try_from(meta_len)
         .map_err(|_| ProtocolError::MetaTooLarge { len: meta_len as u64, limit: u32::MAX.into() })?;
-    let (_, payload_len) = payload_layout(message.tensors())?;
+    let payload_len = tensor::payload_len(message.tensors())?;
     let header = FrameHeader::new(message.kind(), request_id, meta_len, payload_len);
     out[..HEADER_LEN].copy_from_slice(zerocopy::IntoBytes::as_bytes(&header));
     Ok(payload_len)
@@ -360,10 +360,10 @@ impl OutFrame {
                 expected: descs.len() as u64,
             });
         }
-        let (offsets, _) = payload_layout(descs)?;
         let mut segments = Vec::with_capacity(tensors.len() * 2);
         let mut end = 0u64;
-        for ((bytes, desc), offset) in tensors.into_iter().zip(descs).zip(offsets) {
+        for (bytes, desc) in tensors.into_iter().zip(descs) {
+            let offset = tensor_start(end)?;
             let len = (*bytes).as_ref().len() as u64;
             if len != desc.byte_len {
                 return Err(ProtocolError::PayloadMismatch { announced: len, expected: desc.byte_len });
@@ -372,7 +372,7 @@ impl OutFrame {
                 segments.push(Segment::Zeros((offset - end) as usize));
             }
             segments.push(Segment::Bytes(bytes));
-            end = offset + len;
+            end = tensor_end(offset, len)?;
         }
         Ok(Self { len: head.len() as u64 + payload_len, head, segments })
     }

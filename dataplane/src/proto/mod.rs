@@ -16,7 +16,7 @@ pub use error::{ErrorCode, ProtocolError};
 pub use header::{FrameHeader, HEADER_LEN, Kind, MAGIC, PROTOCOL_VERSION};
 pub use limits::Limits;
 pub use message::{Fingerprint, Hello, ListEntry, Message, ModelInfo, RdmaParams, transports};
-pub use tensor::{DType, TENSOR_ALIGN, TensorDesc, payload_layout};
+pub use tensor::{DType, TENSOR_ALIGN, TensorDesc, payload_layout, payload_len};
 pub use value::{MAX_VALUE_DEPTH, Value};
 
 #[cfg(test)]

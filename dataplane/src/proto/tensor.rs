@@ -125,15 +125,29 @@ pub fn payload_layout(tensors: &[TensorDesc]) -> Result<(Vec<u64>, u64), Protoco
     let mut offsets = Vec::with_capacity(tensors.len());
     let mut end = 0u64;
     for t in tensors {
-        let start = end
-            .checked_next_multiple_of(TENSOR_ALIGN)
-            .ok_or_else(|| ProtocolError::BadDescriptor("payload length overflows 64 bits".into()))?;
+        let start = tensor_start(end)?;
         offsets.push(start);
-        end = start
-            .checked_add(t.byte_len)
-            .ok_or_else(|| ProtocolError::BadDescriptor("payload length overflows 64 bits".into()))?;
+        end = tensor_end(start, t.byte_len)?;
     }
     Ok((offsets, end))
+}
+
+/// The payload length [`payload_layout`] gives, without the offsets (nothing allocated).
+pub fn payload_len(tensors: &[TensorDesc]) -> Result<u64, ProtocolError> {
+    tensors.iter().try_fold(0, |end, t| tensor_end(tensor_start(end)?, t.byte_len))
+}
+
+/// Where the tensor after one ending at `end` starts.
+pub(crate) fn tensor_start(end: u64) -> Result<u64, ProtocolError> {
+    end.checked_next_multiple_of(TENSOR_ALIGN).ok_or_else(overflow)
+}
+
+pub(crate) fn tensor_end(start: u64, byte_len: u64) -> Result<u64, ProtocolError> {
+    start.checked_add(byte_len).ok_or_else(overflow)
+}
+
+fn overflow() -> ProtocolError {
+    ProtocolError::BadDescriptor("payload length overflows 64 bits".into())
 }
 
 #[cfg(test)]

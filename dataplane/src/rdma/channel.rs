@@ -34,6 +34,11 @@ mod tag {
 const INLINE: u64 = 0x00ff_ffff;
 /// Largest single WRITE; larger segments are split.
 const MAX_WRITE: usize = 1 << 30;
+/// One inline SEND in this many asks for a completion. An inline SEND's completion carries
+/// nothing we need (its bytes were copied at posting), and every completion costs the device
+/// and both pollers work; the occasional signalled one lets the send queue reclaim the
+/// unsignalled ones before it (well within its depth).
+const SIGNAL_EVERY: u32 = 16;
 
 fn wr_id(key: u32, tag: u64, index: u64) -> u64 {
     (u64::from(key) << 32) | (tag << 24) | (index & 0x00ff_ffff)
@@ -58,8 +63,14 @@ pub struct RdmaChannel {
     ctx: Arc<RdmaContext>,
     slot_size: usize,
     free_send: Vec<u32>,
-    /// SENDs not posted yet, in order (one waits for a free send slot, the rest behind it).
-    pending_sends: VecDeque<Vec<u8>>,
+    /// Lengths of the session's SENDs not posted yet, in order (one waits for a free send
+    /// slot, the rest behind it).
+    pending_sends: VecDeque<usize>,
+    /// Where an inline SEND is written before posting (its bytes are copied into the work
+    /// request, so one buffer serves them all).
+    inline: Vec<u8>,
+    /// Inline SENDs posted since the last signalled one.
+    unsignaled: u32,
 }
 
 impl std::fmt::Debug for RdmaChannel {
@@ -78,6 +89,7 @@ impl RdmaChannel {
         let slot_size = config.slot_size as usize;
         let depths = Self::depths(&config);
         let endpoint = RcEndpoint::new(ctx, depths)?;
+        let endpoint_inline = endpoint.max_inline() as usize;
         let recv_slots = HostBuf::zeroed(slots * slot_size)?;
         let send_slots = HostBuf::zeroed(slots * slot_size)?;
         // SAFETY: the slot buffers are fields of the channel and outlive their registrations
@@ -97,6 +109,8 @@ impl RdmaChannel {
             send_slots,
             free_send: (0..config.slots).rev().collect(),
             pending_sends: VecDeque::new(),
+            inline: vec![0; endpoint_inline],
+            unsignaled: 0,
             incoming_mrs: HashMap::new(),
             outgoing_mrs: HashMap::new(),
         })
@@ -201,8 +215,8 @@ impl RdmaChannel {
                         )
                     }?;
                 }
-                Action::Send { bytes } => {
-                    self.pending_sends.push_back(bytes);
+                Action::Send { len } => {
+                    self.pending_sends.push_back(len);
                     self.flush_sends()?;
                 }
                 Action::Register { xfer } => {
@@ -224,30 +238,35 @@ impl RdmaChannel {
     /// Posts the queued SENDs in order, stopping at one that needs a send slot when none is
     /// free (a later, inline one must not overtake it: the peer reads them in order).
     fn flush_sends(&mut self) -> Result<(), ChannelError> {
-        while let Some(bytes) = self.pending_sends.front() {
-            if bytes.len() <= self.endpoint.max_inline() as usize {
+        while let Some(&len) = self.pending_sends.front() {
+            if len <= self.inline.len() {
+                self.session.write_send(&mut self.inline[..len]);
+                self.unsignaled += 1;
+                let signaled = self.unsignaled == SIGNAL_EVERY;
+                if signaled {
+                    self.unsignaled = 0;
+                }
                 // SAFETY: inline data is copied into the work request.
-                unsafe { self.endpoint.post_send(wr_id(self.key, tag::SEND, INLINE), bytes, None) }?;
+                unsafe { self.endpoint.post_send(wr_id(self.key, tag::SEND, INLINE), &self.inline[..len], None, signaled) }?;
             } else {
                 let Some(slot) = self.free_send.pop() else { break };
-                self.post_from_slot(slot)?;
+                self.post_from_slot(slot, len)?;
             }
             self.pending_sends.pop_front();
         }
         Ok(())
     }
 
-    /// Copies the first queued SEND into send slot `slot` and posts it from there.
-    fn post_from_slot(&mut self, slot: u32) -> Result<(), ChannelError> {
-        let Some(bytes) = self.pending_sends.front() else { return Ok(()) };
+    /// Writes the session's next SEND (`len` bytes) into send slot `slot` and posts it from
+    /// there.
+    fn post_from_slot(&mut self, slot: u32, len: usize) -> Result<(), ChannelError> {
         let start = slot as usize * self.slot_size;
-        let dst = &mut self.send_slots.as_mut_slice()[start..start + bytes.len()];
-        dst.copy_from_slice(bytes);
+        self.session.write_send(&mut self.send_slots.as_mut_slice()[start..start + len]);
         // SAFETY: the send slot stays untouched until this send completes (it is only reused
         // after its completion frees it).
         let sent = unsafe {
-            let slice = std::slice::from_raw_parts(self.send_slots.as_ptr().add(start), bytes.len());
-            self.endpoint.post_send(wr_id(self.key, tag::SEND, slot.into()), slice, Some(&self.send_mr))
+            let slice = std::slice::from_raw_parts(self.send_slots.as_ptr().add(start), len);
+            self.endpoint.post_send(wr_id(self.key, tag::SEND, slot.into()), slice, Some(&self.send_mr), true)
         };
         sent.map_err(Into::into)
     }

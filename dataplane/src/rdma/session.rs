@@ -77,8 +77,10 @@ pub enum SessionError {
 pub enum Action {
     /// Post receive slot `slot` (again).
     PostRecv { slot: u32 },
-    /// SEND these bytes (inline when small, else from a registered send buffer).
-    Send { bytes: Vec<u8> },
+    /// SEND the next queued message, of `len` bytes: inline when small, else from a registered
+    /// send buffer; [`Session::write_send`] writes it there. SENDs go out in the order of these
+    /// actions.
+    Send { len: usize },
     /// Register the memory of incoming transfer `xfer` ([`Session::incoming_buffer`]) and
     /// call [`Session::advertise`] with its address and key.
     Register { xfer: u32 },
@@ -86,6 +88,34 @@ pub enum Action {
     /// `addr` under `rkey`, the last WRITE with immediate `xfer`; then call
     /// [`Session::on_write_sent`] once the WRITEs complete.
     Write { xfer: u32, addr: u64, rkey: u32 },
+}
+
+/// A SEND waiting for the driver to copy it out ([`Session::write_send`]).
+struct QueuedSend {
+    head: [u8; RDMA_HEADER_LEN],
+    body: SendBody,
+}
+
+enum SendBody {
+    Empty,
+    /// A whole frame (`EAGER`).
+    Frame(OutFrame),
+    /// A frame's header and metadata (`RTS`).
+    Head(Vec<u8>),
+    /// Where to write (`CTS`).
+    Target { addr: u64, rkey: u32 },
+}
+
+impl QueuedSend {
+    fn len(&self) -> usize {
+        RDMA_HEADER_LEN
+            + match &self.body {
+                SendBody::Empty => 0,
+                SendBody::Frame(frame) => frame.len() as usize,
+                SendBody::Head(head) => head.len(),
+                SendBody::Target { .. } => 12,
+            }
+    }
 }
 
 struct Incoming {
@@ -107,7 +137,9 @@ pub struct Session {
     /// Cleared by the peer, waiting for a credit to write: (xfer, address, key).
     cleared: VecDeque<(u32, u64, u32)>,
     /// CTS and REFUSE answers waiting for a credit: (op, xfer, len, body).
-    answers: VecDeque<(u8, u32, u64, Vec<u8>)>,
+    answers: VecDeque<(u8, u32, u64, SendBody)>,
+    /// SENDs announced by an [`Action::Send`], not yet written out.
+    sends: VecDeque<QueuedSend>,
     /// Being written to the peer.
     writing: HashMap<u32, OutFrame>,
     /// Memory taken for the peer's announced payloads, until their WRITE lands.
@@ -159,6 +191,7 @@ impl Session {
             announced: HashMap::new(),
             cleared: VecDeque::new(),
             answers: VecDeque::new(),
+            sends: VecDeque::new(),
             writing: HashMap::new(),
             incoming: HashMap::new(),
             actions,
@@ -180,6 +213,35 @@ impl Session {
         self.actions.pop_front()
     }
 
+    /// Writes the next SEND (the oldest [`Action::Send`] not written yet) into `dst`, which
+    /// must hold the length that action gave; returns that length (0 when none is queued).
+    pub fn write_send(&mut self, dst: &mut [u8]) -> usize {
+        let Some(send) = self.sends.pop_front() else { return 0 };
+        let len = send.len();
+        let Some(dst) = dst.get_mut(..len) else {
+            // The driver's buffer is too small: a driver bug. Keep the SEND for a larger one.
+            self.sends.push_front(send);
+            return 0;
+        };
+        let (head, mut rest) = dst.split_at_mut(RDMA_HEADER_LEN);
+        head.copy_from_slice(&send.head);
+        let mut put = |bytes: &[u8]| {
+            let (into, after) = std::mem::take(&mut rest).split_at_mut(bytes.len());
+            into.copy_from_slice(bytes);
+            rest = after;
+        };
+        match &send.body {
+            SendBody::Empty => {}
+            SendBody::Frame(frame) => frame.slices().for_each(put),
+            SendBody::Head(bytes) => put(bytes),
+            SendBody::Target { addr, rkey } => {
+                put(&addr.to_le_bytes());
+                put(&rkey.to_le_bytes());
+            }
+        }
+        len
+    }
+
     /// Frames (and refusals) that arrived, in the order the peer sent them.
     pub fn poll_event(&mut self) -> Option<RecvEvent> {
         match self.inbox.front() {
@@ -197,6 +259,7 @@ impl Session {
             && self.announced.is_empty()
             && self.cleared.is_empty()
             && self.answers.is_empty()
+            && self.sends.is_empty()
             && self.writing.is_empty()
             && self.incoming.is_empty()
             && self.inbox.is_empty()
@@ -215,11 +278,8 @@ impl Session {
     /// The incoming transfer's memory is registered: tell the peer where to write.
     pub fn advertise(&mut self, xfer: u32, addr: u64, rkey: u32) {
         if let Some(incoming) = self.incoming.get(&xfer) {
-            let mut body = Vec::with_capacity(12);
-            body.extend_from_slice(&addr.to_le_bytes());
-            body.extend_from_slice(&rkey.to_le_bytes());
             let len = incoming.payload.buf.len() as u64;
-            self.answers.push_back((op::CTS, xfer, len, body));
+            self.answers.push_back((op::CTS, xfer, len, SendBody::Target { addr, rkey }));
             self.pump();
         }
     }
@@ -320,7 +380,7 @@ impl Session {
                 self.actions.push_back(Action::Register { xfer });
             }
             // Refused: the sender drops the payload.
-            None => self.answers.push_back((op::REFUSE, xfer, 0, Vec::new())),
+            None => self.answers.push_back((op::REFUSE, xfer, 0, SendBody::Empty)),
         }
         Ok(())
     }
@@ -358,15 +418,11 @@ impl Session {
     }
 
     /// Queues one SEND carrying the credits owed; the caller has checked a credit is left.
-    fn send(&mut self, op: u8, xfer: u32, len: u64, parts: &[&[u8]]) {
-        let body: usize = parts.iter().map(|p| p.len()).sum();
-        let mut bytes = Vec::with_capacity(RDMA_HEADER_LEN + body);
-        bytes.extend_from_slice(&header(op, std::mem::take(&mut self.owed_credits), xfer, len));
-        for part in parts {
-            bytes.extend_from_slice(part);
-        }
+    fn send(&mut self, op: u8, xfer: u32, len: u64, body: SendBody) {
+        let send = QueuedSend { head: header(op, std::mem::take(&mut self.owed_credits), xfer, len), body };
         self.peer_credits -= 1;
-        self.actions.push_back(Action::Send { bytes });
+        self.actions.push_back(Action::Send { len: send.len() });
+        self.sends.push_back(send);
     }
 
     /// Sends what credits allow: answers first, then cleared payloads, then new frames, each
@@ -377,20 +433,19 @@ impl Session {
         let eager_max = self.config.slot_size as u64 - RDMA_HEADER_LEN as u64;
         while self.peer_credits >= 2 {
             if let Some((op, xfer, len, body)) = self.answers.pop_front() {
-                self.send(op, xfer, len, &[&body]);
+                self.send(op, xfer, len, body);
             } else if let Some((xfer, addr, rkey)) = self.cleared.pop_front() {
                 // The WRITE with immediate uses one of the peer's receives.
                 self.peer_credits -= 1;
                 self.actions.push_back(Action::Write { xfer, addr, rkey });
             } else if let Some(frame) = self.waiting.pop_front() {
                 if frame.len() <= eager_max {
-                    let slices: Vec<&[u8]> = frame.slices().collect();
-                    self.send(op::EAGER, 0, frame.len(), &slices);
+                    self.send(op::EAGER, 0, frame.len(), SendBody::Frame(frame));
                 } else {
                     let xfer = self.next_xfer;
                     // Ids stay within 24 bits: they travel in work request ids too.
                     self.next_xfer = self.next_xfer % MAX_XFER + 1;
-                    self.send(op::RTS, xfer, frame.payload_len(), &[frame.head()]);
+                    self.send(op::RTS, xfer, frame.payload_len(), SendBody::Head(frame.head().to_vec()));
                     self.announced.insert(xfer, frame);
                 }
             } else {
@@ -398,7 +453,7 @@ impl Session {
             }
         }
         if self.owed_credits >= self.config.slots / 2 && self.peer_credits >= 1 {
-            self.send(op::CREDIT, 0, 0, &[]);
+            self.send(op::CREDIT, 0, 0, SendBody::Empty);
         }
     }
 }

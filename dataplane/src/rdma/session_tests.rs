@@ -58,8 +58,10 @@ impl Side {
         while let Some(action) = self.session.poll_action() {
             match action {
                 Action::PostRecv { slot } => self.posted.push_back(slot),
-                Action::Send { bytes } => {
-                    assert!(bytes.len() <= self.session.config().slot_size as usize, "a SEND larger than a slot");
+                Action::Send { len } => {
+                    assert!(len <= self.session.config().slot_size as usize, "a SEND larger than a slot");
+                    let mut bytes = vec![0; len];
+                    assert_eq!(self.session.write_send(&mut bytes), len);
                     self.outbox.push_back(Wire::Send(bytes));
                 }
                 // The simulation's "address" of an incoming transfer is its id.

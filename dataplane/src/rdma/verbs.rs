@@ -291,17 +291,27 @@ impl RcEndpoint {
         guard.post().map_err(verb("ibv_post_recv"))
     }
 
-    /// Sends `bytes`, inline (copied into the work request) when they fit.
+    /// Sends `bytes`, inline (copied into the work request) when they fit. Without `signaled`
+    /// the SEND completes silently unless it fails (a later signalled one reclaims its place
+    /// in the send queue).
     ///
     /// # Safety
     /// When `bytes` does not fit inline it must lie in `region` and stay unchanged until the
     /// send completes.
-    pub unsafe fn post_send(&mut self, wr_id: u64, bytes: &[u8], region: Option<&Registered>) -> Result<(), RdmaError> {
+    pub unsafe fn post_send(
+        &mut self,
+        wr_id: u64,
+        bytes: &[u8],
+        region: Option<&Registered>,
+        signaled: bool,
+    ) -> Result<(), RdmaError> {
         let inline = bytes.len() as u32 <= self.max_inline;
         // Providers that take the data inline only when the flag says so (rxe) need the flag
         // as well as the inline data.
-        let flags =
-            if inline { WorkRequestFlags::Signaled | WorkRequestFlags::Inline } else { WorkRequestFlags::Signaled };
+        let mut flags = if signaled { WorkRequestFlags::Signaled } else { WorkRequestFlags::none() };
+        if inline {
+            flags |= WorkRequestFlags::Inline;
+        }
         let mut guard = self.qp.start_post_send();
         let handle = guard.construct_wr(wr_id, flags).setup_send();
         if inline {
