@@ -232,6 +232,14 @@ fn a_put_over_the_budget_is_refused_before_its_payload_is_taken() {
 }
 
 #[test]
+fn a_batch_of_gets_comes_back_in_order() {
+    for backend in BACKENDS {
+        let node = Node::start(backend, &[]);
+        support::many_gets_come_back_in_order(&mut node.client());
+    }
+}
+
+#[test]
 fn unknown_names_are_not_found() {
     for backend in BACKENDS {
         let node = Node::start(backend, &[]);

@@ -61,7 +61,7 @@ fn send_and_write_with_immediate_between_two_queue_pairs() {
     // SAFETY: the buffers named are registered above and outlive this work request.
     unsafe { b.post_recv(1, &slot_mr, slot_mr.addr, 4096) }.unwrap();
     // SAFETY: the buffers named are registered above and outlive this work request.
-    unsafe { a.post_send(2, b"hello over rdma", None) }.unwrap();
+    unsafe { a.post_send(2, b"hello over rdma", None, true) }.unwrap();
     let got = wait(&ctx, &[1, 2]).unwrap();
     let recv = got.iter().find(|c| c.wr_id == 1).expect("receive completion");
     assert_eq!((recv.kind, recv.byte_len), (CompletionKind::Receive, 15));
@@ -149,6 +149,15 @@ fn sixteen_clients_at_once_over_rdma() {
     for t in threads {
         t.join().expect("a client failed");
     }
+}
+
+#[test]
+fn gets_in_flight_together_over_rdma_come_back_in_order() {
+    let Some(port) = device_port() else { return };
+    let node = rdma_node(&port.device, &[]);
+    let mut client = djinn_client::Client::connect_with(node.addr, rdma_options(&port.device)).unwrap();
+    assert_eq!(client.transport(), "rdma");
+    support::many_gets_come_back_in_order(&mut client);
 }
 
 #[test]

@@ -1,6 +1,8 @@
-//! `djinn bench rdma`: round trips over RDMA through a node process, from 2 B to 64 MiB, beside
-//! perftest's `ib_write_lat` and `ib_write_bw` run on the same device in the same run (the
-//! soft-RoCE VM of scripts/softroce-vm.sh).
+//! `djinn bench rdma`: round trips over RDMA through a node process, from 2 B to 64 MiB, and
+//! streaming bandwidth (several gets in flight), beside perftest's `ib_write_lat` and
+//! `ib_write_bw` run on the same device in the same run (the soft-RoCE VM of
+//! scripts/softroce-vm.sh), and beside a bare SEND/RECV ping-pong over djinn's own verbs layer:
+//! the floor that the device, the kernel and the completion queue set for any protocol on top.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -32,6 +34,9 @@ pub struct RdmaArgs {
     /// Bytes moved per size at most (iterations = this / size, at least 5).
     #[arg(long, default_value = "512MiB")]
     volume: ByteSize,
+    /// Bytes in flight while streaming: gets per batch = this / size (1 to 16).
+    #[arg(long, default_value = "16MiB")]
+    window: ByteSize,
     /// Append the table, the command and the machine to this markdown file.
     #[arg(long)]
     results: Option<PathBuf>,
@@ -91,13 +96,17 @@ pub fn run(args: RdmaArgs) -> Result<()> {
     anyhow::ensure!(client.transport() == "rdma", "the client is not on RDMA");
 
     let mut table = String::from(
-        "| size | djinn get p50 µs | p99 µs | p999 µs | djinn MB/s at p50 | perftest | ratio |\n|---|---|---|---|---|---|---|\n",
+        "| size | djinn get p50 µs | p99 µs | p999 µs | djinn MB/s streaming (gets in flight) | perftest | ratio |\n|---|---|---|---|---|---|---|\n",
     );
     for size in args.sizes.iter().map(|s| s.0 as usize) {
         let iters = (args.volume.0 / size as u64).clamp(5, args.iters);
         client.put("bench", DType::U8, &[size as u64], &vec![7u8; size])?;
         let s: Stats = measure(iters, || client.get("bench").map(drop).map_err(Into::into))?;
-        let mbps = size as f64 / s.p50;
+        let window = (args.window.0 / size as u64).clamp(1, 16) as usize;
+        let names = vec!["bench"; window];
+        let batches = (args.volume.0 / (size * window) as u64).clamp(5, args.iters);
+        let streamed = measure(batches, || client.get_many(&names).map(drop).map_err(Into::into))?;
+        let mbps = (size * window) as f64 / streamed.p50;
         let (baseline, ratio) = if size <= 64 {
             // ib_write_lat reports one-way latency: a round trip is twice its typical value.
             let out = perftest("ib_write_lat", &args.device, &args.addr, &["-s", &size.to_string(), "-n", "2000"])?;
@@ -110,7 +119,7 @@ pub fn run(args: RdmaArgs) -> Result<()> {
             (format!("ib_write_bw {bw:.1} MB/s"), mbps / bw)
         };
         let line = format!(
-            "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {baseline} | **{ratio:.2}** |",
+            "| {} | {:.1} | {:.1} | {:.1} | {:.1} ({window}) | {baseline} | **{ratio:.2}** |",
             ByteSize(size as u64),
             s.p50,
             s.p99,
@@ -120,12 +129,108 @@ pub fn run(args: RdmaArgs) -> Result<()> {
         println!("{line}");
         writeln!(table, "{line}")?;
     }
+    let floor = verbs_floor(&args.device, args.iters.max(2000))?;
+    let lat = perftest("ib_write_lat", &args.device, &args.addr, &["-s", "64", "-n", "2000"])?;
+    let typical = perftest_value(&lat, 4).context("no t_typical in ib_write_lat's output")?;
+    let line = format!(
+        "| 64 B, bare verbs | {:.1} | {:.1} | {:.1} | — | ib_write_lat 2 × {typical:.2} µs | **{:.2}** |",
+        floor.p50,
+        floor.p99,
+        floor.p999,
+        floor.p50 / (2.0 * typical)
+    );
+    println!("{line}");
+    writeln!(table, "{line}")?;
     if let Some(path) = &args.results {
         let notes = [
             format!("Device: soft-RoCE {} in the qemu VM", args.device),
-            "Ratio: for 2 B, djinn's round trip over 2 × ib_write_lat's typical one-way latency (lower is better); from 64 KiB, djinn's bandwidth over ib_write_bw's average (higher is better).".to_owned(),
+            "Ratio: for 2 B, djinn's round trip over 2 × ib_write_lat's typical one-way latency (lower is better); from 64 KiB, djinn's streaming bandwidth over ib_write_bw's average (higher is better).".to_owned(),
+            "Bare verbs: two threads ping-ponging 64-byte inline SENDs over djinn's verbs layer (no protocol, no node): the floor under any protocol on this device.".to_owned(),
         ];
         append_section(path, "rdma", &notes, &table)?;
     }
     Ok(())
+}
+
+/// Round trips of a bare ping-pong: two threads, each with its own context and queue pair
+/// connected to the other's, bouncing a 64-byte inline SEND. What is left of djinn's round trip
+/// above this is its protocol, the node and the client.
+fn verbs_floor(device: &str, iters: u64) -> Result<Stats> {
+    use djinn_dataplane::rdma::{QueueDepths, RcEndpoint, RdmaContext, find_port};
+    use djinn_gpudirect::HostBuf;
+
+    const RECVS: u64 = 16;
+    let side = |me: usize, to_peer: std::sync::mpsc::Sender<_>, from_peer: std::sync::mpsc::Receiver<_>| {
+        let device = device.to_owned();
+        std::thread::spawn(move || -> Result<Option<Stats>> {
+            let port = find_port(Some(&device))?;
+            let ctx = RdmaContext::new(&port, 256)?;
+            let mut ep = RcEndpoint::new(&ctx, QueueDepths::default())?;
+            to_peer.send(ep.info())?;
+            ep.connect(&from_peer.recv()?)?;
+            let buf = HostBuf::zeroed(4096)?;
+            // SAFETY: `buf` outlives the registration and the queue pair (all dropped at the
+            // end of this closure, the buffer last).
+            let mr = unsafe { ctx.register(buf.as_ptr(), buf.len()) }?;
+            for id in 0..RECVS {
+                // SAFETY: within the registered buffer.
+                unsafe { ep.post_recv(id, &mr, mr.addr, 4096) }?;
+            }
+            // Both queue pairs are connected once each side has posted its receives and said so.
+            to_peer.send(ep.info())?;
+            from_peer.recv()?;
+            let message = [7u8; 64];
+            let turn = |ep: &mut RcEndpoint, send_first: bool, n: u64| -> Result<()> {
+                let send = |ep: &mut RcEndpoint| {
+                    // SAFETY: inline data is copied into the work request.
+                    unsafe { ep.post_send(RECVS, &message, None, n % 16 == 15) }
+                };
+                if send_first {
+                    send(ep)?;
+                }
+                loop {
+                    let mut received = None;
+                    let mut failed = None;
+                    ctx.poll(|c| match c {
+                        Ok(c) if c.wr_id < RECVS => received = Some(c.wr_id),
+                        Ok(_) => {}
+                        Err(e) => failed = Some(e),
+                    })?;
+                    if let Some(e) = failed {
+                        return Err(e.into());
+                    }
+                    if let Some(id) = received {
+                        // SAFETY: as above.
+                        unsafe { ep.post_recv(id, &mr, mr.addr, 4096) }?;
+                        break;
+                    }
+                }
+                if !send_first {
+                    send(ep)?;
+                }
+                Ok(())
+            };
+            let total = iters + (iters / 10).max(2);
+            if me == 0 {
+                let mut n = 0;
+                let stats = measure(iters, || {
+                    n += 1;
+                    turn(&mut ep, true, n)
+                })?;
+                Ok(Some(stats))
+            } else {
+                for n in 0..total {
+                    turn(&mut ep, false, n)?;
+                }
+                Ok(None)
+            }
+        })
+    };
+    let (to_b, from_a) = std::sync::mpsc::channel();
+    let (to_a, from_b) = std::sync::mpsc::channel();
+    let a = side(0, to_b, from_b);
+    let b = side(1, to_a, from_a);
+    let stats = a.join().map_err(|_| anyhow::anyhow!("ping side panicked"))??;
+    b.join().map_err(|_| anyhow::anyhow!("pong side panicked"))??;
+    stats.context("no figures from the ping side")
 }

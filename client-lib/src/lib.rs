@@ -303,6 +303,27 @@ impl Client {
         }
     }
 
+    /// Fetches several tensors with the requests in flight together (over RDMA; one after the
+    /// other over TCP), in the order of `names`. The first failure is returned.
+    pub fn get_many(&mut self, names: &[&str]) -> Result<Vec<Tensor>, ClientError> {
+        self.stats.requests += names.len() as u64;
+        if !self.conn.is_usable() {
+            self.reconnect()?;
+        }
+        let messages: Vec<Message> = names.iter().map(|name| Message::Get { name: (*name).to_owned() }).collect();
+        let batch: Vec<(&Message, &[&[u8]])> = messages.iter().map(|m| (m, &[][..])).collect();
+        let replies = self.conn.request_batch(&batch).inspect_err(|_| self.stats.errors += 1)?;
+        let mut out = Vec::with_capacity(replies.len());
+        for reply in replies {
+            let reply = reply.inspect_err(|_| self.stats.errors += 1)?;
+            match reply.message {
+                Message::GetReply { tensor } => out.push(Tensor { desc: tensor, data: reply.payload }),
+                _ => return Err(unexpected(&self.conn, reply)),
+            }
+        }
+        Ok(out)
+    }
+
     pub fn delete(&mut self, name: &str) -> Result<(), ClientError> {
         let reply = self.call(&Message::Delete { name: name.to_owned() }, &[])?;
         match reply.message {

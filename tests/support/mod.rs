@@ -171,3 +171,27 @@ pub fn models_dir() -> &'static std::path::Path {
 pub fn archive(name: &str) -> Vec<u8> {
     std::fs::read(models_dir().join(format!("{name}.pt"))).expect("archive")
 }
+
+/// Puts tensors of several sizes (eager and rendezvous over RDMA), fetches them all with one
+/// `get_many`, then one more batch naming a missing tensor: that batch fails with NotFound and
+/// the client goes on.
+pub fn many_gets_come_back_in_order(client: &mut Client) {
+    let sizes = [1usize, 4096, 100_000, 300_000, 7, 0, 65_536, 1 << 20];
+    let names: Vec<String> = (0..sizes.len()).map(|i| format!("many{i}")).collect();
+    let data: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, &len)| pattern(len, 900 + i as u64)).collect();
+    for ((name, bytes), len) in names.iter().zip(&data).zip(sizes) {
+        client.put(name, djinn_client::DType::U8, &[len as u64], bytes).unwrap();
+    }
+    let mut asked: Vec<&str> = names.iter().map(String::as_str).collect();
+    // The same tensor twice in one batch.
+    asked.push(&names[2]);
+    let got = client.get_many(&asked).unwrap();
+    assert_eq!(got.len(), asked.len());
+    for (i, tensor) in got.iter().enumerate() {
+        let want = &data[if i < sizes.len() { i } else { 2 }];
+        assert!(tensor.bytes() == want.as_slice(), "tensor {i} of the batch");
+    }
+    let err = client.get_many(&[&names[0], "missing", &names[1]]).unwrap_err();
+    assert_eq!(err.remote_code(), Some(djinn_client::ErrorCode::NotFound), "{err}");
+    assert!(client.get(&names[3]).unwrap().bytes() == data[3].as_slice());
+}

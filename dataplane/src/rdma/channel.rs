@@ -247,7 +247,9 @@ impl RdmaChannel {
                     self.unsignaled = 0;
                 }
                 // SAFETY: inline data is copied into the work request.
-                unsafe { self.endpoint.post_send(wr_id(self.key, tag::SEND, INLINE), &self.inline[..len], None, signaled) }?;
+                unsafe {
+                    self.endpoint.post_send(wr_id(self.key, tag::SEND, INLINE), &self.inline[..len], None, signaled)
+                }?;
             } else {
                 let Some(slot) = self.free_send.pop() else { break };
                 self.post_from_slot(slot, len)?;

@@ -103,7 +103,10 @@ enum SendBody {
     /// A frame's header and metadata (`RTS`).
     Head(Vec<u8>),
     /// Where to write (`CTS`).
-    Target { addr: u64, rkey: u32 },
+    Target {
+        addr: u64,
+        rkey: u32,
+    },
 }
 
 impl QueuedSend {

@@ -211,7 +211,8 @@ impl ClientConn {
         let request_id = self.next_id;
         self.next_id += 1;
         let result = if self.rdma.is_some() {
-            self.request_rdma(request_id, message, tensors)
+            self.request_rdma(request_id, &[(message, tensors)])
+                .and_then(|replies| replies.into_iter().next().unwrap_or(Err(ClientError::Closed { peer: self.peer })))
         } else {
             self.send(request_id, message, tensors).and_then(|()| self.receive(request_id))
         };
@@ -454,29 +455,84 @@ impl ClientConn {
         Ok(())
     }
 
-    fn request_rdma(&mut self, request_id: u64, message: &Message, tensors: &[&[u8]]) -> Result<Frame, ClientError> {
+    /// Sends every request of `batch` before waiting for the first reply, so that they are in
+    /// flight together, and returns each one's outcome in order. Over TCP they go one after
+    /// the other (a stream of large requests written before any reply is read could fill both
+    /// directions' buffers and stall). An error that ends the connection ends the batch.
+    pub fn request_batch(
+        &mut self,
+        batch: &[(&Message, &[&[u8]])],
+    ) -> Result<Vec<Result<Frame, ClientError>>, ClientError> {
+        if self.rdma.is_none() {
+            let mut out = Vec::with_capacity(batch.len());
+            for (message, tensors) in batch {
+                match self.request(message, tensors) {
+                    Err(e) if !self.is_usable() => return Err(e),
+                    outcome => out.push(outcome),
+                }
+            }
+            return Ok(out);
+        }
+        if self.broken {
+            return Err(ClientError::Closed { peer: self.peer });
+        }
+        let first = self.next_id;
+        self.next_id += batch.len() as u64;
+        let result = self.request_rdma(first, batch);
+        if result.is_err() {
+            self.broken = true;
+        }
+        result
+    }
+
+    /// Sends `batch` over RDMA as requests `first..` and waits for all their replies.
+    fn request_rdma(
+        &mut self,
+        first: u64,
+        batch: &[(&Message, &[&[u8]])],
+    ) -> Result<Vec<Result<Frame, ClientError>>, ClientError> {
         let peer = self.peer;
-        let lent = tensors.iter().map(|t| Arc::new(Lent { ptr: t.as_ptr(), len: t.len() }) as SharedBytes).collect();
-        let frame = OutFrame::new(request_id, message, lent).map_err(ClientError::Request)?;
-        self.bytes_sent += frame.len();
         let Some(path) = self.rdma.as_mut() else { return Err(ClientError::Closed { peer }) };
-        path.channel.send_frame(frame).map_err(|source| ClientError::Rdma { peer, source })?;
+        for (request_id, (message, tensors)) in (first..).zip(batch) {
+            let lent =
+                tensors.iter().map(|t| Arc::new(Lent { ptr: t.as_ptr(), len: t.len() }) as SharedBytes).collect();
+            let frame = OutFrame::new(request_id, message, lent).map_err(ClientError::Request)?;
+            self.bytes_sent += frame.len();
+            path.channel.send_frame(frame).map_err(|source| ClientError::Rdma { peer, source })?;
+        }
         let deadline = self.options.timeout.map(|t| Instant::now() + t);
         let mut spin_until = Instant::now() + self.options.spin;
-        let mut reply = None;
+        let mut replies: Vec<Option<Result<Frame, ClientError>>> = batch.iter().map(|_| None).collect();
+        let mut missing = replies.len();
         loop {
-            if reply.is_none()
+            if missing > 0
                 && let Some(event) = path.channel.poll_event()
             {
-                let outcome = reply_of(peer, request_id, event);
+                let id = match &event {
+                    RecvEvent::Frame(frame) => frame.request_id,
+                    RecvEvent::Rejected { request_id, .. } => *request_id,
+                    RecvEvent::Fatal(_) => 0,
+                };
+                let Some(slot) =
+                    id.checked_sub(first).and_then(|i| replies.get_mut(i as usize)).filter(|r| r.is_none())
+                else {
+                    // Not one of ours (or a connection-level error, id 0): the connection is done.
+                    return Err(reply_of(peer, first, event).err().unwrap_or(ClientError::UnexpectedReply {
+                        peer,
+                        request_id: id,
+                        kind: "reply",
+                    }));
+                };
+                let outcome = reply_of(peer, id, event);
                 if let Ok(frame) = &outcome {
                     self.bytes_received += frame.payload.as_ref().map_or(0, |p| p.buf.len() as u64);
                 }
-                reply = Some(outcome);
+                *slot = Some(outcome);
+                missing -= 1;
                 continue;
             }
-            if reply.is_some() && path.channel.writes_done() {
-                return reply.unwrap_or(Err(ClientError::Closed { peer }));
+            if missing == 0 && path.channel.writes_done() {
+                return Ok(replies.into_iter().map(|r| r.unwrap_or(Err(ClientError::Closed { peer }))).collect());
             }
             let mut completions = std::mem::take(&mut path.completions);
             path.ctx.poll(|c| completions.push(c)).map_err(|e| ClientError::Rdma { peer, source: e.into() })?;
