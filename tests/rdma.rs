@@ -152,6 +152,21 @@ fn sixteen_clients_at_once_over_rdma() {
 }
 
 #[test]
+fn thousands_of_small_round_trips_on_one_connection() {
+    // Many times the send queue's depth: inline SENDs are signalled one in 16, so this wraps
+    // the queue on unsignalled ones and on credit messages again and again.
+    let Some(port) = device_port() else { return };
+    let node = rdma_node(&port.device, &[]);
+    let mut client = djinn_client::Client::connect_with(node.addr, rdma_options(&port.device)).unwrap();
+    assert_eq!(client.transport(), "rdma");
+    for i in 0..3000u64 {
+        let data = pattern(1 + (i % 97) as usize, i);
+        client.put("small", djinn_client::DType::U8, &[data.len() as u64], &data).unwrap();
+        assert!(client.get("small").unwrap().bytes() == data.as_slice(), "round trip {i}");
+    }
+}
+
+#[test]
 fn gets_in_flight_together_over_rdma_come_back_in_order() {
     let Some(port) = device_port() else { return };
     let node = rdma_node(&port.device, &[]);
