@@ -240,7 +240,8 @@ impl RdmaChannel {
     fn flush_sends(&mut self) -> Result<(), ChannelError> {
         while let Some(&len) = self.pending_sends.front() {
             if len <= self.inline.len() {
-                self.session.write_send(&mut self.inline[..len]);
+                let written = self.session.write_send(&mut self.inline[..len]);
+                debug_assert_eq!(written, len, "the session's SENDs and its actions out of step");
                 self.unsignaled += 1;
                 let signaled = self.unsignaled == SIGNAL_EVERY;
                 if signaled {
@@ -263,7 +264,8 @@ impl RdmaChannel {
     /// there.
     fn post_from_slot(&mut self, slot: u32, len: usize) -> Result<(), ChannelError> {
         let start = slot as usize * self.slot_size;
-        self.session.write_send(&mut self.send_slots.as_mut_slice()[start..start + len]);
+        let written = self.session.write_send(&mut self.send_slots.as_mut_slice()[start..start + len]);
+        debug_assert_eq!(written, len, "the session's SENDs and its actions out of step");
         // SAFETY: the send slot stays untouched until this send completes (it is only reused
         // after its completion frees it).
         let sent = unsafe {
