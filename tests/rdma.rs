@@ -103,6 +103,13 @@ fn rdma_options(device: &str) -> djinn_client::ClientOptions {
     }
 }
 
+/// A client of `addr` that must be, and is, on RDMA.
+fn rdma_client(addr: std::net::SocketAddr, device: &str) -> djinn_client::Client {
+    let client = djinn_client::Client::connect_with(addr, rdma_options(device)).unwrap();
+    assert_eq!(client.transport(), "rdma");
+    client
+}
+
 fn rdma_node(device: &str, extra: &[&str]) -> support::Node {
     let mut args = vec!["--transport", "rdma", "--rdma-device", device];
     args.extend_from_slice(extra);
@@ -113,8 +120,7 @@ fn rdma_node(device: &str, extra: &[&str]) -> support::Node {
 fn tensors_from_1_kib_to_256_mib_go_over_rdma_byte_exact() {
     let Some(port) = device_port() else { return };
     let node = rdma_node(&port.device, &[]);
-    let mut client = djinn_client::Client::connect_with(node.addr, rdma_options(&port.device)).unwrap();
-    assert_eq!(client.transport(), "rdma");
+    let mut client = rdma_client(node.addr, &port.device);
     for (i, len) in [1usize << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20].into_iter().enumerate() {
         let data = pattern(len, i as u64);
         client.put("t", djinn_client::DType::U8, &[len as u64], &data).unwrap();
@@ -133,8 +139,7 @@ fn sixteen_clients_at_once_over_rdma() {
             let node = std::sync::Arc::clone(&node);
             let device = port.device.clone();
             std::thread::spawn(move || {
-                let mut client = djinn_client::Client::connect_with(node.addr, rdma_options(&device)).unwrap();
-                assert_eq!(client.transport(), "rdma");
+                let mut client = rdma_client(node.addr, &device);
                 let name = format!("c{id}");
                 for i in 0..40u64 {
                     // Small (eager) and large (rendezvous) frames, interleaved.
@@ -157,8 +162,7 @@ fn thousands_of_small_round_trips_on_one_connection() {
     // the queue on unsignalled ones and on credit messages again and again.
     let Some(port) = device_port() else { return };
     let node = rdma_node(&port.device, &[]);
-    let mut client = djinn_client::Client::connect_with(node.addr, rdma_options(&port.device)).unwrap();
-    assert_eq!(client.transport(), "rdma");
+    let mut client = rdma_client(node.addr, &port.device);
     for i in 0..3000u64 {
         let data = pattern(1 + (i % 97) as usize, i);
         client.put("small", djinn_client::DType::U8, &[data.len() as u64], &data).unwrap();
@@ -170,8 +174,7 @@ fn thousands_of_small_round_trips_on_one_connection() {
 fn gets_in_flight_together_over_rdma_come_back_in_order() {
     let Some(port) = device_port() else { return };
     let node = rdma_node(&port.device, &[]);
-    let mut client = djinn_client::Client::connect_with(node.addr, rdma_options(&port.device)).unwrap();
-    assert_eq!(client.transport(), "rdma");
+    let mut client = rdma_client(node.addr, &port.device);
     support::many_gets_come_back_in_order(&mut client);
 }
 
@@ -179,7 +182,7 @@ fn gets_in_flight_together_over_rdma_come_back_in_order() {
 fn a_model_executed_over_rdma_gives_what_it_gives_over_tcp() {
     let Some(port) = device_port() else { return };
     let node = rdma_node(&port.device, &[]);
-    let mut over_rdma = djinn_client::Client::connect_with(node.addr, rdma_options(&port.device)).unwrap();
+    let mut over_rdma = rdma_client(node.addr, &port.device);
     let tcp = djinn_client::ClientOptions { transport: djinn_client::Transport::Tcp, ..Default::default() };
     let mut over_tcp = djinn_client::Client::connect_with(node.addr, tcp).unwrap();
     assert_eq!((over_rdma.transport(), over_tcp.transport()), ("rdma", "tcp"));
@@ -232,7 +235,7 @@ fn a_peer_that_dies_mid_transfer_is_a_typed_error_and_the_node_goes_on() {
     put.kill().unwrap();
     put.wait().unwrap();
     std::fs::remove_file(&file).ok();
-    let mut other = djinn_client::Client::connect_with(node.addr, rdma_options(&port.device)).unwrap();
+    let mut other = rdma_client(node.addr, &port.device);
     other.put("ok", djinn_client::DType::U8, &[3], &[1, 2, 3]).unwrap();
     assert_eq!(other.get("ok").unwrap().bytes(), &[1, 2, 3]);
     node.wait_for_stat(&mut other, "connections_open", 1);

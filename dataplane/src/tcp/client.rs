@@ -211,8 +211,7 @@ impl ClientConn {
         let request_id = self.next_id;
         self.next_id += 1;
         let result = if self.rdma.is_some() {
-            self.request_rdma(request_id, &[(message, tensors)])
-                .and_then(|replies| replies.into_iter().next().unwrap_or(Err(ClientError::Closed { peer: self.peer })))
+            self.request_rdma(request_id, &[(message, tensors)]).and_then(|()| self.take_rdma_reply())
         } else {
             self.send(request_id, message, tensors).and_then(|()| self.receive(request_id))
         };
@@ -395,6 +394,9 @@ struct RdmaPath {
     channel: RdmaChannel,
     ctx: Arc<RdmaContext>,
     completions: Vec<Result<Completion, RdmaError>>,
+    /// The outcomes of the requests in flight, by request id from the first (kept between
+    /// requests so that a single request allocates nothing here).
+    replies: Vec<Option<Result<Frame, ClientError>>>,
 }
 
 /// Bytes the caller lends for the length of one request: the request returns only once the
@@ -451,7 +453,7 @@ impl ClientConn {
             self.broken = true;
             return Err(rdma(e));
         }
-        self.rdma = Some(RdmaPath { channel, ctx, completions: Vec::new() });
+        self.rdma = Some(RdmaPath { channel, ctx, completions: Vec::new(), replies: Vec::new() });
         Ok(())
     }
 
@@ -482,15 +484,21 @@ impl ClientConn {
         if result.is_err() {
             self.broken = true;
         }
-        result
+        result?;
+        let peer = self.peer;
+        let replies = self.rdma.as_mut().map(|path| path.replies.drain(..)).into_iter().flatten();
+        Ok(replies.map(|r| r.unwrap_or(Err(ClientError::Closed { peer }))).collect())
     }
 
-    /// Sends `batch` over RDMA as requests `first..` and waits for all their replies.
-    fn request_rdma(
-        &mut self,
-        first: u64,
-        batch: &[(&Message, &[&[u8]])],
-    ) -> Result<Vec<Result<Frame, ClientError>>, ClientError> {
+    /// The outcome of the one request [`Self::request_rdma`] just completed.
+    fn take_rdma_reply(&mut self) -> Result<Frame, ClientError> {
+        let reply = self.rdma.as_mut().and_then(|path| path.replies.pop()).flatten();
+        reply.unwrap_or(Err(ClientError::Closed { peer: self.peer }))
+    }
+
+    /// Sends `batch` over RDMA as requests `first..` and waits for all their replies, which it
+    /// leaves in the path's `replies`, in order.
+    fn request_rdma(&mut self, first: u64, batch: &[(&Message, &[&[u8]])]) -> Result<(), ClientError> {
         let peer = self.peer;
         let Some(path) = self.rdma.as_mut() else { return Err(ClientError::Closed { peer }) };
         for (request_id, (message, tensors)) in (first..).zip(batch) {
@@ -502,8 +510,10 @@ impl ClientConn {
         }
         let deadline = self.options.timeout.map(|t| Instant::now() + t);
         let mut spin_until = Instant::now() + self.options.spin;
-        let mut replies: Vec<Option<Result<Frame, ClientError>>> = batch.iter().map(|_| None).collect();
-        let mut missing = replies.len();
+        let replies = &mut path.replies;
+        replies.clear();
+        replies.resize_with(batch.len(), || None);
+        let mut missing = batch.len();
         loop {
             if missing > 0
                 && let Some(event) = path.channel.poll_event()
@@ -532,7 +542,7 @@ impl ClientConn {
                 continue;
             }
             if missing == 0 && path.channel.writes_done() {
-                return Ok(replies.into_iter().map(|r| r.unwrap_or(Err(ClientError::Closed { peer }))).collect());
+                return Ok(());
             }
             let mut completions = std::mem::take(&mut path.completions);
             path.ctx.poll(|c| completions.push(c)).map_err(|e| ClientError::Rdma { peer, source: e.into() })?;
