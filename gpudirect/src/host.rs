@@ -11,8 +11,16 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// Alignment of every buffer: enough for any dtype and for vectorised kernels.
+/// Alignment of every buffer of at least this many bytes: enough for any dtype and for
+/// vectorised kernels. A smaller buffer is aligned to the largest power of two it holds, up to
+/// 16 (what the allocator gives such a block without the cost of an aligned allocation), which
+/// is a multiple of the element size of any dtype it can hold ([`align_for`]).
 pub const BUFFER_ALIGN: usize = 64;
+
+/// The alignment of a buffer of `len` bytes.
+pub fn align_for(len: usize) -> usize {
+    if len >= BUFFER_ALIGN { BUFFER_ALIGN } else { (1 << len.max(1).ilog2()).min(16) }
+}
 
 /// From this size on, buffers come straight from `mmap` (page aligned, zeroed by the kernel).
 const MMAP_THRESHOLD: usize = 1 << 20;
@@ -66,7 +74,7 @@ impl RawBuf {
     }
 
     fn small_layout(cap: usize) -> Result<Layout, AllocError> {
-        Layout::from_size_align(cap, BUFFER_ALIGN).map_err(|e| AllocError { bytes: cap, reason: e.to_string() })
+        Layout::from_size_align(cap, align_for(cap)).map_err(|e| AllocError { bytes: cap, reason: e.to_string() })
     }
 }
 
@@ -96,7 +104,7 @@ fn page_size() -> usize {
     usize::try_from(size).ok().filter(|s| s.is_power_of_two()).unwrap_or(4096)
 }
 
-/// An owned, 64-byte aligned, initialised host buffer of a fixed length. When it came from a
+/// An owned, aligned ([`align_for`]), initialised host buffer of a fixed length. When it came from a
 /// pool, dropping it hands the memory back to that pool.
 pub struct HostBuf {
     raw: Option<RawBuf>,
@@ -297,10 +305,10 @@ mod tests {
 
     #[test]
     fn buffers_are_aligned_and_zeroed() {
-        for len in [0, 1, 63, 64, 4096, MMAP_THRESHOLD - 1, MMAP_THRESHOLD + 1] {
+        for len in [0, 1, 2, 12, 16, 63, 64, 4096, MMAP_THRESHOLD - 1, MMAP_THRESHOLD + 1] {
             let buf = HostBuf::zeroed(len).unwrap();
             assert_eq!(buf.len(), len);
-            assert_eq!(buf.as_ptr() as usize % BUFFER_ALIGN, 0, "len {len}");
+            assert_eq!(buf.as_ptr() as usize % align_for(len), 0, "len {len}");
             assert!(buf.as_slice().iter().all(|&b| b == 0));
         }
     }

@@ -8,5 +8,5 @@ mod size;
 
 pub use budget::{MemoryBudget, OverBudget, Reservation};
 pub use device::{CudaDevice, DeviceError, cuda_devices};
-pub use host::{AllocError, BUFFER_ALIGN, BufferPool, HostBuf, PoolStats};
+pub use host::{AllocError, BUFFER_ALIGN, BufferPool, HostBuf, PoolStats, align_for};
 pub use size::ByteSize;

@@ -21,7 +21,7 @@ use super::error::{ErrorCode, ProtocolError};
 use super::header::{FrameHeader, HEADER_LEN, Kind};
 use super::limits::Limits;
 use super::message::Message;
-use super::tensor::{self, tensor_end, tensor_start};
+use super::tensor::{self, TENSOR_ALIGN, TensorDesc};
 
 /// Bytes read ahead of the frame being decoded.
 pub const STAGING_LEN: usize = 64 * 1024;
@@ -302,15 +302,50 @@ pub fn decode_body(
 /// payload length the header announces.
 pub fn encode_head(out: &mut Vec<u8>, request_id: u64, message: &Message) -> Result<u64, ProtocolError> {
     out.clear();
-    out.resize(HEADER_LEN, 0);
+    append_head(out, request_id, message)
+}
+
+/// Appends the header and metadata of `message` to `out` and returns the payload length the
+/// header announces. On error, `out` may hold part of the head: truncate it.
+pub fn append_head(out: &mut Vec<u8>, request_id: u64, message: &Message) -> Result<u64, ProtocolError> {
+    let start = out.len();
+    out.resize(start + HEADER_LEN, 0);
     message.encode(out);
-    let meta_len = out.len() - HEADER_LEN;
+    let meta_len = out.len() - start - HEADER_LEN;
     let meta_len = u32::try_from(meta_len)
         .map_err(|_| ProtocolError::MetaTooLarge { len: meta_len as u64, limit: u32::MAX.into() })?;
     let payload_len = tensor::payload_len(message.tensors())?;
     let header = FrameHeader::new(message.kind(), request_id, meta_len, payload_len);
-    out[..HEADER_LEN].copy_from_slice(zerocopy::IntoBytes::as_bytes(&header));
+    out[start..start + HEADER_LEN].copy_from_slice(zerocopy::IntoBytes::as_bytes(&header));
     Ok(payload_len)
+}
+
+/// Checks the byte lengths of the tensors going with a message against its descriptors.
+pub fn check_tensor_lens(
+    descs: &[TensorDesc],
+    lens: impl ExactSizeIterator<Item = usize>,
+) -> Result<(), ProtocolError> {
+    if descs.len() != lens.len() {
+        return Err(ProtocolError::PayloadMismatch { announced: lens.len() as u64, expected: descs.len() as u64 });
+    }
+    for (len, desc) in lens.zip(descs) {
+        if len as u64 != desc.byte_len {
+            return Err(ProtocolError::PayloadMismatch { announced: len as u64, expected: desc.byte_len });
+        }
+    }
+    Ok(())
+}
+
+/// The zero padding before each tensor of a payload ([`payload_layout`]), whose length is
+/// known not to overflow ([`payload_len`] succeeded).
+pub fn paddings(descs: &[TensorDesc]) -> impl Iterator<Item = usize> + '_ {
+    let mut end = 0u64;
+    descs.iter().map(move |desc| {
+        let start = end.next_multiple_of(TENSOR_ALIGN);
+        let padding = (start - end) as usize;
+        end = start + desc.byte_len;
+        padding
+    })
 }
 
 /// Zero bytes for the padding between tensors of a payload.
@@ -354,25 +389,13 @@ impl OutFrame {
         let mut head = Vec::with_capacity(64);
         let payload_len = encode_head(&mut head, request_id, message)?;
         let descs = message.tensors();
-        if descs.len() != tensors.len() {
-            return Err(ProtocolError::PayloadMismatch {
-                announced: tensors.len() as u64,
-                expected: descs.len() as u64,
-            });
-        }
+        check_tensor_lens(descs, tensors.iter().map(|t| (**t).as_ref().len()))?;
         let mut segments = Vec::with_capacity(tensors.len() * 2);
-        let mut end = 0u64;
-        for (bytes, desc) in tensors.into_iter().zip(descs) {
-            let offset = tensor_start(end)?;
-            let len = (*bytes).as_ref().len() as u64;
-            if len != desc.byte_len {
-                return Err(ProtocolError::PayloadMismatch { announced: len, expected: desc.byte_len });
-            }
-            if offset > end {
-                segments.push(Segment::Zeros((offset - end) as usize));
+        for (padding, bytes) in paddings(descs).zip(tensors) {
+            if padding > 0 {
+                segments.push(Segment::Zeros(padding));
             }
             segments.push(Segment::Bytes(bytes));
-            end = tensor_end(offset, len)?;
         }
         Ok(Self { len: head.len() as u64 + payload_len, head, segments })
     }

@@ -10,7 +10,7 @@ mod value;
 
 pub use codec::{
     Frame, FrameReader, OutFrame, Payload, PayloadAlloc, ReadTarget, RecvEvent, Refusal, STAGING_LEN, SendQueue,
-    SharedBytes, ZEROS, decode_body, encode_head,
+    SharedBytes, ZEROS, append_head, check_tensor_lens, decode_body, encode_head, paddings,
 };
 pub use error::{ErrorCode, ProtocolError};
 pub use header::{FrameHeader, HEADER_LEN, Kind, MAGIC, PROTOCOL_VERSION};

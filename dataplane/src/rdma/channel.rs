@@ -11,7 +11,7 @@ use super::session::{Action, Session, SessionConfig, SessionError};
 use super::verbs::{
     Completion, CompletionKind, EndpointInfo, QueueDepths, RcEndpoint, RdmaContext, RdmaError, Registered,
 };
-use crate::proto::{OutFrame, PayloadAlloc, RdmaParams, RecvEvent};
+use crate::proto::{Message, OutFrame, PayloadAlloc, ProtocolError, RdmaParams, RecvEvent};
 
 /// Why an RDMA connection stopped.
 #[derive(Debug, thiserror::Error)]
@@ -22,6 +22,9 @@ pub enum ChannelError {
     Session(#[from] SessionError),
     #[error("allocating RDMA slots: {0}")]
     Alloc(#[from] djinn_gpudirect::AllocError),
+    /// The frame to send does not match its message (nothing was sent; the connection is fine).
+    #[error("inconsistent frame: {0}")]
+    Request(#[source] ProtocolError),
 }
 
 /// `wr_id` = connection key (32 bits) | tag (8) | index (24).
@@ -71,6 +74,8 @@ pub struct RdmaChannel {
     inline: Vec<u8>,
     /// Inline SENDs posted since the last signalled one.
     unsignaled: u32,
+    /// Receive slots to post together.
+    to_post: Vec<u32>,
 }
 
 impl std::fmt::Debug for RdmaChannel {
@@ -111,6 +116,7 @@ impl RdmaChannel {
             pending_sends: VecDeque::new(),
             inline: vec![0; endpoint_inline],
             unsignaled: 0,
+            to_post: Vec::with_capacity(slots),
             incoming_mrs: HashMap::new(),
             outgoing_mrs: HashMap::new(),
         })
@@ -162,6 +168,25 @@ impl RdmaChannel {
         self.drive()
     }
 
+    /// Sends a small frame without building an [`OutFrame`] ([`Session::send_message`]);
+    /// the frame's length, or `None` when it is too large for that.
+    pub fn send_message<T>(
+        &mut self,
+        request_id: u64,
+        message: &Message,
+        tensors: &[T],
+    ) -> Result<Option<usize>, ChannelError>
+    where
+        T: std::ops::Deref,
+        T::Target: AsRef<[u8]>,
+    {
+        let sent = self.session.send_message(request_id, message, tensors).map_err(ChannelError::Request)?;
+        if sent.is_some() {
+            self.drive()?;
+        }
+        Ok(sent)
+    }
+
     pub fn poll_event(&mut self) -> Option<RecvEvent> {
         self.session.poll_event()
     }
@@ -203,17 +228,19 @@ impl RdmaChannel {
         while let Some(action) = self.session.poll_action() {
             match action {
                 Action::PostRecv { slot } => {
-                    let addr = self.recv_mr.addr + (slot as usize * self.slot_size) as u64;
-                    // SAFETY: the slot lies in the registered receive buffer, which outlives
+                    // The session asks for reposts in batches: post a run of them in one call.
+                    self.to_post.push(slot);
+                    if matches!(self.session.peek_action(), Some(Action::PostRecv { .. })) {
+                        continue;
+                    }
+                    let (key, base, size) = (self.key, self.recv_mr.addr, self.slot_size as u64);
+                    let recvs = self
+                        .to_post
+                        .drain(..)
+                        .map(|slot| (wr_id(key, tag::RECV, slot.into()), base + u64::from(slot) * size));
+                    // SAFETY: the slots lie in the registered receive buffer, which outlives
                     // the queue pair.
-                    unsafe {
-                        self.endpoint.post_recv(
-                            wr_id(self.key, tag::RECV, slot.into()),
-                            &self.recv_mr,
-                            addr,
-                            self.slot_size as u32,
-                        )
-                    }?;
+                    unsafe { self.endpoint.post_recvs(&self.recv_mr, self.slot_size as u32, recvs) }?;
                 }
                 Action::Send { len } => {
                     self.pending_sends.push_back(len);

@@ -15,8 +15,8 @@
 use std::collections::{HashMap, VecDeque};
 
 use crate::proto::{
-    FrameHeader, HEADER_LEN, Kind, Limits, OutFrame, Payload, PayloadAlloc, ProtocolError, RecvEvent, Refusal,
-    decode_body,
+    FrameHeader, HEADER_LEN, Kind, Limits, Message, OutFrame, Payload, PayloadAlloc, ProtocolError, RecvEvent, Refusal,
+    append_head, check_tensor_lens, decode_body, paddings,
 };
 
 /// Transfer ids run from 1 to this, then wrap.
@@ -24,6 +24,9 @@ pub const MAX_XFER: u32 = 0x00ff_ffff;
 
 /// Bytes of the header that starts every SEND.
 pub const RDMA_HEADER_LEN: usize = 16;
+
+/// Written bytes at the front of the encoded-frame buffer are dropped past this much.
+const COMPACT_AFTER: usize = 64 * 1024;
 
 mod op {
     pub const EAGER: u8 = 1;
@@ -100,6 +103,8 @@ enum SendBody {
     Empty,
     /// A whole frame (`EAGER`).
     Frame(OutFrame),
+    /// A whole frame of this many bytes, next in the session's encoded bytes (`EAGER`).
+    Encoded(usize),
     /// A frame's header and metadata (`RTS`).
     Head(Vec<u8>),
     /// Where to write (`CTS`).
@@ -115,10 +120,18 @@ impl QueuedSend {
             + match &self.body {
                 SendBody::Empty => 0,
                 SendBody::Frame(frame) => frame.len() as usize,
+                SendBody::Encoded(len) => *len,
                 SendBody::Head(head) => head.len(),
                 SendBody::Target { .. } => 12,
             }
     }
+}
+
+/// A frame waiting for credits.
+enum Outgoing {
+    Frame(OutFrame),
+    /// A small frame of this many bytes, in the session's encoded bytes.
+    Encoded(usize),
 }
 
 struct Incoming {
@@ -134,13 +147,19 @@ pub struct Session {
     owed_credits: u32,
     next_xfer: u32,
     /// Frames waiting for credits, in order.
-    waiting: VecDeque<OutFrame>,
+    waiting: VecDeque<Outgoing>,
+    /// Small frames encoded by [`Session::send_message`], from `encoded_read` on: written out
+    /// in the order they were queued.
+    encoded: Vec<u8>,
+    encoded_read: usize,
     /// Announced, waiting for the peer's CTS or REFUSE.
     announced: HashMap<u32, OutFrame>,
     /// Cleared by the peer, waiting for a credit to write: (xfer, address, key).
     cleared: VecDeque<(u32, u64, u32)>,
     /// CTS and REFUSE answers waiting for a credit: (op, xfer, len, body).
     answers: VecDeque<(u8, u32, u64, SendBody)>,
+    /// Receive slots used and not posted again yet.
+    used: Vec<u32>,
     /// SENDs announced by an [`Action::Send`], not yet written out.
     sends: VecDeque<QueuedSend>,
     /// Being written to the peer.
@@ -191,9 +210,12 @@ impl Session {
             owed_credits: 0,
             next_xfer: 1,
             waiting: VecDeque::new(),
+            encoded: Vec::new(),
+            encoded_read: 0,
             announced: HashMap::new(),
             cleared: VecDeque::new(),
             answers: VecDeque::new(),
+            used: Vec::new(),
             sends: VecDeque::new(),
             writing: HashMap::new(),
             incoming: HashMap::new(),
@@ -208,12 +230,73 @@ impl Session {
 
     /// Queues a frame for the peer.
     pub fn send_frame(&mut self, frame: OutFrame) {
-        self.waiting.push_back(frame);
+        self.waiting.push_back(Outgoing::Frame(frame));
         self.pump();
+    }
+
+    /// Queues a frame of `message` with `tensors` as its payload when it goes in one SEND,
+    /// encoding it at once into the session's own buffer: nothing is allocated once that buffer
+    /// has grown, and the tensors are not referenced after the call. Returns the frame's length,
+    /// or `None`, queueing nothing, when it is too large for that: send it with
+    /// [`Self::send_frame`].
+    pub fn send_message<T>(
+        &mut self,
+        request_id: u64,
+        message: &Message,
+        tensors: &[T],
+    ) -> Result<Option<usize>, ProtocolError>
+    where
+        T: std::ops::Deref,
+        T::Target: AsRef<[u8]>,
+    {
+        let start = self.encoded.len();
+        match self.encode_eager(request_id, message, tensors) {
+            Ok(true) => {
+                let len = self.encoded.len() - start;
+                self.waiting.push_back(Outgoing::Encoded(len));
+                self.pump();
+                Ok(Some(len))
+            }
+            other => {
+                self.encoded.truncate(start);
+                other.map(|_| None)
+            }
+        }
+    }
+
+    fn encode_eager<T>(&mut self, request_id: u64, message: &Message, tensors: &[T]) -> Result<bool, ProtocolError>
+    where
+        T: std::ops::Deref,
+        T::Target: AsRef<[u8]>,
+    {
+        let eager_max = self.eager_max();
+        let out = &mut self.encoded;
+        let start = out.len();
+        let payload_len = append_head(out, request_id, message)?;
+        let descs = message.tensors();
+        check_tensor_lens(descs, tensors.iter().map(|t| (**t).as_ref().len()))?;
+        if (out.len() - start) as u64 + payload_len > eager_max {
+            return Ok(false);
+        }
+        for (padding, bytes) in paddings(descs).zip(tensors) {
+            out.resize(out.len() + padding, 0);
+            out.extend_from_slice((**bytes).as_ref());
+        }
+        Ok(true)
+    }
+
+    /// Largest frame that goes in one SEND.
+    fn eager_max(&self) -> u64 {
+        u64::from(self.config.slot_size) - RDMA_HEADER_LEN as u64
     }
 
     pub fn poll_action(&mut self) -> Option<Action> {
         self.actions.pop_front()
+    }
+
+    /// The action [`Self::poll_action`] returns next.
+    pub fn peek_action(&self) -> Option<&Action> {
+        self.actions.front()
     }
 
     /// Writes the next SEND (the oldest [`Action::Send`] not written yet) into `dst`, which
@@ -236,6 +319,20 @@ impl Session {
         match &send.body {
             SendBody::Empty => {}
             SendBody::Frame(frame) => frame.slices().for_each(put),
+            SendBody::Encoded(len) => {
+                let end = self.encoded_read + len;
+                put(&self.encoded[self.encoded_read..end]);
+                self.encoded_read = end;
+                if end == self.encoded.len() {
+                    self.encoded.clear();
+                    self.encoded_read = 0;
+                } else if end >= COMPACT_AFTER && 2 * end >= self.encoded.len() {
+                    // Never fully drained (a steady stream waiting on credits): drop what was
+                    // written, so the buffer does not grow without bound.
+                    self.encoded.drain(..end);
+                    self.encoded_read = 0;
+                }
+            }
             SendBody::Head(bytes) => put(bytes),
             SendBody::Target { addr, rkey } => {
                 put(&addr.to_le_bytes());
@@ -344,9 +441,21 @@ impl Session {
         Ok(())
     }
 
+    /// Used slots are posted again in batches (one verbs call for several, and most messages
+    /// then post none before they are answered). A slot becomes a credit for the peer only
+    /// once its `PostRecv` is out, so the peer never SENDs into a receive not posted yet.
     fn repost(&mut self, slot: u32) {
-        self.actions.push_back(Action::PostRecv { slot });
-        self.owed_credits += 1;
+        self.used.push(slot);
+        if self.used.len() as u32 >= self.repost_batch() {
+            self.owed_credits += self.used.len() as u32;
+            self.actions.extend(self.used.drain(..).map(|slot| Action::PostRecv { slot }));
+        }
+    }
+
+    /// At most a quarter of the slots wait to be posted again: the peer is left at least three
+    /// quarters less the credits owed, so neither side stalls (`pump`).
+    fn repost_batch(&self) -> u32 {
+        (self.config.slots / 4).clamp(1, 16)
     }
 
     fn on_eager(&mut self, body: &[u8], alloc: &mut dyn PayloadAlloc) -> Result<(), SessionError> {
@@ -433,7 +542,7 @@ impl Session {
     /// goes when half the slots are owed. (Each side receiving at least four slots' worth, a
     /// `CREDIT` always returns at least two credits, enough for the peer to move.)
     fn pump(&mut self) {
-        let eager_max = self.config.slot_size as u64 - RDMA_HEADER_LEN as u64;
+        let eager_max = self.eager_max();
         while self.peer_credits >= 2 {
             if let Some((op, xfer, len, body)) = self.answers.pop_front() {
                 self.send(op, xfer, len, body);
@@ -441,7 +550,14 @@ impl Session {
                 // The WRITE with immediate uses one of the peer's receives.
                 self.peer_credits -= 1;
                 self.actions.push_back(Action::Write { xfer, addr, rkey });
-            } else if let Some(frame) = self.waiting.pop_front() {
+            } else if let Some(outgoing) = self.waiting.pop_front() {
+                let frame = match outgoing {
+                    Outgoing::Encoded(len) => {
+                        self.send(op::EAGER, 0, len as u64, SendBody::Encoded(len));
+                        continue;
+                    }
+                    Outgoing::Frame(frame) => frame,
+                };
                 if frame.len() <= eager_max {
                     self.send(op::EAGER, 0, frame.len(), SendBody::Frame(frame));
                 } else {

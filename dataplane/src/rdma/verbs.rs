@@ -284,10 +284,27 @@ impl RcEndpoint {
     /// # Safety
     /// `addr..addr + len` lies in `region` and stays valid until the receive completes.
     pub unsafe fn post_recv(&mut self, wr_id: u64, region: &Registered, addr: u64, len: u32) -> Result<(), RdmaError> {
-        let mut guard = self.qp.start_post_recv();
-        let wr = guard.construct_wr(wr_id);
         // SAFETY: forwarded to the caller.
-        unsafe { wr.setup_sge(region.lkey(), addr, len) };
+        unsafe { self.post_recvs(region, len, [(wr_id, addr)]) }
+    }
+
+    /// Posts one receive of `len` bytes per `(wr_id, addr)`, in order, in one call (one lock
+    /// of the receive queue, one list built).
+    ///
+    /// # Safety
+    /// As [`Self::post_recv`], for each receive.
+    pub unsafe fn post_recvs(
+        &mut self,
+        region: &Registered,
+        len: u32,
+        recvs: impl IntoIterator<Item = (u64, u64)>,
+    ) -> Result<(), RdmaError> {
+        let mut guard = self.qp.start_post_recv();
+        for (wr_id, addr) in recvs {
+            let wr = guard.construct_wr(wr_id);
+            // SAFETY: forwarded to the caller.
+            unsafe { wr.setup_sge(region.lkey(), addr, len) };
+        }
         guard.post().map_err(verb("ibv_post_recv"))
     }
 

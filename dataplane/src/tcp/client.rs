@@ -16,7 +16,7 @@ use crate::rdma::{ChannelError, Completion, RdmaChannel, RdmaContext, RdmaError,
 
 use crate::proto::{
     ErrorCode, Frame, FrameReader, Limits, Message, Payload, PayloadAlloc, ProtocolError, RecvEvent, Refusal, ZEROS,
-    encode_head, payload_layout,
+    check_tensor_lens, encode_head, paddings,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -225,31 +225,16 @@ impl ClientConn {
     }
 
     fn send(&mut self, request_id: u64, message: &Message, tensors: &[&[u8]]) -> Result<(), ClientError> {
-        let payload_len = encode_head(&mut self.head, request_id, message).map_err(ClientError::Request)?;
+        encode_head(&mut self.head, request_id, message).map_err(ClientError::Request)?;
         let descs = message.tensors();
-        let (offsets, total) = payload_layout(descs).map_err(ClientError::Request)?;
-        debug_assert_eq!(total, payload_len);
-        if descs.len() != tensors.len() {
-            return Err(ClientError::Request(ProtocolError::PayloadMismatch {
-                announced: tensors.len() as u64,
-                expected: descs.len() as u64,
-            }));
-        }
+        check_tensor_lens(descs, tensors.iter().map(|t| t.len())).map_err(ClientError::Request)?;
         let mut slices: Vec<&[u8]> = Vec::with_capacity(1 + 2 * tensors.len());
         slices.push(&self.head);
-        let mut end = 0;
-        for ((bytes, desc), offset) in tensors.iter().zip(descs).zip(offsets) {
-            if bytes.len() as u64 != desc.byte_len {
-                return Err(ClientError::Request(ProtocolError::PayloadMismatch {
-                    announced: bytes.len() as u64,
-                    expected: desc.byte_len,
-                }));
-            }
-            if offset > end {
-                slices.push(&ZEROS[..(offset - end) as usize]);
+        for (padding, bytes) in paddings(descs).zip(tensors) {
+            if padding > 0 {
+                slices.push(&ZEROS[..padding]);
             }
             slices.push(bytes);
-            end = offset + desc.byte_len;
         }
         let deadline = self.options.timeout.map(|t| Instant::now() + t);
         let (mut index, mut skip) = (0, 0usize);
@@ -501,12 +486,27 @@ impl ClientConn {
     fn request_rdma(&mut self, first: u64, batch: &[(&Message, &[&[u8]])]) -> Result<(), ClientError> {
         let peer = self.peer;
         let Some(path) = self.rdma.as_mut() else { return Err(ClientError::Closed { peer }) };
+        let rdma = |source| match source {
+            ChannelError::Request(e) => ClientError::Request(e),
+            source => ClientError::Rdma { peer, source },
+        };
         for (request_id, (message, tensors)) in (first..).zip(batch) {
-            let lent =
-                tensors.iter().map(|t| Arc::new(Lent { ptr: t.as_ptr(), len: t.len() }) as SharedBytes).collect();
-            let frame = OutFrame::new(request_id, message, lent).map_err(ClientError::Request)?;
-            self.bytes_sent += frame.len();
-            path.channel.send_frame(frame).map_err(|source| ClientError::Rdma { peer, source })?;
+            // A small request is encoded straight into the session; a large one is written
+            // from the caller's memory.
+            let sent = match path.channel.send_message(request_id, message, tensors).map_err(rdma)? {
+                Some(len) => len as u64,
+                None => {
+                    let lent = tensors
+                        .iter()
+                        .map(|t| Arc::new(Lent { ptr: t.as_ptr(), len: t.len() }) as SharedBytes)
+                        .collect();
+                    let frame = OutFrame::new(request_id, message, lent).map_err(ClientError::Request)?;
+                    let len = frame.len();
+                    path.channel.send_frame(frame).map_err(rdma)?;
+                    len
+                }
+            };
+            self.bytes_sent += sent;
         }
         let deadline = self.options.timeout.map(|t| Instant::now() + t);
         let mut spin_until = Instant::now() + self.options.spin;

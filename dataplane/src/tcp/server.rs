@@ -435,16 +435,27 @@ impl<S: Service> Core<S> {
         })
     }
 
-    /// Sends a reply the way the connection's requests come: over RDMA once moved there.
     fn send(&mut self, conn: &mut Conn, request_id: u64, reply: Reply) {
-        let frame = self.frame(request_id, reply);
-        match conn.rdma.as_mut() {
-            Some(channel) => {
-                if let Err(e) = channel.send_frame(frame) {
-                    self.fail_rdma(conn, e);
-                }
+        let Some(channel) = conn.rdma.as_mut() else {
+            let frame = self.frame(request_id, reply);
+            conn.queue.push(frame);
+            return;
+        };
+        // A small reply is encoded straight into the RDMA session; a large one, or one that
+        // does not match its message (`frame` turns it into an error), goes as a frame.
+        let sent = match channel.send_message(request_id, &reply.message, &reply.tensors) {
+            Ok(Some(_)) => {
+                self.counters.frames_out += 1;
+                Ok(())
             }
-            None => conn.queue.push(frame),
+            Ok(None) | Err(ChannelError::Request(_)) => {
+                let frame = self.frame(request_id, reply);
+                channel.send_frame(frame)
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(e) = sent {
+            self.fail_rdma(conn, e);
         }
     }
 
