@@ -25,6 +25,11 @@ pub const MAX_XFER: u32 = 0x00ff_ffff;
 /// Bytes of the header that starts every SEND.
 pub const RDMA_HEADER_LEN: usize = 16;
 
+/// Frames up to this size are encoded into the session's own buffer ([`Session::send_message`]):
+/// copying so few bytes twice costs less than building an [`OutFrame`]. Larger ones are built
+/// as frames and copied once, into a send slot.
+pub const ENCODE_MAX: usize = 1024;
+
 /// Written bytes at the front of the encoded-frame buffer are dropped past this much.
 const COMPACT_AFTER: usize = 64 * 1024;
 
@@ -234,11 +239,11 @@ impl Session {
         self.pump();
     }
 
-    /// Queues a frame of `message` with `tensors` as its payload when it goes in one SEND,
-    /// encoding it at once into the session's own buffer: nothing is allocated once that buffer
-    /// has grown, and the tensors are not referenced after the call. Returns the frame's length,
-    /// or `None`, queueing nothing, when it is too large for that: send it with
-    /// [`Self::send_frame`].
+    /// Queues a frame of `message` with `tensors` as its payload when it is small (at most
+    /// [`ENCODE_MAX`] bytes, and one SEND), encoding it at once into the session's own buffer:
+    /// nothing is allocated once that buffer has grown, and the tensors are not referenced after
+    /// the call. Returns the frame's length, or `None`, queueing nothing, when it is larger:
+    /// send it with [`Self::send_frame`].
     pub fn send_message<T>(
         &mut self,
         request_id: u64,
@@ -269,13 +274,13 @@ impl Session {
         T: std::ops::Deref,
         T::Target: AsRef<[u8]>,
     {
-        let eager_max = self.eager_max();
+        let encode_max = self.eager_max().min(ENCODE_MAX as u64);
         let out = &mut self.encoded;
         let start = out.len();
         let payload_len = append_head(out, request_id, message)?;
         let descs = message.tensors();
         check_tensor_lens(descs, tensors.iter().map(|t| (**t).as_ref().len()))?;
-        if (out.len() - start) as u64 + payload_len > eager_max {
+        if (out.len() - start) as u64 + payload_len > encode_max {
             return Ok(false);
         }
         for (padding, bytes) in paddings(descs).zip(tensors) {
