@@ -255,7 +255,7 @@ impl Session {
         T::Target: AsRef<[u8]>,
     {
         let start = self.encoded.len();
-        match self.encode_eager(request_id, message, tensors) {
+        match self.encode_small(request_id, message, tensors) {
             Ok(true) => {
                 let len = self.encoded.len() - start;
                 self.waiting.push_back(Outgoing::Encoded(len));
@@ -269,7 +269,7 @@ impl Session {
         }
     }
 
-    fn encode_eager<T>(&mut self, request_id: u64, message: &Message, tensors: &[T]) -> Result<bool, ProtocolError>
+    fn encode_small<T>(&mut self, request_id: u64, message: &Message, tensors: &[T]) -> Result<bool, ProtocolError>
     where
         T: std::ops::Deref,
         T::Target: AsRef<[u8]>,
