@@ -21,7 +21,7 @@ use super::error::{ErrorCode, ProtocolError};
 use super::header::{FrameHeader, HEADER_LEN, Kind};
 use super::limits::Limits;
 use super::message::Message;
-use super::tensor::{self, TENSOR_ALIGN, TensorDesc};
+use super::tensor::{self, check_tensor_lens, paddings};
 
 /// Bytes read ahead of the frame being decoded.
 pub const STAGING_LEN: usize = 64 * 1024;
@@ -318,34 +318,6 @@ pub fn append_head(out: &mut Vec<u8>, request_id: u64, message: &Message) -> Res
     let header = FrameHeader::new(message.kind(), request_id, meta_len, payload_len);
     out[start..start + HEADER_LEN].copy_from_slice(zerocopy::IntoBytes::as_bytes(&header));
     Ok(payload_len)
-}
-
-/// Checks the byte lengths of the tensors going with a message against its descriptors.
-pub fn check_tensor_lens(
-    descs: &[TensorDesc],
-    lens: impl ExactSizeIterator<Item = usize>,
-) -> Result<(), ProtocolError> {
-    if descs.len() != lens.len() {
-        return Err(ProtocolError::PayloadMismatch { announced: lens.len() as u64, expected: descs.len() as u64 });
-    }
-    for (len, desc) in lens.zip(descs) {
-        if len as u64 != desc.byte_len {
-            return Err(ProtocolError::PayloadMismatch { announced: len as u64, expected: desc.byte_len });
-        }
-    }
-    Ok(())
-}
-
-/// The zero padding before each tensor of a payload ([`payload_layout`]), whose length is
-/// known not to overflow ([`payload_len`] succeeded).
-pub fn paddings(descs: &[TensorDesc]) -> impl Iterator<Item = usize> + '_ {
-    let mut end = 0u64;
-    descs.iter().map(move |desc| {
-        let start = end.next_multiple_of(TENSOR_ALIGN);
-        let padding = (start - end) as usize;
-        end = start + desc.byte_len;
-        padding
-    })
 }
 
 /// Zero bytes for the padding between tensors of a payload.

@@ -10,13 +10,13 @@ mod value;
 
 pub use codec::{
     Frame, FrameReader, OutFrame, Payload, PayloadAlloc, ReadTarget, RecvEvent, Refusal, STAGING_LEN, SendQueue,
-    SharedBytes, ZEROS, append_head, check_tensor_lens, decode_body, encode_head, paddings,
+    SharedBytes, ZEROS, append_head, decode_body, encode_head,
 };
 pub use error::{ErrorCode, ProtocolError};
 pub use header::{FrameHeader, HEADER_LEN, Kind, MAGIC, PROTOCOL_VERSION};
 pub use limits::Limits;
 pub use message::{Fingerprint, Hello, ListEntry, Message, ModelInfo, RdmaParams, transports};
-pub use tensor::{DType, TENSOR_ALIGN, TensorDesc, payload_layout, payload_len};
+pub use tensor::{DType, TENSOR_ALIGN, TensorDesc, check_tensor_lens, paddings, payload_layout, payload_len};
 pub use value::{MAX_VALUE_DEPTH, Value};
 
 #[cfg(test)]

@@ -137,12 +137,40 @@ pub fn payload_len(tensors: &[TensorDesc]) -> Result<u64, ProtocolError> {
     tensors.iter().try_fold(0, |end, t| tensor_end(tensor_start(end)?, t.byte_len))
 }
 
+/// Checks the byte lengths of the tensors going with a message against its descriptors.
+pub fn check_tensor_lens(
+    descs: &[TensorDesc],
+    lens: impl ExactSizeIterator<Item = usize>,
+) -> Result<(), ProtocolError> {
+    if descs.len() != lens.len() {
+        return Err(ProtocolError::PayloadMismatch { announced: lens.len() as u64, expected: descs.len() as u64 });
+    }
+    for (len, desc) in lens.zip(descs) {
+        if len as u64 != desc.byte_len {
+            return Err(ProtocolError::PayloadMismatch { announced: len as u64, expected: desc.byte_len });
+        }
+    }
+    Ok(())
+}
+
+/// The zero padding before each tensor of a payload ([`payload_layout`]), whose length is
+/// known not to overflow ([`payload_len`] succeeded).
+pub fn paddings(descs: &[TensorDesc]) -> impl Iterator<Item = usize> + '_ {
+    let mut end = 0u64;
+    descs.iter().map(move |desc| {
+        let start = end.next_multiple_of(TENSOR_ALIGN);
+        let padding = (start - end) as usize;
+        end = start + desc.byte_len;
+        padding
+    })
+}
+
 /// Where the tensor after one ending at `end` starts.
-pub(crate) fn tensor_start(end: u64) -> Result<u64, ProtocolError> {
+fn tensor_start(end: u64) -> Result<u64, ProtocolError> {
     end.checked_next_multiple_of(TENSOR_ALIGN).ok_or_else(overflow)
 }
 
-pub(crate) fn tensor_end(start: u64, byte_len: u64) -> Result<u64, ProtocolError> {
+fn tensor_end(start: u64, byte_len: u64) -> Result<u64, ProtocolError> {
     start.checked_add(byte_len).ok_or_else(overflow)
 }
 

@@ -16,7 +16,7 @@ use std::collections::{HashMap, VecDeque};
 
 use crate::proto::{
     FrameHeader, HEADER_LEN, Kind, Limits, Message, OutFrame, Payload, PayloadAlloc, ProtocolError, RecvEvent, Refusal,
-    append_head, check_tensor_lens, decode_body, paddings,
+    append_head, check_tensor_lens, decode_body, paddings, payload_len,
 };
 
 /// Transfer ids run from 1 to this, then wrap.
@@ -275,12 +275,17 @@ impl Session {
         T::Target: AsRef<[u8]>,
     {
         let encode_max = self.eager_max().min(ENCODE_MAX as u64);
+        let descs = message.tensors();
+        // A frame too large by its payload alone is turned away before anything is encoded
+        // (it is encoded once, as an `OutFrame`).
+        if payload_len(descs)? > encode_max {
+            return Ok(false);
+        }
+        check_tensor_lens(descs, tensors.iter().map(|t| (**t).as_ref().len()))?;
         let out = &mut self.encoded;
         let start = out.len();
-        let payload_len = append_head(out, request_id, message)?;
-        let descs = message.tensors();
-        check_tensor_lens(descs, tensors.iter().map(|t| (**t).as_ref().len()))?;
-        if (out.len() - start) as u64 + payload_len > encode_max {
+        let payload = append_head(out, request_id, message)?;
+        if (out.len() - start) as u64 + payload > encode_max {
             return Ok(false);
         }
         for (padding, bytes) in paddings(descs).zip(tensors) {
@@ -556,21 +561,18 @@ impl Session {
                 self.peer_credits -= 1;
                 self.actions.push_back(Action::Write { xfer, addr, rkey });
             } else if let Some(outgoing) = self.waiting.pop_front() {
-                let frame = match outgoing {
-                    Outgoing::Encoded(len) => {
-                        self.send(op::EAGER, 0, len as u64, SendBody::Encoded(len));
-                        continue;
+                match outgoing {
+                    Outgoing::Encoded(len) => self.send(op::EAGER, 0, len as u64, SendBody::Encoded(len)),
+                    Outgoing::Frame(frame) if frame.len() <= eager_max => {
+                        self.send(op::EAGER, 0, frame.len(), SendBody::Frame(frame));
                     }
-                    Outgoing::Frame(frame) => frame,
-                };
-                if frame.len() <= eager_max {
-                    self.send(op::EAGER, 0, frame.len(), SendBody::Frame(frame));
-                } else {
-                    let xfer = self.next_xfer;
-                    // Ids stay within 24 bits: they travel in work request ids too.
-                    self.next_xfer = self.next_xfer % MAX_XFER + 1;
-                    self.send(op::RTS, xfer, frame.payload_len(), SendBody::Head(frame.head().to_vec()));
-                    self.announced.insert(xfer, frame);
+                    Outgoing::Frame(frame) => {
+                        let xfer = self.next_xfer;
+                        // Ids stay within 24 bits: they travel in work request ids too.
+                        self.next_xfer = self.next_xfer % MAX_XFER + 1;
+                        self.send(op::RTS, xfer, frame.payload_len(), SendBody::Head(frame.head().to_vec()));
+                        self.announced.insert(xfer, frame);
+                    }
                 }
             } else {
                 break;
