@@ -1,22 +1,21 @@
-//! A reliable-connected queue pair and its completion queue, on sideway: creation, the
-//! INIT → RTR → RTS transitions from the peer's address (MTU and GID index negotiated),
-//! memory registration, posting receives, SENDs (inline when small) and RDMA WRITEs with
-//! immediate, and polling completions without allocating.
+//! A reliable-connected queue pair and its completion queue. Set up through sideway: creation,
+//! the INIT → RTR → RTS transitions from the peer's address (MTU and GID index negotiated),
+//! memory registration. The hot path calls the provider through the raw bindings, with nothing
+//! allocated: posting receives, SENDs (inline when small) and RDMA WRITEs with immediate, and
+//! polling completions in batches.
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 
+use rdma_mummy_sys as sys;
 use sideway::ibverbs::AccessFlags;
 use sideway::ibverbs::address::{AddressHandleAttribute, Gid};
 use sideway::ibverbs::completion::{
-    CompletionChannel, CompletionQueue, ExtendedCompletionQueue, GenericCompletionQueue, WorkCompletionStatus,
+    CompletionChannel, CompletionQueue, ExtendedCompletionQueue, GenericCompletionQueue,
 };
 use sideway::ibverbs::memory_region::MemoryRegion;
 use sideway::ibverbs::protection_domain::ProtectionDomain;
-use sideway::ibverbs::queue_pair::{
-    ExtendedQueuePair, PostSendGuard, QueuePair, QueuePairAttribute, QueuePairState, SetInlineData,
-    SetScatterGatherEntry, WorkRequestFlags,
-};
+use sideway::ibverbs::queue_pair::{ExtendedQueuePair, QueuePair, QueuePairAttribute, QueuePairState};
 
 use super::device::{RdmaPort, mtu_of_bytes};
 
@@ -288,8 +287,8 @@ impl RcEndpoint {
         unsafe { self.post_recvs(region, len, [(wr_id, addr)]) }
     }
 
-    /// Posts one receive of `len` bytes per `(wr_id, addr)`, in order, in one call (one lock
-    /// of the receive queue, one list built).
+    /// Posts one receive of `len` bytes per `(wr_id, addr)`, in order, a chain of up to
+    /// [`RECV_CHAIN`] per `ibv_post_recv` (one lock of the receive queue each).
     ///
     /// # Safety
     /// As [`Self::post_recv`], for each receive.
@@ -299,13 +298,35 @@ impl RcEndpoint {
         len: u32,
         recvs: impl IntoIterator<Item = (u64, u64)>,
     ) -> Result<(), RdmaError> {
-        let mut guard = self.qp.start_post_recv();
-        for (wr_id, addr) in recvs {
-            let wr = guard.construct_wr(wr_id);
-            // SAFETY: forwarded to the caller.
-            unsafe { wr.setup_sge(region.lkey(), addr, len) };
+        // The hot path calls the provider directly with work requests on the stack: sideway's
+        // guards build two `Vec`s per call, which under emulation cost as much as the post.
+        let mut recvs = recvs.into_iter().peekable();
+        while recvs.peek().is_some() {
+            let mut sges = [sys::ibv_sge { addr: 0, length: 0, lkey: 0 }; RECV_CHAIN];
+            let mut wrs =
+                [sys::ibv_recv_wr { wr_id: 0, next: std::ptr::null_mut(), sg_list: std::ptr::null_mut(), num_sge: 1 };
+                    RECV_CHAIN];
+            let mut n = 0;
+            for (wr_id, addr) in recvs.by_ref().take(RECV_CHAIN) {
+                sges[n] = sys::ibv_sge { addr, length: len, lkey: region.lkey() };
+                wrs[n].wr_id = wr_id;
+                n += 1;
+            }
+            for i in 0..n {
+                wrs[i].sg_list = &raw mut sges[i];
+                if i + 1 < n {
+                    wrs[i].next = &raw mut wrs[i + 1];
+                }
+            }
+            let mut bad = std::ptr::null_mut();
+            // SAFETY: the chain and its scatter entries live on this stack frame for the call
+            // (the provider copies them into the queue); the buffers are the caller's promise.
+            let rc = unsafe { sys::ibv_post_recv(self.raw_qp(), wrs.as_mut_ptr(), &mut bad) };
+            if rc != 0 {
+                return Err(verb("ibv_post_recv")(std::io::Error::from_raw_os_error(rc)));
+            }
         }
-        guard.post().map_err(verb("ibv_post_recv"))
+        Ok(())
     }
 
     /// Sends `bytes`, inline (copied into the work request) when they fit. Without `signaled`
@@ -323,25 +344,22 @@ impl RcEndpoint {
         signaled: bool,
     ) -> Result<(), RdmaError> {
         let inline = bytes.len() as u32 <= self.max_inline;
-        // Providers that take the data inline only when the flag says so (rxe) need the flag
-        // as well as the inline data.
-        let mut flags = if signaled { WorkRequestFlags::Signaled } else { WorkRequestFlags::none() };
-        if inline {
-            flags |= WorkRequestFlags::Inline;
-        }
-        let mut guard = self.qp.start_post_send();
-        let handle = guard.construct_wr(wr_id, flags).setup_send();
-        if inline {
-            handle.setup_inline_data(bytes);
+        let mut flags = if signaled { sys::ibv_send_flags::IBV_SEND_SIGNALED.0 } else { 0 };
+        let lkey = if inline {
+            // Providers that take the data inline only when the flag says so (rxe) need it.
+            flags |= sys::ibv_send_flags::IBV_SEND_INLINE.0;
+            0
         } else {
-            let region = region.ok_or_else(|| RdmaError::Verb {
-                verb: "ibv_post_send",
-                reason: format!("{} bytes need registered memory", bytes.len()),
-            })?;
-            // SAFETY: forwarded to the caller.
-            unsafe { handle.setup_sge(region.lkey(), bytes.as_ptr() as u64, bytes.len() as u32) };
-        }
-        guard.post().map_err(verb("ibv_post_send"))
+            region
+                .ok_or_else(|| RdmaError::Verb {
+                    verb: "ibv_post_send",
+                    reason: format!("{} bytes need registered memory", bytes.len()),
+                })?
+                .lkey()
+        };
+        let sge = sys::ibv_sge { addr: bytes.as_ptr() as u64, length: bytes.len() as u32, lkey };
+        // SAFETY: inline data is copied during the call; otherwise forwarded to the caller.
+        unsafe { self.post_one(wr_id, sys::ibv_wr_opcode::IBV_WR_SEND, flags, sge, None, None) }
     }
 
     /// Writes `len` bytes at `addr` (in `region`) to the peer's `remote_addr` (`rkey`); with
@@ -360,60 +378,120 @@ impl RcEndpoint {
         remote_addr: u64,
         imm: Option<u32>,
     ) -> Result<(), RdmaError> {
-        let mut guard = self.qp.start_post_send();
-        let wr = guard.construct_wr(wr_id, WorkRequestFlags::Signaled);
-        let handle = match imm {
-            Some(imm) => wr.setup_write_imm(rkey, remote_addr, imm),
-            None => wr.setup_write(rkey, remote_addr),
+        let opcode = match imm {
+            Some(_) => sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM,
+            None => sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
         };
+        let sge = sys::ibv_sge { addr, length: len, lkey: region.lkey() };
+        let flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
         // SAFETY: forwarded to the caller.
-        unsafe { handle.setup_sge(region.lkey(), addr, len) };
-        guard.post().map_err(verb("ibv_post_send(WRITE)"))
+        unsafe { self.post_one(wr_id, opcode, flags, sge, Some((remote_addr, rkey)), imm) }
+    }
+
+    /// Posts one work request with one scatter entry through `ibv_post_send`.
+    ///
+    /// # Safety
+    /// The memory `sge` names is valid for the operation (see the callers).
+    unsafe fn post_one(
+        &mut self,
+        wr_id: u64,
+        opcode: sys::ibv_wr_opcode::Type,
+        send_flags: u32,
+        mut sge: sys::ibv_sge,
+        remote: Option<(u64, u32)>,
+        imm: Option<u32>,
+    ) -> Result<(), RdmaError> {
+        // SAFETY: an all-zero work request is a valid starting point (null pointers, no flags).
+        let mut wr: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.sg_list = &raw mut sge;
+        wr.num_sge = 1;
+        wr.opcode = opcode;
+        wr.send_flags = send_flags;
+        if let Some(imm) = imm {
+            // Passed through as given: the peer reads it back unchanged from its completion.
+            wr.imm_data_invalidated_rkey_union.imm_data = imm;
+        }
+        if let Some((remote_addr, rkey)) = remote {
+            wr.wr.rdma = sys::rdma_t { remote_addr, rkey };
+        }
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: the request and its scatter entry outlive the call (the provider copies them,
+        // and inline data, into the send queue); the memory it names is the caller's promise.
+        let rc = unsafe { sys::ibv_post_send(self.raw_qp(), &mut wr, &mut bad) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            let what = if opcode == sys::ibv_wr_opcode::IBV_WR_SEND { "ibv_post_send" } else { "ibv_post_send(WRITE)" };
+            Err(verb(what)(std::io::Error::from_raw_os_error(rc)))
+        }
+    }
+
+    fn raw_qp(&self) -> *mut sys::ibv_qp {
+        // SAFETY: the queue pair lives as long as `self`; the pointer is used only while it does.
+        unsafe { self.qp.qp() }.as_ptr()
     }
 }
+
+/// Receives chained into one `ibv_post_recv` at most.
+const RECV_CHAIN: usize = 16;
 
 impl RdmaContext {
     /// Hands every available completion to `each`: a successful one as `Ok`, a failed one (its
     /// work request, and the connection it belongs to, are done for) as `Err`.
     pub fn poll(&self, mut each: impl FnMut(Result<Completion, RdmaError>)) -> Result<usize, RdmaError> {
+        // `ibv_poll_cq` takes a batch under one lock and fills plain structs. The extended
+        // polling API costs an indirect call per field, and rdma-core 44's rxe provider
+        // (Debian 12) runs its consumer index past the producer when `ibv_next_poll` finds the
+        // queue empty. The bound keeps a busy queue from holding the caller forever.
+        // SAFETY: the queue lives as long as `self`; an extended queue starts with the plain one.
+        let cq = unsafe { self.cq.cq() }.as_ptr();
         let mut n = 0;
-        // One completion per start/end batch: rdma-core 44's rxe provider (Debian 12) advances
-        // its consumer index both in an `ibv_next_poll` that finds the queue empty and again in
-        // the `ibv_end_poll` after it, which runs the index past the producer (the queue then
-        // reads zeroed entries as completions). A batch of one never calls `ibv_next_poll`.
-        // The bound keeps a busy queue from holding the caller forever.
         while n < MAX_POLL_BATCH {
-            let mut poller = match self.cq.start_poll() {
-                Ok(p) => p,
-                Err(sideway::ibverbs::completion::PollCompletionQueueError::CompletionQueueEmpty) => break,
-                Err(e) => return Err(verb("ibv_start_poll")(e)),
-            };
-            let Some(wc) = poller.next() else { break };
-            n += 1;
-            let wr_id = wc.wr_id();
-            let status = wc.status();
-            if status != WorkCompletionStatus::Success as u32 {
-                each(Err(RdmaError::Completion { wr_id, status, vendor_err: wc.vendor_err() }));
-                continue;
+            let mut wcs = [const { std::mem::MaybeUninit::<sys::ibv_wc>::uninit() }; POLL_CHUNK];
+            // SAFETY: room for `POLL_CHUNK` entries; the provider fills the first `got`.
+            let got = unsafe { sys::ibv_poll_cq(cq, POLL_CHUNK as i32, wcs.as_mut_ptr().cast()) };
+            if got < 0 {
+                return Err(verb("ibv_poll_cq")(std::io::Error::from_raw_os_error(-got)));
             }
-            use sideway::ibverbs::completion::WorkCompletionOperationType as Op;
-            let opcode = wc.opcode();
-            let kind = match opcode {
-                o if o == Op::Send as u32 => CompletionKind::Send,
-                o if o == Op::Write as u32 => CompletionKind::Write,
-                o if o == Op::Receive as u32 => CompletionKind::Receive,
-                o if o == Op::ReceiveWithImmediate as u32 => CompletionKind::ReceiveWrite,
-                o => CompletionKind::Other(o),
-            };
-            let receives = matches!(kind, CompletionKind::Receive | CompletionKind::ReceiveWrite);
-            // Immediates travel only with WRITEs here (sideway does not expose the completion's
-            // flags, which would tell a SEND with immediate from one without).
-            let imm = (kind == CompletionKind::ReceiveWrite).then(|| wc.imm_data());
-            each(Ok(Completion { wr_id, byte_len: if receives { wc.byte_len() } else { 0 }, imm, kind }));
+            let got = got as usize;
+            for wc in &wcs[..got] {
+                // SAFETY: written by the provider above.
+                let wc = unsafe { wc.assume_init_ref() };
+                each(completion_of(wc));
+            }
+            n += got;
+            if got < POLL_CHUNK {
+                break;
+            }
         }
         Ok(n)
     }
 }
+
+fn completion_of(wc: &sys::ibv_wc) -> Result<Completion, RdmaError> {
+    use sys::ibv_wc_opcode as op;
+    if wc.status != sys::ibv_wc_status::IBV_WC_SUCCESS {
+        return Err(RdmaError::Completion { wr_id: wc.wr_id, status: wc.status, vendor_err: wc.vendor_err });
+    }
+    let kind = match wc.opcode {
+        op::IBV_WC_SEND => CompletionKind::Send,
+        op::IBV_WC_RDMA_WRITE => CompletionKind::Write,
+        op::IBV_WC_RECV => CompletionKind::Receive,
+        op::IBV_WC_RECV_RDMA_WITH_IMM => CompletionKind::ReceiveWrite,
+        o => CompletionKind::Other(o),
+    };
+    let receives = matches!(kind, CompletionKind::Receive | CompletionKind::ReceiveWrite);
+    // Immediates travel only with WRITEs here.
+    let with_imm = wc.wc_flags & sys::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
+    // SAFETY: the flag says the union holds the immediate.
+    let imm = (kind == CompletionKind::ReceiveWrite && with_imm)
+        .then_some(unsafe { wc.imm_data_invalidated_rkey_union.imm_data });
+    Ok(Completion { wr_id: wc.wr_id, byte_len: if receives { wc.byte_len } else { 0 }, imm, kind })
+}
+
+/// Completions taken per `ibv_poll_cq`.
+const POLL_CHUNK: usize = 16;
 
 /// Completions handed out by one [`RdmaContext::poll`].
 const MAX_POLL_BATCH: usize = 256;
