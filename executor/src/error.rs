@@ -12,6 +12,10 @@ pub enum ExecError {
     Unsupported(String),
     #[error("over the device-memory budget: {0}")]
     OverBudget(#[from] djinn_gpudirect::OverBudget),
+    #[error(
+        "block {block} needs {len} bytes of device memory and only {available} are available: it cannot run even streamed"
+    )]
+    BlockTooLarge { block: usize, len: u64, available: u64 },
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -21,7 +25,7 @@ impl ExecError {
         match self {
             Self::Torch(_) | Self::Unsupported(_) => ErrorCode::ExecutionFailed,
             Self::BadArchive(_) => ErrorCode::BadArchive,
-            Self::OverBudget(_) => ErrorCode::OverBudget,
+            Self::OverBudget(_) | Self::BlockTooLarge { .. } => ErrorCode::OverBudget,
             Self::Internal(_) => ErrorCode::Internal,
         }
     }

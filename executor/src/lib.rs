@@ -8,6 +8,7 @@ mod error;
 mod models;
 mod service;
 mod store;
+pub mod stream;
 mod workers;
 
 pub use error::ExecError;

@@ -3,8 +3,8 @@
 
 use std::collections::HashMap;
 use std::io::Read;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use djinn_dataplane::proto::{Fingerprint, ModelInfo, Payload};
 use djinn_gpudirect::{MemoryBudget, OverBudget, Reservation};
@@ -12,15 +12,20 @@ use tch::jit::{CModule, IValue};
 use tch::{Device, Tensor};
 
 use crate::error::ExecError;
+use crate::stream::{Plan, StreamStats, StreamedBlock, Streamer, plan};
 
-/// A model on the node's device: its blocks in execution order.
+/// A model on the node's device: its blocks in execution order, some of them streamed when the
+/// whole does not fit.
 pub struct Model {
     pub fingerprint: Fingerprint,
     blocks: Vec<CModule>,
     pub weight_bytes: u64,
     pub device: Device,
     executions: AtomicU64,
-    _reservation: Reservation,
+    /// The streamed blocks and their ring; one forward at a time goes through it.
+    stream: Option<Mutex<Streamer>>,
+    stream_stats: Option<Arc<StreamStats>>,
+    reservation: Reservations,
 }
 
 impl std::fmt::Debug for Model {
@@ -55,18 +60,31 @@ impl Model {
     /// arguments (as the Python package chains blocks); the last block's output is returned.
     pub fn forward(&self, args: Vec<IValue>) -> Result<IValue, ExecError> {
         let _guard = tch::no_grad_guard();
-        let (last, first) =
-            self.blocks.split_last().ok_or_else(|| ExecError::Internal("a model without blocks".into()))?;
+        let mut stream = self.stream.as_ref().map(|s| s.lock().unwrap_or_else(|e| e.into_inner()));
         let mut args = args;
-        for block in first {
-            args = match block.forward_is(&args)? {
+        for (i, block) in self.blocks.iter().enumerate() {
+            if let Some(stream) = stream.as_mut() {
+                stream.before(i)?;
+            }
+            let mut out = block.forward_is(&args)?;
+            if let Some(stream) = stream.as_mut() {
+                out = stream.after(i, out)?;
+            }
+            if i + 1 == self.blocks.len() {
+                self.executions.fetch_add(1, Ordering::Relaxed);
+                return Ok(out);
+            }
+            args = match out {
                 IValue::Tuple(items) => items,
                 other => vec![other],
             };
         }
-        let out = last.forward_is(&args)?;
-        self.executions.fetch_add(1, Ordering::Relaxed);
-        Ok(out)
+        Err(ExecError::Internal("a model without blocks".into()))
+    }
+
+    /// Device bytes the model holds: its resident blocks and its ring.
+    pub fn device_bytes(&self) -> u64 {
+        self.reservation.device.bytes()
     }
 }
 
@@ -137,17 +155,23 @@ impl Upload {
                 self.fingerprint
             )));
         }
-        let mut blocks = Vec::with_capacity(self.block_lens.len());
+        let count = self.block_lens.len();
+        let mut blocks = Vec::with_capacity(count);
+        let mut slot_lens = Vec::with_capacity(count);
         for (i, mut reader) in self.block_readers().into_iter().enumerate() {
             let mut block = CModule::load_data_on_device(&mut reader, device)
                 .map_err(|e| ExecError::BadArchive(format!("block {i} is not a TorchScript archive: {e}")))?;
             block.f_set_eval()?;
+            slot_lens.push(StreamedBlock::slot_len(&block)?);
             blocks.push(block);
+            if count >= 10 && (i + 1) % (count / 10) == 0 {
+                tracing::info!(model = %self.fingerprint, loaded = i + 1, blocks = count, "loading blocks");
+            }
         }
         let weight_bytes = blocks.iter().try_fold(0u64, |acc, b| {
             Ok::<_, ExecError>(acc + b.named_parameters()?.iter().map(|(_, t)| tensor_bytes(t)).sum::<u64>())
         })?;
-        Ok(LoadedModel { fingerprint: self.fingerprint, blocks, weight_bytes, device })
+        Ok(LoadedModel { fingerprint: self.fingerprint, blocks, slot_lens, weight_bytes, device })
     }
 }
 
@@ -215,8 +239,52 @@ impl Read for ChunkReader<'_> {
 pub struct LoadedModel {
     fingerprint: Fingerprint,
     blocks: Vec<CModule>,
+    /// Bytes each block's parameters take laid out in a ring slot.
+    slot_lens: Vec<u64>,
     weight_bytes: u64,
     device: Device,
+}
+
+impl LoadedModel {
+    /// The model, holding `reservation`, with the blocks `plan` streams moved out of device
+    /// memory into host memory (one copy of each, done here, outside any lock).
+    pub fn into_model(self, plan: &Plan, reservation: Reservations) -> Result<Model, ExecError> {
+        let stream = if plan.streamed.iter().any(|s| *s) {
+            let mut streamed = Vec::with_capacity(self.blocks.len());
+            for (block, &is_streamed) in self.blocks.iter().zip(&plan.streamed) {
+                streamed.push(if is_streamed { Some(StreamedBlock::take(block)?) } else { None });
+            }
+            let streamer = Streamer::new(streamed, plan.ring, self.device)?;
+            tracing::info!(
+                model = %self.fingerprint,
+                streamed = streamer.streamed(),
+                blocks = self.blocks.len(),
+                ring = plan.ring,
+                host_bytes = streamer.host_bytes(),
+                "the model does not fit the device budget: streaming blocks through a ring"
+            );
+            Some(streamer)
+        } else {
+            None
+        };
+        Ok(Model {
+            fingerprint: self.fingerprint,
+            blocks: self.blocks,
+            weight_bytes: self.weight_bytes,
+            device: self.device,
+            executions: AtomicU64::new(0),
+            stream_stats: stream.as_ref().map(Streamer::stats),
+            stream: stream.map(Mutex::new),
+            reservation,
+        })
+    }
+}
+
+/// What a model holds of the node's budgets.
+#[derive(Debug)]
+pub struct Reservations {
+    device: Reservation,
+    _host: Reservation,
 }
 
 struct Entry {
@@ -227,6 +295,8 @@ struct Entry {
 /// Fingerprint → model, shared by the poller (look-ups) and the workers (inserts after loads).
 pub struct ModelStore {
     budget: MemoryBudget,
+    /// Host memory for streamed blocks' weights.
+    host_budget: MemoryBudget,
     models: HashMap<Fingerprint, Entry>,
     clock: u64,
     evictions: u64,
@@ -239,8 +309,8 @@ impl std::fmt::Debug for ModelStore {
 }
 
 impl ModelStore {
-    pub fn new(budget: MemoryBudget) -> Self {
-        Self { budget, models: HashMap::new(), clock: 0, evictions: 0 }
+    pub fn new(budget: MemoryBudget, host_budget: MemoryBudget) -> Self {
+        Self { budget, host_budget, models: HashMap::new(), clock: 0, evictions: 0 }
     }
 
     /// The model, marked as just used.
@@ -255,26 +325,32 @@ impl ModelStore {
         self.models.contains_key(fingerprint)
     }
 
-    /// Makes a loaded model visible, charging its weights to the budget and evicting idle
-    /// models (least recently used first) to make room. A model some request is using is never
-    /// evicted. If the fingerprint is already here (two clients uploaded it at once), the copy
-    /// already serving is kept.
-    pub fn insert(&mut self, loaded: LoadedModel) -> Result<Arc<Model>, OverBudget> {
-        if let Some(existing) = self.get(&loaded.fingerprint) {
-            return Ok(existing);
+    /// Plans where a loaded model's blocks live and takes that much device memory from the
+    /// budget, evicting idle models (least recently used first) to make room; a model some
+    /// request is using is never evicted. The plan counts idle models' memory as available, so
+    /// a model streams only when it cannot fit whole even after evictions.
+    /// The weights of the streamed blocks are charged to the host budget.
+    pub fn reserve_for(&mut self, loaded: &LoadedModel) -> Result<(Plan, Reservations), ExecError> {
+        let idle: u64 =
+            self.models.values().filter(|e| Arc::strong_count(&e.model) == 1).map(|e| e.model.device_bytes()).sum();
+        let available = self.budget.limit().saturating_sub(self.budget.used()) + idle;
+        let plan = plan(&loaded.slot_lens, available)?;
+        let host_bytes = loaded.slot_lens.iter().zip(&plan.streamed).filter(|(_, s)| **s).map(|(l, _)| l).sum();
+        let host = self.host_budget.try_reserve(host_bytes)?;
+        let device = self.reserve_evicting(plan.device_bytes(&loaded.slot_lens))?;
+        Ok((plan, Reservations { device, _host: host }))
+    }
+
+    /// Makes a model visible. If its fingerprint is already here (two clients uploaded it at
+    /// once), the copy already serving is kept and this one dropped.
+    pub fn publish(&mut self, model: Model) -> Arc<Model> {
+        if let Some(existing) = self.get(&model.fingerprint) {
+            return existing;
         }
-        let reservation = self.reserve_evicting(loaded.weight_bytes)?;
         self.clock += 1;
-        let model = Arc::new(Model {
-            fingerprint: loaded.fingerprint,
-            blocks: loaded.blocks,
-            weight_bytes: loaded.weight_bytes,
-            device: loaded.device,
-            executions: AtomicU64::new(0),
-            _reservation: reservation,
-        });
+        let model = Arc::new(model);
         self.models.insert(model.fingerprint, Entry { model: Arc::clone(&model), last_used: self.clock });
-        Ok(model)
+        model
     }
 
     /// Takes `bytes` from the budget, evicting idle models as needed.
@@ -312,6 +388,13 @@ impl ModelStore {
         out.push(("models".into(), self.models.len() as u64));
         out.push(("model_bytes".into(), self.models.values().map(|e| e.model.weight_bytes).sum()));
         out.push(("model_evictions".into(), self.evictions));
+        let streams = || self.models.values().filter_map(|e| e.model.stream_stats.as_ref());
+        let sum = |f: fn(&StreamStats) -> &AtomicU64| streams().map(|s| f(s).load(Ordering::Relaxed)).sum::<u64>();
+        out.push(("streamed_models".into(), streams().count() as u64));
+        out.push(("stream_bytes".into(), sum(|s| &s.bytes_streamed)));
+        out.push(("stream_stall_us".into(), sum(|s| &s.stall_ns) / 1000));
+        out.push(("ring_bytes".into(), sum(|s| &s.ring_bytes)));
+        out.push(("ring_peak_bytes".into(), sum(|s| &s.ring_peak_bytes)));
     }
 }
 
@@ -319,31 +402,45 @@ impl ModelStore {
 mod tests {
     use super::*;
 
+    /// A multiple of the ring's slot alignment, so sizes are what they say.
+    const K: u64 = 256;
+
     fn loaded(tag: u8, weight_bytes: u64) -> LoadedModel {
-        LoadedModel { fingerprint: Fingerprint([tag; 32]), blocks: Vec::new(), weight_bytes, device: Device::Cpu }
+        LoadedModel {
+            fingerprint: Fingerprint([tag; 32]),
+            blocks: Vec::new(),
+            slot_lens: vec![weight_bytes],
+            weight_bytes,
+            device: Device::Cpu,
+        }
+    }
+
+    fn insert(store: &mut ModelStore, loaded: LoadedModel) -> Result<Arc<Model>, ExecError> {
+        let (plan, reservation) = store.reserve_for(&loaded)?;
+        Ok(store.publish(loaded.into_model(&plan, reservation)?))
     }
 
     #[test]
     fn a_model_in_use_is_never_evicted() {
-        let budget = MemoryBudget::new(100);
-        let mut store = ModelStore::new(budget.clone());
-        let a = store.insert(loaded(1, 60)).unwrap();
+        let budget = MemoryBudget::new(100 * K);
+        let mut store = ModelStore::new(budget.clone(), MemoryBudget::new(100 * K));
+        let a = insert(&mut store, loaded(1, 60 * K)).unwrap();
         // `a` is held, as a running request holds its model: no room for b.
-        assert!(store.insert(loaded(2, 60)).is_err());
+        assert!(insert(&mut store, loaded(2, 60 * K)).is_err());
         assert!(store.contains(&Fingerprint([1; 32])));
         drop(a);
-        store.insert(loaded(2, 60)).unwrap();
+        insert(&mut store, loaded(2, 60 * K)).unwrap();
         assert!(!store.contains(&Fingerprint([1; 32])));
-        assert_eq!(budget.used(), 60);
+        assert_eq!(budget.used(), 60 * K);
     }
 
     #[test]
     fn the_least_recently_used_idle_model_goes_first() {
-        let mut store = ModelStore::new(MemoryBudget::new(100));
-        store.insert(loaded(1, 40)).unwrap();
-        store.insert(loaded(2, 40)).unwrap();
+        let mut store = ModelStore::new(MemoryBudget::new(100 * K), MemoryBudget::new(100 * K));
+        insert(&mut store, loaded(1, 40 * K)).unwrap();
+        insert(&mut store, loaded(2, 40 * K)).unwrap();
         store.get(&Fingerprint([1; 32]));
-        store.insert(loaded(3, 40)).unwrap();
+        insert(&mut store, loaded(3, 40 * K)).unwrap();
         assert!(store.contains(&Fingerprint([1; 32])) && !store.contains(&Fingerprint([2; 32])));
     }
 

@@ -22,6 +22,8 @@ pub struct NodeOptions {
     pub pool_bytes: u64,
     /// The peer-facing metadata limit (list replies are sized to fit it).
     pub max_meta: u32,
+    /// Host memory for archives being uploaded and streamed blocks' weights.
+    pub host_budget: MemoryBudget,
 }
 
 #[derive(Debug)]
@@ -31,13 +33,14 @@ pub struct NodeService {
     uploads: HashMap<u64, Upload>,
     next_upload: u64,
     pool: BufferPool,
+    host_budget: MemoryBudget,
     workers: Workers,
 }
 
 impl NodeService {
     pub fn new(budget: MemoryBudget, options: NodeOptions) -> std::io::Result<Self> {
         let pool = BufferPool::new(options.pool_bytes, 64 * 1024);
-        let models = Arc::new(Mutex::new(ModelStore::new(budget.clone())));
+        let models = Arc::new(Mutex::new(ModelStore::new(budget.clone(), options.host_budget.clone())));
         let workers = Workers::start(options.workers, options.device, Arc::clone(&models))?;
         Ok(Self {
             tensors: TensorStore::new(budget, pool.clone(), options.max_meta),
@@ -45,6 +48,7 @@ impl NodeService {
             uploads: HashMap::new(),
             next_upload: 1,
             pool,
+            host_budget: options.host_budget,
             workers,
         })
     }
@@ -93,13 +97,14 @@ impl Service for NodeService {
     fn alloc(&mut self, message: &Message, len: usize) -> Result<Payload, Refusal> {
         match message {
             Message::Put { .. } => self.tensors.alloc(len),
-            // Archive bytes stay until the model is loaded: they are charged to the budget,
-            // evicting idle models if need be.
+            // Archive bytes stay in host memory until the model is loaded: they are charged to
+            // the host budget (a model larger than the device streams, so its archive may be
+            // larger than the device budget).
             Message::RegisterChunk { upload, .. } => {
                 if !self.uploads.contains_key(upload) {
                     return Err(Refusal { code: ErrorCode::NotFound, message: format!("no upload {upload}") });
                 }
-                let reservation = self.models().reserve_evicting(len as u64)?;
+                let reservation = self.host_budget.try_reserve(len as u64)?;
                 Ok(Payload { buf: self.pool.take(len)?, reservation: Some(reservation) })
             }
             // Inputs live for one request, in host memory (copied to the device when it is a GPU).

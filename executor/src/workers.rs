@@ -154,7 +154,9 @@ fn load(upload: Upload, device: Device, models: &Mutex<ModelStore>) -> Result<Re
     let started = std::time::Instant::now();
     let fingerprint = upload.fingerprint;
     let loaded = upload.load(device)?;
-    let model = models.lock().unwrap_or_else(|e| e.into_inner()).insert(loaded)?;
+    let (plan, reservation) = models.lock().unwrap_or_else(|e| e.into_inner()).reserve_for(&loaded)?;
+    let model = loaded.into_model(&plan, reservation)?;
+    let model = models.lock().unwrap_or_else(|e| e.into_inner()).publish(model);
     tracing::info!(model = %fingerprint, weight_bytes = model.weight_bytes, seconds = started.elapsed().as_secs_f64(), "model loaded");
     Ok(Reply::message(Message::Registered { model: model.info() }))
 }

@@ -4,9 +4,11 @@
 pub mod budget;
 pub mod device;
 pub mod host;
+pub mod ring;
 mod size;
 
 pub use budget::{MemoryBudget, OverBudget, Reservation};
 pub use device::{CudaDevice, DeviceError, cuda_devices};
 pub use host::{AllocError, BUFFER_ALIGN, BufferPool, HostBuf, PoolStats, align_for};
+pub use ring::{BlockTooLarge, SLOT_ALIGN, SkipEndRing, Slot};
 pub use size::ByteSize;

@@ -58,4 +58,18 @@ class Fails(nn.Module):
 
 
 save(Fails(), "fails")
+# A stack of MLP blocks (1 MiB of weights each) and the tiny GPT, as blocks: what the streaming
+# tests run under budgets that hold only some of them.
+stack = [nn.Sequential(nn.Linear(512, 512), nn.GELU()) for _ in range(8)]
+for i, block in enumerate(stack):
+    save(block, f"stack.block{i}", torch.randn(4, 512))
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "client-lib/python/examples"))
+from gpt import GPT, GPTConfig  # noqa: E402
+
+gpt = GPT(GPTConfig.tiny()).eval()
+x = torch.randint(0, gpt.config.vocab, (1, 16))
+for i, block in enumerate(gpt.blocks()):
+    save(block, f"gpt.block{i}", x)
+    x = block(x)
 print("models written to", out)

@@ -33,6 +33,10 @@ pub struct NodeArgs {
     /// per device; on a host without CUDA, host memory. Default: half of physical memory.
     #[arg(long)]
     device_memory_budget: Option<ByteSize>,
+    /// Host memory the node may hold for model archives being registered and for the weights
+    /// of blocks streamed through the ring. Default: half of physical memory.
+    #[arg(long)]
+    host_memory_budget: Option<ByteSize>,
     /// Largest payload of one frame; larger frames are refused before anything is allocated.
     #[arg(long, default_value = "16GiB")]
     max_payload: ByteSize,
@@ -146,7 +150,8 @@ pub fn run(args: NodeArgs) -> Result<()> {
     }
     let rdma = rdma_context(&args)?;
     tch::set_num_threads(args.intra_op_threads.max(1));
-    let options = NodeOptions { device, workers: args.workers, pool_bytes: args.buffer_pool.0, max_meta };
+    let host_budget = MemoryBudget::new(args.host_memory_budget.map_or(physical_memory() / 2, |b| b.0));
+    let options = NodeOptions { device, workers: args.workers, pool_bytes: args.buffer_pool.0, max_meta, host_budget };
     let service = NodeService::new(budget.clone(), options).context("cannot start the executor")?;
     let config = ServerConfig {
         limits,

@@ -1,0 +1,463 @@
+//! Models larger than their share of device memory: the residency plan (which blocks stay on
+//! the device, which stream) and the streaming itself, through a skip-end ring
+//! ([`djinn_gpudirect::SkipEndRing`]) over one fixed region.
+//!
+//! A streamed block's parameters are copied once, at registration, into one host buffer laid
+//! out exactly as the block's slot will be (each tensor aligned to [`SLOT_ALIGN`]), so that
+//! bringing the block in is one copy. The module's own parameter tensors are then emptied; just
+//! before the block runs they are re-pointed (`set_data`) at views into the block's slot. While
+//! a block computes, a copy thread brings the next blocks into the ring as far as the ring has
+//! room; a slot is released only once the block that reads it has run.
+//!
+//! On a CPU node the region is host memory and the copy thread stands in for a copy stream.
+//! Streaming on CUDA (pinned host memory, a copy stream, events ordered against torch's stream)
+//! is not built yet: a CUDA node refuses a model that does not fit instead.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use djinn_gpudirect::{HostBuf, SLOT_ALIGN, SkipEndRing, Slot};
+use tch::jit::{CModule, IValue};
+use tch::{Device, Kind, Tensor};
+
+use crate::error::ExecError;
+
+/// Which blocks stream, and the ring they stream through.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    pub streamed: Vec<bool>,
+    /// Bytes of the ring (0 when nothing streams).
+    pub ring: u64,
+}
+
+impl Plan {
+    /// Device bytes the plan holds: resident blocks and the ring.
+    pub fn device_bytes(&self, slot_lens: &[u64]) -> u64 {
+        let resident: u64 = slot_lens.iter().zip(&self.streamed).filter(|(_, s)| !**s).map(|(l, _)| l).sum();
+        resident + self.ring
+    }
+}
+
+/// Plans a model whose blocks take `slot_lens` bytes each (as laid out in a slot) into
+/// `available` device bytes. Everything is resident when it fits. Otherwise the ring holds two
+/// of the largest streamed blocks (one computing while the next arrives) when the budget has
+/// room for two of the model's largest block, else one; and the largest blocks that fit beside
+/// that ring stay resident, which streams the fewest bytes per forward.
+pub fn plan(slot_lens: &[u64], available: u64) -> Result<Plan, ExecError> {
+    let lens: Vec<u64> = slot_lens.iter().map(|l| l.next_multiple_of(SLOT_ALIGN)).collect();
+    if lens.iter().sum::<u64>() <= available {
+        return Ok(Plan { streamed: vec![false; lens.len()], ring: 0 });
+    }
+    let (largest_block, largest) = lens.iter().copied().enumerate().max_by_key(|(_, l)| *l).unwrap_or_default();
+    if largest > available {
+        return Err(ExecError::BlockTooLarge { block: largest_block, len: largest, available });
+    }
+    let slots = if available >= 2 * largest { 2 } else { 1 };
+    // A block without weights has nothing to stream.
+    let mut streamed: Vec<bool> = lens.iter().map(|&l| l > 0).collect();
+    let mut resident = 0;
+    let mut by_size: Vec<usize> = (0..lens.len()).collect();
+    by_size.sort_by_key(|&i| std::cmp::Reverse(lens[i]));
+    for &i in by_size.iter().filter(|&&i| lens[i] > 0) {
+        // Keep block i if the ring for the blocks still streamed fits beside it.
+        let rest = (0..lens.len()).filter(|&j| j != i && streamed[j]).map(|j| lens[j]).max().unwrap_or(0);
+        if resident + lens[i] + slots * rest <= available {
+            streamed[i] = false;
+            resident += lens[i];
+        }
+    }
+    let largest_streamed = (0..lens.len()).filter(|&j| streamed[j]).map(|j| lens[j]).max().unwrap_or(0);
+    let ring = if resident + 2 * largest_streamed <= available { 2 * largest_streamed } else { largest_streamed };
+    Ok(Plan { streamed, ring })
+}
+
+/// A parameter of a streamed block, and where it sits in the block's slot.
+struct Param {
+    /// The module's own parameter (a handle on the same tensor): re-pointed before each run.
+    tensor: Tensor,
+    shape: Vec<i64>,
+    kind: Kind,
+    offset: u64,
+}
+
+/// A streamed block's weights, in host memory laid out as in its slot.
+pub struct StreamedBlock {
+    params: Vec<Param>,
+    host: HostBuf,
+}
+
+impl StreamedBlock {
+    /// Bytes the block's parameters take in a slot, each aligned to [`SLOT_ALIGN`].
+    pub fn slot_len(block: &CModule) -> Result<u64, ExecError> {
+        Ok(Self::layout(&block.named_parameters()?).1)
+    }
+
+    fn layout(params: &[(String, Tensor)]) -> (Vec<u64>, u64) {
+        let mut end = 0u64;
+        let offsets = params
+            .iter()
+            .map(|(_, t)| {
+                let offset = end.next_multiple_of(SLOT_ALIGN);
+                end = offset + t.numel() as u64 * t.kind().elt_size_in_bytes() as u64;
+                offset
+            })
+            .collect();
+        (offsets, end)
+    }
+
+    /// Moves `block`'s parameters out of the module into host memory: the module keeps empty
+    /// tensors (it cannot run unbound) until [`Streamer`] binds them to a slot.
+    pub fn take(block: &CModule) -> Result<Self, ExecError> {
+        let named = block.named_parameters()?;
+        let (offsets, len) = Self::layout(&named);
+        let mut host = HostBuf::zeroed(len as usize).map_err(|e| ExecError::Internal(e.to_string()))?;
+        let mut params = Vec::with_capacity(named.len());
+        for ((_, mut tensor), offset) in named.into_iter().zip(offsets) {
+            let contiguous = tensor.f_contiguous()?.f_to_device(Device::Cpu)?;
+            let bytes = contiguous.numel() * contiguous.kind().elt_size_in_bytes();
+            let dst = &mut host.as_mut_slice()[offset as usize..offset as usize + bytes];
+            contiguous.f_copy_data_u8(dst, contiguous.numel())?;
+            let (shape, kind) = (tensor.size(), tensor.kind());
+            tensor.set_data(&Tensor::f_empty([0], (kind, tensor.device()))?);
+            params.push(Param { tensor, shape, kind, offset });
+        }
+        Ok(Self { params, host })
+    }
+
+    fn len(&self) -> u64 {
+        self.host.len() as u64
+    }
+}
+
+impl std::fmt::Debug for StreamedBlock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamedBlock").field("params", &self.params.len()).field("bytes", &self.host.len()).finish()
+    }
+}
+
+/// Counters of one streamed model.
+#[derive(Debug, Default)]
+pub struct StreamStats {
+    pub bytes_streamed: AtomicU64,
+    /// Time blocks waited for their weights to arrive.
+    pub stall_ns: AtomicU64,
+    pub ring_bytes: AtomicU64,
+    pub ring_peak_bytes: AtomicU64,
+}
+
+/// A copy in flight: block `block` into `slot`, done when the copier reaches `seq`.
+#[derive(Debug, Clone, Copy)]
+struct InFlight {
+    block: usize,
+    slot: Slot,
+    seq: u64,
+}
+
+/// Runs the streamed blocks of one model through its ring, one forward at a time.
+pub struct Streamer {
+    // Declared first, so dropped first: its thread is joined before the memory it copies
+    // between (the blocks' host buffers, the region) goes.
+    copier: Copier,
+    blocks: Vec<Option<StreamedBlock>>,
+    /// Streamed blocks in execution order.
+    order: Vec<usize>,
+    /// Position in `order` of the next block to bring in.
+    next: usize,
+    in_flight: VecDeque<InFlight>,
+    ring: SkipEndRing,
+    region: HostBuf,
+    /// `region`'s first [`SLOT_ALIGN`]ed byte.
+    base: *mut u8,
+    device: Device,
+    stats: Arc<StreamStats>,
+}
+
+// SAFETY: `base` points into `region`, which the streamer owns and moves with it; the tensors
+// are handles that libtorch lets any one thread use at a time.
+unsafe impl Send for Streamer {}
+
+impl Streamer {
+    /// `blocks[i]` is `Some` for each streamed block; `ring` bytes of region.
+    pub fn new(blocks: Vec<Option<StreamedBlock>>, ring: u64, device: Device) -> Result<Self, ExecError> {
+        if device != Device::Cpu {
+            return Err(ExecError::Unsupported(
+                "streaming a model larger than the device budget is built for CPU nodes only so far".into(),
+            ));
+        }
+        let ring = SkipEndRing::new(ring);
+        for (i, b) in blocks.iter().enumerate() {
+            if let Some(b) = b
+                && b.len().next_multiple_of(SLOT_ALIGN) > ring.capacity()
+            {
+                return Err(ExecError::BlockTooLarge { block: i, len: b.len(), available: ring.capacity() });
+            }
+        }
+        let mut region =
+            HostBuf::zeroed((ring.capacity() + SLOT_ALIGN) as usize).map_err(|e| ExecError::Internal(e.to_string()))?;
+        let start = region.as_mut_slice().as_mut_ptr();
+        let base = start.wrapping_add(start.align_offset(SLOT_ALIGN as usize));
+        let stats = Arc::new(StreamStats::default());
+        stats.ring_bytes.store(ring.capacity(), Ordering::Relaxed);
+        let order = blocks.iter().enumerate().filter(|(_, b)| b.is_some()).map(|(i, _)| i).collect();
+        Ok(Self {
+            copier: Copier::start()?,
+            blocks,
+            order,
+            next: 0,
+            in_flight: VecDeque::new(),
+            ring,
+            region,
+            base,
+            device,
+            stats,
+        })
+    }
+
+    pub fn stats(&self) -> Arc<StreamStats> {
+        Arc::clone(&self.stats)
+    }
+
+    /// Blocks streamed.
+    pub fn streamed(&self) -> usize {
+        self.order.len()
+    }
+
+    /// Bytes of the streamed blocks' host copies.
+    pub fn host_bytes(&self) -> u64 {
+        self.blocks.iter().flatten().map(StreamedBlock::len).sum()
+    }
+
+    /// Before block `i` runs: its weights are in its slot and its parameters point there.
+    pub fn before(&mut self, i: usize) -> Result<(), ExecError> {
+        if self.blocks.get(i).is_none_or(Option::is_none) {
+            return Ok(());
+        }
+        if self.in_flight.front().is_none_or(|f| f.block != i) {
+            // The previous forward stopped part-way (a block failed): start over from `i`.
+            self.restart_at(i)?;
+        }
+        let Some(&InFlight { slot, seq, .. }) = self.in_flight.front() else {
+            return Err(ExecError::Internal(format!("block {i} was not brought in")));
+        };
+        let started = Instant::now();
+        self.copier.wait(seq);
+        self.stats.stall_ns.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let base = self.base.wrapping_add(slot.offset as usize);
+        let device = self.device;
+        let Some(block) = self.blocks[i].as_mut() else { return Ok(()) };
+        for p in &mut block.params {
+            // SAFETY: the slot holds this block's bytes (the copy above is done) and stays
+            // live, unwritten, until `after` releases it; the region outlives the module's use
+            // of the view (the streamer is dropped with the model).
+            let view =
+                unsafe { Tensor::f_from_blob(base.wrapping_add(p.offset as usize), &p.shape, &[], p.kind, device) }?;
+            p.tensor.set_data(&view);
+        }
+        // The next blocks come in while this one computes.
+        self.bring_in()
+    }
+
+    /// After block `i` ran with output `out`: its slot is released (outputs that are views of
+    /// its weights are copied out first) and the following blocks brought in.
+    pub fn after(&mut self, i: usize, out: IValue) -> Result<IValue, ExecError> {
+        if self.blocks.get(i).is_none_or(Option::is_none) {
+            return Ok(out);
+        }
+        let Some(done) = self.in_flight.pop_front() else { return Ok(out) };
+        let range = self.base as usize + done.slot.offset as usize..self.base as usize + done.slot.end() as usize;
+        let out = detach_from(out, &range)?;
+        self.ring.release_oldest();
+        self.bring_in()?;
+        Ok(out)
+    }
+
+    /// Places and starts copying the next streamed blocks, in order, while the ring has room
+    /// (each block at most once ahead: the ring may hold the next forward's first blocks).
+    fn bring_in(&mut self) -> Result<(), ExecError> {
+        while self.in_flight.len() < self.order.len() {
+            let block = self.order[self.next];
+            let Some(weights) = self.blocks[block].as_ref() else { break };
+            let placed = self.ring.place(weights.len());
+            let placed = placed.map_err(|e| ExecError::BlockTooLarge { block, len: e.len, available: e.capacity })?;
+            let Some(slot) = placed else { break };
+            let dst = self.base.wrapping_add(slot.offset as usize);
+            let seq = self.copier.copy(weights.host.as_ptr(), dst, weights.host.len());
+            self.in_flight.push_back(InFlight { block, slot, seq });
+            self.stats.bytes_streamed.fetch_add(weights.len(), Ordering::Relaxed);
+            self.stats.ring_peak_bytes.fetch_max(self.ring.peak(), Ordering::Relaxed);
+            self.next = (self.next + 1) % self.order.len();
+        }
+        Ok(())
+    }
+
+    /// Drops what is in flight (after waiting for its copies) and brings blocks in from `i` on.
+    fn restart_at(&mut self, i: usize) -> Result<(), ExecError> {
+        if let Some(last) = self.in_flight.back() {
+            self.copier.wait(last.seq);
+        }
+        self.in_flight.clear();
+        while self.ring.release_oldest().is_some() {}
+        self.next = self.order.iter().position(|&b| b == i).unwrap_or(0);
+        self.bring_in()
+    }
+}
+
+impl std::fmt::Debug for Streamer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Streamer")
+            .field("streamed", &self.order.len())
+            .field("ring", &self.ring.capacity())
+            .field("region", &self.region.len())
+            .finish()
+    }
+}
+
+/// Copies a tensor of `out` whose memory lies in `range` (a view of the block's weights) so
+/// that it survives the slot being overwritten.
+fn detach_from(out: IValue, range: &std::ops::Range<usize>) -> Result<IValue, ExecError> {
+    let tensor = |t: Tensor| -> Result<Tensor, ExecError> {
+        if t.numel() > 0 && range.contains(&(t.data_ptr() as usize)) {
+            let mut copy = t.f_empty_like()?;
+            copy.f_copy_(&t)?;
+            Ok(copy)
+        } else {
+            Ok(t)
+        }
+    };
+    let detach = |items: Vec<IValue>| items.into_iter().map(|v| detach_from(v, range)).collect::<Result<Vec<_>, _>>();
+    Ok(match out {
+        IValue::Tensor(t) => IValue::Tensor(tensor(t)?),
+        IValue::Tuple(items) => IValue::Tuple(detach(items)?),
+        IValue::GenericList(items) => IValue::GenericList(detach(items)?),
+        IValue::TensorList(items) => IValue::TensorList(items.into_iter().map(tensor).collect::<Result<_, _>>()?),
+        IValue::GenericDict(pairs) => IValue::GenericDict(
+            pairs.into_iter().map(|(k, v)| Ok((k, detach_from(v, range)?))).collect::<Result<_, ExecError>>()?,
+        ),
+        other => other,
+    })
+}
+
+/// The copy thread: copies in the order asked, each numbered; `wait(n)` returns once copy `n`
+/// is done.
+struct Copier {
+    jobs: Option<crossbeam_channel::Sender<Copy>>,
+    done: Arc<Done>,
+    thread: Option<JoinHandle<()>>,
+    issued: u64,
+}
+
+struct Copy {
+    src: *const u8,
+    dst: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the pointers are into memory the streamer owns and keeps alive until the copier is
+// joined; the ring keeps the destination free of readers until the copy is waited for.
+unsafe impl Send for Copy {}
+
+#[derive(Default)]
+struct Done {
+    seq: AtomicU64,
+    lock: Mutex<()>,
+    cv: Condvar,
+}
+
+impl Copier {
+    fn start() -> Result<Self, ExecError> {
+        let (tx, rx) = crossbeam_channel::unbounded::<Copy>();
+        let done = Arc::new(Done::default());
+        let thread = {
+            let done = Arc::clone(&done);
+            std::thread::Builder::new()
+                .name("djinn-stream-copy".into())
+                .spawn(move || {
+                    for job in rx {
+                        // SAFETY: see `Copy`: both ranges are valid and nothing else touches
+                        // the destination until this copy is waited for.
+                        unsafe { std::ptr::copy_nonoverlapping(job.src, job.dst, job.len) };
+                        done.seq.fetch_add(1, Ordering::Release);
+                        let _held = done.lock.lock().unwrap_or_else(|e| e.into_inner());
+                        done.cv.notify_all();
+                    }
+                })
+                .map_err(|e| ExecError::Internal(format!("cannot start the copy thread: {e}")))?
+        };
+        Ok(Self { jobs: Some(tx), done, thread: Some(thread), issued: 0 })
+    }
+
+    fn copy(&mut self, src: *const u8, dst: *mut u8, len: usize) -> u64 {
+        self.issued += 1;
+        if let Some(jobs) = &self.jobs
+            && jobs.send(Copy { src, dst, len }).is_err()
+        {
+            // The thread is gone (it never stops on its own): copy here instead.
+            // SAFETY: as in the thread.
+            unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+            self.done.seq.fetch_add(1, Ordering::Release);
+        }
+        self.issued
+    }
+
+    fn wait(&self, seq: u64) {
+        if self.done.seq.load(Ordering::Acquire) >= seq {
+            return;
+        }
+        let mut held = self.done.lock.lock().unwrap_or_else(|e| e.into_inner());
+        while self.done.seq.load(Ordering::Acquire) < seq {
+            held = self.done.cv.wait(held).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+impl Drop for Copier {
+    fn drop(&mut self) {
+        self.jobs = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn everything_resident_when_it_fits() {
+        let p = plan(&[1000, 2000, 3000], 10_000).unwrap();
+        assert_eq!(p, Plan { streamed: vec![false; 3], ring: 0 });
+    }
+
+    #[test]
+    fn a_block_larger_than_the_budget_is_an_error() {
+        assert!(matches!(plan(&[1024, 8192], 4096), Err(ExecError::BlockTooLarge { block: 1, .. })));
+    }
+
+    #[test]
+    fn the_largest_blocks_stay_resident_and_the_ring_holds_two_streamed_ones() {
+        // 8 KiB holds two of the 4 KiB block: the ring is double. The 4 KiB block and two 1 KiB
+        // blocks stay; three 1 KiB blocks stream through a 2 KiB ring.
+        let lens = [1024, 1024, 4096, 1024, 1024, 1024];
+        let p = plan(&lens, 8192).unwrap();
+        assert_eq!(p.ring, 2048);
+        assert_eq!(p.streamed, vec![false, false, false, true, true, true]);
+        assert_eq!(p.device_bytes(&lens), 8192);
+    }
+
+    #[test]
+    fn without_room_for_two_slots_the_ring_holds_one() {
+        let lens = [1024, 1024, 4096, 1024, 1024];
+        let p = plan(&lens, 7168).unwrap();
+        assert!(!p.streamed[2] && p.ring == 1024 && p.device_bytes(&lens) <= 7168, "{p:?}");
+    }
+
+    #[test]
+    fn the_smallest_budget_streams_everything_through_one_slot() {
+        let p = plan(&[4096, 4096, 4096], 4096).unwrap();
+        assert_eq!(p, Plan { streamed: vec![true; 3], ring: 4096 });
+    }
+}
