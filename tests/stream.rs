@@ -5,6 +5,7 @@
 mod support;
 
 use djinn_client::{Client, DType, ErrorCode, TensorRef, Value};
+use djinn_executor::stream::StreamedBlock;
 use support::{Node, archive, pattern};
 
 fn register(client: &mut Client, names: &[String]) -> djinn_client::Fingerprint {
@@ -63,18 +64,13 @@ fn cases() -> Vec<Case> {
     ]
 }
 
-/// Parameter bytes of the tiny GPT's largest block and of all four, from the archives.
+/// Slot bytes of the tiny GPT's largest block and of all four, from the archives.
 fn gpt_sizes() -> (u64, u64) {
     let sizes: Vec<u64> = blocks("gpt", 4)
         .iter()
         .map(|name| {
             let m = tch::CModule::load(support::models_dir().join(format!("{name}.pt"))).expect("load");
-            // Each tensor starts on a 256-byte boundary in a slot: count it that way.
-            m.named_parameters()
-                .expect("parameters")
-                .iter()
-                .map(|(_, t)| (t.numel() as u64 * t.kind().elt_size_in_bytes() as u64).next_multiple_of(256))
-                .sum()
+            StreamedBlock::slot_len(&m.named_parameters().expect("parameters"))
         })
         .collect();
     (sizes.iter().copied().max().unwrap_or(0), sizes.iter().sum())

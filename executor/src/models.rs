@@ -158,19 +158,19 @@ impl Upload {
         let count = self.block_lens.len();
         let mut blocks = Vec::with_capacity(count);
         let mut slot_lens = Vec::with_capacity(count);
+        let mut weight_bytes = 0;
         for (i, mut reader) in self.block_readers().into_iter().enumerate() {
             let mut block = CModule::load_data_on_device(&mut reader, device)
                 .map_err(|e| ExecError::BadArchive(format!("block {i} is not a TorchScript archive: {e}")))?;
             block.f_set_eval()?;
-            slot_lens.push(StreamedBlock::slot_len(&block)?);
+            let params = block.named_parameters()?;
+            weight_bytes += params.iter().map(|(_, t)| tensor_bytes(t)).sum::<u64>();
+            slot_lens.push(StreamedBlock::slot_len(&params));
             blocks.push(block);
             if count >= 10 && (i + 1) % (count / 10) == 0 {
                 tracing::info!(model = %self.fingerprint, loaded = i + 1, blocks = count, "loading blocks");
             }
         }
-        let weight_bytes = blocks.iter().try_fold(0u64, |acc, b| {
-            Ok::<_, ExecError>(acc + b.named_parameters()?.iter().map(|(_, t)| tensor_bytes(t)).sum::<u64>())
-        })?;
         Ok(LoadedModel { fingerprint: self.fingerprint, blocks, slot_lens, weight_bytes, device })
     }
 }

@@ -90,9 +90,9 @@ pub struct StreamedBlock {
 }
 
 impl StreamedBlock {
-    /// Bytes the block's parameters take in a slot, each aligned to [`SLOT_ALIGN`].
-    pub fn slot_len(block: &CModule) -> Result<u64, ExecError> {
-        Ok(Self::layout(&block.named_parameters()?).1)
+    /// Bytes `params` (a block's parameters) take in a slot, each aligned to [`SLOT_ALIGN`].
+    pub fn slot_len(params: &[(String, Tensor)]) -> u64 {
+        Self::layout(params).1
     }
 
     fn layout(params: &[(String, Tensor)]) -> (Vec<u64>, u64) {
@@ -284,7 +284,7 @@ impl Streamer {
             let placed = placed.map_err(|e| ExecError::BlockTooLarge { block, len: e.len, available: e.capacity })?;
             let Some(slot) = placed else { break };
             let dst = self.base.wrapping_add(slot.offset as usize);
-            let seq = self.copier.copy(weights.host.as_ptr(), dst, weights.host.len());
+            let seq = self.copier.copy(weights.host.as_ptr(), dst, weights.host.len())?;
             self.in_flight.push_back(InFlight { block, slot, seq });
             self.stats.bytes_streamed.fetch_add(weights.len(), Ordering::Relaxed);
             self.stats.ring_peak_bytes.fetch_max(self.ring.peak(), Ordering::Relaxed);
@@ -389,17 +389,14 @@ impl Copier {
         Ok(Self { jobs: Some(tx), done, thread: Some(thread), issued: 0 })
     }
 
-    fn copy(&mut self, src: *const u8, dst: *mut u8, len: usize) -> u64 {
-        self.issued += 1;
-        if let Some(jobs) = &self.jobs
-            && jobs.send(Copy { src, dst, len }).is_err()
-        {
-            // The thread is gone (it never stops on its own): copy here instead.
-            // SAFETY: as in the thread.
-            unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
-            self.done.seq.fetch_add(1, Ordering::Release);
+    fn copy(&mut self, src: *const u8, dst: *mut u8, len: usize) -> Result<u64, ExecError> {
+        let sent = self.jobs.as_ref().is_some_and(|jobs| jobs.send(Copy { src, dst, len }).is_ok());
+        if !sent {
+            // The thread stops only when the copier is dropped.
+            return Err(ExecError::Internal("the stream's copy thread has stopped".into()));
         }
-        self.issued
+        self.issued += 1;
+        Ok(self.issued)
     }
 
     fn wait(&self, seq: u64) {

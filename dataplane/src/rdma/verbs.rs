@@ -10,12 +10,10 @@ use std::sync::Arc;
 use rdma_mummy_sys as sys;
 use sideway::ibverbs::AccessFlags;
 use sideway::ibverbs::address::{AddressHandleAttribute, Gid};
-use sideway::ibverbs::completion::{
-    CompletionChannel, CompletionQueue, ExtendedCompletionQueue, GenericCompletionQueue,
-};
+use sideway::ibverbs::completion::{BasicCompletionQueue, CompletionChannel, CompletionQueue, GenericCompletionQueue};
 use sideway::ibverbs::memory_region::MemoryRegion;
 use sideway::ibverbs::protection_domain::ProtectionDomain;
-use sideway::ibverbs::queue_pair::{ExtendedQueuePair, QueuePair, QueuePairAttribute, QueuePairState};
+use sideway::ibverbs::queue_pair::{BasicQueuePair, QueuePair, QueuePairAttribute, QueuePairState};
 
 use super::device::{RdmaPort, mtu_of_bytes};
 
@@ -103,7 +101,7 @@ impl Registered {
 pub struct RdmaContext {
     port: RdmaPort,
     pd: Arc<ProtectionDomain>,
-    cq: Arc<ExtendedCompletionQueue>,
+    cq: Arc<BasicCompletionQueue>,
     channel: Arc<CompletionChannel>,
 }
 
@@ -123,8 +121,8 @@ impl RdmaContext {
             .create_cq_builder()
             .setup_cqe(cqe)
             .setup_comp_channel(&channel, 0)
-            .build_ex()
-            .map_err(verb("ibv_create_cq_ex"))?;
+            .build()
+            .map_err(verb("ibv_create_cq"))?;
         set_nonblocking(channel.as_raw_fd())?;
         Ok(Arc::new(Self { port: port.clone(), pd, cq, channel }))
     }
@@ -181,7 +179,7 @@ fn set_nonblocking(fd: RawFd) -> Result<(), RdmaError> {
 
 pub struct RcEndpoint {
     ctx: Arc<RdmaContext>,
-    qp: ExtendedQueuePair,
+    qp: BasicQueuePair,
     psn: u32,
     max_inline: u32,
 }
@@ -222,8 +220,8 @@ impl RcEndpoint {
             .setup_max_inline_data(depths.max_inline)
             .setup_send_cq(handle.clone())
             .setup_recv_cq(handle)
-            .build_ex()
-            .map_err(verb("ibv_create_qp_ex"))?;
+            .build()
+            .map_err(verb("ibv_create_qp"))?;
         let mut attr = QueuePairAttribute::new();
         attr.setup_state(QueuePairState::Init)
             .setup_pkey_index(0)
@@ -306,16 +304,12 @@ impl RcEndpoint {
             let mut wrs =
                 [sys::ibv_recv_wr { wr_id: 0, next: std::ptr::null_mut(), sg_list: std::ptr::null_mut(), num_sge: 1 };
                     RECV_CHAIN];
-            let mut n = 0;
-            for (wr_id, addr) in recvs.by_ref().take(RECV_CHAIN) {
+            for (n, (wr_id, addr)) in recvs.by_ref().take(RECV_CHAIN).enumerate() {
                 sges[n] = sys::ibv_sge { addr, length: len, lkey: region.lkey() };
                 wrs[n].wr_id = wr_id;
-                n += 1;
-            }
-            for i in 0..n {
-                wrs[i].sg_list = &raw mut sges[i];
-                if i + 1 < n {
-                    wrs[i].next = &raw mut wrs[i + 1];
+                wrs[n].sg_list = &raw mut sges[n];
+                if n > 0 {
+                    wrs[n - 1].next = &raw mut wrs[n];
                 }
             }
             let mut bad = std::ptr::null_mut();
@@ -444,7 +438,7 @@ impl RdmaContext {
         // polling API costs an indirect call per field, and rdma-core 44's rxe provider
         // (Debian 12) runs its consumer index past the producer when `ibv_next_poll` finds the
         // queue empty. The bound keeps a busy queue from holding the caller forever.
-        // SAFETY: the queue lives as long as `self`; an extended queue starts with the plain one.
+        // SAFETY: the queue lives as long as `self`.
         let cq = unsafe { self.cq.cq() }.as_ptr();
         let mut n = 0;
         while n < MAX_POLL_BATCH {
@@ -484,7 +478,7 @@ fn completion_of(wc: &sys::ibv_wc) -> Result<Completion, RdmaError> {
     let receives = matches!(kind, CompletionKind::Receive | CompletionKind::ReceiveWrite);
     // Immediates travel only with WRITEs here.
     let with_imm = wc.wc_flags & sys::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
-    // SAFETY: the flag says the union holds the immediate.
+    // SAFETY: a plain `u32` whatever the union holds; it is the immediate when the flag says so.
     let imm = (kind == CompletionKind::ReceiveWrite && with_imm)
         .then_some(unsafe { wc.imm_data_invalidated_rkey_union.imm_data });
     Ok(Completion { wr_id: wc.wr_id, byte_len: if receives { wc.byte_len } else { 0 }, imm, kind })
