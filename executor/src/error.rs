@@ -16,6 +16,8 @@ pub enum ExecError {
         "block {block} needs {len} bytes of device memory and only {available} are available: it cannot run even streamed"
     )]
     BlockTooLarge { block: usize, len: u64, available: u64 },
+    #[error(transparent)]
+    Cuda(#[from] djinn_gpudirect::DeviceError),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -26,7 +28,7 @@ impl ExecError {
             Self::Torch(_) | Self::Unsupported(_) => ErrorCode::ExecutionFailed,
             Self::BadArchive(_) => ErrorCode::BadArchive,
             Self::OverBudget(_) | Self::BlockTooLarge { .. } => ErrorCode::OverBudget,
-            Self::Internal(_) => ErrorCode::Internal,
+            Self::Cuda(_) | Self::Internal(_) => ErrorCode::Internal,
         }
     }
 }

@@ -13,6 +13,7 @@ use tch::{Device, Tensor};
 
 use crate::error::ExecError;
 use crate::stream::{Plan, StreamStats, StreamedBlock, Streamer, plan};
+use djinn_gpudirect::CudaContext;
 
 /// A model on the node's device: its blocks in execution order, some of them streamed when the
 /// whole does not fit.
@@ -135,8 +136,10 @@ impl Upload {
             .collect()
     }
 
-    /// Verifies the fingerprint and loads every block onto `device`.
-    pub fn load(self, device: Device) -> Result<LoadedModel, ExecError> {
+    /// Verifies the fingerprint and loads every block onto `device`; or, on a GPU, when the
+    /// archives are not well within the `available` device bytes, only sizes the blocks on the
+    /// CPU, so that a model larger than device memory is planned before any of it goes there.
+    pub fn load(self, device: Device, available: u64) -> Result<LoadedModel, ExecError> {
         if self.received != self.total {
             return Err(ExecError::BadArchive(format!("{} of {} bytes uploaded", self.received, self.total)));
         }
@@ -155,23 +158,39 @@ impl Upload {
                 self.fingerprint
             )));
         }
+        // The archives hold the weights and a little more; twice the room is ample.
+        let size_only = device != Device::Cpu && self.total.saturating_mul(2) > available;
         let count = self.block_lens.len();
         let mut blocks = Vec::with_capacity(count);
         let mut slot_lens = Vec::with_capacity(count);
         let mut weight_bytes = 0;
-        for (i, mut reader) in self.block_readers().into_iter().enumerate() {
-            let mut block = CModule::load_data_on_device(&mut reader, device)
-                .map_err(|e| ExecError::BadArchive(format!("block {i} is not a TorchScript archive: {e}")))?;
-            block.f_set_eval()?;
+        for (i, reader) in self.block_readers().into_iter().enumerate() {
+            let block = load_block(reader, i, if size_only { Device::Cpu } else { device })?;
             let params = block.named_parameters()?;
             weight_bytes += params.iter().map(|(_, t)| tensor_bytes(t)).sum::<u64>();
             slot_lens.push(StreamedBlock::slot_len(&params));
-            blocks.push(block);
-            if count >= 10 && (i + 1) % (count / 10) == 0 {
-                tracing::info!(model = %self.fingerprint, loaded = i + 1, blocks = count, "loading blocks");
+            if !size_only {
+                blocks.push(block);
             }
+            log_progress(&self.fingerprint, i, count, if size_only { "sizing blocks" } else { "loading blocks" });
         }
-        Ok(LoadedModel { fingerprint: self.fingerprint, blocks, slot_lens, weight_bytes, device })
+        let fingerprint = self.fingerprint;
+        let blocks = if size_only { LoadedBlocks::Sized(self) } else { LoadedBlocks::OnDevice(blocks) };
+        Ok(LoadedModel { fingerprint, blocks, slot_lens, weight_bytes, device })
+    }
+}
+
+fn load_block(mut reader: ChunkReader<'_>, i: usize, device: Device) -> Result<CModule, ExecError> {
+    let mut block = CModule::load_data_on_device(&mut reader, device)
+        .map_err(|e| ExecError::BadArchive(format!("block {i} is not a TorchScript archive: {e}")))?;
+    block.f_set_eval()?;
+    Ok(block)
+}
+
+/// A line every tenth of the blocks of a model with many.
+fn log_progress(model: &Fingerprint, i: usize, count: usize, what: &'static str) {
+    if count >= 10 && (i + 1) % (count / 10) == 0 {
+        tracing::info!(%model, done = i + 1, blocks = count, "{what}");
     }
 }
 
@@ -235,30 +254,59 @@ impl Read for ChunkReader<'_> {
     }
 }
 
-/// A model loaded on the device but not yet charged to the budget nor visible to clients.
+/// A model loaded (or sized) but not yet charged to the budget nor visible to clients.
 pub struct LoadedModel {
     fingerprint: Fingerprint,
-    blocks: Vec<CModule>,
+    blocks: LoadedBlocks,
     /// Bytes each block's parameters take laid out in a ring slot.
     slot_lens: Vec<u64>,
     weight_bytes: u64,
     device: Device,
 }
 
+enum LoadedBlocks {
+    /// Loaded on the model's device.
+    OnDevice(Vec<CModule>),
+    /// Sized on the CPU only: [`LoadedModel::into_model`] loads the blocks on the device one at
+    /// a time from the upload, taking a streamed block's weights out before loading the next.
+    Sized(Upload),
+}
+
 impl LoadedModel {
     /// The model, holding `reservation`, with the blocks `plan` streams moved out of device
     /// memory into host memory (one copy of each, done here, outside any lock).
     pub fn into_model(self, plan: &Plan, reservation: Reservations) -> Result<Model, ExecError> {
-        let stream = if plan.streamed.iter().any(|s| *s) {
-            let mut streamed = Vec::with_capacity(self.blocks.len());
-            for (block, &is_streamed) in self.blocks.iter().zip(&plan.streamed) {
-                streamed.push(if is_streamed { Some(StreamedBlock::take(block)?) } else { None });
-            }
+        let count = self.slot_lens.len();
+        let streams = plan.streamed.iter().any(|s| *s);
+        let cuda = match self.device {
+            Device::Cuda(ordinal) if streams => Some(CudaContext::primary(ordinal as i32)?),
+            _ => None,
+        };
+        let (mut on_device, upload) = match self.blocks {
+            LoadedBlocks::OnDevice(blocks) => (blocks.into_iter(), None),
+            LoadedBlocks::Sized(upload) => (Vec::new().into_iter(), Some(upload)),
+        };
+        let mut readers = upload.as_ref().map(|u| u.block_readers().into_iter());
+        let mut blocks = Vec::with_capacity(count);
+        let mut streamed = Vec::with_capacity(count);
+        for (i, &is_streamed) in plan.streamed.iter().enumerate() {
+            let block = match readers.as_mut() {
+                Some(readers) => {
+                    let reader = readers.next().ok_or_else(|| ExecError::Internal("fewer archives than blocks".into()))?;
+                    log_progress(&self.fingerprint, i, count, "loading blocks");
+                    load_block(reader, i, self.device)?
+                }
+                None => on_device.next().ok_or_else(|| ExecError::Internal("fewer modules than blocks".into()))?,
+            };
+            streamed.push(if is_streamed { Some(StreamedBlock::take(&block, cuda.as_ref())?) } else { None });
+            blocks.push(block);
+        }
+        let stream = if streams {
             let streamer = Streamer::new(streamed, plan.ring, self.device)?;
             tracing::info!(
                 model = %self.fingerprint,
                 streamed = streamer.streamed(),
-                blocks = self.blocks.len(),
+                blocks = count,
                 ring = plan.ring,
                 host_bytes = streamer.host_bytes(),
                 "the model does not fit the device budget: streaming blocks through a ring"
@@ -269,7 +317,7 @@ impl LoadedModel {
         };
         Ok(Model {
             fingerprint: self.fingerprint,
-            blocks: self.blocks,
+            blocks,
             weight_bytes: self.weight_bytes,
             device: self.device,
             executions: AtomicU64::new(0),
@@ -331,14 +379,18 @@ impl ModelStore {
     /// a model streams only when it cannot fit whole even after evictions.
     /// The weights of the streamed blocks are charged to the host budget.
     pub fn reserve_for(&mut self, loaded: &LoadedModel) -> Result<(Plan, Reservations), ExecError> {
-        let idle: u64 =
-            self.models.values().filter(|e| Arc::strong_count(&e.model) == 1).map(|e| e.model.device_bytes()).sum();
-        let available = self.budget.limit().saturating_sub(self.budget.used()) + idle;
-        let plan = plan(&loaded.slot_lens, available)?;
+        let plan = plan(&loaded.slot_lens, self.available())?;
         let host_bytes = loaded.slot_lens.iter().zip(&plan.streamed).filter(|(_, s)| **s).map(|(l, _)| l).sum();
         let host = self.host_budget.try_reserve(host_bytes)?;
         let device = self.reserve_evicting(plan.device_bytes(&loaded.slot_lens))?;
         Ok((plan, Reservations { device, _host: host }))
+    }
+
+    /// Device bytes a new model may have: what is free, and what idle models hold.
+    pub fn available(&self) -> u64 {
+        let idle: u64 =
+            self.models.values().filter(|e| Arc::strong_count(&e.model) == 1).map(|e| e.model.device_bytes()).sum();
+        self.budget.limit().saturating_sub(self.budget.used()) + idle
     }
 
     /// Makes a model visible. If its fingerprint is already here (two clients uploaded it at
@@ -408,11 +460,17 @@ mod tests {
     fn loaded(tag: u8, weight_bytes: u64) -> LoadedModel {
         LoadedModel {
             fingerprint: Fingerprint([tag; 32]),
-            blocks: Vec::new(),
+            blocks: LoadedBlocks::OnDevice(vec![identity()]),
             slot_lens: vec![weight_bytes],
             weight_bytes,
             device: Device::Cpu,
         }
+    }
+
+    /// A block without weights (the tests give it a size of their own).
+    fn identity() -> CModule {
+        let example = Tensor::zeros([1], (tch::Kind::Float, Device::Cpu));
+        CModule::create_by_tracing("identity", "forward", &[example], &mut |xs| vec![xs[0].shallow_clone()]).unwrap()
     }
 
     fn insert(store: &mut ModelStore, loaded: LoadedModel) -> Result<Arc<Model>, ExecError> {

@@ -9,9 +9,11 @@
 //! a block computes, a copy thread brings the next blocks into the ring as far as the ring has
 //! room; a slot is released only once the block that reads it has run.
 //!
-//! On a CPU node the region is host memory and the copy thread stands in for a copy stream.
-//! Streaming on CUDA (pinned host memory, a copy stream, events ordered against torch's stream)
-//! is not built yet: a CUDA node refuses a model that does not fit instead.
+//! The region is a tensor of bytes from libtorch's allocator on the model's device. On a CUDA
+//! node the host copies are pinned and a copy stream brings blocks in: the host waits for a
+//! block's copy (its event) before queuing the block's compute, and each copy into a slot waits,
+//! on the device, for an event recorded on torch's stream after the compute that last read the
+//! slot. On a CPU node a copy thread stands in for the copy stream, and compute is synchronous.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,7 +21,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use djinn_gpudirect::{HostBuf, SLOT_ALIGN, SkipEndRing, Slot};
+use djinn_gpudirect::{CopyStream, CudaContext, Event, HostBuf, PinnedBuf, SLOT_ALIGN, SkipEndRing, Slot};
 use tch::jit::{CModule, IValue};
 use tch::{Device, Kind, Tensor};
 
@@ -83,10 +85,40 @@ struct Param {
     offset: u64,
 }
 
+/// Host memory holding a streamed block's weights: pinned on a CUDA node, so that its copies
+/// run at the link's rate and asynchronously to the host.
+enum HostWeights {
+    Plain(HostBuf),
+    Pinned(PinnedBuf),
+}
+
+impl HostWeights {
+    fn zeroed(len: usize, cuda: Option<&Arc<CudaContext>>) -> Result<Self, ExecError> {
+        Ok(match cuda {
+            Some(context) => Self::Pinned(PinnedBuf::zeroed(context, len)?),
+            None => Self::Plain(HostBuf::zeroed(len).map_err(|e| ExecError::Internal(e.to_string()))?),
+        })
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Self::Plain(b) => b.as_slice(),
+            Self::Pinned(b) => b.as_slice(),
+        }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        match self {
+            Self::Plain(b) => b.as_mut_slice(),
+            Self::Pinned(b) => b.as_mut_slice(),
+        }
+    }
+}
+
 /// A streamed block's weights, in host memory laid out as in its slot.
 pub struct StreamedBlock {
     params: Vec<Param>,
-    host: HostBuf,
+    host: HostWeights,
 }
 
 impl StreamedBlock {
@@ -108,12 +140,13 @@ impl StreamedBlock {
         (offsets, end)
     }
 
-    /// Moves `block`'s parameters out of the module into host memory: the module keeps empty
-    /// tensors (it cannot run unbound) until [`Streamer`] binds them to a slot.
-    pub fn take(block: &CModule) -> Result<Self, ExecError> {
+    /// Moves `block`'s parameters out of the module into host memory (pinned in `cuda`'s
+    /// context, if given): the module keeps empty tensors (it cannot run unbound) until
+    /// [`Streamer`] binds them to a slot.
+    pub fn take(block: &CModule, cuda: Option<&Arc<CudaContext>>) -> Result<Self, ExecError> {
         let named = block.named_parameters()?;
         let (offsets, len) = Self::layout(&named);
-        let mut host = HostBuf::zeroed(len as usize).map_err(|e| ExecError::Internal(e.to_string()))?;
+        let mut host = HostWeights::zeroed(len as usize, cuda)?;
         let mut params = Vec::with_capacity(named.len());
         for ((_, mut tensor), offset) in named.into_iter().zip(offsets) {
             let contiguous = tensor.f_contiguous()?.f_to_device(Device::Cpu)?;
@@ -128,13 +161,13 @@ impl StreamedBlock {
     }
 
     fn len(&self) -> u64 {
-        self.host.len() as u64
+        self.host.as_slice().len() as u64
     }
 }
 
 impl std::fmt::Debug for StreamedBlock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StreamedBlock").field("params", &self.params.len()).field("bytes", &self.host.len()).finish()
+        f.debug_struct("StreamedBlock").field("params", &self.params.len()).field("bytes", &self.len()).finish()
     }
 }
 
@@ -148,19 +181,89 @@ pub struct StreamStats {
     pub ring_peak_bytes: AtomicU64,
 }
 
-/// A copy in flight: block `block` into `slot`, done when the copier reaches `seq`.
-#[derive(Debug, Clone, Copy)]
+/// A copy in flight: block `block` into `slot`.
+#[derive(Debug)]
 struct InFlight {
     block: usize,
     slot: Slot,
-    seq: u64,
+    arrival: Arrival,
+}
+
+/// How to know a copy is done.
+#[derive(Debug)]
+enum Arrival {
+    /// The copy thread's count has reached this.
+    Copied(u64),
+    /// This event on the copy stream has completed.
+    Event(Event),
+}
+
+/// What brings blocks into the region: a thread on a CPU node, a copy stream on a CUDA node.
+enum Mover {
+    Thread(Copier),
+    Cuda {
+        context: Arc<CudaContext>,
+        stream: CopyStream,
+        /// Recorded on torch's stream after the compute that read the slots released last;
+        /// the copy stream waits for it, so no copy overwrites a slot still being read. Kept
+        /// alive until the next release replaces it.
+        released: Option<Event>,
+    },
+}
+
+impl Mover {
+    fn new(device: Device) -> Result<Self, ExecError> {
+        Ok(match device {
+            Device::Cuda(ordinal) => {
+                let context = CudaContext::primary(ordinal as i32)?;
+                Self::Cuda { stream: CopyStream::new(&context)?, context, released: None }
+            }
+            _ => Self::Thread(Copier::start()?),
+        })
+    }
+
+    /// Starts copying `len` bytes from `src` to `dst`.
+    ///
+    /// # Safety
+    /// `src` (host memory, pinned for a CUDA mover) and `dst` (the region) must stay valid for
+    /// `len` bytes until the copy has arrived, and nothing may read `dst` before then.
+    unsafe fn copy(&mut self, src: *const u8, dst: *mut u8, len: usize) -> Result<Arrival, ExecError> {
+        match self {
+            Self::Thread(copier) => copier.copy(src, dst, len).map(Arrival::Copied),
+            // SAFETY: the caller's contract.
+            Self::Cuda { stream, .. } => Ok(Arrival::Event(unsafe { stream.copy_to_device(dst as u64, src, len) }?)),
+        }
+    }
+
+    /// Blocks until the copy has arrived.
+    fn wait(&self, arrival: &Arrival) -> Result<(), ExecError> {
+        match (self, arrival) {
+            (Self::Thread(copier), Arrival::Copied(seq)) => {
+                copier.wait(*seq);
+                Ok(())
+            }
+            (_, Arrival::Event(event)) => Ok(event.synchronize()?),
+            (Self::Cuda { .. }, Arrival::Copied(_)) => Err(ExecError::Internal("a copy thread's ticket on a copy stream".into())),
+        }
+    }
+
+    /// The compute queued so far has read its slots for the last time: later copies wait for
+    /// it. (On a CPU node that compute has already finished.)
+    fn released(&mut self) -> Result<(), ExecError> {
+        if let Self::Cuda { context, stream, released } = self {
+            let event = Event::on_torch_stream(context)?;
+            stream.wait_for(&event)?;
+            *released = Some(event);
+        }
+        Ok(())
+    }
 }
 
 /// Runs the streamed blocks of one model through its ring, one forward at a time.
 pub struct Streamer {
-    // Declared first, so dropped first: its thread is joined before the memory it copies
-    // between (the blocks' host buffers, the region) goes.
-    copier: Copier,
+    // Declared first, so dropped first: its copies finish (the thread is joined, the stream
+    // synchronised) before the memory they copy between (host weights, the region) goes.
+    mover: Mover,
     blocks: Vec<Option<StreamedBlock>>,
     /// Streamed blocks in execution order.
     order: Vec<usize>,
@@ -168,7 +271,8 @@ pub struct Streamer {
     next: usize,
     in_flight: VecDeque<InFlight>,
     ring: SkipEndRing,
-    region: HostBuf,
+    /// Bytes on the model's device (libtorch's allocator).
+    region: Tensor,
     /// `region`'s first [`SLOT_ALIGN`]ed byte.
     base: *mut u8,
     device: Device,
@@ -180,13 +284,9 @@ pub struct Streamer {
 unsafe impl Send for Streamer {}
 
 impl Streamer {
-    /// `blocks[i]` is `Some` for each streamed block; `ring` bytes of region.
+    /// `blocks[i]` is `Some` for each streamed block (taken with pinned memory of `device`'s
+    /// context on CUDA); `ring` bytes of region on `device`.
     pub fn new(blocks: Vec<Option<StreamedBlock>>, ring: u64, device: Device) -> Result<Self, ExecError> {
-        if device != Device::Cpu {
-            return Err(ExecError::Unsupported(
-                "streaming a model larger than the device budget is built for CPU nodes only so far".into(),
-            ));
-        }
         let ring = SkipEndRing::new(ring);
         for (i, b) in blocks.iter().enumerate() {
             if let Some(b) = b
@@ -195,15 +295,14 @@ impl Streamer {
                 return Err(ExecError::BlockTooLarge { block: i, len: b.len(), available: ring.capacity() });
             }
         }
-        let mut region =
-            HostBuf::zeroed((ring.capacity() + SLOT_ALIGN) as usize).map_err(|e| ExecError::Internal(e.to_string()))?;
-        let start = region.as_mut_slice().as_mut_ptr();
+        let region = Tensor::f_zeros([(ring.capacity() + SLOT_ALIGN) as i64], (Kind::Uint8, device))?;
+        let start = region.data_ptr().cast::<u8>();
         let base = start.wrapping_add(start.align_offset(SLOT_ALIGN as usize));
         let stats = Arc::new(StreamStats::default());
         stats.ring_bytes.store(ring.capacity(), Ordering::Relaxed);
         let order = blocks.iter().enumerate().filter(|(_, b)| b.is_some()).map(|(i, _)| i).collect();
         Ok(Self {
-            copier: Copier::start()?,
+            mover: Mover::new(device)?,
             blocks,
             order,
             next: 0,
@@ -239,11 +338,12 @@ impl Streamer {
             // The previous forward stopped part-way (a block failed): start over from `i`.
             self.restart_at(i)?;
         }
-        let Some(&InFlight { slot, seq, .. }) = self.in_flight.front() else {
+        let Some(InFlight { slot, arrival, .. }) = self.in_flight.front() else {
             return Err(ExecError::Internal(format!("block {i} was not brought in")));
         };
+        let slot = *slot;
         let started = Instant::now();
-        self.copier.wait(seq);
+        self.mover.wait(arrival)?;
         self.stats.stall_ns.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
         let base = self.base.wrapping_add(slot.offset as usize);
         let device = self.device;
@@ -270,6 +370,7 @@ impl Streamer {
         let range = self.base as usize + done.slot.offset as usize..self.base as usize + done.slot.end() as usize;
         let out = detach_from(out, &range)?;
         self.ring.release_oldest();
+        self.mover.released()?;
         self.bring_in()?;
         Ok(out)
     }
@@ -284,8 +385,11 @@ impl Streamer {
             let placed = placed.map_err(|e| ExecError::BlockTooLarge { block, len: e.len, available: e.capacity })?;
             let Some(slot) = placed else { break };
             let dst = self.base.wrapping_add(slot.offset as usize);
-            let seq = self.copier.copy(weights.host.as_ptr(), dst, weights.host.len())?;
-            self.in_flight.push_back(InFlight { block, slot, seq });
+            let src = weights.host.as_slice();
+            // SAFETY: the host weights live as long as the streamer, and the slot is the ring's
+            // until `after` releases it, once the block that reads it has run.
+            let arrival = unsafe { self.mover.copy(src.as_ptr(), dst, src.len()) }?;
+            self.in_flight.push_back(InFlight { block, slot, arrival });
             self.stats.bytes_streamed.fetch_add(weights.len(), Ordering::Relaxed);
             self.stats.ring_peak_bytes.fetch_max(self.ring.peak(), Ordering::Relaxed);
             self.next = (self.next + 1) % self.order.len();
@@ -296,10 +400,11 @@ impl Streamer {
     /// Drops what is in flight (after waiting for its copies) and brings blocks in from `i` on.
     fn restart_at(&mut self, i: usize) -> Result<(), ExecError> {
         if let Some(last) = self.in_flight.back() {
-            self.copier.wait(last.seq);
+            self.mover.wait(&last.arrival)?;
         }
         self.in_flight.clear();
         while self.ring.release_oldest().is_some() {}
+        self.mover.released()?;
         self.next = self.order.iter().position(|&b| b == i).unwrap_or(0);
         self.bring_in()
     }
@@ -310,7 +415,7 @@ impl std::fmt::Debug for Streamer {
         f.debug_struct("Streamer")
             .field("streamed", &self.order.len())
             .field("ring", &self.ring.capacity())
-            .field("region", &self.region.len())
+            .field("region", &self.region.numel())
             .finish()
     }
 }

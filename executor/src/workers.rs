@@ -153,7 +153,8 @@ fn execute(model: &Model, frame: Frame) -> Result<Reply, ExecError> {
 fn load(upload: Upload, device: Device, models: &Mutex<ModelStore>) -> Result<Reply, ExecError> {
     let started = std::time::Instant::now();
     let fingerprint = upload.fingerprint;
-    let loaded = upload.load(device)?;
+    let available = models.lock().unwrap_or_else(|e| e.into_inner()).available();
+    let loaded = upload.load(device, available)?;
     let (plan, reservation) = models.lock().unwrap_or_else(|e| e.into_inner()).reserve_for(&loaded)?;
     let model = loaded.into_model(&plan, reservation)?;
     let model = models.lock().unwrap_or_else(|e| e.into_inner()).publish(model);

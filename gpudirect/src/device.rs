@@ -15,9 +15,9 @@ pub struct CudaDevice {
 #[derive(Debug, thiserror::Error)]
 #[error("CUDA driver call failed during {during}: {source}")]
 pub struct DeviceError {
-    during: &'static str,
+    pub(crate) during: &'static str,
     #[source]
-    source: result::DriverError,
+    pub(crate) source: result::DriverError,
 }
 
 /// The CUDA devices of this host; empty when there is no CUDA driver.

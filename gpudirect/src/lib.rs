@@ -1,13 +1,17 @@
-//! Memory for Djinn nodes: host buffers and their pool, the node's device-memory budget, and
-//! CUDA device discovery that treats "no GPU" as a normal state, never a panic.
+//! Memory for Djinn nodes: host buffers and their pool, the node's device-memory budget, the
+//! skip-end ring's placement rules, the CUDA pieces streaming builds on (pinned memory, a copy
+//! stream, events), and CUDA device discovery that treats "no GPU" as a normal state, never a
+//! panic.
 
 pub mod budget;
+pub mod cuda;
 pub mod device;
 pub mod host;
 pub mod ring;
 mod size;
 
 pub use budget::{MemoryBudget, OverBudget, Reservation};
+pub use cuda::{CopyStream, CudaContext, Event, PinnedBuf};
 pub use device::{CudaDevice, DeviceError, cuda_devices};
 pub use host::{AllocError, BUFFER_ALIGN, BufferPool, HostBuf, PoolStats, align_for};
 pub use ring::{BlockTooLarge, SLOT_ALIGN, SkipEndRing, Slot};
