@@ -134,3 +134,19 @@ fn a_block_larger_than_the_budget_is_refused_at_registration_and_the_node_goes_o
         client.execute(&identity, &[Value::Tensor(0)], &[TensorRef { dtype: DType::U8, shape: &[1], bytes: &one }]);
     assert_eq!(out.expect("execute").tensor_bytes(0), &one);
 }
+
+/// `djinn bench stream` runs end to end on a small stack (it checks itself that the streamed,
+/// resident and naive outputs agree) and reports the streaming rate.
+#[test]
+fn the_stream_bench_runs() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_djinn"))
+        .args(["--log", "error", "bench", "stream", "--device", "cpu", "--blocks", "4", "--width", "256"])
+        .args(["--iters", "3", "--python"])
+        .arg(root.join(".venv/bin/python"))
+        .output()
+        .expect("run djinn bench stream");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("**streamed** through the ring") && stdout.contains("GB/s"), "{stdout}");
+}

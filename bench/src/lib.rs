@@ -5,6 +5,7 @@
 mod execute;
 mod rdma;
 mod report;
+mod stream;
 mod tcp;
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -16,6 +17,7 @@ use clap::{Args, Subcommand};
 
 pub use execute::ExecuteArgs;
 pub use rdma::RdmaArgs;
+pub use stream::StreamArgs;
 pub use tcp::TcpArgs;
 
 #[derive(Subcommand, Debug)]
@@ -29,6 +31,9 @@ pub enum BenchCommand {
     /// Round trips over RDMA, 2 B to 64 MiB, beside perftest on the same device (run it in
     /// the soft-RoCE VM: scripts/softroce-vm.sh).
     Rdma(RdmaArgs),
+    /// A model three times the device budget streamed through the ring, against the same model
+    /// resident, naive synchronous copies before each block, and the raw copy rate.
+    Stream(StreamArgs),
 }
 
 pub fn run(command: BenchCommand) -> Result<()> {
@@ -36,6 +41,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
         BenchCommand::Tcp(args) => tcp::run(args),
         BenchCommand::Execute(args) => execute::run(args),
         BenchCommand::Rdma(args) => rdma::run(args),
+        BenchCommand::Stream(args) => stream::run(args),
     }
 }
 

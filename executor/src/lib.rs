@@ -12,6 +12,7 @@ pub mod stream;
 mod workers;
 
 pub use error::ExecError;
+pub use models::{Model, ModelStore, Upload};
 pub use service::{NodeOptions, NodeService};
 pub use store::TensorStore;
 pub use tch::Device;

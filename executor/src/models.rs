@@ -189,7 +189,7 @@ fn load_block(mut reader: ChunkReader<'_>, i: usize, device: Device) -> Result<C
 
 /// A line every tenth of the blocks of a model with many.
 fn log_progress(model: &Fingerprint, i: usize, count: usize, what: &'static str) {
-    if count >= 10 && (i + 1) % (count / 10) == 0 {
+    if count >= 10 && (i + 1).is_multiple_of(count / 10) {
         tracing::info!(%model, done = i + 1, blocks = count, "{what}");
     }
 }
@@ -255,6 +255,7 @@ impl Read for ChunkReader<'_> {
 }
 
 /// A model loaded (or sized) but not yet charged to the budget nor visible to clients.
+#[derive(Debug)]
 pub struct LoadedModel {
     fingerprint: Fingerprint,
     blocks: LoadedBlocks,
@@ -264,6 +265,7 @@ pub struct LoadedModel {
     device: Device,
 }
 
+#[derive(Debug)]
 enum LoadedBlocks {
     /// Loaded on the model's device.
     OnDevice(Vec<CModule>),
@@ -292,7 +294,8 @@ impl LoadedModel {
         for (i, &is_streamed) in plan.streamed.iter().enumerate() {
             let block = match readers.as_mut() {
                 Some(readers) => {
-                    let reader = readers.next().ok_or_else(|| ExecError::Internal("fewer archives than blocks".into()))?;
+                    let reader =
+                        readers.next().ok_or_else(|| ExecError::Internal("fewer archives than blocks".into()))?;
                     log_progress(&self.fingerprint, i, count, "loading blocks");
                     load_block(reader, i, self.device)?
                 }

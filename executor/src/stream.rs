@@ -243,7 +243,9 @@ impl Mover {
                 Ok(())
             }
             (_, Arrival::Event(event)) => Ok(event.synchronize()?),
-            (Self::Cuda { .. }, Arrival::Copied(_)) => Err(ExecError::Internal("a copy thread's ticket on a copy stream".into())),
+            (Self::Cuda { .. }, Arrival::Copied(_)) => {
+                Err(ExecError::Internal("a copy thread's ticket on a copy stream".into()))
+            }
         }
     }
 

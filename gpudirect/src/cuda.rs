@@ -34,7 +34,10 @@ impl CudaContext {
     pub fn primary(ordinal: i32) -> Result<Arc<Self>, DeviceError> {
         // SAFETY: only probes whether the driver library can be loaded.
         if !unsafe { sys::is_culib_present() } {
-            return Err(DeviceError { during: "loading libcuda", source: result::DriverError(sys::cudaError_enum::CUDA_ERROR_NO_DEVICE) });
+            return Err(DeviceError {
+                during: "loading libcuda",
+                source: result::DriverError(sys::cudaError_enum::CUDA_ERROR_NO_DEVICE),
+            });
         }
         result::init().map_err(failed("cuInit"))?;
         let device = result::device::get(ordinal).map_err(failed("cuDeviceGet"))?;
@@ -74,7 +77,7 @@ impl PinnedBuf {
         context.bind()?;
         // SAFETY: a plain allocation (flags 0); its contents are zeroed below before any read.
         let ptr = unsafe { result::malloc_host(len.max(1), 0) }.map_err(failed("cuMemHostAlloc"))?;
-        let ptr = NonNull::new(ptr.cast::<u8>()).ok_or_else(|| DeviceError {
+        let ptr = NonNull::new(ptr.cast::<u8>()).ok_or(DeviceError {
             during: "cuMemHostAlloc",
             source: result::DriverError(sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY),
         })?;
@@ -131,7 +134,8 @@ unsafe impl Send for Event {}
 impl Event {
     fn record(context: &Arc<CudaContext>, stream: sys::CUstream) -> Result<Self, DeviceError> {
         context.bind()?;
-        let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(failed("cuEventCreate"))?;
+        let event =
+            result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(failed("cuEventCreate"))?;
         let event = Self { event, context: Arc::clone(context) };
         // SAFETY: a live event and a live (or the null) stream of the bound context.
         unsafe { result::event::record(event.event, stream) }.map_err(failed("cuEventRecord"))?;
@@ -175,7 +179,8 @@ unsafe impl Send for CopyStream {}
 impl CopyStream {
     pub fn new(context: &Arc<CudaContext>) -> Result<Self, DeviceError> {
         context.bind()?;
-        let stream = result::stream::create(result::stream::StreamKind::NonBlocking).map_err(failed("cuStreamCreate"))?;
+        let stream =
+            result::stream::create(result::stream::StreamKind::NonBlocking).map_err(failed("cuStreamCreate"))?;
         Ok(Self { stream, context: Arc::clone(context) })
     }
 
