@@ -303,18 +303,11 @@ impl Streamer {
         let stats = Arc::new(StreamStats::default());
         stats.ring_bytes.store(ring.capacity(), Ordering::Relaxed);
         let order = blocks.iter().enumerate().filter(|(_, b)| b.is_some()).map(|(i, _)| i).collect();
-        Ok(Self {
-            mover: Mover::new(device)?,
-            blocks,
-            order,
-            next: 0,
-            in_flight: VecDeque::new(),
-            ring,
-            region,
-            base,
-            device,
-            stats,
-        })
+        let mut mover = Mover::new(device)?;
+        // The region came from torch's allocator, ordered on torch's stream (its zeroing, and
+        // whatever used that memory before): the first copies into it must follow that work.
+        mover.released()?;
+        Ok(Self { mover, blocks, order, next: 0, in_flight: VecDeque::new(), ring, region, base, device, stats })
     }
 
     pub fn stats(&self) -> Arc<StreamStats> {

@@ -230,7 +230,7 @@ mod tests {
     /// Runs only where there is a GPU: a round trip through pinned memory, the copy stream and
     /// an event.
     #[test]
-    fn copies_reach_the_device_in_order() {
+    fn a_copy_through_pinned_memory_reaches_the_device() {
         if crate::cuda_devices().map_or(true, |d| d.is_empty()) {
             eprintln!("no CUDA device: skipped");
             return;
