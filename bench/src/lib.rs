@@ -3,6 +3,7 @@
 //! are what carry from one run to the next.
 
 mod execute;
+mod placement;
 mod rdma;
 mod report;
 mod stream;
@@ -16,6 +17,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 
 pub use execute::ExecuteArgs;
+pub use placement::PlacementArgs;
 pub use rdma::RdmaArgs;
 pub use stream::StreamArgs;
 pub use tcp::TcpArgs;
@@ -34,6 +36,9 @@ pub enum BenchCommand {
     /// A model three times the device budget streamed through the ring, against the same model
     /// resident, naive synchronous copies before each block, and the raw copy rate.
     Stream(StreamArgs),
+    /// The control plane's placement decision with 1,000 nodes and 10,000 models, against the
+    /// simplest placer (most free memory) over the same nodes.
+    Placement(PlacementArgs),
 }
 
 pub fn run(command: BenchCommand) -> Result<()> {
@@ -42,6 +47,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
         BenchCommand::Execute(args) => execute::run(args),
         BenchCommand::Rdma(args) => rdma::run(args),
         BenchCommand::Stream(args) => stream::run(args),
+        BenchCommand::Placement(args) => placement::run(args),
     }
 }
 

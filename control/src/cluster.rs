@@ -1,0 +1,486 @@
+//! The control plane's state and its decisions: live nodes, which node holds (or was given)
+//! each model, which node each session lives on, and placement by the rules in order:
+//!
+//! 1. a session's requests go to the node that first received it, while that node lives;
+//! 2. a model some live node holds (or was given) goes there: identical weights are shared;
+//! 3. a model that fits no node whole goes to the node that streams the fewest bytes per call;
+//! 4. otherwise the policy's best node among those it fits whole.
+//!
+//! Memory promised by a placement counts against the node until its inventory shows the model
+//! (or two leases pass), so placements made between two renewals do not all pick one node.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::membership::{Inventory, LeaseId, Membership, MembershipError, NodeId};
+use crate::placement::{Block, Cost, Demand, Fit, Policy, fit, score};
+
+/// A request for a place to run a model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlaceRequest {
+    /// The model's fingerprint (hex).
+    pub fingerprint: String,
+    pub blocks: Vec<Block>,
+    /// Bytes of one call's inputs and outputs.
+    pub io_bytes: u64,
+    pub session: Option<String>,
+    pub policy: Policy,
+}
+
+/// Which rule chose the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rule {
+    Session,
+    Shared,
+    Streamed,
+    Policy,
+}
+
+/// The chosen node and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    pub node: NodeId,
+    pub addr: String,
+    pub rule: Rule,
+    pub policy: Policy,
+    pub fit: Fit,
+    pub cost: Cost,
+    /// The policy's score of the chosen node (lower is better) and of the best other one.
+    pub score: f64,
+    pub runner_up: Option<(NodeId, f64)>,
+    /// Nodes that were candidates under the rule that decided.
+    pub considered: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlaceError {
+    #[error("no live nodes")]
+    NoNodes,
+    #[error(
+        "no node can hold the model: its largest block ({largest} bytes) needs more free device memory, or its {weights} bytes more host memory, than any node has"
+    )]
+    FitsNowhere { weights: u64, largest: u64 },
+    #[error("a model needs at least one block")]
+    NoBlocks,
+}
+
+/// Memory promised to a node by placements its inventory does not show yet.
+#[derive(Debug, Clone, Default)]
+struct Promised {
+    /// Fingerprint → (bytes, when).
+    models: HashMap<String, (u64, u64)>,
+    total: u64,
+}
+
+impl Promised {
+    fn add(&mut self, fingerprint: &str, bytes: u64, now: u64) {
+        if let Some((old, _)) = self.models.insert(fingerprint.to_owned(), (bytes, now)) {
+            self.total -= old;
+        }
+        self.total += bytes;
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&String, u64) -> bool) {
+        self.models.retain(|fp, &mut (_, at)| keep(fp, at));
+        self.total = self.models.values().map(|(bytes, _)| bytes).sum();
+    }
+}
+
+/// The best two entries by a key, lowest first.
+struct Best<K, T> {
+    first: Option<(K, T)>,
+    second: Option<(K, T)>,
+}
+
+impl<K: PartialOrd, T> Best<K, T> {
+    fn new() -> Self {
+        Self { first: None, second: None }
+    }
+
+    fn offer(&mut self, key: K, item: T) {
+        if self.first.as_ref().is_none_or(|(k, _)| key < *k) {
+            self.second = self.first.replace((key, item));
+        } else if self.second.as_ref().is_none_or(|(k, _)| key < *k) {
+            self.second = Some((key, item));
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Cluster {
+    membership: Membership,
+    /// Model fingerprint → the nodes that hold it or were given it.
+    holders: HashMap<String, HashSet<NodeId>>,
+    promised: HashMap<NodeId, Promised>,
+    sessions: HashMap<String, NodeId>,
+}
+
+impl Cluster {
+    pub fn new(lease_ttl_ms: u64) -> Self {
+        Self {
+            membership: Membership::new(lease_ttl_ms),
+            holders: HashMap::new(),
+            promised: HashMap::new(),
+            sessions: HashMap::new(),
+        }
+    }
+
+    pub fn membership(&self) -> &Membership {
+        &self.membership
+    }
+
+    pub fn register(&mut self, node: &str, inventory: Inventory, now: u64) -> Result<LeaseId, MembershipError> {
+        let models = inventory.models.clone();
+        let lease = self.membership.register(node, inventory, now)?;
+        // What an earlier lease of the same name left behind is gone with that process.
+        self.forget(node);
+        self.note_holdings(node, &models);
+        Ok(lease)
+    }
+
+    pub fn renew(
+        &mut self,
+        node: &str,
+        lease: LeaseId,
+        inventory: Option<Inventory>,
+        now: u64,
+    ) -> Result<(), MembershipError> {
+        let models = inventory.as_ref().map(|i| i.models.clone());
+        self.membership.renew(node, lease, inventory, now)?;
+        if let Some(models) = models {
+            self.note_holdings(node, &models);
+            // Shown in the inventory now (its memory is counted there), or never coming.
+            let ttl = self.membership.ttl_ms();
+            if let Some(promised) = self.promised.get_mut(node) {
+                promised.retain(|fp, at| !models.contains(fp) && now.saturating_sub(at) < 2 * ttl);
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops the nodes whose leases lapsed, with their models and sessions; names them.
+    pub fn expire(&mut self, now: u64) -> Vec<NodeId> {
+        let lapsed = self.membership.expire(now);
+        for node in &lapsed {
+            self.forget(node);
+        }
+        lapsed
+    }
+
+    fn forget(&mut self, node: &str) {
+        self.holders.retain(|_, nodes| {
+            nodes.remove(node);
+            !nodes.is_empty()
+        });
+        self.promised.remove(node);
+        self.sessions.retain(|_, n| n != node);
+    }
+
+    fn note_holdings(&mut self, node: &str, models: &[String]) {
+        for fp in models {
+            self.holders.entry(fp.clone()).or_default().insert(node.to_owned());
+        }
+    }
+
+    /// The node a session lives on.
+    pub fn session(&self, session: &str) -> Option<&NodeId> {
+        self.sessions.get(session)
+    }
+
+    /// Free device memory of `node` less what placements promised it.
+    fn free(&self, node: &str, inventory: &Inventory) -> u64 {
+        inventory.memory_free.saturating_sub(self.promised.get(node).map_or(0, |p| p.total))
+    }
+
+    /// Chooses a node for `request` and records the choice (the model as given to the node,
+    /// the session as living there).
+    pub fn place(&mut self, request: &PlaceRequest, now: u64) -> Result<Decision, PlaceError> {
+        if request.blocks.is_empty() {
+            return Err(PlaceError::NoBlocks);
+        }
+        let demand = Demand::of(&request.blocks, request.io_bytes);
+        let decision = self.decide(request, &demand, now)?;
+        let holds = self.holders.get(&request.fingerprint).is_some_and(|h| h.contains(&decision.node));
+        if !holds {
+            let bytes = match decision.fit {
+                Fit::Resident => demand.weight_bytes,
+                // The whole free budget goes to the ring and the resident blocks.
+                Fit::Streamed { bytes_per_call } => demand.weight_bytes - bytes_per_call,
+                Fit::No => 0,
+            };
+            self.promised.entry(decision.node.clone()).or_default().add(&request.fingerprint, bytes, now);
+            self.holders.entry(request.fingerprint.clone()).or_default().insert(decision.node.clone());
+        }
+        if let Some(session) = &request.session {
+            self.sessions.insert(session.clone(), decision.node.clone());
+        }
+        Ok(decision)
+    }
+
+    fn decide(&self, request: &PlaceRequest, demand: &Demand, now: u64) -> Result<Decision, PlaceError> {
+        let holders = self.holders.get(&request.fingerprint);
+        let holds = |node: &str| holders.is_some_and(|h| h.contains(node));
+        let session_node = request.session.as_ref().and_then(|s| self.sessions.get(s));
+        let (rule, candidates): (Rule, Vec<(&NodeId, &Inventory)>) =
+            if let Some(member) = session_node.and_then(|n| self.membership.get(n, now).map(|m| (n, m))) {
+                (Rule::Session, vec![(member.0, &member.1.inventory)])
+            } else if let Some(h) = holders.filter(|h| h.iter().any(|n| self.membership.get(n, now).is_some())) {
+                let live = h.iter().filter_map(|n| self.membership.get(n, now).map(|m| (n, &m.inventory))).collect();
+                (Rule::Shared, live)
+            } else {
+                (Rule::Policy, self.membership.live(now).map(|(n, m)| (n, &m.inventory)).collect())
+            };
+        if candidates.is_empty() {
+            return Err(PlaceError::NoNodes);
+        }
+        let considered = candidates.len();
+        #[derive(Clone, Copy)]
+        struct Scored<'a> {
+            node: &'a NodeId,
+            inventory: &'a Inventory,
+            fit: Fit,
+            cost: Cost,
+            score: f64,
+        }
+        // One pass: the best two that fit whole, and the best two by fewest bytes streamed.
+        // Ties go to the node name, so every control process decides alike.
+        let mut resident = Best::new();
+        let mut streaming = Best::new();
+        for (node, inventory) in candidates {
+            let free = self.free(node, inventory);
+            let fit = fit(demand, free, inventory.host_memory_free, holds(node));
+            let (adds, streamed) = match fit {
+                Fit::Resident if holds(node) => (0, 0),
+                Fit::Resident => (demand.weight_bytes, 0),
+                Fit::Streamed { bytes_per_call } => (demand.weight_bytes - bytes_per_call, bytes_per_call),
+                // A session's node is kept even if the model no longer fits it whole: the node
+                // streams what it must or says why it cannot.
+                Fit::No if rule == Rule::Session => (0, 0),
+                Fit::No => continue,
+            };
+            let cost = Cost::of(demand, inventory, fit);
+            let score = score(request.policy, &cost, inventory, free, adds);
+            let scored = Scored { node, inventory, fit, cost, score };
+            if fit == Fit::Resident {
+                resident.offer((score, node.as_str()), scored);
+            } else {
+                streaming.offer((streamed, score, node.as_str()), scored);
+            }
+        }
+        let (rule, best, runner_up) = match (resident.first, streaming.first) {
+            (Some((_, best)), _) => (rule, best, resident.second.map(|(_, s)| s)),
+            // Fits nowhere whole: the node that streams the fewest bytes per call.
+            (None, Some((_, best))) => {
+                (if rule == Rule::Policy { Rule::Streamed } else { rule }, best, streaming.second.map(|(_, s)| s))
+            }
+            (None, None) => {
+                return Err(PlaceError::FitsNowhere { weights: demand.weight_bytes, largest: demand.largest_block });
+            }
+        };
+        Ok(Decision {
+            node: best.node.clone(),
+            addr: best.inventory.addr.clone(),
+            rule,
+            policy: request.policy,
+            fit: best.fit,
+            cost: best.cost,
+            score: best.score,
+            runner_up: runner_up.map(|s| (s.node.clone(), s.score)),
+            considered,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::membership::tests::inventory;
+
+    const GIB: u64 = 1 << 30;
+
+    fn node(memory: u64) -> Inventory {
+        Inventory { memory_total: memory, memory_free: memory, ..inventory("") }
+    }
+
+    fn cluster(nodes: &[(&str, Inventory)]) -> Cluster {
+        let mut c = Cluster::new(1000);
+        for (name, inv) in nodes {
+            c.register(name, Inventory { addr: format!("{name}:7070"), ..inv.clone() }, 0).unwrap();
+        }
+        c
+    }
+
+    fn request(fp: &str, weights: u64, policy: Policy) -> PlaceRequest {
+        PlaceRequest {
+            fingerprint: fp.into(),
+            blocks: vec![Block { weight_bytes: weights / 2, flops: 1e9 }; 2],
+            io_bytes: 1 << 20,
+            session: None,
+            policy,
+        }
+    }
+
+    #[test]
+    fn load_balance_spreads_registrations_in_proportion_to_budgets() {
+        let mut c = cluster(&[("a", node(8 * GIB)), ("b", node(16 * GIB)), ("c", node(24 * GIB))]);
+        let mut count: HashMap<NodeId, usize> = HashMap::new();
+        for i in 0..30 {
+            let d = c.place(&request(&format!("m{i}"), GIB, Policy::LoadBalance), 10).unwrap();
+            assert_eq!(d.rule, Rule::Policy);
+            *count.entry(d.node).or_default() += 1;
+        }
+        // 48 GiB for 30 GiB of models: each node ends 30/48 full, within one model.
+        assert!(
+            count["a"].abs_diff(5) <= 1 && count["b"].abs_diff(10) <= 1 && count["c"].abs_diff(15) <= 1,
+            "{count:?}"
+        );
+    }
+
+    #[test]
+    fn a_session_stays_on_its_first_node_while_it_lives() {
+        let mut c = cluster(&[("a", node(8 * GIB)), ("b", node(8 * GIB)), ("c", node(8 * GIB))]);
+        let mut r = request("m", GIB, Policy::LoadBalance);
+        r.session = Some("s1".into());
+        let first = c.place(&r, 10).unwrap().node;
+        for i in 0..99 {
+            // Other models fill the first node: load_balance alone would move away from it.
+            c.place(&request(&format!("other{i}"), GIB / 64, Policy::LoadBalance), 10).unwrap();
+            let d = c.place(&r, 10).unwrap();
+            assert_eq!((d.node.as_str(), d.rule), (first.as_str(), Rule::Session));
+        }
+        // Its node dies: the session moves, and stays where it moved.
+        let others: Vec<&str> = ["a", "b", "c"].into_iter().filter(|n| *n != first).collect();
+        for n in &others {
+            let lease = c.membership().get(n, 10).unwrap().lease;
+            c.renew(n, lease, None, 900).unwrap();
+        }
+        assert_eq!(c.expire(1000), vec![first.clone()]);
+        let moved = c.place(&r, 1000).unwrap().node;
+        assert!(others.contains(&moved.as_str()));
+        assert_eq!(c.place(&r, 1000).unwrap().node, moved);
+    }
+
+    #[test]
+    fn latency_counts_the_link_and_throughput_the_device() {
+        let fast_gpu = Inventory { flops: 400e12, link_bandwidth: 1e9, ..node(80 * GIB) };
+        let near = Inventory { flops: 100e12, link_bandwidth: 50e9, ..node(80 * GIB) };
+        let mut c = cluster(&[("fast-gpu", fast_gpu), ("near", near)]);
+        let mut r = request("m", GIB, Policy::MinimizeLatency);
+        r.blocks = vec![Block { weight_bytes: GIB, flops: 1e12 }];
+        r.io_bytes = 64 << 20;
+        // 64 MiB at 1 GB/s is 67 ms against 10 ms of compute saved.
+        let d = c.place(&r, 10).unwrap();
+        assert_eq!(d.node, "near");
+        assert!(d.runner_up.as_ref().is_some_and(|(n, s)| n == "fast-gpu" && *s > d.score));
+        r.fingerprint = "m2".into();
+        r.policy = Policy::MaximizeThroughput;
+        assert_eq!(c.place(&r, 10).unwrap().node, "fast-gpu");
+    }
+
+    #[test]
+    fn minimize_cost_takes_the_cheaper_node_per_call() {
+        let dear = Inventory { flops: 200e12, cost_per_hour: 10.0, ..node(80 * GIB) };
+        let cheap = Inventory { flops: 100e12, cost_per_hour: 2.0, ..node(80 * GIB) };
+        let mut c = cluster(&[("dear", dear), ("cheap", cheap)]);
+        assert_eq!(c.place(&request("m", GIB, Policy::MinimizeCost), 10).unwrap().node, "cheap");
+        assert_eq!(c.place(&request("n", GIB, Policy::MinimizeLatency), 10).unwrap().node, "dear");
+    }
+
+    #[test]
+    fn identical_weights_share_a_node_whatever_the_policy() {
+        let mut c = cluster(&[("a", node(8 * GIB)), ("b", node(8 * GIB))]);
+        let first = c.place(&request("same", GIB, Policy::LoadBalance), 10).unwrap();
+        for policy in [Policy::LoadBalance, Policy::MinimizeLatency, Policy::MaximizeThroughput, Policy::MinimizeCost] {
+            let d = c.place(&request("same", GIB, policy), 10).unwrap();
+            assert_eq!((d.node.as_str(), d.rule), (first.node.as_str(), Rule::Shared));
+        }
+        // A node reporting the model in its inventory shares it too.
+        let mut c = cluster(&[("a", node(8 * GIB)), ("b", Inventory { models: vec!["held".into()], ..node(8 * GIB) })]);
+        assert_eq!(c.place(&request("held", GIB, Policy::LoadBalance), 10).unwrap().node, "b");
+    }
+
+    #[test]
+    fn a_model_too_large_for_every_node_goes_where_it_streams_least() {
+        let mut c = cluster(&[("small", node(4 * GIB)), ("large", node(12 * GIB)), ("mid", node(8 * GIB))]);
+        let mut r = request("huge", 40 * GIB, Policy::MinimizeCost);
+        r.blocks = vec![Block { weight_bytes: GIB, flops: 1e9 }; 40];
+        let d = c.place(&r, 10).unwrap();
+        assert_eq!((d.node.as_str(), d.rule), ("large", Rule::Streamed));
+        assert_eq!(d.fit, Fit::Streamed { bytes_per_call: 30 * GIB });
+        // A block larger than every node's budget fits nowhere.
+        r.fingerprint = "blocky".into();
+        r.blocks = vec![Block { weight_bytes: 16 * GIB, flops: 1e9 }];
+        assert!(matches!(c.place(&r, 10), Err(PlaceError::FitsNowhere { .. })));
+    }
+
+    #[test]
+    fn a_lapsed_node_loses_its_models_and_no_nodes_is_an_error() {
+        let mut c = cluster(&[("a", node(8 * GIB))]);
+        c.place(&request("m", GIB, Policy::LoadBalance), 10).unwrap();
+        assert_eq!(c.expire(1000), vec!["a".to_string()]);
+        assert_eq!(c.place(&request("m", GIB, Policy::LoadBalance), 1000), Err(PlaceError::NoNodes));
+        c.register("b", node(8 * GIB), 1000).unwrap();
+        assert_eq!(c.place(&request("m", GIB, Policy::LoadBalance), 1000).unwrap().rule, Rule::Policy);
+    }
+
+    #[test]
+    fn promised_memory_is_released_once_the_inventory_shows_the_model() {
+        let mut c = cluster(&[("a", node(3 * GIB))]);
+        c.place(&request("m", 2 * GIB, Policy::LoadBalance), 10).unwrap();
+        // 2 of the 3 GiB are promised away: a second model of 2 GiB would have to stream.
+        assert!(matches!(c.place(&request("n", 2 * GIB, Policy::LoadBalance), 10).unwrap().fit, Fit::Streamed { .. }));
+        // The node renews showing both loaded in a larger budget: nothing is promised any more.
+        let lease = c.membership().get("a", 10).unwrap().lease;
+        let shows = Inventory { memory_free: 2 * GIB, models: vec!["m".into(), "n".into()], ..node(6 * GIB) };
+        c.renew("a", lease, Some(shows), 20).unwrap();
+        assert_eq!(c.place(&request("o", 2 * GIB, Policy::LoadBalance), 20).unwrap().fit, Fit::Resident);
+    }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        proptest! {
+            /// Whatever the cluster and the requests: the chosen node is live and can run the
+            /// model; a session keeps its node; a model is refused only when its largest block
+            /// fits no node's free budget.
+            #[test]
+            fn decisions_are_live_feasible_and_sticky(
+                budgets in prop::collection::vec(1u64..64, 1..8),
+                models in prop::collection::vec((1u64..32, 1usize..4, 0usize..4, prop::option::of(0u8..4)), 1..40),
+            ) {
+                let nodes: Vec<(String, Inventory)> =
+                    budgets.iter().enumerate().map(|(i, &b)| (format!("n{i}"), node(b * GIB))).collect();
+                let named: Vec<(&str, Inventory)> = nodes.iter().map(|(n, i)| (n.as_str(), i.clone())).collect();
+                let mut c = cluster(&named);
+                let policies = [Policy::MinimizeLatency, Policy::MaximizeThroughput, Policy::LoadBalance, Policy::MinimizeCost];
+                let mut sessions: HashMap<String, NodeId> = HashMap::new();
+                for (i, &(block_gib, blocks, policy, session)) in models.iter().enumerate() {
+                    let mut r = request(&format!("m{i}"), 0, policies[policy]);
+                    r.blocks = vec![Block { weight_bytes: block_gib * GIB, flops: 1e9 }; blocks];
+                    r.session = session.map(|s| format!("s{s}"));
+                    match c.place(&r, 10) {
+                        Ok(d) => {
+                            prop_assert!(c.membership().get(&d.node, 10).is_some());
+                            if d.rule != Rule::Session {
+                                prop_assert!(d.fit != Fit::No);
+                            }
+                            if let Some(s) = &r.session {
+                                if let Some(before) = sessions.get(s) {
+                                    prop_assert_eq!(before, &d.node);
+                                }
+                                sessions.insert(s.clone(), d.node.clone());
+                            }
+                        }
+                        Err(PlaceError::FitsNowhere { largest, .. }) => {
+                            prop_assert!(r.session.as_ref().is_none_or(|s| !sessions.contains_key(s)));
+                            let fits_somewhere = c.membership().live(10).any(|(n, m)| largest <= c.free(n, &m.inventory));
+                            prop_assert!(!fits_somewhere);
+                        }
+                        Err(e) => prop_assert!(false, "{e}"),
+                    }
+                }
+            }
+        }
+    }
+}
