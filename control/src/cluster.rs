@@ -201,12 +201,7 @@ impl Cluster {
         let decision = self.decide(request, &demand, now)?;
         let holds = self.holders.get(&request.fingerprint).is_some_and(|h| h.contains(&decision.node));
         if !holds {
-            let bytes = match decision.fit {
-                Fit::Resident => demand.weight_bytes,
-                // The whole free budget goes to the ring and the resident blocks.
-                Fit::Streamed { bytes_per_call } => demand.weight_bytes - bytes_per_call,
-                Fit::No => 0,
-            };
+            let bytes = decision.fit.device_bytes(demand.weight_bytes);
             self.promised.entry(decision.node.clone()).or_default().add(&request.fingerprint, bytes, now);
             self.holders.entry(request.fingerprint.clone()).or_default().insert(decision.node.clone());
         }
@@ -248,15 +243,13 @@ impl Cluster {
         for (node, inventory) in candidates {
             let free = self.free(node, inventory);
             let fit = fit(demand, free, inventory.host_memory_free, holds(node));
-            let (adds, streamed) = match fit {
-                Fit::Resident if holds(node) => (0, 0),
-                Fit::Resident => (demand.weight_bytes, 0),
-                Fit::Streamed { bytes_per_call } => (demand.weight_bytes - bytes_per_call, bytes_per_call),
-                // A session's node is kept even if the model no longer fits it whole: the node
-                // streams what it must or says why it cannot.
-                Fit::No if rule == Rule::Session => (0, 0),
-                Fit::No => continue,
-            };
+            // A session's node is kept even if the model no longer fits it: the node streams
+            // what it must or says why it cannot.
+            if fit == Fit::No && rule != Rule::Session {
+                continue;
+            }
+            let adds = if holds(node) { 0 } else { fit.device_bytes(demand.weight_bytes) };
+            let streamed = fit.streamed_bytes();
             let cost = Cost::of(demand, inventory, fit);
             let score = score(request.policy, &cost, inventory, free, adds);
             let scored = Scored { node, inventory, fit, cost, score };

@@ -77,6 +77,25 @@ pub enum Fit {
     No,
 }
 
+impl Fit {
+    /// Device bytes a model of `weight_bytes` takes on the node: all of it resident, what is
+    /// not streamed otherwise (the ring and the resident blocks).
+    pub fn device_bytes(self, weight_bytes: u64) -> u64 {
+        match self {
+            Self::Resident => weight_bytes,
+            Self::Streamed { bytes_per_call } => weight_bytes - bytes_per_call,
+            Self::No => 0,
+        }
+    }
+
+    pub fn streamed_bytes(self) -> u64 {
+        match self {
+            Self::Streamed { bytes_per_call } => bytes_per_call,
+            _ => 0,
+        }
+    }
+}
+
 /// How a node's memory would take a model. Mirrors the node's residency planner: a ring of
 /// two of the largest blocks when there is room for two, else one, and what fits beside it
 /// stays resident.

@@ -190,12 +190,33 @@ struct InFlight {
 }
 
 /// How to know a copy is done.
-#[derive(Debug)]
 enum Arrival {
-    /// The copy thread's count has reached this.
-    Copied(u64),
+    /// The copy thread's count has reached `seq`.
+    Copied { done: Arc<Done>, seq: u64 },
     /// This event on the copy stream has completed.
     Event(Event),
+}
+
+impl Arrival {
+    /// Blocks until the copy has arrived.
+    fn wait(&self) -> Result<(), ExecError> {
+        match self {
+            Self::Copied { done, seq } => {
+                done.wait(*seq);
+                Ok(())
+            }
+            Self::Event(event) => Ok(event.synchronize()?),
+        }
+    }
+}
+
+impl std::fmt::Debug for Arrival {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Copied { seq, .. } => write!(f, "Copied({seq})"),
+            Self::Event(event) => event.fmt(f),
+        }
+    }
 }
 
 /// What brings blocks into the region: a thread on a CPU node, a copy stream on a CUDA node.
@@ -229,23 +250,11 @@ impl Mover {
     /// `len` bytes until the copy has arrived, and nothing may read `dst` before then.
     unsafe fn copy(&mut self, src: *const u8, dst: *mut u8, len: usize) -> Result<Arrival, ExecError> {
         match self {
-            Self::Thread(copier) => copier.copy(src, dst, len).map(Arrival::Copied),
+            Self::Thread(copier) => {
+                copier.copy(src, dst, len).map(|seq| Arrival::Copied { done: Arc::clone(&copier.done), seq })
+            }
             // SAFETY: the caller's contract.
             Self::Cuda { stream, .. } => Ok(Arrival::Event(unsafe { stream.copy_to_device(dst as u64, src, len) }?)),
-        }
-    }
-
-    /// Blocks until the copy has arrived.
-    fn wait(&self, arrival: &Arrival) -> Result<(), ExecError> {
-        match (self, arrival) {
-            (Self::Thread(copier), Arrival::Copied(seq)) => {
-                copier.wait(*seq);
-                Ok(())
-            }
-            (_, Arrival::Event(event)) => Ok(event.synchronize()?),
-            (Self::Cuda { .. }, Arrival::Copied(_)) => {
-                Err(ExecError::Internal("a copy thread's ticket on a copy stream".into()))
-            }
         }
     }
 
@@ -338,7 +347,7 @@ impl Streamer {
         };
         let slot = *slot;
         let started = Instant::now();
-        self.mover.wait(arrival)?;
+        arrival.wait()?;
         self.stats.stall_ns.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
         let base = self.base.wrapping_add(slot.offset as usize);
         let device = self.device;
@@ -395,7 +404,7 @@ impl Streamer {
     /// Drops what is in flight (after waiting for its copies) and brings blocks in from `i` on.
     fn restart_at(&mut self, i: usize) -> Result<(), ExecError> {
         if let Some(last) = self.in_flight.back() {
-            self.mover.wait(&last.arrival)?;
+            last.arrival.wait()?;
         }
         self.in_flight.clear();
         while self.ring.release_oldest().is_some() {}
@@ -440,8 +449,8 @@ fn detach_from(out: IValue, range: &std::ops::Range<usize>) -> Result<IValue, Ex
     })
 }
 
-/// The copy thread: copies in the order asked, each numbered; `wait(n)` returns once copy `n`
-/// is done.
+/// The copy thread: copies in the order asked, each numbered; `done.wait(n)` returns once
+/// copy `n` is done.
 struct Copier {
     jobs: Option<crossbeam_channel::Sender<Copy>>,
     done: Arc<Done>,
@@ -498,14 +507,17 @@ impl Copier {
         self.issued += 1;
         Ok(self.issued)
     }
+}
 
+impl Done {
+    /// Returns once copy `seq` is done.
     fn wait(&self, seq: u64) {
-        if self.done.seq.load(Ordering::Acquire) >= seq {
+        if self.seq.load(Ordering::Acquire) >= seq {
             return;
         }
-        let mut held = self.done.lock.lock().unwrap_or_else(|e| e.into_inner());
-        while self.done.seq.load(Ordering::Acquire) < seq {
-            held = self.done.cv.wait(held).unwrap_or_else(|e| e.into_inner());
+        let mut held = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        while self.seq.load(Ordering::Acquire) < seq {
+            held = self.cv.wait(held).unwrap_or_else(|e| e.into_inner());
         }
     }
 }
