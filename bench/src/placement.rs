@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::Args;
-use djinn_control::{Block, Cluster, Inventory, PlaceRequest, Policy};
+use djinn_control::{Block, Cluster, Inventory, Member, PlaceRequest, Policy};
 
 use crate::report::{Stats, append_section, measure};
 
@@ -64,7 +64,7 @@ pub fn run(args: PlacementArgs) -> Result<()> {
     let mut cluster = Cluster::new(10_000);
     let now = 1;
     for i in 0..args.nodes {
-        cluster.register(&format!("node{i:04}"), inventory(i), 0)?;
+        cluster.join(&format!("node{i:04}"), Member { inventory: inventory(i), lease: i as u64 + 1 }, 0);
     }
     for i in 0..args.models {
         cluster.place(&request(i, Some(format!("session{i}"))), now)?;
@@ -90,7 +90,7 @@ pub fn run(args: PlacementArgs) -> Result<()> {
         Ok(())
     })?;
     // The baseline: the node with the most free memory, in one pass over the same inventories.
-    let live: Vec<(&String, &Inventory)> = cluster.membership().live(now).map(|(n, m)| (n, &m.inventory)).collect();
+    let live: Vec<(&String, &Inventory)> = cluster.membership().live().map(|(n, m)| (n, &m.inventory)).collect();
     let most_free = measure(args.iters, || {
         std::hint::black_box(live.iter().max_by_key(|(_, inv)| inv.memory_free));
         Ok(())

@@ -8,10 +8,16 @@
 //!
 //! Memory promised by a placement counts against the node until its inventory shows the model
 //! (or two leases pass), so placements made between two renewals do not all pick one node.
+//!
+//! The control process keeps this in step with the metadata store (nodes join and leave as
+//! their records come and go; given models and sessions are records too); decisions read it
+//! and touch nothing but the promised memory.
 
 use std::collections::{HashMap, HashSet};
 
-use crate::membership::{Inventory, LeaseId, Membership, MembershipError, NodeId};
+use serde::Serialize;
+
+use crate::membership::{Inventory, Member, Membership, NodeId};
 use crate::placement::{Block, Cost, Demand, Fit, Policy, fit, score};
 
 /// A request for a place to run a model.
@@ -27,7 +33,8 @@ pub struct PlaceRequest {
 }
 
 /// Which rule chose the node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Rule {
     Session,
     Shared,
@@ -35,8 +42,19 @@ pub enum Rule {
     Policy,
 }
 
+impl Rule {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Session => "session",
+            Self::Shared => "shared",
+            Self::Streamed => "streamed",
+            Self::Policy => "policy",
+        }
+    }
+}
+
 /// The chosen node and why.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Decision {
     pub node: NodeId,
     pub addr: String,
@@ -112,15 +130,19 @@ pub struct Cluster {
     holders: HashMap<String, HashSet<NodeId>>,
     promised: HashMap<NodeId, Promised>,
     sessions: HashMap<String, NodeId>,
+    lease_ttl_ms: u64,
 }
 
 impl Cluster {
+    /// `lease_ttl_ms`: how long nodes' leases last (a promise not shown in two leases is
+    /// dropped).
     pub fn new(lease_ttl_ms: u64) -> Self {
         Self {
-            membership: Membership::new(lease_ttl_ms),
+            membership: Membership::default(),
             holders: HashMap::new(),
             promised: HashMap::new(),
             sessions: HashMap::new(),
+            lease_ttl_ms,
         }
     }
 
@@ -128,42 +150,73 @@ impl Cluster {
         &self.membership
     }
 
-    pub fn register(&mut self, node: &str, inventory: Inventory, now: u64) -> Result<LeaseId, MembershipError> {
-        let models = inventory.models.clone();
-        let lease = self.membership.register(node, inventory, now)?;
-        // What an earlier lease of the same name left behind is gone with that process.
-        self.forget(node);
-        self.note_holdings(node, &models);
-        Ok(lease)
-    }
-
-    pub fn renew(
-        &mut self,
-        node: &str,
-        lease: LeaseId,
-        inventory: Option<Inventory>,
-        now: u64,
-    ) -> Result<(), MembershipError> {
-        let models = inventory.as_ref().map(|i| i.models.clone());
-        self.membership.renew(node, lease, inventory, now)?;
-        if let Some(models) = models {
-            self.note_holdings(node, &models);
-            // Shown in the inventory now (its memory is counted there), or never coming.
-            let ttl = self.membership.ttl_ms();
-            if let Some(promised) = self.promised.get_mut(node) {
-                promised.retain(|fp, at| !models.contains(fp) && now.saturating_sub(at) < 2 * ttl);
-            }
-        }
-        Ok(())
-    }
-
-    /// Drops the nodes whose leases lapsed, with their models and sessions; names them.
-    pub fn expire(&mut self, now: u64) -> Vec<NodeId> {
-        let lapsed = self.membership.expire(now);
-        for node in &lapsed {
+    /// A node's record, new or renewed, at time `now` (ms).
+    pub fn join(&mut self, node: &str, member: Member, now: u64) {
+        let models = member.inventory.models.clone();
+        if let Some(old) = self.membership.insert(node, member.clone())
+            && old.lease != member.lease
+        {
+            // What an earlier lease of the same name left behind is gone with that process.
             self.forget(node);
         }
-        lapsed
+        self.note_holdings(node, &models);
+        // Shown in the inventory now (its memory is counted there), or never coming.
+        let ttl = self.lease_ttl_ms;
+        if let Some(promised) = self.promised.get_mut(node) {
+            promised.retain(|fp, at| !models.contains(fp) && now.saturating_sub(at) < 2 * ttl);
+        }
+    }
+
+    /// A node's lease lapsed or was revoked: it goes with its models and sessions.
+    pub fn leave(&mut self, node: &str) {
+        self.membership.remove(node);
+        self.forget(node);
+    }
+
+    /// `node` was given the model (by this or another control process).
+    pub fn give(&mut self, fingerprint: &str, node: &str) {
+        self.note_holdings(node, &[fingerprint.to_owned()]);
+    }
+
+    pub fn set_session(&mut self, session: &str, node: &str) {
+        self.sessions.insert(session.to_owned(), node.to_owned());
+    }
+
+    pub fn end_session(&mut self, session: &str) {
+        self.sessions.remove(session);
+    }
+
+    /// The sessions, by id.
+    pub fn sessions(&self) -> &HashMap<String, NodeId> {
+        &self.sessions
+    }
+
+    /// Memory of `node` promised to models it does not show yet.
+    pub fn promised_bytes(&self, node: &str) -> u64 {
+        self.promised.get(node).map_or(0, |p| p.total)
+    }
+
+    /// Counts the memory a decision gives a model against its node until the node's inventory
+    /// shows the model (for a node that does not hold it already).
+    pub fn promise(&mut self, decision: &Decision, fingerprint: &str, weight_bytes: u64, now: u64) {
+        let bytes = decision.fit.device_bytes(weight_bytes);
+        self.promised.entry(decision.node.clone()).or_default().add(fingerprint, bytes, now);
+    }
+
+    /// Whether `node` holds the model or was given it.
+    pub fn holds(&self, fingerprint: &str, node: &str) -> bool {
+        self.holders.get(fingerprint).is_some_and(|h| h.contains(node))
+    }
+
+    /// The live nodes that hold the model or were given it, by name.
+    pub fn holders(&self, fingerprint: &str) -> Vec<NodeId> {
+        let mut nodes: Vec<NodeId> = self
+            .holders
+            .get(fingerprint)
+            .map(|h| h.iter().filter(|n| self.membership.get(n).is_some()).cloned().collect())
+            .unwrap_or_default();
+        nodes.sort();
+        nodes
     }
 
     fn forget(&mut self, node: &str) {
@@ -191,38 +244,38 @@ impl Cluster {
         inventory.memory_free.saturating_sub(self.promised.get(node).map_or(0, |p| p.total))
     }
 
-    /// Chooses a node for `request` and records the choice (the model as given to the node,
-    /// the session as living there).
+    /// Chooses a node for `request` and records the choice here (the model as given to the
+    /// node, the session as living there): placement in one process, with no store.
     pub fn place(&mut self, request: &PlaceRequest, now: u64) -> Result<Decision, PlaceError> {
-        if request.blocks.is_empty() {
-            return Err(PlaceError::NoBlocks);
-        }
-        let demand = Demand::of(&request.blocks, request.io_bytes);
-        let decision = self.decide(request, &demand, now)?;
-        let holds = self.holders.get(&request.fingerprint).is_some_and(|h| h.contains(&decision.node));
-        if !holds {
-            let bytes = decision.fit.device_bytes(demand.weight_bytes);
-            self.promised.entry(decision.node.clone()).or_default().add(&request.fingerprint, bytes, now);
-            self.holders.entry(request.fingerprint.clone()).or_default().insert(decision.node.clone());
+        let decision = self.decide(request)?;
+        if !self.holds(&request.fingerprint, &decision.node) {
+            let demand = Demand::of(&request.blocks, request.io_bytes);
+            self.promise(&decision, &request.fingerprint, demand.weight_bytes, now);
+            self.give(&request.fingerprint, &decision.node);
         }
         if let Some(session) = &request.session {
-            self.sessions.insert(session.clone(), decision.node.clone());
+            self.set_session(session, &decision.node);
         }
         Ok(decision)
     }
 
-    fn decide(&self, request: &PlaceRequest, demand: &Demand, now: u64) -> Result<Decision, PlaceError> {
+    /// Chooses a node for `request`, changing nothing.
+    pub fn decide(&self, request: &PlaceRequest) -> Result<Decision, PlaceError> {
+        if request.blocks.is_empty() {
+            return Err(PlaceError::NoBlocks);
+        }
+        let demand = &Demand::of(&request.blocks, request.io_bytes);
         let holders = self.holders.get(&request.fingerprint);
         let holds = |node: &str| holders.is_some_and(|h| h.contains(node));
         let session_node = request.session.as_ref().and_then(|s| self.sessions.get(s));
         let (rule, candidates): (Rule, Vec<(&NodeId, &Inventory)>) =
-            if let Some(member) = session_node.and_then(|n| self.membership.get(n, now).map(|m| (n, m))) {
+            if let Some(member) = session_node.and_then(|n| self.membership.get(n).map(|m| (n, m))) {
                 (Rule::Session, vec![(member.0, &member.1.inventory)])
-            } else if let Some(h) = holders.filter(|h| h.iter().any(|n| self.membership.get(n, now).is_some())) {
-                let live = h.iter().filter_map(|n| self.membership.get(n, now).map(|m| (n, &m.inventory))).collect();
+            } else if let Some(h) = holders.filter(|h| h.iter().any(|n| self.membership.get(n).is_some())) {
+                let live = h.iter().filter_map(|n| self.membership.get(n).map(|m| (n, &m.inventory))).collect();
                 (Rule::Shared, live)
             } else {
-                (Rule::Policy, self.membership.live(now).map(|(n, m)| (n, &m.inventory)).collect())
+                (Rule::Policy, self.membership.live().map(|(n, m)| (n, &m.inventory)).collect())
             };
         if candidates.is_empty() {
             return Err(PlaceError::NoNodes);
@@ -286,6 +339,7 @@ impl Cluster {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::membership::LeaseId;
     use crate::membership::tests::inventory;
 
     const GIB: u64 = 1 << 30;
@@ -296,10 +350,15 @@ mod tests {
 
     fn cluster(nodes: &[(&str, Inventory)]) -> Cluster {
         let mut c = Cluster::new(1000);
-        for (name, inv) in nodes {
-            c.register(name, Inventory { addr: format!("{name}:7070"), ..inv.clone() }, 0).unwrap();
+        for (lease, (name, inv)) in nodes.iter().enumerate() {
+            join(&mut c, name, lease as u64 + 1, inv.clone(), 0);
         }
         c
+    }
+
+    fn join(c: &mut Cluster, name: &str, lease: LeaseId, inventory: Inventory, now: u64) {
+        let inventory = Inventory { addr: format!("{name}:7070"), ..inventory };
+        c.join(name, Member { inventory, lease }, now);
     }
 
     fn request(fp: &str, weights: u64, policy: Policy) -> PlaceRequest {
@@ -342,11 +401,7 @@ mod tests {
         }
         // Its node dies: the session moves, and stays where it moved.
         let others: Vec<&str> = ["a", "b", "c"].into_iter().filter(|n| *n != first).collect();
-        for n in &others {
-            let lease = c.membership().get(n, 10).unwrap().lease;
-            c.renew(n, lease, None, 900).unwrap();
-        }
-        assert_eq!(c.expire(1000), vec![first.clone()]);
+        c.leave(&first);
         let moved = c.place(&r, 1000).unwrap().node;
         assert!(others.contains(&moved.as_str()));
         assert_eq!(c.place(&r, 1000).unwrap().node, moved);
@@ -409,9 +464,9 @@ mod tests {
     fn a_lapsed_node_loses_its_models_and_no_nodes_is_an_error() {
         let mut c = cluster(&[("a", node(8 * GIB))]);
         c.place(&request("m", GIB, Policy::LoadBalance), 10).unwrap();
-        assert_eq!(c.expire(1000), vec!["a".to_string()]);
+        c.leave("a");
         assert_eq!(c.place(&request("m", GIB, Policy::LoadBalance), 1000), Err(PlaceError::NoNodes));
-        c.register("b", node(8 * GIB), 1000).unwrap();
+        join(&mut c, "b", 2, node(8 * GIB), 1000);
         assert_eq!(c.place(&request("m", GIB, Policy::LoadBalance), 1000).unwrap().rule, Rule::Policy);
     }
 
@@ -422,9 +477,9 @@ mod tests {
         // 2 of the 3 GiB are promised away: a second model of 2 GiB would have to stream.
         assert!(matches!(c.place(&request("n", 2 * GIB, Policy::LoadBalance), 10).unwrap().fit, Fit::Streamed { .. }));
         // The node renews showing both loaded in a larger budget: nothing is promised any more.
-        let lease = c.membership().get("a", 10).unwrap().lease;
+        let lease = c.membership().get("a").unwrap().lease;
         let shows = Inventory { memory_free: 2 * GIB, models: vec!["m".into(), "n".into()], ..node(6 * GIB) };
-        c.renew("a", lease, Some(shows), 20).unwrap();
+        join(&mut c, "a", lease, shows, 20);
         assert_eq!(c.place(&request("o", 2 * GIB, Policy::LoadBalance), 20).unwrap().fit, Fit::Resident);
     }
 
@@ -454,7 +509,7 @@ mod tests {
                     r.session = session.map(|s| format!("s{s}"));
                     match c.place(&r, 10) {
                         Ok(d) => {
-                            prop_assert!(c.membership().get(&d.node, 10).is_some());
+                            prop_assert!(c.membership().get(&d.node).is_some());
                             if d.rule != Rule::Session {
                                 prop_assert!(d.fit != Fit::No);
                             }
@@ -467,7 +522,7 @@ mod tests {
                         }
                         Err(PlaceError::FitsNowhere { largest, .. }) => {
                             prop_assert!(r.session.as_ref().is_none_or(|s| !sessions.contains_key(s)));
-                            let fits_somewhere = c.membership().live(10).any(|(n, m)| largest <= c.free(n, &m.inventory));
+                            let fits_somewhere = c.membership().live().any(|(n, m)| largest <= c.free(n, &m.inventory));
                             prop_assert!(!fits_somewhere);
                         }
                         Err(e) => prop_assert!(false, "{e}"),

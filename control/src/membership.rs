@@ -1,14 +1,16 @@
-//! Which nodes are alive: each registers with its inventory and holds a lease it must renew
-//! before it lapses. No clock in here: every call takes the time (milliseconds on one
-//! monotonic clock), so tests and several control processes drive it as they need.
+//! Which nodes are alive, and what each told the control plane about itself. Liveness is the
+//! metadata store's: a node's record is bound to a lease it renews, and the record goes when
+//! the lease lapses; this is the in-memory view of those records.
 
 use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
 
 /// A node's name, chosen by the node (its host name by default); unique in the cluster.
 pub type NodeId = String;
 
 /// What a node tells the control plane about itself, at registration and with every renewal.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Inventory {
     /// Where clients reach its data plane.
     pub addr: String,
@@ -38,12 +40,10 @@ pub struct Inventory {
 /// A lease's number; a renewal must name the node's current one.
 pub type LeaseId = u64;
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Member {
     pub inventory: Inventory,
     pub lease: LeaseId,
-    /// When the lease lapses unless renewed.
-    pub expires_at: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -56,77 +56,37 @@ pub enum MembershipError {
     StaleLease { node: NodeId, given: LeaseId, current: LeaseId },
 }
 
-/// The live nodes and their leases.
-#[derive(Debug, Clone)]
+/// The live nodes.
+#[derive(Debug, Clone, Default)]
 pub struct Membership {
     members: HashMap<NodeId, Member>,
-    ttl_ms: u64,
-    next_lease: LeaseId,
 }
 
 impl Membership {
-    /// Leases last `ttl_ms` from each registration or renewal.
-    pub fn new(ttl_ms: u64) -> Self {
-        Self { members: HashMap::new(), ttl_ms, next_lease: 1 }
+    /// Adds `node` or replaces its record; the record it replaces.
+    pub fn insert(&mut self, node: &str, member: Member) -> Option<Member> {
+        self.members.insert(node.to_owned(), member)
     }
 
-    pub fn ttl_ms(&self) -> u64 {
-        self.ttl_ms
+    pub fn remove(&mut self, node: &str) -> Option<Member> {
+        self.members.remove(node)
     }
 
-    /// Admits `node`. A node whose earlier lease is still live is refused: two processes
-    /// claiming one name is a configuration error, and a restarted node waits out its lease.
-    pub fn register(&mut self, node: &str, inventory: Inventory, now: u64) -> Result<LeaseId, MembershipError> {
-        if self.members.get(node).is_some_and(|m| m.expires_at > now) {
-            return Err(MembershipError::AlreadyRegistered(node.to_owned()));
-        }
-        let lease = self.next_lease;
-        self.next_lease += 1;
-        self.members.insert(node.to_owned(), Member { inventory, lease, expires_at: now + self.ttl_ms });
-        Ok(lease)
-    }
-
-    /// Extends `node`'s lease and, if given, replaces its inventory.
-    pub fn renew(
-        &mut self,
-        node: &str,
-        lease: LeaseId,
-        inventory: Option<Inventory>,
-        now: u64,
-    ) -> Result<(), MembershipError> {
-        let member = self
-            .members
-            .get_mut(node)
-            .filter(|m| m.expires_at > now)
-            .ok_or_else(|| MembershipError::UnknownNode(node.to_owned()))?;
-        if member.lease != lease {
-            return Err(MembershipError::StaleLease { node: node.to_owned(), given: lease, current: member.lease });
-        }
-        member.expires_at = now + self.ttl_ms;
-        if let Some(inventory) = inventory {
-            member.inventory = inventory;
-        }
-        Ok(())
-    }
-
-    /// Removes the nodes whose leases have lapsed by `now`, and names them.
-    pub fn expire(&mut self, now: u64) -> Vec<NodeId> {
-        let lapsed: Vec<NodeId> =
-            self.members.iter().filter(|(_, m)| m.expires_at <= now).map(|(n, _)| n.clone()).collect();
-        for node in &lapsed {
-            self.members.remove(node);
-        }
-        lapsed
-    }
-
-    /// A live node.
-    pub fn get(&self, node: &str, now: u64) -> Option<&Member> {
-        self.members.get(node).filter(|m| m.expires_at > now)
+    pub fn get(&self, node: &str) -> Option<&Member> {
+        self.members.get(node)
     }
 
     /// The live nodes, in no particular order.
-    pub fn live(&self, now: u64) -> impl Iterator<Item = (&NodeId, &Member)> {
-        self.members.iter().filter(move |(_, m)| m.expires_at > now)
+    pub fn live(&self) -> impl Iterator<Item = (&NodeId, &Member)> {
+        self.members.iter()
+    }
+
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
     }
 }
 
@@ -149,27 +109,5 @@ pub(crate) mod tests {
             cost_per_hour: 1.0,
             models: Vec::new(),
         }
-    }
-
-    #[test]
-    fn a_lease_lapses_unless_renewed() {
-        let mut m = Membership::new(1000);
-        let lease = m.register("a", inventory("a:1"), 0).unwrap();
-        m.renew("a", lease, None, 900).unwrap();
-        assert!(m.expire(1899).is_empty());
-        assert_eq!(m.expire(1900), vec!["a".to_string()]);
-        assert_eq!(m.renew("a", lease, None, 1901), Err(MembershipError::UnknownNode("a".into())));
-    }
-
-    #[test]
-    fn a_second_registration_while_live_is_refused_and_a_stale_lease_too() {
-        let mut m = Membership::new(1000);
-        let first = m.register("a", inventory("a:1"), 0).unwrap();
-        assert_eq!(m.register("a", inventory("a:2"), 500), Err(MembershipError::AlreadyRegistered("a".into())));
-        // After the lease lapses the name is free again, with a new lease.
-        let second = m.register("a", inventory("a:2"), 1000).unwrap();
-        assert_ne!(first, second);
-        assert!(matches!(m.renew("a", first, None, 1100), Err(MembershipError::StaleLease { .. })));
-        assert_eq!(m.get("a", 1100).map(|n| n.inventory.addr.as_str()), Some("a:2"));
     }
 }

@@ -3,12 +3,16 @@
 
 use std::str::FromStr;
 
+use serde::{Deserialize, Serialize};
+
 use crate::membership::Inventory;
 
 /// What a placement optimises, chosen per request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Policy {
     /// Lowest time per call: compute + transfer + streaming + queueing.
+    #[default]
     MinimizeLatency,
     /// Most calls per second from the node: device time per call (compute and streaming),
     /// scaled by the work already queued there; the network is not the bottleneck of a batch.
@@ -38,7 +42,7 @@ impl FromStr for Policy {
 }
 
 /// One block of a model, as the client estimates it.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Block {
     pub weight_bytes: u64,
     /// FLOPs of one call of the block (the Python package counts them on the example inputs).
@@ -67,7 +71,8 @@ impl Demand {
 }
 
 /// Whether, and how, a model can run on a node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Fit {
     /// Already there, or fits whole in the free budget.
     Resident,
@@ -111,7 +116,7 @@ pub fn fit(demand: &Demand, free: u64, host_free: u64, holds: bool) -> Fit {
 }
 
 /// Seconds per call on one node, by part.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
 pub struct Cost {
     pub compute_s: f64,
     /// Inputs and outputs over the client's link.

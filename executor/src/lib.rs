@@ -12,7 +12,7 @@ pub mod stream;
 mod workers;
 
 pub use error::ExecError;
-pub use models::{Model, ModelStore, Upload};
+pub use models::{Model, ModelStore, Upload, device_name};
 pub use service::{NodeOptions, NodeService};
 pub use store::TensorStore;
 pub use tch::Device;

@@ -170,6 +170,9 @@ impl Service for NodeService {
                 ("execution_errors", c.execution_errors.load(Ordering::Relaxed)),
                 ("model_loads", c.loads.load(Ordering::Relaxed)),
                 ("model_load_errors", c.load_errors.load(Ordering::Relaxed)),
+                ("jobs_queued", c.queued.load(Ordering::Relaxed)),
+                ("host_budget_used_bytes", self.host_budget.used()),
+                ("host_budget_limit_bytes", self.host_budget.limit()),
             ]
             .map(|(k, v)| (k.to_owned(), v)),
         );

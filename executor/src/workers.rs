@@ -34,6 +34,8 @@ pub struct WorkerCounters {
     pub execution_errors: AtomicU64,
     pub loads: AtomicU64,
     pub load_errors: AtomicU64,
+    /// Jobs submitted and not finished (waiting or running).
+    pub queued: AtomicU64,
 }
 
 pub struct Workers {
@@ -67,9 +69,11 @@ impl Workers {
 
     pub fn submit(&self, job: Job, to: ReplyTo, replier: &Replier) {
         let envelope = Envelope { job, to, replier: replier.clone() };
+        self.counters.queued.fetch_add(1, Ordering::Relaxed);
         if let Some(tx) = &self.tx
             && let Err(e) = tx.send(envelope)
         {
+            self.counters.queued.fetch_sub(1, Ordering::Relaxed);
             // Only when every worker is gone (they stop only on shutdown).
             let Envelope { to, replier, .. } = e.into_inner();
             replier.send(to, Reply::error(djinn_dataplane::proto::ErrorCode::Internal, "the executor has stopped"));
@@ -130,6 +134,7 @@ fn work(rx: Receiver<Envelope>, device: Device, models: Arc<Mutex<ModelStore>>, 
                 Reply::error(e.code(), e.to_string())
             }
         };
+        counters.queued.fetch_sub(1, Ordering::Relaxed);
         replier.send(to, reply);
     }
 }

@@ -74,6 +74,12 @@ impl Node {
     }
 
     /// Sends SIGTERM and waits for the exit.
+    /// SIGKILL: the node gets no chance to say goodbye.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     pub fn terminate(mut self) -> ExitStatus {
         // SAFETY: kill(2) on our own child's pid.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };

@@ -1,5 +1,8 @@
 //! `djinn`: run a node, talk to one, benchmark the data plane.
 
+mod agent;
+mod control;
+mod metrics;
 mod node;
 
 use std::path::PathBuf;
@@ -31,6 +34,9 @@ enum Command {
     /// Everything for one machine in one process: today a single node (the control plane joins
     /// it when it exists). Takes the same flags as `node`.
     Up(node::NodeArgs),
+    /// The control plane: membership, placement and the HTTP API (prints `djinn control
+    /// listening on ADDR` once bound).
+    Control(control::ControlArgs),
     /// Round trips to a node: prints each one and a summary.
     Ping {
         /// Node address, HOST:PORT.
@@ -92,6 +98,7 @@ fn main() -> Result<()> {
     };
     match cli.command {
         Command::Node(args) | Command::Up(args) => node::run(args),
+        Command::Control(args) => control::run(args),
         Command::Ping { addr, count } => {
             let mut client = connect(&addr)?;
             let node = client.node();

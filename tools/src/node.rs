@@ -16,6 +16,8 @@ use signal_hook::iterator::Signals;
 
 use djinn_gpudirect::ByteSize;
 
+use crate::agent;
+
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum TcpBackend {
     /// epoll through mio (the default: measured faster on this kind of machine, see bench/RESULTS.md).
@@ -72,6 +74,31 @@ pub struct NodeArgs {
     /// The RDMA device to use (the first active one by default).
     #[arg(long)]
     rdma_device: Option<String>,
+    /// The control plane to join, http://HOST:PORT: the node registers its inventory and
+    /// renews its lease there.
+    #[arg(long)]
+    control: Option<String>,
+    /// The node's name in the cluster. Default: HOSTNAME-PORT.
+    #[arg(long)]
+    name: Option<String>,
+    /// The address clients are told to reach this node at. Default: the bound address.
+    #[arg(long)]
+    advertise: Option<String>,
+    /// FLOP/s reported to the control plane. Default: measured at start (a float matrix product).
+    #[arg(long)]
+    flops: Option<f64>,
+    /// Host-to-device bytes per second reported to the control plane. Default: measured at start.
+    #[arg(long)]
+    host_to_device: Option<f64>,
+    /// Bytes per second between clients and this node, reported to the control plane.
+    #[arg(long, default_value_t = 12.5e9)]
+    link_bandwidth: f64,
+    /// Serve Prometheus /metrics on this address, HOST:PORT.
+    #[arg(long)]
+    metrics_listen: Option<String>,
+    /// The price of an hour of this node (any currency the cluster agrees on), for minimize_cost.
+    #[arg(long, default_value_t = 1.0)]
+    cost_per_hour: f64,
 }
 
 /// Completion queue entries of the node's RDMA context (shared by every RDMA connection).
@@ -120,6 +147,14 @@ fn parse_device(s: &str) -> Result<DeviceArg, String> {
     }
 }
 
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates within it or fails.
+    let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
+    let name = if ok { std::ffi::CStr::from_bytes_until_nul(&buf).ok().and_then(|c| c.to_str().ok()) } else { None };
+    name.filter(|n| !n.is_empty()).unwrap_or("node").to_owned()
+}
+
 fn physical_memory() -> u64 {
     // SAFETY: sysconf has no preconditions.
     let (pages, page) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
@@ -149,6 +184,7 @@ pub fn run(args: NodeArgs) -> Result<()> {
         bail!("--device cuda:{n}: libtorch sees {} CUDA devices", tch::Cuda::device_count());
     }
     let rdma = rdma_context(&args)?;
+    let transports = if rdma.is_some() { vec!["rdma".to_owned(), "tcp".to_owned()] } else { vec!["tcp".to_owned()] };
     tch::set_num_threads(args.intra_op_threads.max(1));
     let host_budget = MemoryBudget::new(args.host_memory_budget.map_or(physical_memory() / 2, |b| b.0));
     let options = NodeOptions { device, workers: args.workers, pool_bytes: args.buffer_pool.0, max_meta, host_budget };
@@ -169,6 +205,29 @@ pub fn run(args: NodeArgs) -> Result<()> {
     let server = Server::bind(&args.listen, config, service, agent)
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let addr = server.local_addr();
+    if let Some(listen) = &args.metrics_listen {
+        let metrics = crate::metrics::serve(listen, addr)?;
+        tracing::info!(%metrics, "serving /metrics");
+    }
+    let agent = match &args.control {
+        Some(control) => {
+            let me = agent::Static {
+                name: args.name.clone().unwrap_or_else(|| format!("{}-{}", hostname(), addr.port())),
+                addr: args.advertise.clone().unwrap_or_else(|| addr.to_string()),
+                device: djinn_executor::device_name(device),
+                transports,
+                flops: args.flops.unwrap_or_else(|| agent::measure_flops(device)),
+                host_to_device: args.host_to_device.unwrap_or_else(|| agent::measure_host_to_device(device)),
+                link_bandwidth: args.link_bandwidth,
+                cost_per_hour: args.cost_per_hour,
+            };
+            if addr.ip().is_unspecified() && args.advertise.is_none() {
+                tracing::warn!(%addr, "listening on every interface: give --advertise HOST:PORT so clients can reach the node");
+            }
+            Some(agent::Agent::start(control, me, addr)?)
+        }
+        None => None,
+    };
     let shutdown = server.shutdown_handle();
     let mut signals = Signals::new([SIGINT, SIGTERM]).context("cannot install signal handlers")?;
     std::thread::Builder::new().name("djinn-signals".into()).spawn(move || {
@@ -181,7 +240,11 @@ pub fn run(args: NodeArgs) -> Result<()> {
     println!("djinn node listening on {addr}");
     std::io::stdout().flush()?;
     tracing::info!(%addr, backend = ?args.tcp_backend, ?device, budget = %ByteSize(budget.limit()), "node serving");
-    let counters = server.run().context("poller failed")?;
+    let counters = server.run().context("poller failed");
+    if let Some(agent) = agent {
+        agent.stop();
+    }
+    let counters = counters?;
     tracing::info!(?counters, budget_used = budget.used(), "node stopped");
     Ok(())
 }

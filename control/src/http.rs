@@ -1,0 +1,215 @@
+//! The control plane's HTTP/JSON API and its Prometheus /metrics.
+//!
+//! | method and path | body | answer |
+//! |---|---|---|
+//! | `POST /v1/nodes` | `{"name", "inventory"}` | 201 `{"lease", "ttl_ms"}`; 409 a live node has the name |
+//! | `PUT /v1/nodes/{name}/lease` | `{"lease", "inventory"?}` | 204; 404 unknown or lapsed; 409 stale lease |
+//! | `DELETE /v1/nodes/{name}?lease=N` | | 204: the node leaves now |
+//! | `PUT /v1/models/{fingerprint}` | `{"blocks": [{"weight_bytes", "flops"}], "io_bytes"}` | 204 |
+//! | `GET /v1/models/{fingerprint}` | | the description; 404 unknown |
+//! | `POST /v1/placements` | `{"fingerprint", "session"?, "policy"?}` | the decision and its cost breakdown |
+//! | `GET /v1/cluster` | | nodes, models, sessions |
+//! | `GET /metrics` | | Prometheus text |
+//!
+//! Errors are `{"error": {"kind", "message"}}` with a status that says whose fault it is.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+
+use crate::cluster::{PlaceError, Rule};
+use crate::membership::{Inventory, LeaseId, MembershipError};
+use crate::service::{ControlError, ControlPlane, ModelRecord, Placement};
+use crate::store::{Store, StoreError};
+
+impl ControlError {
+    fn status(&self) -> (StatusCode, &'static str) {
+        match self {
+            Self::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+            Self::Membership(MembershipError::AlreadyRegistered(_)) => (StatusCode::CONFLICT, "already_registered"),
+            Self::Membership(MembershipError::UnknownNode(_)) => (StatusCode::NOT_FOUND, "unknown_node"),
+            Self::Membership(MembershipError::StaleLease { .. }) => (StatusCode::CONFLICT, "stale_lease"),
+            Self::UnknownModel(_) => (StatusCode::NOT_FOUND, "unknown_model"),
+            Self::Place(PlaceError::NoBlocks) => (StatusCode::BAD_REQUEST, "no_blocks"),
+            Self::Place(PlaceError::NoNodes) => (StatusCode::SERVICE_UNAVAILABLE, "no_nodes"),
+            Self::Place(PlaceError::FitsNowhere { .. }) => (StatusCode::UNPROCESSABLE_ENTITY, "fits_nowhere"),
+            Self::NodeLeft(_) => (StatusCode::SERVICE_UNAVAILABLE, "node_left"),
+            Self::Store(StoreError::LeaseNotFound(_)) => (StatusCode::SERVICE_UNAVAILABLE, "lease_not_found"),
+            Self::Store(StoreError::Backend(_)) => (StatusCode::SERVICE_UNAVAILABLE, "store_unavailable"),
+        }
+    }
+}
+
+impl IntoResponse for ControlError {
+    fn into_response(self) -> Response {
+        let (status, kind) = self.status();
+        if status.is_server_error() {
+            tracing::warn!(error = %self, "request failed");
+        }
+        let body = serde_json::json!({ "error": { "kind": kind, "message": self.to_string() } });
+        (status, axum::Json(body)).into_response()
+    }
+}
+
+/// The body as JSON, or a 400 that says what is wrong with it (serde's line and column).
+fn body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ControlError> {
+    serde_json::from_slice(bytes).map_err(|e| ControlError::BadRequest(format!("malformed JSON body: {e}")))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RegisterBody {
+    name: String,
+    inventory: Inventory,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RenewBody {
+    lease: LeaseId,
+    #[serde(default)]
+    inventory: Option<Inventory>,
+}
+
+#[derive(Deserialize)]
+struct LeaveQuery {
+    lease: LeaseId,
+}
+
+type Control<S> = State<Arc<ControlPlane<S>>>;
+
+async fn register<S: Store>(State(control): Control<S>, bytes: Bytes) -> Result<Response, ControlError> {
+    let RegisterBody { name, inventory } = body(&bytes)?;
+    let registered = control.register(&name, inventory).await?;
+    Ok((StatusCode::CREATED, axum::Json(registered)).into_response())
+}
+
+async fn renew<S: Store>(
+    State(control): Control<S>,
+    Path(name): Path<String>,
+    bytes: Bytes,
+) -> Result<StatusCode, ControlError> {
+    let RenewBody { lease, inventory } = body(&bytes)?;
+    control.renew(&name, lease, inventory).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn leave<S: Store>(
+    State(control): Control<S>,
+    Path(name): Path<String>,
+    query: Result<Query<LeaveQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<StatusCode, ControlError> {
+    let Query(LeaveQuery { lease }) = query.map_err(|e| ControlError::BadRequest(e.body_text()))?;
+    control.leave(&name, lease).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn describe_model<S: Store>(
+    State(control): Control<S>,
+    Path(fingerprint): Path<String>,
+    bytes: Bytes,
+) -> Result<StatusCode, ControlError> {
+    let record: ModelRecord = body(&bytes)?;
+    control.describe_model(&fingerprint, record).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn model<S: Store>(
+    State(control): Control<S>,
+    Path(fingerprint): Path<String>,
+) -> Result<axum::Json<ModelRecord>, ControlError> {
+    control.model(&fingerprint).map(axum::Json)
+}
+
+async fn place<S: Store>(State(control): Control<S>, bytes: Bytes) -> Result<Response, ControlError> {
+    let placement: Placement = body(&bytes)?;
+    let decision = control.place(placement).await?;
+    Ok(axum::Json(decision).into_response())
+}
+
+async fn cluster<S: Store>(State(control): Control<S>) -> Response {
+    axum::Json(control.status()).into_response()
+}
+
+async fn metrics<S: Store>(State(control): Control<S>) -> Response {
+    let status = control.status();
+    let c = &control.counters;
+    let mut out = String::new();
+    let mut metric = |name: &str, kind: &str, help: &str, samples: &[(String, f64)]| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (labels, value) in samples {
+            let _ = writeln!(out, "{name}{labels} {value}");
+        }
+    };
+    let one = |v: f64| vec![(String::new(), v)];
+    metric("djinn_control_nodes", "gauge", "Live nodes.", &one(status.nodes.len() as f64));
+    metric("djinn_control_models", "gauge", "Models described.", &one(status.models.len() as f64));
+    metric("djinn_control_sessions", "gauge", "Sessions placed on live nodes.", &one(status.sessions.len() as f64));
+    metric(
+        "djinn_control_revision",
+        "gauge",
+        "The store revision this process has applied.",
+        &one(status.revision as f64),
+    );
+    let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed) as f64;
+    metric("djinn_control_registrations_total", "counter", "Nodes admitted.", &one(load(&c.registrations)));
+    metric("djinn_control_renewals_total", "counter", "Leases renewed.", &one(load(&c.renewals)));
+    let rules = [Rule::Session, Rule::Shared, Rule::Streamed, Rule::Policy];
+    let by_rule: Vec<(String, f64)> = rules
+        .iter()
+        .map(|&rule| (format!("{{rule=\"{}\"}}", rule.name()), load(&c.placements[rule as usize])))
+        .collect();
+    metric("djinn_control_placements_total", "counter", "Placements, by the rule that decided.", &by_rule);
+    metric("djinn_control_placement_errors_total", "counter", "Placements refused.", &one(load(&c.placement_errors)));
+    metric(
+        "djinn_control_placement_seconds_total",
+        "counter",
+        "Time spent placing, recording included.",
+        &one(load(&c.placement_ns) / 1e9),
+    );
+    let node = |f: &dyn Fn(&Inventory) -> f64| -> Vec<(String, f64)> {
+        status.nodes.iter().map(|n| (format!("{{node=\"{}\"}}", n.name), f(&n.inventory))).collect()
+    };
+    metric(
+        "djinn_node_memory_total_bytes",
+        "gauge",
+        "A node's device-memory budget.",
+        &node(&|i| i.memory_total as f64),
+    );
+    metric("djinn_node_memory_free_bytes", "gauge", "A node's free device memory.", &node(&|i| i.memory_free as f64));
+    metric(
+        "djinn_node_queue_depth",
+        "gauge",
+        "Requests queued or running on a node.",
+        &node(&|i| i.queue_depth.into()),
+    );
+    metric("djinn_node_models", "gauge", "Models a node holds.", &node(&|i| i.models.len() as f64));
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
+}
+
+async fn not_found(uri: axum::http::Uri) -> Response {
+    let body = serde_json::json!({ "error": { "kind": "no_endpoint", "message": format!("no endpoint {uri}") } });
+    (StatusCode::NOT_FOUND, axum::Json(body)).into_response()
+}
+
+pub fn router<S: Store>(control: Arc<ControlPlane<S>>) -> Router {
+    Router::new()
+        .route("/v1/nodes", post(register::<S>))
+        .route("/v1/nodes/{name}/lease", put(renew::<S>))
+        .route("/v1/nodes/{name}", axum::routing::delete(leave::<S>))
+        .route("/v1/models/{fingerprint}", put(describe_model::<S>).get(model::<S>))
+        .route("/v1/placements", post(place::<S>))
+        .route("/v1/cluster", get(cluster::<S>))
+        .route("/metrics", get(metrics::<S>))
+        .fallback(not_found)
+        .with_state(control)
+}

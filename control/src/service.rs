@@ -1,0 +1,496 @@
+//! The control plane over a metadata store: registration and renewal of nodes, the models
+//! clients describe, placement. What must survive the process or be shared with other control
+//! processes is written to the store first; the [`Cluster`] that decisions read is rebuilt
+//! from the store's watch, so every control process on one store decides from the same state.
+//! A write returns once this process's view has caught up with it (read your writes).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::cluster::{Cluster, Decision, PlaceError, PlaceRequest, Rule};
+use crate::membership::{Inventory, LeaseId, Member, MembershipError, NodeId};
+use crate::placement::{Block, Demand, Policy};
+use crate::store::{Created, Event, Revision, Store, StoreError};
+
+#[derive(Debug, Clone)]
+pub struct ControlConfig {
+    /// How long a node's lease lasts without a renewal.
+    pub lease_ttl: Duration,
+    /// Every key of this control plane starts with it (several clusters can share one etcd).
+    pub prefix: String,
+}
+
+impl Default for ControlConfig {
+    fn default() -> Self {
+        Self { lease_ttl: Duration::from_secs(3), prefix: "/djinn/".into() }
+    }
+}
+
+/// What a client tells the control plane about a model, once.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelRecord {
+    pub blocks: Vec<Block>,
+    /// Bytes of one call's inputs and outputs.
+    #[serde(default)]
+    pub io_bytes: u64,
+}
+
+/// A request for a place to run a described model.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct Placement {
+    pub fingerprint: String,
+    #[serde(default)]
+    pub session: Option<String>,
+    #[serde(default)]
+    pub policy: Policy,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Registered {
+    pub lease: LeaseId,
+    pub ttl_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ControlError {
+    #[error("bad request: {0}")]
+    BadRequest(String),
+    #[error(transparent)]
+    Membership(#[from] MembershipError),
+    #[error("no model {0} is described: PUT /v1/models/{0} first")]
+    UnknownModel(String),
+    #[error(transparent)]
+    Place(#[from] PlaceError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("the chosen node {0:?} left while the placement was recorded: ask again")]
+    NodeLeft(NodeId),
+}
+
+/// Counters for /metrics.
+#[derive(Debug, Default)]
+pub struct ControlCounters {
+    pub registrations: AtomicU64,
+    pub renewals: AtomicU64,
+    pub placements: [AtomicU64; 4],
+    pub placement_errors: AtomicU64,
+    pub placement_ns: AtomicU64,
+}
+
+/// One node in [`ClusterStatus`].
+#[derive(Debug, Clone, Serialize)]
+pub struct NodeStatus {
+    pub name: NodeId,
+    pub lease: LeaseId,
+    pub inventory: Inventory,
+    /// Device memory promised to models its inventory does not show yet.
+    pub promised_bytes: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelStatus {
+    pub fingerprint: String,
+    pub blocks: usize,
+    pub weight_bytes: u64,
+    /// Live nodes holding it or given it.
+    pub nodes: Vec<NodeId>,
+}
+
+/// What `djinn status` prints.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClusterStatus {
+    pub revision: Revision,
+    pub nodes: Vec<NodeStatus>,
+    pub models: Vec<ModelStatus>,
+    pub sessions: Vec<(String, NodeId)>,
+}
+
+#[derive(Debug)]
+struct State {
+    cluster: Cluster,
+    models: HashMap<String, ModelRecord>,
+}
+
+#[derive(Debug)]
+pub struct ControlPlane<S> {
+    store: S,
+    config: ControlConfig,
+    state: Mutex<State>,
+    /// The last revision applied to `state`.
+    applied: watch::Sender<Revision>,
+    started: Instant,
+    pub counters: ControlCounters,
+}
+
+const NODES: &str = "nodes/";
+const GIVEN: &str = "given/";
+const SESSIONS: &str = "sessions/";
+const MODELS: &str = "models/";
+
+/// A node's name: it is part of URLs and store keys.
+pub fn check_node_name(name: &str) -> Result<(), ControlError> {
+    let ok = !name.is_empty()
+        && name.len() <= 128
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(ControlError::BadRequest(format!("{name:?} is not a node name: 1 to 128 of A-Z a-z 0-9 . _ : -")))
+    }
+}
+
+/// A model fingerprint: 64 hex digits (BLAKE3), returned in lower case.
+pub fn check_fingerprint(fingerprint: &str) -> Result<String, ControlError> {
+    if fingerprint.len() == 64 && fingerprint.bytes().all(|b| b.is_ascii_hexdigit()) {
+        Ok(fingerprint.to_ascii_lowercase())
+    } else {
+        Err(ControlError::BadRequest(format!("{fingerprint:?} is not a model fingerprint: 64 hex digits")))
+    }
+}
+
+fn check_session(session: &str) -> Result<(), ControlError> {
+    if session.is_empty() || session.len() > 256 || session.chars().any(char::is_control) {
+        return Err(ControlError::BadRequest("a session id is 1 to 256 printable characters".into()));
+    }
+    Ok(())
+}
+
+fn check_model(record: &ModelRecord) -> Result<(), ControlError> {
+    if record.blocks.is_empty() {
+        return Err(ControlError::Place(PlaceError::NoBlocks));
+    }
+    if record.blocks.iter().any(|b| !b.flops.is_finite() || b.flops < 0.0) {
+        return Err(ControlError::BadRequest("a block's flops must be a finite number ≥ 0".into()));
+    }
+    if record.blocks.iter().try_fold(0u64, |sum, b| sum.checked_add(b.weight_bytes)).is_none() {
+        return Err(ControlError::BadRequest("the blocks' weight bytes overflow".into()));
+    }
+    Ok(())
+}
+
+fn json<T: Serialize>(value: &T) -> Vec<u8> {
+    // Our own plain data: serialising it cannot fail.
+    serde_json::to_vec(value).unwrap_or_default()
+}
+
+impl<S: Store> ControlPlane<S> {
+    /// Loads the state from the store and follows its changes.
+    pub async fn start(store: S, config: ControlConfig) -> Result<Arc<Self>, StoreError> {
+        let (snapshot, events) = store.watch(&config.prefix).await?;
+        let (applied, _) = watch::channel(snapshot.revision);
+        let control = Arc::new(Self {
+            store,
+            state: Mutex::new(State {
+                cluster: Cluster::new(config.lease_ttl.as_millis() as u64),
+                models: HashMap::new(),
+            }),
+            config,
+            applied,
+            started: Instant::now(),
+            counters: ControlCounters::default(),
+        });
+        {
+            let mut state = control.state();
+            for (key, value) in snapshot.entries {
+                control.apply(&mut state, Event::Put { key, value });
+            }
+        }
+        tokio::spawn(Self::follow(Arc::downgrade(&control), events));
+        Ok(control)
+    }
+
+    /// Applies the store's changes until the control plane is dropped; starts again from a
+    /// new snapshot if the watch fails.
+    async fn follow(control: std::sync::Weak<Self>, mut events: crate::store::Watch) {
+        loop {
+            let Some(event) = events.recv().await else { return };
+            let Some(this) = control.upgrade() else { return };
+            match event {
+                Ok((revision, event)) => {
+                    let mut state = this.state();
+                    this.apply(&mut state, event);
+                    drop(state);
+                    this.applied.send_if_modified(|r| {
+                        let newer = revision > *r;
+                        *r = (*r).max(revision);
+                        newer
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "the store's watch failed: reloading");
+                    loop {
+                        match this.store.watch(&this.config.prefix).await {
+                            Ok((snapshot, watch)) => {
+                                let mut state = this.state();
+                                *state = State {
+                                    cluster: Cluster::new(this.config.lease_ttl.as_millis() as u64),
+                                    models: HashMap::new(),
+                                };
+                                for (key, value) in snapshot.entries {
+                                    this.apply(&mut state, Event::Put { key, value });
+                                }
+                                drop(state);
+                                this.applied.send_modify(|r| *r = (*r).max(snapshot.revision));
+                                events = watch;
+                                break;
+                            }
+                            Err(e) => {
+                                tracing::warn!(error = %e, "cannot reload from the store; retrying");
+                                tokio::time::sleep(Duration::from_millis(500)).await;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    fn key(&self, kind: &str, rest: &str) -> String {
+        format!("{}{kind}{rest}", self.config.prefix)
+    }
+
+    /// One change from the store. A record this version cannot read is logged and skipped.
+    fn apply(&self, state: &mut State, event: Event) {
+        let (key, value) = match &event {
+            Event::Put { key, value } => (key.as_str(), Some(value.as_slice())),
+            Event::Delete { key } => (key.as_str(), None),
+        };
+        let Some(key) = key.strip_prefix(self.config.prefix.as_str()) else { return };
+        let unreadable = |e: &dyn std::fmt::Display| tracing::warn!(key, error = %e, "unreadable record skipped");
+        if let Some(node) = key.strip_prefix(NODES) {
+            match value.map(serde_json::from_slice::<Member>) {
+                Some(Ok(member)) => state.cluster.join(node, member, self.now_ms()),
+                Some(Err(e)) => unreadable(&e),
+                None => state.cluster.leave(node),
+            }
+        } else if let Some(given) = key.strip_prefix(GIVEN) {
+            // Given records go with their node's lease, and the node's own record with them.
+            if let (Some((fingerprint, node)), Some(_)) = (given.split_once('/'), value) {
+                state.cluster.give(fingerprint, node);
+            }
+        } else if let Some(session) = key.strip_prefix(SESSIONS) {
+            match value.map(std::str::from_utf8) {
+                Some(Ok(node)) => state.cluster.set_session(session, node),
+                Some(Err(e)) => unreadable(&e),
+                None => state.cluster.end_session(session),
+            }
+        } else if let Some(fingerprint) = key.strip_prefix(MODELS) {
+            match value.map(serde_json::from_slice::<ModelRecord>) {
+                Some(Ok(record)) => {
+                    state.models.insert(fingerprint.to_owned(), record);
+                }
+                Some(Err(e)) => unreadable(&e),
+                None => {
+                    state.models.remove(fingerprint);
+                }
+            }
+        }
+    }
+
+    /// Waits until this process's view includes `revision`.
+    async fn caught_up(&self, revision: Revision) -> Result<(), ControlError> {
+        let mut applied = self.applied.subscribe();
+        let wait = applied.wait_for(|&r| r >= revision);
+        match tokio::time::timeout(Duration::from_secs(10), wait).await {
+            Ok(Ok(_)) => Ok(()),
+            _ => Err(StoreError::Backend(format!("the store's watch has not delivered revision {revision}")).into()),
+        }
+    }
+
+    pub fn lease_ttl_ms(&self) -> u64 {
+        self.config.lease_ttl.as_millis() as u64
+    }
+
+    /// Admits a node with a new lease. A name whose lease is live is refused.
+    pub async fn register(&self, name: &str, inventory: Inventory) -> Result<Registered, ControlError> {
+        check_node_name(name)?;
+        let ttl_ms = self.lease_ttl_ms();
+        let lease = self.store.grant(ttl_ms).await?;
+        let record = json(&Member { inventory, lease });
+        match self.store.create(&self.key(NODES, name), record, Some(lease)).await? {
+            Created::Created(revision) => {
+                self.caught_up(revision).await?;
+                self.counters.registrations.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(node = name, lease, "node registered");
+                Ok(Registered { lease, ttl_ms })
+            }
+            Created::Exists(_) => {
+                self.store.revoke(lease).await?;
+                Err(MembershipError::AlreadyRegistered(name.to_owned()).into())
+            }
+        }
+    }
+
+    /// The node's record in the store (not this process's view: another control process may
+    /// have admitted it a moment ago).
+    async fn current(&self, name: &str) -> Result<Member, ControlError> {
+        check_node_name(name)?;
+        let unknown = || ControlError::Membership(MembershipError::UnknownNode(name.to_owned()));
+        let stored = self.store.get(&self.key(NODES, name)).await?.ok_or_else(unknown)?;
+        serde_json::from_slice(&stored).map_err(|e| StoreError::Backend(format!("node {name:?}'s record: {e}")).into())
+    }
+
+    fn check_lease(name: &str, current: &Member, lease: LeaseId) -> Result<(), ControlError> {
+        if current.lease != lease {
+            return Err(
+                MembershipError::StaleLease { node: name.to_owned(), given: lease, current: current.lease }.into()
+            );
+        }
+        Ok(())
+    }
+
+    /// Extends a node's lease and, if given, replaces its inventory.
+    pub async fn renew(&self, name: &str, lease: LeaseId, inventory: Option<Inventory>) -> Result<(), ControlError> {
+        let current = self.current(name).await?;
+        Self::check_lease(name, &current, lease)?;
+        let lapsed = |e| match e {
+            StoreError::LeaseNotFound(_) => ControlError::Membership(MembershipError::UnknownNode(name.to_owned())),
+            e => e.into(),
+        };
+        self.store.keep_alive(lease).await.map_err(lapsed)?;
+        if let Some(inventory) = inventory.filter(|i| *i != current.inventory) {
+            let revision = self
+                .store
+                .put(&self.key(NODES, name), json(&Member { inventory, lease }), Some(lease))
+                .await
+                .map_err(lapsed)?;
+            self.caught_up(revision).await?;
+        }
+        self.counters.renewals.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// A node leaving on purpose: its lease ends now.
+    pub async fn leave(&self, name: &str, lease: LeaseId) -> Result<(), ControlError> {
+        let current = self.current(name).await?;
+        Self::check_lease(name, &current, lease)?;
+        self.store.revoke(lease).await?;
+        tracing::info!(node = name, "node left");
+        Ok(())
+    }
+
+    pub async fn describe_model(&self, fingerprint: &str, record: ModelRecord) -> Result<(), ControlError> {
+        let fingerprint = check_fingerprint(fingerprint)?;
+        check_model(&record)?;
+        if self.state().models.get(&fingerprint) == Some(&record) {
+            return Ok(());
+        }
+        let revision = self.store.put(&self.key(MODELS, &fingerprint), json(&record), None).await?;
+        self.caught_up(revision).await
+    }
+
+    pub fn model(&self, fingerprint: &str) -> Result<ModelRecord, ControlError> {
+        let fingerprint = check_fingerprint(fingerprint)?;
+        self.state().models.get(&fingerprint).cloned().ok_or(ControlError::UnknownModel(fingerprint))
+    }
+
+    /// Chooses a node for a described model, records it (the model as given to the node, the
+    /// session as living there) and explains it.
+    pub async fn place(&self, placement: Placement) -> Result<Decision, ControlError> {
+        let started = Instant::now();
+        let result = self.place_recorded(placement).await;
+        self.counters.placement_ns.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        match &result {
+            Ok(d) => self.counters.placements[d.rule as usize].fetch_add(1, Ordering::Relaxed),
+            Err(_) => self.counters.placement_errors.fetch_add(1, Ordering::Relaxed),
+        };
+        result
+    }
+
+    async fn place_recorded(&self, placement: Placement) -> Result<Decision, ControlError> {
+        let fingerprint = check_fingerprint(&placement.fingerprint)?;
+        if let Some(session) = &placement.session {
+            check_session(session)?;
+        }
+        let record = self.model(&fingerprint)?;
+        let request = PlaceRequest {
+            fingerprint,
+            blocks: record.blocks,
+            io_bytes: record.io_bytes,
+            session: placement.session,
+            policy: placement.policy,
+        };
+        let (decision, lease, holds) = {
+            let state = self.state();
+            let decision = state.cluster.decide(&request)?;
+            let lease = state.cluster.membership().get(&decision.node).map_or(0, |m| m.lease);
+            let holds = state.cluster.holds(&request.fingerprint, &decision.node);
+            (decision, lease, holds)
+        };
+        let left = |e| match e {
+            StoreError::LeaseNotFound(_) => ControlError::NodeLeft(decision.node.clone()),
+            e => e.into(),
+        };
+        let mut revision = 0;
+        if let Some(session) = request.session.as_ref().filter(|_| decision.rule != Rule::Session) {
+            let key = self.key(SESSIONS, session);
+            match self.store.create(&key, decision.node.as_bytes().to_vec(), Some(lease)).await.map_err(left)? {
+                Created::Created(r) => revision = r,
+                // Placed a moment ago through another control process: that placement stands.
+                Created::Exists(node) => {
+                    let node = String::from_utf8_lossy(&node).into_owned();
+                    let mut applied = self.applied.subscribe();
+                    let seen = applied.wait_for(|_| self.state().cluster.sessions().get(session) == Some(&node));
+                    let _ = tokio::time::timeout(Duration::from_secs(10), seen).await;
+                    let decision = self.state().cluster.decide(&request)?;
+                    return Ok(decision);
+                }
+            }
+        }
+        if !holds {
+            // Promised before the record is written: once it is, the watch may apply it (the
+            // node holds the model) before this continues.
+            let weight_bytes = Demand::of(&request.blocks, request.io_bytes).weight_bytes;
+            self.state().cluster.promise(&decision, &request.fingerprint, weight_bytes, self.now_ms());
+            let key = self.key(GIVEN, &format!("{}/{}", request.fingerprint, decision.node));
+            revision = self.store.put(&key, Vec::new(), Some(lease)).await.map_err(left)?;
+        }
+        self.caught_up(revision).await?;
+        tracing::debug!(node = %decision.node, rule = ?decision.rule, model = %request.fingerprint, "placed");
+        Ok(decision)
+    }
+
+    pub fn status(&self) -> ClusterStatus {
+        let state = self.state();
+        let cluster = &state.cluster;
+        let mut nodes: Vec<NodeStatus> = cluster
+            .membership()
+            .live()
+            .map(|(name, m)| NodeStatus {
+                name: name.clone(),
+                lease: m.lease,
+                inventory: m.inventory.clone(),
+                promised_bytes: cluster.promised_bytes(name),
+            })
+            .collect();
+        nodes.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut models: Vec<ModelStatus> = state
+            .models
+            .iter()
+            .map(|(fingerprint, record)| ModelStatus {
+                fingerprint: fingerprint.clone(),
+                blocks: record.blocks.len(),
+                weight_bytes: record.blocks.iter().map(|b| b.weight_bytes).sum(),
+                nodes: cluster.holders(fingerprint),
+            })
+            .collect();
+        models.sort_by(|a, b| a.fingerprint.cmp(&b.fingerprint));
+        let mut sessions: Vec<(String, NodeId)> =
+            cluster.sessions().iter().map(|(s, n)| (s.clone(), n.clone())).collect();
+        sessions.sort();
+        ClusterStatus { revision: *self.applied.borrow(), nodes, models, sessions }
+    }
+}

@@ -1,0 +1,463 @@
+//! The control plane as processes on 127.0.0.1: `djinn control` over the embedded store and over
+//! a real etcd, three `djinn node --control` processes with different budgets, speeds and
+//! prices, and placement asked for over HTTP.
+
+mod support;
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use djinn_client::{DType, Fingerprint, TensorRef, Value};
+use serde_json::{Value as Json, json};
+use support::Node;
+
+const MIB: u64 = 1 << 20;
+
+/// A `djinn control` child process, killed on drop.
+struct Control {
+    child: Child,
+    url: String,
+}
+
+impl Control {
+    fn start(listen: &str, store: &[&str], lease_ttl: &str) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_djinn"))
+            .args(["control", "--listen", listen, "--lease-ttl", lease_ttl, "--log", "warn"])
+            .args(store)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("cannot start djinn control");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("control output");
+        let addr = line
+            .strip_prefix("djinn control listening on ")
+            .map(str::trim)
+            .unwrap_or_else(|| panic!("unexpected first line from the control plane: {line:?}"));
+        Self { child, url: format!("http://{addr}") }
+    }
+
+    fn addr(&self) -> &str {
+        self.url.trim_start_matches("http://")
+    }
+
+    /// `(status, body as JSON)`; the body is `null` when empty.
+    fn http(&self, method: &str, path: &str, body: Option<&str>) -> (u16, Json) {
+        let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+        let url = format!("{}{path}", self.url);
+        let answer = match (method, body) {
+            ("GET", _) => agent.get(&url).call(),
+            ("DELETE", _) => agent.delete(&url).call(),
+            ("POST", Some(body)) => agent.post(&url).content_type("application/json").send(body),
+            ("PUT", Some(body)) => agent.put(&url).content_type("application/json").send(body),
+            _ => panic!("{method} without a body"),
+        };
+        let mut response = answer.unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        let status = response.status().as_u16();
+        let text = response.body_mut().read_to_string().expect("body");
+        (status, if text.is_empty() { Json::Null } else { serde_json::from_str(&text).unwrap_or(Json::String(text)) })
+    }
+
+    fn ok(&self, method: &str, path: &str, body: Option<Json>) -> Json {
+        let (status, answer) = self.http(method, path, body.map(|b| b.to_string()).as_deref());
+        assert!((200..300).contains(&status), "{method} {path}: {status} {answer}");
+        answer
+    }
+
+    fn cluster(&self) -> Json {
+        self.ok("GET", "/v1/cluster", None)
+    }
+
+    fn node_names(&self) -> Vec<String> {
+        let cluster = self.cluster();
+        cluster["nodes"].as_array().unwrap().iter().map(|n| n["name"].as_str().unwrap().to_owned()).collect()
+    }
+
+    /// Waits until the live nodes are exactly `names`.
+    fn wait_for_nodes(&self, names: &[&str], within: Duration) -> Duration {
+        let started = Instant::now();
+        loop {
+            let live = self.node_names();
+            if live == names {
+                return started.elapsed();
+            }
+            assert!(started.elapsed() < within, "nodes {live:?}, waiting for {names:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Describes a model of `blocks` blocks of `block_bytes` each.
+    fn describe(&self, fingerprint: &str, blocks: usize, block_bytes: u64, flops: f64) {
+        let blocks: Vec<Json> = (0..blocks).map(|_| json!({ "weight_bytes": block_bytes, "flops": flops })).collect();
+        self.ok("PUT", &format!("/v1/models/{fingerprint}"), Some(json!({ "blocks": blocks, "io_bytes": 4096 })));
+    }
+
+    fn place(&self, fingerprint: &str, policy: &str, session: Option<&str>) -> Json {
+        let mut body = json!({ "fingerprint": fingerprint, "policy": policy });
+        if let Some(session) = session {
+            body["session"] = json!(session);
+        }
+        self.ok("POST", "/v1/placements", Some(body))
+    }
+}
+
+impl Drop for Control {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A real etcd on loopback ports, killed on drop.
+struct Etcd {
+    child: Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+impl Etcd {
+    fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let (client, peer) = (format!("http://127.0.0.1:{}", free_port()), format!("http://127.0.0.1:{}", free_port()));
+        let child = Command::new("etcd")
+            .arg("--name=default")
+            .arg(format!("--data-dir={}", dir.path().join("data").display()))
+            .arg(format!("--listen-client-urls={client}"))
+            .arg(format!("--advertise-client-urls={client}"))
+            .arg(format!("--listen-peer-urls={peer}"))
+            .arg(format!("--initial-advertise-peer-urls={peer}"))
+            .arg(format!("--initial-cluster=default={peer}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("cannot start etcd: scripts/setup.sh installs Debian's etcd-server");
+        let etcd = Self { child, url: client, _dir: dir };
+        let health = format!("{}/health", etcd.url);
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while ureq::get(&health).call().is_err() {
+            assert!(Instant::now() < deadline, "etcd did not answer on {health} within 15 s");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        etcd
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One control plane's store: the embedded file or an etcd.
+enum Backing {
+    Embedded(tempfile::TempDir),
+    Etcd(Etcd),
+}
+
+impl Backing {
+    fn embedded() -> Self {
+        Self::Embedded(tempfile::tempdir().unwrap())
+    }
+
+    fn etcd() -> Self {
+        Self::Etcd(Etcd::start())
+    }
+
+    fn args(&self) -> Vec<String> {
+        match self {
+            Self::Embedded(dir) => vec!["--store".into(), dir.path().join("control.redb").display().to_string()],
+            Self::Etcd(etcd) => vec!["--etcd".into(), etcd.url.clone()],
+        }
+    }
+
+    /// etcd's leases last at least 2 s.
+    fn lease_ttl_ms(&self) -> u64 {
+        match self {
+            Self::Embedded(_) => 1000,
+            Self::Etcd(_) => 2000,
+        }
+    }
+
+    fn control(&self, listen: &str) -> Control {
+        let args = self.args();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Control::start(listen, &args, &format!("{}ms", self.lease_ttl_ms()))
+    }
+}
+
+/// Three nodes: budgets of 64, 128 and 192 MiB; `c` computes fastest, `a` is cheapest.
+fn three_nodes(control: &Control) -> Vec<Node> {
+    let nodes = [("a", "64MiB", "1e11", "1"), ("b", "128MiB", "2e11", "4"), ("c", "192MiB", "8e11", "16")].map(
+        |(name, budget, flops, price)| {
+            Node::start(
+                "mio",
+                &[
+                    "--device",
+                    "cpu",
+                    "--control",
+                    &control.url,
+                    "--name",
+                    name,
+                    "--device-memory-budget",
+                    budget,
+                    "--flops",
+                    flops,
+                    "--host-to-device",
+                    "1e10",
+                    "--cost-per-hour",
+                    price,
+                ],
+            )
+        },
+    );
+    control.wait_for_nodes(&["a", "b", "c"], Duration::from_secs(20));
+    nodes.into()
+}
+
+fn fingerprint(i: usize) -> String {
+    format!("{i:064x}")
+}
+
+fn field<'a>(decision: &'a Json, name: &str) -> &'a str {
+    decision[name].as_str().unwrap_or_else(|| panic!("no {name} in {decision}"))
+}
+
+/// Placement follows each policy and the rules before them, as seen by real nodes.
+fn placement_follows_each_policy(backing: &Backing) {
+    let control = backing.control("127.0.0.1:0");
+    let nodes = three_nodes(&control);
+
+    // load_balance spreads 30 registrations of 4 MiB in proportion to the budgets (64:128:192).
+    let mut count: HashMap<String, usize> = HashMap::new();
+    for i in 0..30 {
+        control.describe(&fingerprint(i), 2, 2 * MIB, 1e6);
+        let d = control.place(&fingerprint(i), "load_balance", None);
+        assert_eq!(field(&d, "rule"), "policy", "{d}");
+        *count.entry(field(&d, "node").to_owned()).or_default() += 1;
+    }
+    assert!(count["a"].abs_diff(5) <= 1 && count["b"].abs_diff(10) <= 1 && count["c"].abs_diff(15) <= 1, "{count:?}");
+
+    // Identical weights share a node whatever the policy.
+    let first = control.place(&fingerprint(0), "load_balance", None);
+    for policy in ["minimize_latency", "maximize_throughput", "minimize_cost"] {
+        let d = control.place(&fingerprint(0), policy, None);
+        assert_eq!((field(&d, "node"), field(&d, "rule")), (field(&first, "node"), "shared"), "{d}");
+    }
+
+    // Compute-heavy models: latency and throughput go to the fastest node, cost to the
+    // cheapest per call (a: 1/1e11 per FLOP-hour against c: 16/8e11).
+    control.describe(&fingerprint(100), 1, MIB, 1e12);
+    let d = control.place(&fingerprint(100), "minimize_latency", None);
+    assert_eq!(field(&d, "node"), "c", "{d}");
+    assert!(d["cost"]["compute_s"].as_f64().unwrap() > 0.0 && d["runner_up"].is_array(), "{d}");
+    control.describe(&fingerprint(101), 1, MIB, 1e12);
+    assert_eq!(field(&control.place(&fingerprint(101), "maximize_throughput", None), "node"), "c");
+    control.describe(&fingerprint(102), 1, MIB, 1e12);
+    assert_eq!(field(&control.place(&fingerprint(102), "minimize_cost", None), "node"), "a");
+
+    // A model larger than every node goes where it streams least.
+    control.describe(&fingerprint(103), 40, 8 * MIB, 1e6);
+    let d = control.place(&fingerprint(103), "minimize_cost", None);
+    assert_eq!((field(&d, "node"), field(&d, "rule")), ("c", "streamed"), "{d}");
+
+    // All 100 calls of one session land on its first node, though load_balance alone would
+    // move away from it as other models fill it.
+    control.describe(&fingerprint(200), 1, MIB, 1e6);
+    let home = field(&control.place(&fingerprint(200), "load_balance", Some("s1")), "node").to_owned();
+    for i in 0..99 {
+        control.describe(&fingerprint(300 + i), 1, MIB / 4, 1e6);
+        control.place(&fingerprint(300 + i), "load_balance", None);
+        let d = control.place(&fingerprint(200), "load_balance", Some("s1"));
+        assert_eq!((field(&d, "node"), field(&d, "rule")), (home.as_str(), "session"), "{d}");
+    }
+
+    // A real model placed, registered where the control plane said, and run there; the node's
+    // next renewal shows it.
+    let archive = support::archive("mlp");
+    let fp = Fingerprint::of_blocks(&[&archive]).to_string();
+    control.describe(&fp, 1, archive.len() as u64, 1e6);
+    let d = control.place(&fp, "minimize_latency", None);
+    let node = nodes.iter().find(|n| n.addr.to_string() == field(&d, "addr")).expect("the chosen node");
+    let mut client = node.client();
+    let registration = client.register_model(&[&archive], |_, _| {}).unwrap();
+    let x = vec![0u8; 4 * 256];
+    let input = TensorRef { dtype: DType::F32, shape: &[1, 256], bytes: &x };
+    let out = client.execute(&registration.fingerprint, &[Value::Tensor(0)], &[input]).expect("runs on its node");
+    assert_eq!(out.tensors[0].shape, vec![1, 256]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !control.cluster()["nodes"].as_array().unwrap().iter().any(|n| n["inventory"]["models"][0] == json!(fp)) {
+        assert!(Instant::now() < deadline, "no renewal showed the model: {}", control.cluster());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn placement_follows_each_policy_embedded() {
+    placement_follows_each_policy(&Backing::embedded());
+}
+
+#[test]
+fn placement_follows_each_policy_etcd() {
+    placement_follows_each_policy(&Backing::etcd());
+}
+
+/// A node killed with SIGKILL is gone once its lease lapses; its session moves.
+fn a_killed_node_lapses(backing: &Backing) {
+    let control = backing.control("127.0.0.1:0");
+    let mut nodes = three_nodes(&control);
+    control.describe(&fingerprint(1), 1, MIB, 1e6);
+    let home = field(&control.place(&fingerprint(1), "load_balance", Some("s")), "node").to_owned();
+    let index = ["a", "b", "c"].iter().position(|n| *n == home).unwrap();
+    nodes.remove(index).kill();
+    let ttl = backing.lease_ttl_ms();
+    let rest: Vec<&str> = ["a", "b", "c"].into_iter().filter(|n| *n != home).collect();
+    // Renewed at most a third of a lease before the kill; etcd may take up to a second more.
+    let gone = control.wait_for_nodes(&rest, Duration::from_millis(ttl + 2000));
+    assert!(gone.as_millis() as u64 <= ttl + 1500, "the lease lapsed after {gone:?}");
+    let d = control.place(&fingerprint(1), "load_balance", Some("s"));
+    assert!(rest.contains(&field(&d, "node")) && field(&d, "rule") == "policy", "{d}");
+    assert_eq!(field(&control.place(&fingerprint(1), "load_balance", Some("s")), "rule"), "session");
+}
+
+#[test]
+fn a_killed_node_lapses_embedded() {
+    a_killed_node_lapses(&Backing::embedded());
+}
+
+#[test]
+fn a_killed_node_lapses_etcd() {
+    a_killed_node_lapses(&Backing::etcd());
+}
+
+/// Malformed or wrong requests get a clear status and message; the control plane goes on.
+fn bad_input_gets_clear_errors(backing: &Backing) {
+    let control = backing.control("127.0.0.1:0");
+    let error = |method: &str, path: &str, body: Option<&str>, status: u16, kind: &str| {
+        let (got, answer) = control.http(method, path, body);
+        assert_eq!((got, answer["error"]["kind"].as_str()), (status, Some(kind)), "{method} {path}: {answer}");
+        assert!(!answer["error"]["message"].as_str().unwrap().is_empty());
+    };
+    let inventory = json!({
+        "addr": "127.0.0.1:1", "device": "cpu", "memory_total": 1024, "memory_free": 1024,
+        "host_memory_free": 1024, "host_to_device": 1e9, "flops": 1e9, "link_bandwidth": 1e9,
+        "transports": ["tcp"], "queue_depth": 0, "cost_per_hour": 1.0, "models": []
+    });
+    error("POST", "/v1/nodes", Some("{\"name\": \"x\", "), 400, "bad_request");
+    error("POST", "/v1/nodes", Some("[1, 2]"), 400, "bad_request");
+    error("POST", "/v1/nodes", Some(&json!({ "name": "x" }).to_string()), 400, "bad_request");
+    error("POST", "/v1/nodes", Some(&json!({ "name": "a/b", "inventory": inventory }).to_string()), 400, "bad_request");
+    let registered = control.ok("POST", "/v1/nodes", Some(json!({ "name": "x", "inventory": inventory })));
+    let lease = registered["lease"].as_u64().unwrap();
+    error(
+        "POST",
+        "/v1/nodes",
+        Some(&json!({ "name": "x", "inventory": inventory }).to_string()),
+        409,
+        "already_registered",
+    );
+    error("PUT", "/v1/nodes/x/lease", Some(&json!({ "lease": lease + 1 }).to_string()), 409, "stale_lease");
+    error("PUT", "/v1/nodes/nobody/lease", Some(&json!({ "lease": lease }).to_string()), 404, "unknown_node");
+    error("PUT", "/v1/nodes/x/lease", Some("{\"lease\": -1}"), 400, "bad_request");
+    error("PUT", &format!("/v1/models/{}", fingerprint(1)), Some("{\"blocks\": []}"), 400, "no_blocks");
+    error("PUT", "/v1/models/xyz", Some("{\"blocks\": [{\"weight_bytes\": 1, \"flops\": 1}]}"), 400, "bad_request");
+    error("GET", &format!("/v1/models/{}", fingerprint(2)), None, 404, "unknown_model");
+    let place = |fp: String, policy: &str| json!({ "fingerprint": fp, "policy": policy }).to_string();
+    error("POST", "/v1/placements", Some(&place(fingerprint(2), "minimize_latency")), 404, "unknown_model");
+    control.describe(&fingerprint(3), 1, 4096, 1.0);
+    error("POST", "/v1/placements", Some(&place(fingerprint(3), "fastest")), 400, "bad_request");
+    control.describe(&fingerprint(4), 1, 1 << 40, 1.0);
+    error("POST", "/v1/placements", Some(&place(fingerprint(4), "load_balance")), 422, "fits_nowhere");
+    error("GET", "/v1/nowhere", None, 404, "no_endpoint");
+    // Renewal with the right lease works, and leaving ends the lease: no nodes for placement.
+    control.ok("PUT", "/v1/nodes/x/lease", Some(json!({ "lease": lease })));
+    error("DELETE", "/v1/nodes/x?lease=zero", None, 400, "bad_request");
+    control.ok("DELETE", &format!("/v1/nodes/x?lease={lease}"), None);
+    control.wait_for_nodes(&[], Duration::from_secs(5));
+    error("POST", "/v1/placements", Some(&place(fingerprint(3), "load_balance")), 503, "no_nodes");
+    let (status, metrics) = control.http("GET", "/metrics", None);
+    let metrics = metrics.as_str().unwrap_or_default().to_owned();
+    assert!(status == 200 && metrics.contains("djinn_control_placement_errors_total 3"), "{metrics}");
+}
+
+#[test]
+fn bad_input_gets_clear_errors_embedded() {
+    bad_input_gets_clear_errors(&Backing::embedded());
+}
+
+#[test]
+fn bad_input_gets_clear_errors_etcd() {
+    bad_input_gets_clear_errors(&Backing::etcd());
+}
+
+/// A restarted control plane on the embedded store keeps its models, sessions and nodes (the
+/// nodes renew the leases they had).
+#[test]
+fn a_restarted_control_keeps_its_state() {
+    let backing = Backing::embedded();
+    let mut control = backing.control("127.0.0.1:0");
+    let _nodes = three_nodes(&control);
+    control.describe(&fingerprint(7), 1, MIB, 1e6);
+    let first = control.place(&fingerprint(7), "load_balance", Some("kept"));
+    let addr = control.addr().to_owned();
+    drop(control);
+    control = backing.control(&addr);
+    assert_eq!(control.node_names(), ["a", "b", "c"]);
+    assert_eq!(control.ok("GET", &format!("/v1/models/{}", fingerprint(7)), None)["blocks"][0]["weight_bytes"], MIB);
+    let again = control.place(&fingerprint(7), "minimize_cost", Some("kept"));
+    assert_eq!((field(&again, "node"), field(&again, "rule")), (field(&first, "node"), "session"), "{again}");
+    // The nodes go on renewing the leases they had: still there after several lease times.
+    std::thread::sleep(Duration::from_millis(3000));
+    assert_eq!(control.node_names(), ["a", "b", "c"]);
+}
+
+/// Two control processes on one etcd see the same nodes, and a session placed through either
+/// gets the same node.
+#[test]
+fn two_controls_on_one_etcd_agree() {
+    let backing = Backing::etcd();
+    let one = backing.control("127.0.0.1:0");
+    let two = backing.control("127.0.0.1:0");
+    let _nodes = three_nodes(&one);
+    two.wait_for_nodes(&["a", "b", "c"], Duration::from_secs(10));
+    for i in 0..10 {
+        one.describe(&fingerprint(i), 1, MIB, 1e6);
+        let session = format!("s{i}");
+        let (first, second) = if i % 2 == 0 { (&one, &two) } else { (&two, &one) };
+        let a = first.place(&fingerprint(i), "load_balance", Some(&session));
+        let b = second.place(&fingerprint(i), "minimize_cost", Some(&session));
+        assert_eq!((field(&a, "node"), field(&b, "rule")), (field(&b, "node"), "session"), "{a} {b}");
+    }
+    let nodes =
+        |c: &Control| c.cluster()["nodes"].as_array().unwrap().iter().map(|n| n["name"].clone()).collect::<Vec<_>>();
+    assert_eq!(nodes(&one), nodes(&two));
+    assert_eq!(one.cluster()["sessions"], two.cluster()["sessions"]);
+}
+
+/// A node serves its counters as Prometheus text; so does the control plane.
+#[test]
+fn nodes_and_control_serve_metrics() {
+    let backing = Backing::embedded();
+    let control = backing.control("127.0.0.1:0");
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let _node =
+        Node::start("mio", &["--device", "cpu", "--device-memory-budget", "64MiB", "--metrics-listen", &listen]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        match ureq::get(&format!("http://{listen}/metrics")).call() {
+            Ok(mut response) => break response.body_mut().read_to_string().unwrap(),
+            Err(e) => assert!(Instant::now() < deadline, "no /metrics on {listen}: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(text.contains("# TYPE djinn_node_frames_in_total counter\n"), "{text}");
+    assert!(text.contains(&format!("djinn_node_budget_limit_bytes {}\n", 64 * MIB)), "{text}");
+    let (status, text) = control.http("GET", "/metrics", None);
+    assert!(status == 200 && text.as_str().unwrap().contains("djinn_control_nodes 0\n"), "{text}");
+}

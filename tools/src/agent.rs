@@ -1,0 +1,240 @@
+//! A node's membership in a control plane (`djinn node --control URL`): a thread that
+//! registers the node with its inventory and renews its lease with a fresh inventory a third
+//! of the way through each lease; re-registers when the control plane has lost it; says
+//! goodbye when the node stops.
+//!
+//! The inventory is read through the node's own data plane (stats and model list over a
+//! loopback connection), as any client would, so the agent shares no state with the poller.
+
+use std::net::SocketAddr;
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use djinn_client::{Client, ClientOptions, Transport};
+use djinn_control::Inventory;
+use serde::Deserialize;
+
+/// What the node knows about itself that its stats do not say.
+#[derive(Debug, Clone)]
+pub struct Static {
+    pub name: String,
+    /// Where clients reach the data plane.
+    pub addr: String,
+    pub device: String,
+    pub transports: Vec<String>,
+    pub flops: f64,
+    pub host_to_device: f64,
+    pub link_bandwidth: f64,
+    pub cost_per_hour: f64,
+}
+
+#[derive(Debug)]
+pub struct Agent {
+    stop: mpsc::Sender<()>,
+    thread: JoinHandle<()>,
+}
+
+#[derive(Deserialize)]
+struct Registered {
+    lease: u64,
+    ttl_ms: u64,
+}
+
+/// What the control plane said, if it said anything.
+enum Answer {
+    Status(u16, String),
+    Unreachable(String),
+}
+
+struct Membership {
+    http: ureq::Agent,
+    control: String,
+    me: Static,
+    node: Client,
+}
+
+impl Membership {
+    fn inventory(&mut self) -> Result<Inventory> {
+        let stats: std::collections::HashMap<String, u64> = self.node.stats()?.into_iter().collect();
+        let stat = |k: &str| stats.get(k).copied().unwrap_or(0);
+        let models = self.node.list_models()?.into_iter().map(|m| m.fingerprint.to_string()).collect();
+        Ok(Inventory {
+            addr: self.me.addr.clone(),
+            device: self.me.device.clone(),
+            memory_total: stat("budget_limit_bytes"),
+            memory_free: stat("budget_limit_bytes").saturating_sub(stat("budget_used_bytes")),
+            host_memory_free: stat("host_budget_limit_bytes").saturating_sub(stat("host_budget_used_bytes")),
+            host_to_device: self.me.host_to_device,
+            flops: self.me.flops,
+            link_bandwidth: self.me.link_bandwidth,
+            transports: self.me.transports.clone(),
+            queue_depth: u32::try_from(stat("jobs_queued")).unwrap_or(u32::MAX),
+            cost_per_hour: self.me.cost_per_hour,
+            models,
+        })
+    }
+
+    fn call(&self, method: &str, path: &str, body: Option<serde_json::Value>) -> Answer {
+        let url = format!("{}{path}", self.control);
+        let sent = match (method, body) {
+            ("POST", Some(body)) => self.http.post(&url).send_json(body),
+            ("PUT", Some(body)) => self.http.put(&url).send_json(body),
+            ("DELETE", _) => self.http.delete(&url).call(),
+            _ => return Answer::Unreachable(format!("{method} {path}: not a call the agent makes")),
+        };
+        match sent {
+            Ok(mut response) => {
+                let status = response.status().as_u16();
+                Answer::Status(status, response.body_mut().read_to_string().unwrap_or_default())
+            }
+            Err(e) => Answer::Unreachable(e.to_string()),
+        }
+    }
+
+    /// Registers; `None` while the control plane cannot be reached or an earlier lease of this
+    /// name is still live.
+    fn register(&mut self) -> Result<Option<Registered>> {
+        let inventory = self.inventory()?;
+        let body = serde_json::json!({ "name": self.me.name, "inventory": inventory });
+        match self.call("POST", "/v1/nodes", Some(body)) {
+            Answer::Status(201, body) => Ok(Some(serde_json::from_str(&body).context("the control plane's answer")?)),
+            Answer::Status(409, body) => {
+                tracing::info!(%body, "an earlier lease of this name is live: registering again when it lapses");
+                Ok(None)
+            }
+            Answer::Status(status, body) => bail!("registration refused ({status}): {body}"),
+            Answer::Unreachable(e) => {
+                tracing::debug!(error = %e, "control plane unreachable");
+                Ok(None)
+            }
+        }
+    }
+
+    /// Renews; false when the lease is gone and the node must register again.
+    fn renew(&mut self, lease: u64) -> Result<bool> {
+        let inventory = self.inventory()?;
+        let path = format!("/v1/nodes/{}/lease", self.me.name);
+        match self.call("PUT", &path, Some(serde_json::json!({ "lease": lease, "inventory": inventory }))) {
+            Answer::Status(204, _) => Ok(true),
+            Answer::Status(404 | 409, body) => {
+                tracing::warn!(%body, "the lease is gone: registering again");
+                Ok(false)
+            }
+            Answer::Status(status, body) => {
+                tracing::warn!(status, %body, "renewal failed");
+                Ok(true)
+            }
+            Answer::Unreachable(e) => {
+                tracing::warn!(error = %e, "control plane unreachable");
+                Ok(true)
+            }
+        }
+    }
+}
+
+impl Agent {
+    /// Starts the agent for the node serving on `node_addr` (it connects once the node's
+    /// poller runs).
+    pub fn start(control: &str, me: Static, node_addr: SocketAddr) -> Result<Self> {
+        let control = control.trim_end_matches('/').to_owned();
+        if !control.starts_with("http://") {
+            bail!("--control {control:?}: give the control plane's URL, http://HOST:PORT");
+        }
+        let http: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(5)))
+            .build()
+            .into();
+        let (stop, stopped) = mpsc::channel();
+        let thread = std::thread::Builder::new().name("djinn-membership".into()).spawn(move || {
+            let options = ClientOptions { transport: Transport::Tcp, ..ClientOptions::default() };
+            let joined = Client::connect_with(node_addr, options)
+                .context("the membership agent cannot reach its own node")
+                .and_then(|node| Membership { http, control, me, node }.run(&stopped));
+            if let Err(e) = joined {
+                tracing::error!(error = %format!("{e:#}"), "membership agent stopped: the node no longer renews its lease");
+            }
+        })?;
+        Ok(Self { stop, thread })
+    }
+
+    /// Leaves the control plane (the lease ends now) and stops the thread.
+    pub fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.thread.join();
+    }
+}
+
+impl Membership {
+    fn run(&mut self, stopped: &mpsc::Receiver<()>) -> Result<()> {
+        let retry = Duration::from_millis(500);
+        let mut lease: Option<Registered> = None;
+        let mut next = Instant::now();
+        // Until the node stops (a message, or the sender dropped).
+        while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(next.saturating_duration_since(Instant::now()))
+        {
+            lease = match lease {
+                None => self.register()?.inspect(|r| {
+                    tracing::info!(control = %self.control, name = %self.me.name, lease = r.lease, "joined the control plane");
+                }),
+                Some(r) => self.renew(r.lease)?.then_some(r),
+            };
+            next = Instant::now() + lease.as_ref().map_or(retry, |r| Duration::from_millis(r.ttl_ms / 3));
+        }
+        if let Some(r) = lease {
+            let path = format!("/v1/nodes/{}?lease={}", self.me.name, r.lease);
+            if let Answer::Status(status, body) = self.call("DELETE", &path, None)
+                && status != 204
+            {
+                tracing::warn!(status, %body, "leaving the control plane failed: the lease will lapse");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// FLOP/s of a float matrix product on `device` (a short measurement at start-up).
+pub fn measure_flops(device: tch::Device) -> f64 {
+    let n = 512i64;
+    let a = tch::Tensor::ones([n, n], (tch::Kind::Float, device));
+    let sync = || {
+        if let tch::Device::Cuda(i) = device {
+            tch::Cuda::synchronize(i as i64);
+        }
+    };
+    let _ = a.matmul(&a);
+    sync();
+    let rounds = 8;
+    let started = Instant::now();
+    for _ in 0..rounds {
+        let _ = a.matmul(&a);
+    }
+    sync();
+    (rounds * 2 * n * n * n) as f64 / started.elapsed().as_secs_f64().max(1e-9)
+}
+
+/// Bytes per second copied from host memory (pinned, for a GPU) to `device`.
+pub fn measure_host_to_device(device: tch::Device) -> f64 {
+    let len = 64i64 << 20;
+    let mut src = tch::Tensor::zeros([len], (tch::Kind::Uint8, tch::Device::Cpu));
+    if let tch::Device::Cuda(_) = device {
+        src = src.pin_memory(device);
+    }
+    let mut dst = tch::Tensor::zeros([len], (tch::Kind::Uint8, device));
+    let sync = || {
+        if let tch::Device::Cuda(i) = device {
+            tch::Cuda::synchronize(i as i64);
+        }
+    };
+    dst.copy_(&src);
+    sync();
+    let rounds = 4;
+    let started = Instant::now();
+    for _ in 0..rounds {
+        dst.copy_(&src);
+    }
+    sync();
+    (rounds * len) as f64 / started.elapsed().as_secs_f64().max(1e-9)
+}

@@ -1,0 +1,92 @@
+//! `djinn control`: the control plane's process (membership, placement, the HTTP API) over the
+//! embedded store or etcd.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use djinn_control::store::{EmbeddedStore, EtcdStore, Store};
+use djinn_control::{ControlConfig, ControlPlane};
+
+#[derive(Args, Debug, Clone)]
+pub struct ControlArgs {
+    /// Address of the HTTP API, HOST:PORT (port 0 picks a free one).
+    #[arg(long, default_value = "127.0.0.1:7000")]
+    pub listen: String,
+    /// The embedded store's file (used unless --etcd is given).
+    #[arg(long, default_value = "djinn-control.redb")]
+    pub store: PathBuf,
+    /// etcd endpoints, comma-separated (http://HOST:PORT): several control processes share
+    /// one cluster state there.
+    #[arg(long, value_delimiter = ',')]
+    pub etcd: Vec<String>,
+    /// Prefix of every key this control plane writes (several clusters can share one etcd).
+    #[arg(long, default_value = "/djinn/")]
+    pub prefix: String,
+    /// How long a node's lease lasts without a renewal (`3s`, `1500ms`): a node that dies is
+    /// gone from placement this long after its last renewal, at most.
+    #[arg(long, default_value = "3s", value_parser = parse_duration)]
+    pub lease_ttl: Duration,
+}
+
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (number, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = number.parse().map_err(|_| format!("{s:?} is not a duration: give e.g. 3s or 1500ms"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" => Ok(Duration::from_secs(n)),
+        _ => Err(format!("{s:?} is not a duration: give e.g. 3s or 1500ms")),
+    }
+}
+
+/// Serves until SIGINT or SIGTERM.
+pub fn run(args: ControlArgs) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("djinn-control")
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async {
+        if args.lease_ttl < Duration::from_millis(100) {
+            bail!("--lease-ttl must be at least 100ms");
+        }
+        let config = ControlConfig { lease_ttl: args.lease_ttl, prefix: args.prefix.clone() };
+        if args.etcd.is_empty() {
+            let store = EmbeddedStore::open(&args.store)?;
+            tracing::info!(store = %args.store.display(), "embedded store");
+            serve(store, config, &args.listen).await
+        } else {
+            let store = EtcdStore::connect(&args.etcd).await?;
+            tracing::info!(endpoints = ?args.etcd, "etcd store");
+            serve(store, config, &args.listen).await
+        }
+    })
+}
+
+async fn serve<S: Store>(store: S, config: ControlConfig, listen: &str) -> Result<()> {
+    let control = ControlPlane::start(store, config).await.context("cannot load the cluster state")?;
+    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
+    let addr = listener.local_addr()?;
+    // The first line of stdout is the bound address: scripts and tests read it.
+    println!("djinn control listening on {addr}");
+    std::io::stdout().flush()?;
+    tracing::info!(%addr, "control plane serving");
+    axum::serve(listener, djinn_control::http::router(control)).with_graceful_shutdown(shutdown()).await?;
+    tracing::info!("control plane stopped");
+    Ok(())
+}
+
+async fn shutdown() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
+        tracing::warn!("cannot install signal handlers: stop the control plane with SIGKILL");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = int.recv() => {}
+        _ = term.recv() => {}
+    }
+}
