@@ -5,11 +5,11 @@
 mod support;
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use djinn_client::{DType, Fingerprint, TensorRef, Value};
+use djinn_control::store::local_etcd::{LocalEtcd, free_port};
 use serde_json::{Value as Json, json};
 use support::Node;
 
@@ -23,18 +23,9 @@ struct Control {
 
 impl Control {
     fn start(listen: &str, store: &[&str], lease_ttl: &str) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_djinn"))
-            .args(["control", "--listen", listen, "--lease-ttl", lease_ttl, "--log", "warn"])
-            .args(store)
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("cannot start djinn control");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("control output");
-        let addr = line
-            .strip_prefix("djinn control listening on ")
-            .map(str::trim)
-            .unwrap_or_else(|| panic!("unexpected first line from the control plane: {line:?}"));
+        let mut command = Command::new(env!("CARGO_BIN_EXE_djinn"));
+        command.args(["control", "--listen", listen, "--lease-ttl", lease_ttl, "--log", "warn"]).args(store);
+        let (child, addr) = support::spawn_listening(command, "djinn control listening on ");
         Self { child, url: format!("http://{addr}") }
     }
 
@@ -109,55 +100,10 @@ impl Drop for Control {
     }
 }
 
-/// A real etcd on loopback ports, killed on drop.
-struct Etcd {
-    child: Child,
-    url: String,
-    _dir: tempfile::TempDir,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-impl Etcd {
-    fn start() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let (client, peer) = (format!("http://127.0.0.1:{}", free_port()), format!("http://127.0.0.1:{}", free_port()));
-        let child = Command::new("etcd")
-            .arg("--name=default")
-            .arg(format!("--data-dir={}", dir.path().join("data").display()))
-            .arg(format!("--listen-client-urls={client}"))
-            .arg(format!("--advertise-client-urls={client}"))
-            .arg(format!("--listen-peer-urls={peer}"))
-            .arg(format!("--initial-advertise-peer-urls={peer}"))
-            .arg(format!("--initial-cluster=default={peer}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("cannot start etcd: scripts/setup.sh installs Debian's etcd-server");
-        let etcd = Self { child, url: client, _dir: dir };
-        let health = format!("{}/health", etcd.url);
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while ureq::get(&health).call().is_err() {
-            assert!(Instant::now() < deadline, "etcd did not answer on {health} within 15 s");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        etcd
-    }
-}
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// One control plane's store: the embedded file or an etcd.
 enum Backing {
     Embedded(tempfile::TempDir),
-    Etcd(Etcd),
+    Etcd(LocalEtcd),
 }
 
 impl Backing {
@@ -166,7 +112,7 @@ impl Backing {
     }
 
     fn etcd() -> Self {
-        Self::Etcd(Etcd::start())
+        Self::Etcd(LocalEtcd::start())
     }
 
     fn args(&self) -> Vec<String> {
@@ -218,6 +164,23 @@ fn three_nodes(control: &Control) -> Vec<Node> {
     );
     control.wait_for_nodes(&["a", "b", "c"], Duration::from_secs(20));
     nodes.into()
+}
+
+/// Tests `SCENARIO::embedded` and `SCENARIO::etcd`: the scenario on each store.
+macro_rules! on_both_stores {
+    ($scenario:ident) => {
+        mod $scenario {
+            #[test]
+            fn embedded() {
+                super::$scenario(&super::Backing::embedded());
+            }
+
+            #[test]
+            fn etcd() {
+                super::$scenario(&super::Backing::etcd());
+            }
+        }
+    };
 }
 
 fn fingerprint(i: usize) -> String {
@@ -297,15 +260,7 @@ fn placement_follows_each_policy(backing: &Backing) {
     }
 }
 
-#[test]
-fn placement_follows_each_policy_embedded() {
-    placement_follows_each_policy(&Backing::embedded());
-}
-
-#[test]
-fn placement_follows_each_policy_etcd() {
-    placement_follows_each_policy(&Backing::etcd());
-}
+on_both_stores!(placement_follows_each_policy);
 
 /// A node killed with SIGKILL is gone once its lease lapses; its session moves.
 fn a_killed_node_lapses(backing: &Backing) {
@@ -325,15 +280,7 @@ fn a_killed_node_lapses(backing: &Backing) {
     assert_eq!(field(&control.place(&fingerprint(1), "load_balance", Some("s")), "rule"), "session");
 }
 
-#[test]
-fn a_killed_node_lapses_embedded() {
-    a_killed_node_lapses(&Backing::embedded());
-}
-
-#[test]
-fn a_killed_node_lapses_etcd() {
-    a_killed_node_lapses(&Backing::etcd());
-}
+on_both_stores!(a_killed_node_lapses);
 
 /// Malformed or wrong requests get a clear status and message; the control plane goes on.
 fn bad_input_gets_clear_errors(backing: &Backing) {
@@ -385,15 +332,7 @@ fn bad_input_gets_clear_errors(backing: &Backing) {
     assert!(status == 200 && metrics.contains("djinn_control_placement_errors_total 3"), "{metrics}");
 }
 
-#[test]
-fn bad_input_gets_clear_errors_embedded() {
-    bad_input_gets_clear_errors(&Backing::embedded());
-}
-
-#[test]
-fn bad_input_gets_clear_errors_etcd() {
-    bad_input_gets_clear_errors(&Backing::etcd());
-}
+on_both_stores!(bad_input_gets_clear_errors);
 
 /// A restarted control plane on the embedded store keeps its models, sessions and nodes (the
 /// nodes renew the leases they had).

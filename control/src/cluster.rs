@@ -33,8 +33,7 @@ pub struct PlaceRequest {
 }
 
 /// Which rule chose the node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Rule {
     Session,
     Shared,
@@ -50,6 +49,12 @@ impl Rule {
             Self::Streamed => "streamed",
             Self::Policy => "policy",
         }
+    }
+}
+
+impl Serialize for Rule {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.name())
     }
 }
 

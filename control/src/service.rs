@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use crate::cluster::{Cluster, Decision, PlaceError, PlaceRequest, Rule};
 use crate::membership::{Inventory, LeaseId, Member, MembershipError, NodeId};
 use crate::placement::{Block, Demand, Policy};
-use crate::store::{Created, Event, Revision, Store, StoreError};
+use crate::store::{Created, Event, Revision, Snapshot, Store, StoreError};
 
 #[derive(Debug, Clone)]
 pub struct ControlConfig {
@@ -182,26 +182,28 @@ impl<S: Store> ControlPlane<S> {
     /// Loads the state from the store and follows its changes.
     pub async fn start(store: S, config: ControlConfig) -> Result<Arc<Self>, StoreError> {
         let (snapshot, events) = store.watch(&config.prefix).await?;
-        let (applied, _) = watch::channel(snapshot.revision);
         let control = Arc::new(Self {
             store,
-            state: Mutex::new(State {
-                cluster: Cluster::new(config.lease_ttl.as_millis() as u64),
-                models: HashMap::new(),
-            }),
+            state: Mutex::new(State { cluster: Cluster::new(0), models: HashMap::new() }),
             config,
-            applied,
+            applied: watch::channel(0).0,
             started: Instant::now(),
             counters: ControlCounters::default(),
         });
-        {
-            let mut state = control.state();
-            for (key, value) in snapshot.entries {
-                control.apply(&mut state, Event::Put { key, value });
-            }
-        }
+        control.load(snapshot);
         tokio::spawn(Self::follow(Arc::downgrade(&control), events));
         Ok(control)
+    }
+
+    /// Replaces the state with a snapshot's (what this process promised goes with it).
+    fn load(&self, snapshot: Snapshot) {
+        let mut state = self.state();
+        *state = State { cluster: Cluster::new(self.lease_ttl_ms()), models: HashMap::new() };
+        for (key, value) in snapshot.entries {
+            self.apply(&mut state, Event::Put { key, value });
+        }
+        drop(state);
+        self.applied.send_modify(|r| *r = (*r).max(snapshot.revision));
     }
 
     /// Applies the store's changes until the control plane is dropped; starts again from a
@@ -226,16 +228,7 @@ impl<S: Store> ControlPlane<S> {
                     loop {
                         match this.store.watch(&this.config.prefix).await {
                             Ok((snapshot, watch)) => {
-                                let mut state = this.state();
-                                *state = State {
-                                    cluster: Cluster::new(this.config.lease_ttl.as_millis() as u64),
-                                    models: HashMap::new(),
-                                };
-                                for (key, value) in snapshot.entries {
-                                    this.apply(&mut state, Event::Put { key, value });
-                                }
-                                drop(state);
-                                this.applied.send_modify(|r| *r = (*r).max(snapshot.revision));
+                                this.load(snapshot);
                                 events = watch;
                                 break;
                             }

@@ -13,6 +13,17 @@ use djinn_dataplane::proto::{FrameHeader, HEADER_LEN, Kind, Limits, Message};
 
 pub const BACKENDS: [&str; 2] = ["mio", "uring"];
 
+/// Starts `command` and reads its first line of output, `{announce}ADDR`: the address it bound.
+pub fn spawn_listening(mut command: Command, announce: &str) -> (Child, String) {
+    let mut child = command.stdout(Stdio::piped()).spawn().expect("cannot start djinn");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("djinn's output");
+    match line.strip_prefix(announce) {
+        Some(addr) => (child, addr.trim().to_owned()),
+        None => panic!("unexpected first line: {line:?}, expected {announce:?}ADDR"),
+    }
+}
+
 /// A `djinn node` child process, killed on drop.
 pub struct Node {
     child: Child,
@@ -25,18 +36,10 @@ impl Node {
     }
 
     pub fn start_at(listen: &str, backend: &str, extra: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_djinn"))
-            .args(["node", "--listen", listen, "--tcp-backend", backend, "--log", "error"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("cannot start djinn node");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("node output");
-        let addr = line
-            .strip_prefix("djinn node listening on ")
-            .and_then(|a| a.trim().parse().ok())
-            .unwrap_or_else(|| panic!("unexpected first line from the node: {line:?}"));
+        let mut command = Command::new(env!("CARGO_BIN_EXE_djinn"));
+        command.args(["node", "--listen", listen, "--tcp-backend", backend, "--log", "error"]).args(extra);
+        let (child, addr) = spawn_listening(command, "djinn node listening on ");
+        let addr = addr.parse().unwrap_or_else(|_| panic!("not an address: {addr:?}"));
         Self { child, addr }
     }
 

@@ -48,6 +48,16 @@ enum Answer {
     Unreachable(String),
 }
 
+fn answer(sent: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> Answer {
+    match sent {
+        Ok(mut response) => {
+            let status = response.status().as_u16();
+            Answer::Status(status, response.body_mut().read_to_string().unwrap_or_default())
+        }
+        Err(e) => Answer::Unreachable(e.to_string()),
+    }
+}
+
 struct Membership {
     http: ureq::Agent,
     control: String,
@@ -76,21 +86,8 @@ impl Membership {
         })
     }
 
-    fn call(&self, method: &str, path: &str, body: Option<serde_json::Value>) -> Answer {
-        let url = format!("{}{path}", self.control);
-        let sent = match (method, body) {
-            ("POST", Some(body)) => self.http.post(&url).send_json(body),
-            ("PUT", Some(body)) => self.http.put(&url).send_json(body),
-            ("DELETE", _) => self.http.delete(&url).call(),
-            _ => return Answer::Unreachable(format!("{method} {path}: not a call the agent makes")),
-        };
-        match sent {
-            Ok(mut response) => {
-                let status = response.status().as_u16();
-                Answer::Status(status, response.body_mut().read_to_string().unwrap_or_default())
-            }
-            Err(e) => Answer::Unreachable(e.to_string()),
-        }
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.control)
     }
 
     /// Registers; `None` while the control plane cannot be reached or an earlier lease of this
@@ -98,7 +95,7 @@ impl Membership {
     fn register(&mut self) -> Result<Option<Registered>> {
         let inventory = self.inventory()?;
         let body = serde_json::json!({ "name": self.me.name, "inventory": inventory });
-        match self.call("POST", "/v1/nodes", Some(body)) {
+        match answer(self.http.post(self.url("/v1/nodes")).send_json(body)) {
             Answer::Status(201, body) => Ok(Some(serde_json::from_str(&body).context("the control plane's answer")?)),
             Answer::Status(409, body) => {
                 tracing::info!(%body, "an earlier lease of this name is live: registering again when it lapses");
@@ -116,7 +113,8 @@ impl Membership {
     fn renew(&mut self, lease: u64) -> Result<bool> {
         let inventory = self.inventory()?;
         let path = format!("/v1/nodes/{}/lease", self.me.name);
-        match self.call("PUT", &path, Some(serde_json::json!({ "lease": lease, "inventory": inventory }))) {
+        let body = serde_json::json!({ "lease": lease, "inventory": inventory });
+        match answer(self.http.put(self.url(&path)).send_json(body)) {
             Answer::Status(204, _) => Ok(true),
             Answer::Status(404 | 409, body) => {
                 tracing::warn!(%body, "the lease is gone: registering again");
@@ -185,7 +183,7 @@ impl Membership {
         }
         if let Some(r) = lease {
             let path = format!("/v1/nodes/{}?lease={}", self.me.name, r.lease);
-            if let Answer::Status(status, body) = self.call("DELETE", &path, None)
+            if let Answer::Status(status, body) = answer(self.http.delete(self.url(&path)).call())
                 && status != 204
             {
                 tracing::warn!(status, %body, "leaving the control plane failed: the lease will lapse");

@@ -266,81 +266,17 @@ impl Store for EtcdStore {
 
 #[cfg(test)]
 mod tests {
-    use std::fs::File;
-    use std::net::TcpListener;
-    use std::path::{Path, PathBuf};
-    use std::process::{Child, Command};
     use std::time::Instant;
 
     use super::*;
+    use crate::store::local_etcd::{LocalEtcd, free_port};
     use crate::store::tests;
 
-    /// A single-member etcd on loopback, killed when dropped (its data directory with it).
-    struct Etcd {
-        child: Child,
-        dir: tempfile::TempDir,
-    }
-
-    impl Drop for Etcd {
-        fn drop(&mut self) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-
-    impl Etcd {
-        fn log(&self) -> String {
-            std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default()
-        }
-    }
-
-    fn etcd_binary() -> PathBuf {
-        let debian = Path::new("/usr/bin/etcd");
-        if debian.is_file() {
-            return debian.to_owned();
-        }
-        std::env::var_os("PATH")
-            .and_then(|paths| std::env::split_paths(&paths).map(|dir| dir.join("etcd")).find(|path| path.is_file()))
-            .unwrap_or_else(|| panic!("no etcd (/usr/bin/etcd or etcd on PATH): scripts/setup.sh installs etcd-server"))
-    }
-
-    /// A port nothing listens on now (another process may take it before etcd does: unlikely).
-    fn free_port() -> u16 {
-        TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-    }
-
-    /// Starts an etcd and connects to it once it answers.
-    async fn start() -> (Etcd, EtcdStore) {
-        let dir = tempfile::tempdir().unwrap();
-        let (client, peer) = (free_port(), free_port());
-        let client = format!("http://127.0.0.1:{client}");
-        let peer = format!("http://127.0.0.1:{peer}");
-        let log = File::create(dir.path().join("etcd.log")).unwrap();
-        let child = Command::new(etcd_binary())
-            .arg("--name=default")
-            .arg(format!("--data-dir={}", dir.path().join("data").display()))
-            .arg(format!("--listen-client-urls={client}"))
-            .arg(format!("--advertise-client-urls={client}"))
-            .arg(format!("--listen-peer-urls={peer}"))
-            .arg(format!("--initial-advertise-peer-urls={peer}"))
-            .arg(format!("--initial-cluster=default={peer}"))
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("cannot start etcd");
-        let mut etcd = Etcd { child, dir };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let error = match EtcdStore::connect(std::slice::from_ref(&client)).await {
-                Ok(store) => return (etcd, store),
-                Err(e) => e,
-            };
-            if let Ok(Some(status)) = etcd.child.try_wait() {
-                panic!("etcd exited ({status}):\n{}", etcd.log());
-            }
-            assert!(Instant::now() < deadline, "etcd did not answer within 10 s ({error}):\n{}", etcd.log());
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+    async fn start() -> (LocalEtcd, EtcdStore) {
+        let etcd = LocalEtcd::start();
+        let store = EtcdStore::connect(std::slice::from_ref(&etcd.url)).await;
+        let store = store.unwrap_or_else(|e| panic!("a healthy etcd refused us ({e}):\n{}", etcd.log()));
+        (etcd, store)
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,6 +12,8 @@ use tokio::sync::mpsc;
 
 pub mod embedded;
 pub mod etcd;
+#[cfg(any(test, feature = "local-etcd"))]
+pub mod local_etcd;
 
 pub use embedded::EmbeddedStore;
 pub use etcd::EtcdStore;

@@ -1,0 +1,87 @@
+//! A single-member etcd on loopback ports, for tests (here and in the workspace's integration
+//! tests, through the `local-etcd` feature): Debian's etcd-server, killed with its data
+//! directory when dropped.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+#[derive(Debug)]
+pub struct LocalEtcd {
+    child: Child,
+    dir: tempfile::TempDir,
+    /// The client URL, `http://127.0.0.1:PORT`.
+    pub url: String,
+}
+
+fn etcd_binary() -> PathBuf {
+    let debian = Path::new("/usr/bin/etcd");
+    if debian.is_file() {
+        return debian.to_owned();
+    }
+    std::env::var_os("PATH")
+        .and_then(|paths| std::env::split_paths(&paths).map(|dir| dir.join("etcd")).find(|path| path.is_file()))
+        .unwrap_or_else(|| panic!("no etcd (/usr/bin/etcd or etcd on PATH): scripts/setup.sh installs etcd-server"))
+}
+
+/// A port nothing listens on now (another process may take it before etcd does: unlikely).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free loopback port")
+}
+
+/// Whether etcd's /health on `port` says it is healthy (it has a leader).
+fn healthy(port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else { return false };
+    let mut answer = String::new();
+    stream.write_all(b"GET /health HTTP/1.0\r\n\r\n").is_ok()
+        && stream.read_to_string(&mut answer).is_ok()
+        && answer.contains("\"health\":\"true\"")
+}
+
+impl LocalEtcd {
+    /// Starts etcd and returns once it is healthy; panics with its log if it does not get there
+    /// within 15 s.
+    pub fn start() -> Self {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let (client_port, peer) = (free_port(), free_port());
+        let url = format!("http://127.0.0.1:{client_port}");
+        let peer = format!("http://127.0.0.1:{peer}");
+        let log = File::create(dir.path().join("etcd.log")).expect("etcd's log file");
+        let child = Command::new(etcd_binary())
+            .arg("--name=default")
+            .arg(format!("--data-dir={}", dir.path().join("data").display()))
+            .arg(format!("--listen-client-urls={url}"))
+            .arg(format!("--advertise-client-urls={url}"))
+            .arg(format!("--listen-peer-urls={peer}"))
+            .arg(format!("--initial-advertise-peer-urls={peer}"))
+            .arg(format!("--initial-cluster=default={peer}"))
+            .stdout(log.try_clone().expect("etcd's log file"))
+            .stderr(log)
+            .spawn()
+            .expect("cannot start etcd");
+        let mut etcd = Self { child, dir, url };
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while !healthy(client_port) {
+            if let Ok(Some(status)) = etcd.child.try_wait() {
+                panic!("etcd exited ({status}):\n{}", etcd.log());
+            }
+            assert!(Instant::now() < deadline, "etcd was not healthy within 15 s:\n{}", etcd.log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        etcd
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for LocalEtcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
