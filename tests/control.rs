@@ -8,16 +8,16 @@ use std::collections::HashMap;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use djinn_client::{DType, Fingerprint, TensorRef, Value};
+use djinn_client::{ClientOptions, ClusterClient, DType, FailoverOptions, Fingerprint, Target, TensorRef, Value};
 use djinn_control::store::local_etcd::{LocalEtcd, free_port};
 use serde_json::{Value as Json, json};
 use support::Node;
 
 const MIB: u64 = 1 << 20;
 
-/// A `djinn control` child process, killed on drop.
+/// A `djinn control` child process, killed on drop; or one served by another process.
 struct Control {
-    child: Child,
+    child: Option<Child>,
     url: String,
 }
 
@@ -26,7 +26,11 @@ impl Control {
         let mut command = Command::new(env!("CARGO_BIN_EXE_djinn"));
         command.args(["control", "--listen", listen, "--lease-ttl", lease_ttl, "--log", "warn"]).args(store);
         let (child, addr) = support::spawn_listening(command, "djinn control listening on ");
-        Self { child, url: format!("http://{addr}") }
+        Self { child: Some(child), url: format!("http://{addr}") }
+    }
+
+    fn served_at(addr: &str) -> Self {
+        Self { child: None, url: format!("http://{addr}") }
     }
 
     fn addr(&self) -> &str {
@@ -95,8 +99,10 @@ impl Control {
 
 impl Drop for Control {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if let Some(child) = &mut self.child {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 
@@ -292,7 +298,7 @@ fn bad_input_gets_clear_errors(backing: &Backing) {
     };
     let inventory = json!({
         "addr": "127.0.0.1:1", "device": "cpu", "memory_total": 1024, "memory_free": 1024,
-        "host_memory_free": 1024, "host_to_device": 1e9, "flops": 1e9, "link_bandwidth": 1e9,
+        "host_memory_free": 1024, "host_to_device": 1e9, "flops": 1e9, "memory_bandwidth": 1e9, "link_bandwidth": 1e9,
         "transports": ["tcp"], "queue_depth": 0, "cost_per_hour": 1.0, "models": []
     });
     error("POST", "/v1/nodes", Some("{\"name\": \"x\", "), 400, "bad_request");
@@ -399,4 +405,148 @@ fn nodes_and_control_serve_metrics() {
     assert!(text.contains(&format!("djinn_node_budget_limit_bytes {}\n", 64 * MIB)), "{text}");
     let (status, text) = control.http("GET", "/metrics", None);
     assert!(status == 200 && text.as_str().unwrap().contains("djinn_control_nodes 0\n"), "{text}");
+}
+
+/// A workload through the cluster client: a node SIGKILLed while it serves; its lease lapses,
+/// the client is placed again, registers the models there from the bytes it kept and replays
+/// what failed. All 1000 requests come back correct.
+fn a_workload_survives_a_killed_node(backing: &Backing) {
+    let control = backing.control("127.0.0.1:0");
+    let nodes = three_nodes(&control);
+    // A bare HOST:PORT that serves HTTP is a control plane.
+    let options = ClientOptions { timeout: Some(Duration::from_secs(10)), ..ClientOptions::default() };
+    let failover = FailoverOptions { deadline: Duration::from_secs(20), ..FailoverOptions::default() };
+    let mut client = ClusterClient::open(control.addr(), options, failover).expect("the control plane");
+    assert!(matches!(client.target(), Target::Control(_)));
+
+    let halves = client.register_model(vec![support::archive("halves").into()], None, None, |_, _| {}).unwrap();
+    let halves = halves.fingerprint;
+    let mlp = client.register_model(vec![support::archive("mlp").into()], None, None, |_, _| {}).unwrap();
+    let mlp = mlp.fingerprint;
+    let victim = client.placement(&halves, None).expect("placed").clone();
+    // The MLP's outputs for four inputs, computed once; every node runs the same libtorch.
+    let mlp_inputs: Vec<Vec<u8>> =
+        (0..4).map(|i| f32_bytes((0..256).map(|j| ((i * 256 + j) % 17) as f32 / 8.0))).collect();
+    let run_mlp = |client: &mut ClusterClient, x: &[u8]| {
+        let input = TensorRef { dtype: DType::F32, shape: &[1, 256], bytes: x };
+        client.execute(&mlp, None, &[Value::Tensor(0)], &[input]).map(|out| out.tensor_bytes(0).to_vec())
+    };
+    let mlp_outputs: Vec<Vec<u8>> = mlp_inputs.iter().map(|x| run_mlp(&mut client, x).unwrap()).collect();
+
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let index = nodes.iter().position(|n| n.addr.to_string() == victim.addr).expect("the victim");
+    let killer = {
+        let (done, pid) = (done.clone(), nodes[index].pid());
+        std::thread::spawn(move || {
+            while done.load(std::sync::atomic::Ordering::Relaxed) < 300 {
+                std::thread::yield_now();
+            }
+            // SAFETY: kill(2) on a child of this process, reaped when `nodes` is dropped.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        })
+    };
+    let mut slowest = Duration::ZERO;
+    for i in 0..1000u64 {
+        let started = Instant::now();
+        if i % 10 == 0 {
+            let k = (i / 10 % 4) as usize;
+            assert_eq!(run_mlp(&mut client, &mlp_inputs[k]).unwrap(), mlp_outputs[k], "request {i}");
+        } else {
+            let x: Vec<f32> = (0..64).map(|j| (i * 64 + j) as f32).collect();
+            let idx: Vec<i64> = (0..8).map(|j| (i * 8 + j) as i64).collect();
+            let (xb, ib) = (f32_bytes(x.iter().copied()), i64_bytes(&idx));
+            let tensors = [
+                TensorRef { dtype: DType::F32, shape: &[64], bytes: &xb },
+                TensorRef { dtype: DType::I64, shape: &[8], bytes: &ib },
+            ];
+            // Every fourth request belongs to a session: it stays on one node while that lives.
+            let session = (i % 4 == 0).then_some("agent-1");
+            let out = client.execute(&halves, session, &[Value::Tensor(0), Value::Tensor(1)], &tensors).unwrap();
+            assert_eq!(out.tensor_bytes(0), f32_bytes(x.iter().map(|v| v * 2.0)), "request {i}");
+            assert_eq!(out.tensor_bytes(1), i64_bytes(&idx.iter().map(|v| v + 1).collect::<Vec<_>>()), "request {i}");
+        }
+        slowest = slowest.max(started.elapsed());
+        done.store(i as usize + 1, std::sync::atomic::Ordering::Relaxed);
+    }
+    killer.join().unwrap();
+    let (stats, _, _, _) = client.stats();
+    let placed = client.placement(&halves, None).expect("placed again");
+    assert_ne!(placed.node, victim.node, "{stats:?}");
+    assert!(stats.node_failures >= 1 && stats.reregistrations >= 1 && stats.replays >= 1, "{stats:?}");
+    // A dead node is chosen until its lease lapses: the slowest request waited about that long.
+    let ttl = Duration::from_millis(backing.lease_ttl_ms());
+    assert!(slowest < ttl + Duration::from_secs(5), "a request took {slowest:?}");
+    let rest: Vec<&str> = ["a", "b", "c"].into_iter().filter(|n| *n != victim.node).collect();
+    assert_eq!(control.node_names(), rest);
+    println!("failover: {stats:?}; slowest request {slowest:?} (lease {ttl:?})");
+}
+
+on_both_stores!(a_workload_survives_a_killed_node);
+
+fn f32_bytes(values: impl Iterator<Item = f32>) -> Vec<u8> {
+    values.flat_map(f32::to_le_bytes).collect()
+}
+
+fn i64_bytes(values: &[i64]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// `djinn up` is a control plane and a node in one process: a client placed through it runs
+/// there; `djinn status` shows the node and the model; SIGTERM stops both cleanly.
+#[test]
+fn djinn_up_serves_a_cluster_of_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("control.redb").display().to_string();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_djinn"));
+    command.args(["up", "--listen", "127.0.0.1:0", "--control-listen", "127.0.0.1:0", "--store", &store]);
+    command.args(["--device", "cpu", "--device-memory-budget", "64MiB", "--name", "solo", "--log", "warn"]);
+    let (mut up, addrs) =
+        support::spawn_announcing(command, &["djinn control listening on ", "djinn node listening on "]);
+    let control = Control::served_at(&addrs[0]);
+    control.wait_for_nodes(&["solo"], Duration::from_secs(20));
+    assert_eq!(control.cluster()["nodes"][0]["inventory"]["addr"], json!(addrs[1]));
+
+    let mut client = ClusterClient::open(&control.url, ClientOptions::default(), FailoverOptions::default()).unwrap();
+    let halves = client.register_model(vec![support::archive("halves").into()], None, None, |_, _| {}).unwrap();
+    let x = f32_bytes([1.5f32, -2.0].into_iter());
+    let idx = i64_bytes(&[41]);
+    let tensors = [
+        TensorRef { dtype: DType::F32, shape: &[2], bytes: &x },
+        TensorRef { dtype: DType::I64, shape: &[1], bytes: &idx },
+    ];
+    let out = client.execute(&halves.fingerprint, None, &[Value::Tensor(0), Value::Tensor(1)], &tensors).unwrap();
+    assert_eq!(
+        (out.tensor_bytes(0), out.tensor_bytes(1)),
+        (&f32_bytes([3.0f32, -4.0].into_iter())[..], &i64_bytes(&[42])[..])
+    );
+
+    let status = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_djinn"))
+            .args(["status", "--control", &addrs[0]])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let table = status(&[]);
+    let fingerprint = halves.fingerprint.to_string();
+    assert!(table.contains(&addrs[1]) && table.contains("solo") && table.contains("64.0 MiB"), "{table}");
+    assert!(table.lines().any(|l| l.starts_with(&fingerprint[..16]) && l.ends_with("solo")), "{table}");
+    let parsed: Json = serde_json::from_str(&status(&["--json"])).unwrap();
+    assert_eq!(parsed["models"][0]["fingerprint"], json!(fingerprint));
+
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(up.id() as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let exit = loop {
+        if let Some(exit) = up.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(Instant::now() < deadline, "djinn up ignored SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(exit.success(), "{exit:?}");
+    let out = Command::new(env!("CARGO_BIN_EXE_djinn")).args(["status", "--control", &addrs[0]]).output().unwrap();
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("unreachable"));
 }

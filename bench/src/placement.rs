@@ -41,6 +41,7 @@ fn inventory(i: usize) -> Inventory {
         host_memory_free: 1024 * GIB,
         host_to_device: 25e9 + f * 5e9,
         flops: 100e12 + f * 50e12,
+        memory_bandwidth: 2e12 + f * 5e11,
         link_bandwidth: 10e9 + (i % 5) as f64 * 10e9,
         transports: vec!["rdma".into(), "tcp".into()],
         queue_depth: (i % 4) as u32,
@@ -55,6 +56,7 @@ fn request(i: usize, session: Option<String>) -> PlaceRequest {
         // 1–4 GiB in 8 blocks.
         blocks: vec![Block { weight_bytes: (128 + (i as u64 % 384)) << 20, flops: 2e9 }; 8],
         io_bytes: 1 << 20,
+        phase: None,
         session,
         policy: POLICIES[i % POLICIES.len()],
     }

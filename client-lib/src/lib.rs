@@ -9,6 +9,9 @@
 //! assert_eq!(x.bytes(), &bytes[..]);
 //! ```
 
+pub mod cluster;
+pub mod control;
+
 use std::net::ToSocketAddrs;
 use std::time::{Duration, Instant};
 
@@ -16,6 +19,9 @@ pub use djinn_dataplane::proto::{DType, ErrorCode, Fingerprint, Hello, ListEntry
 use djinn_dataplane::proto::{Frame, Message, Payload, ProtocolError, payload_layout, transports};
 use djinn_dataplane::tcp::ClientConn;
 pub use djinn_dataplane::tcp::{ClientError, ClientOptions, Transport};
+
+pub use cluster::{Archive, ClusterClient, ClusterError, ClusterStats, FailoverOptions, Target};
+pub use control::{BlockEstimate, ControlClient, ControlError, ModelDescription, Placed};
 
 /// A tensor received from a node: its descriptor and its bytes, in a buffer that goes back to
 /// the client's pool when dropped.

@@ -18,7 +18,7 @@ use std::collections::{HashMap, HashSet};
 use serde::Serialize;
 
 use crate::membership::{Inventory, Member, Membership, NodeId};
-use crate::placement::{Block, Cost, Demand, Fit, Policy, fit, score};
+use crate::placement::{Block, Cost, Demand, Fit, Phase, Policy, fit, score};
 
 /// A request for a place to run a model.
 #[derive(Debug, Clone, PartialEq)]
@@ -28,6 +28,7 @@ pub struct PlaceRequest {
     pub blocks: Vec<Block>,
     /// Bytes of one call's inputs and outputs.
     pub io_bytes: u64,
+    pub phase: Option<Phase>,
     pub session: Option<String>,
     pub policy: Policy,
 }
@@ -254,7 +255,7 @@ impl Cluster {
     pub fn place(&mut self, request: &PlaceRequest, now: u64) -> Result<Decision, PlaceError> {
         let decision = self.decide(request)?;
         if !self.holds(&request.fingerprint, &decision.node) {
-            let demand = Demand::of(&request.blocks, request.io_bytes);
+            let demand = Demand::of(&request.blocks, request.io_bytes, request.phase);
             self.promise(&decision, &request.fingerprint, demand.weight_bytes, now);
             self.give(&request.fingerprint, &decision.node);
         }
@@ -269,7 +270,7 @@ impl Cluster {
         if request.blocks.is_empty() {
             return Err(PlaceError::NoBlocks);
         }
-        let demand = &Demand::of(&request.blocks, request.io_bytes);
+        let demand = &Demand::of(&request.blocks, request.io_bytes, request.phase);
         let holders = self.holders.get(&request.fingerprint);
         let holds = |node: &str| holders.is_some_and(|h| h.contains(node));
         let session_node = request.session.as_ref().and_then(|s| self.sessions.get(s));
@@ -346,6 +347,7 @@ mod tests {
     use super::*;
     use crate::membership::LeaseId;
     use crate::membership::tests::inventory;
+    use crate::placement::Bound;
 
     const GIB: u64 = 1 << 30;
 
@@ -371,6 +373,7 @@ mod tests {
             fingerprint: fp.into(),
             blocks: vec![Block { weight_bytes: weights / 2, flops: 1e9 }; 2],
             io_bytes: 1 << 20,
+            phase: None,
             session: None,
             policy,
         }
@@ -430,12 +433,41 @@ mod tests {
     }
 
     #[test]
+    fn the_phase_hint_picks_the_bound() {
+        // One node computes fast, the other reads its memory fast.
+        let compute = Inventory { flops: 1000e12, memory_bandwidth: 1e12, ..node(80 * GIB) };
+        let memory = Inventory { flops: 100e12, memory_bandwidth: 8e12, ..node(80 * GIB) };
+        let mut c = cluster(&[("compute", compute), ("memory", memory)]);
+        // 16 GiB of weights and 1e13 FLOPs a call: 10 ms against 17 ms of reads on `compute`.
+        let mut r = request("prefill", 16 * GIB, Policy::MinimizeLatency);
+        r.blocks = vec![Block { weight_bytes: 16 * GIB, flops: 1e13 }];
+        r.phase = Some(Phase::Prefill);
+        let d = c.place(&r, 10).unwrap();
+        assert_eq!((d.node.as_str(), d.cost.bound), ("compute", Bound::Compute), "{d:?}");
+        r.fingerprint = "decode".into();
+        r.phase = Some(Phase::Decode);
+        let d = c.place(&r, 10).unwrap();
+        assert_eq!((d.node.as_str(), d.cost.bound), ("memory", Bound::Memory), "{d:?}");
+        assert!((d.cost.compute_s - (16 * GIB) as f64 / 8e12).abs() < 1e-9, "{d:?}");
+        // No hint: the slower of the two bounds, node by node (17 ms of reads on `compute`,
+        // 100 ms of compute on `memory`).
+        r.fingerprint = "either".into();
+        r.phase = None;
+        let d = c.place(&r, 10).unwrap();
+        assert_eq!((d.node.as_str(), d.cost.bound), ("compute", Bound::Memory), "{d:?}");
+    }
+
+    #[test]
     fn minimize_cost_takes_the_cheaper_node_per_call() {
         let dear = Inventory { flops: 200e12, cost_per_hour: 10.0, ..node(80 * GIB) };
         let cheap = Inventory { flops: 100e12, cost_per_hour: 2.0, ..node(80 * GIB) };
         let mut c = cluster(&[("dear", dear), ("cheap", cheap)]);
         assert_eq!(c.place(&request("m", GIB, Policy::MinimizeCost), 10).unwrap().node, "cheap");
-        assert_eq!(c.place(&request("n", GIB, Policy::MinimizeLatency), 10).unwrap().node, "dear");
+        let mut r = request("n", GIB, Policy::MinimizeLatency);
+        // Compute-bound: the faster node is quicker (with 1e9 FLOPs a block, reading the
+        // weights would take longest, equally on both).
+        r.blocks = vec![Block { weight_bytes: GIB, flops: 1e12 }];
+        assert_eq!(c.place(&r, 10).unwrap().node, "dear");
     }
 
     #[test]

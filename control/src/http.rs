@@ -5,7 +5,7 @@
 //! | `POST /v1/nodes` | `{"name", "inventory"}` | 201 `{"lease", "ttl_ms"}`; 409 a live node has the name |
 //! | `PUT /v1/nodes/{name}/lease` | `{"lease", "inventory"?}` | 204; 404 unknown or lapsed; 409 stale lease |
 //! | `DELETE /v1/nodes/{name}?lease=N` | | 204: the node leaves now |
-//! | `PUT /v1/models/{fingerprint}` | `{"blocks": [{"weight_bytes", "flops"}], "io_bytes"}` | 204 |
+//! | `PUT /v1/models/{fingerprint}` | `{"blocks": [{"weight_bytes", "flops"}], "io_bytes", "phase"?}` | 204 |
 //! | `GET /v1/models/{fingerprint}` | | the description; 404 unknown |
 //! | `POST /v1/placements` | `{"fingerprint", "session"?, "policy"?}` | the decision and its cost breakdown |
 //! | `GET /v1/cluster` | | nodes, models, sessions |

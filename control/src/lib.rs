@@ -18,5 +18,5 @@ pub mod store;
 
 pub use cluster::{Cluster, Decision, PlaceError, PlaceRequest, Rule};
 pub use membership::{Inventory, LeaseId, Member, Membership, MembershipError, NodeId};
-pub use placement::{Block, Cost, Demand, Fit, Policy};
+pub use placement::{Block, Bound, Cost, Demand, Fit, Phase, Policy};
 pub use service::{ClusterStatus, ControlConfig, ControlError, ControlPlane, ModelRecord, Placement, Registered};

@@ -25,6 +25,8 @@ pub struct Inventory {
     pub host_to_device: f64,
     /// Sustained compute, FLOP per second.
     pub flops: f64,
+    /// Device-memory read rate, bytes per second (what a decode step runs at).
+    pub memory_bandwidth: f64,
     /// Bandwidth between clients and the node, bytes per second.
     pub link_bandwidth: f64,
     /// `rdma`, `tcp`.
@@ -103,6 +105,7 @@ pub(crate) mod tests {
             host_memory_free: 512 << 30,
             host_to_device: 50e9,
             flops: 100e12,
+            memory_bandwidth: 2e12,
             link_bandwidth: 25e9,
             transports: vec!["tcp".into()],
             queue_depth: 0,

@@ -41,6 +41,26 @@ impl FromStr for Policy {
     }
 }
 
+/// What bounds a model's calls, when the client says (the phase of an LLM it serves).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Many tokens per call (a prompt): bound by compute.
+    Prefill,
+    /// One token per call: bound by reading the weights from device memory; the FLOPs counted
+    /// on a prompt-sized example overstate it.
+    Decode,
+}
+
+/// Which resource a call's device time was taken from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Bound {
+    #[default]
+    Compute,
+    Memory,
+}
+
 /// One block of a model, as the client estimates it.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Block {
@@ -57,15 +77,17 @@ pub struct Demand {
     pub flops: f64,
     /// Bytes moved per call: inputs and outputs.
     pub io_bytes: u64,
+    pub phase: Option<Phase>,
 }
 
 impl Demand {
-    pub fn of(blocks: &[Block], io_bytes: u64) -> Self {
+    pub fn of(blocks: &[Block], io_bytes: u64, phase: Option<Phase>) -> Self {
         Self {
             weight_bytes: blocks.iter().map(|b| b.weight_bytes).sum(),
             largest_block: blocks.iter().map(|b| b.weight_bytes).max().unwrap_or(0),
             flops: blocks.iter().map(|b| b.flops).sum(),
             io_bytes,
+            phase,
         }
     }
 }
@@ -118,7 +140,10 @@ pub fn fit(demand: &Demand, free: u64, host_free: u64, holds: bool) -> Fit {
 /// Seconds per call on one node, by part.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
 pub struct Cost {
+    /// The device's time on the call: its FLOPs at the node's rate, or its weights read at the
+    /// node's memory bandwidth, whichever `bound` says (the phase's, else the slower).
     pub compute_s: f64,
+    pub bound: Bound,
     /// Inputs and outputs over the client's link.
     pub transfer_s: f64,
     /// Weights streamed in per call, at the node's host-to-device rate.
@@ -130,14 +155,21 @@ pub struct Cost {
 impl Cost {
     pub fn of(demand: &Demand, inventory: &Inventory, fit: Fit) -> Self {
         let per_second = |bytes: u64, rate: f64| if rate > 0.0 { bytes as f64 / rate } else { f64::INFINITY };
-        let compute_s = if inventory.flops > 0.0 { demand.flops / inventory.flops } else { f64::INFINITY };
+        let flops_s = if inventory.flops > 0.0 { demand.flops / inventory.flops } else { f64::INFINITY };
+        let weights_s = per_second(demand.weight_bytes, inventory.memory_bandwidth);
+        let (compute_s, bound) = match demand.phase {
+            Some(Phase::Prefill) => (flops_s, Bound::Compute),
+            Some(Phase::Decode) => (weights_s, Bound::Memory),
+            None if weights_s > flops_s => (weights_s, Bound::Memory),
+            None => (flops_s, Bound::Compute),
+        };
         let stream_s = match fit {
             Fit::Streamed { bytes_per_call } => per_second(bytes_per_call, inventory.host_to_device),
             _ => 0.0,
         };
         let transfer_s = per_second(demand.io_bytes, inventory.link_bandwidth);
         let queue_s = f64::from(inventory.queue_depth) * (compute_s + stream_s + transfer_s);
-        Self { compute_s, transfer_s, stream_s, queue_s }
+        Self { compute_s, bound, transfer_s, stream_s, queue_s }
     }
 
     pub fn total_s(&self) -> f64 {
@@ -169,7 +201,7 @@ mod tests {
     use super::*;
 
     fn demand(weights: u64, largest: u64) -> Demand {
-        Demand { weight_bytes: weights, largest_block: largest, flops: 1e9, io_bytes: 1 << 20 }
+        Demand { weight_bytes: weights, largest_block: largest, flops: 1e9, io_bytes: 1 << 20, phase: None }
     }
 
     #[test]

@@ -14,7 +14,7 @@ use tokio::sync::watch;
 
 use crate::cluster::{Cluster, Decision, PlaceError, PlaceRequest, Rule};
 use crate::membership::{Inventory, LeaseId, Member, MembershipError, NodeId};
-use crate::placement::{Block, Demand, Policy};
+use crate::placement::{Block, Demand, Phase, Policy};
 use crate::store::{Created, Event, Revision, Snapshot, Store, StoreError};
 
 #[derive(Debug, Clone)]
@@ -38,6 +38,8 @@ pub struct ModelRecord {
     /// Bytes of one call's inputs and outputs.
     #[serde(default)]
     pub io_bytes: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
 }
 
 /// A request for a place to run a described model.
@@ -413,6 +415,7 @@ impl<S: Store> ControlPlane<S> {
             fingerprint,
             blocks: record.blocks,
             io_bytes: record.io_bytes,
+            phase: record.phase,
             session: placement.session,
             policy: placement.policy,
         };
@@ -446,7 +449,7 @@ impl<S: Store> ControlPlane<S> {
         if !holds {
             // Promised before the record is written: once it is, the watch may apply it (the
             // node holds the model) before this continues.
-            let weight_bytes = Demand::of(&request.blocks, request.io_bytes).weight_bytes;
+            let weight_bytes = Demand::of(&request.blocks, request.io_bytes, request.phase).weight_bytes;
             self.state().cluster.promise(&decision, &request.fingerprint, weight_bytes, self.now_ms());
             let key = self.key(GIVEN, &format!("{}/{}", request.fingerprint, decision.node));
             revision = self.store.put(&key, Vec::new(), Some(lease)).await.map_err(left)?;

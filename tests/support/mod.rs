@@ -14,14 +14,27 @@ use djinn_dataplane::proto::{FrameHeader, HEADER_LEN, Kind, Limits, Message};
 pub const BACKENDS: [&str; 2] = ["mio", "uring"];
 
 /// Starts `command` and reads its first line of output, `{announce}ADDR`: the address it bound.
-pub fn spawn_listening(mut command: Command, announce: &str) -> (Child, String) {
+pub fn spawn_listening(command: Command, announce: &str) -> (Child, String) {
+    let (child, mut addrs) = spawn_announcing(command, &[announce]);
+    (child, addrs.remove(0))
+}
+
+/// Starts `command` and reads one line of output per announcement, `{announce}ADDR`, in order.
+pub fn spawn_announcing(mut command: Command, announces: &[&str]) -> (Child, Vec<String>) {
     let mut child = command.stdout(Stdio::piped()).spawn().expect("cannot start djinn");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("djinn's output");
-    match line.strip_prefix(announce) {
-        Some(addr) => (child, addr.trim().to_owned()),
-        None => panic!("unexpected first line: {line:?}, expected {announce:?}ADDR"),
-    }
+    let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+    let addrs = announces
+        .iter()
+        .map(|announce| {
+            let mut line = String::new();
+            stdout.read_line(&mut line).expect("djinn's output");
+            match line.strip_prefix(announce) {
+                Some(addr) => addr.trim().to_owned(),
+                None => panic!("unexpected line: {line:?}, expected {announce:?}ADDR"),
+            }
+        })
+        .collect();
+    (child, addrs)
 }
 
 /// A `djinn node` child process, killed on drop.
@@ -76,13 +89,17 @@ impl Node {
         kib * 1024
     }
 
-    /// Sends SIGTERM and waits for the exit.
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
     /// SIGKILL: the node gets no chance to say goodbye.
     pub fn kill(mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 
+    /// Sends SIGTERM and waits for the exit.
     pub fn terminate(mut self) -> ExitStatus {
         // SAFETY: kill(2) on our own child's pid.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };

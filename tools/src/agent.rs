@@ -25,6 +25,7 @@ pub struct Static {
     pub device: String,
     pub transports: Vec<String>,
     pub flops: f64,
+    pub memory_bandwidth: f64,
     pub host_to_device: f64,
     pub link_bandwidth: f64,
     pub cost_per_hour: f64,
@@ -78,6 +79,7 @@ impl Membership {
             host_memory_free: stat("host_budget_limit_bytes").saturating_sub(stat("host_budget_used_bytes")),
             host_to_device: self.me.host_to_device,
             flops: self.me.flops,
+            memory_bandwidth: self.me.memory_bandwidth,
             link_bandwidth: self.me.link_bandwidth,
             transports: self.me.transports.clone(),
             queue_depth: u32::try_from(stat("jobs_queued")).unwrap_or(u32::MAX),
@@ -193,24 +195,38 @@ impl Membership {
     }
 }
 
-/// FLOP/s of a float matrix product on `device` (a short measurement at start-up).
-pub fn measure_flops(device: tch::Device) -> f64 {
-    let n = 512i64;
-    let a = tch::Tensor::ones([n, n], (tch::Kind::Float, device));
+/// Units per second of `op` on `device`, each call doing `units`: one call to warm up, then
+/// timed calls, with the device synchronised before and after.
+fn rate(device: tch::Device, units: f64, mut op: impl FnMut()) -> f64 {
     let sync = || {
         if let tch::Device::Cuda(i) = device {
             tch::Cuda::synchronize(i as i64);
         }
     };
-    let _ = a.matmul(&a);
+    op();
     sync();
-    let rounds = 8;
+    let rounds = 4;
     let started = Instant::now();
     for _ in 0..rounds {
-        let _ = a.matmul(&a);
+        op();
     }
     sync();
-    (rounds * 2 * n * n * n) as f64 / started.elapsed().as_secs_f64().max(1e-9)
+    f64::from(rounds) * units / started.elapsed().as_secs_f64().max(1e-9)
+}
+
+/// FLOP/s of a float matrix product on `device` (a short measurement at start-up).
+pub fn measure_flops(device: tch::Device) -> f64 {
+    let n = 512i64;
+    let a = tch::Tensor::ones([n, n], (tch::Kind::Float, device));
+    rate(device, (2 * n * n * n) as f64, || drop(a.matmul(&a)))
+}
+
+/// Bytes per second read from `device`'s memory: a copy within it reads and writes each byte.
+pub fn measure_memory_bandwidth(device: tch::Device) -> f64 {
+    let len = 64i64 << 20;
+    let src = tch::Tensor::ones([len], (tch::Kind::Uint8, device));
+    let mut dst = tch::Tensor::zeros([len], (tch::Kind::Uint8, device));
+    rate(device, (2 * len) as f64, || dst.copy_(&src))
 }
 
 /// Bytes per second copied from host memory (pinned, for a GPU) to `device`.
@@ -221,18 +237,5 @@ pub fn measure_host_to_device(device: tch::Device) -> f64 {
         src = src.pin_memory(device);
     }
     let mut dst = tch::Tensor::zeros([len], (tch::Kind::Uint8, device));
-    let sync = || {
-        if let tch::Device::Cuda(i) = device {
-            tch::Cuda::synchronize(i as i64);
-        }
-    };
-    dst.copy_(&src);
-    sync();
-    let rounds = 4;
-    let started = Instant::now();
-    for _ in 0..rounds {
-        dst.copy_(&src);
-    }
-    sync();
-    (rounds * len) as f64 / started.elapsed().as_secs_f64().max(1e-9)
+    rate(device, len as f64, || dst.copy_(&src))
 }

@@ -2,6 +2,7 @@
 //! embedded store or etcd.
 
 use std::io::Write;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -43,40 +44,68 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 
 /// Serves until SIGINT or SIGTERM.
 pub fn run(args: ControlArgs) -> Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    let config = config(args.lease_ttl, &args.prefix)?;
+    runtime()?.block_on(async {
+        let api = if args.etcd.is_empty() {
+            let store = EmbeddedStore::open(&args.store)?;
+            tracing::info!(store = %args.store.display(), "embedded store");
+            Api::bind(store, config, &args.listen).await?
+        } else {
+            let store = EtcdStore::connect(&args.etcd).await?;
+            tracing::info!(endpoints = ?args.etcd, "etcd store");
+            Api::bind(store, config, &args.listen).await?
+        };
+        api.serve(shutdown()).await
+    })
+}
+
+pub fn config(lease_ttl: Duration, prefix: &str) -> Result<ControlConfig> {
+    if lease_ttl < Duration::from_millis(100) {
+        bail!("--lease-ttl must be at least 100ms");
+    }
+    Ok(ControlConfig { lease_ttl, prefix: prefix.to_owned() })
+}
+
+pub fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("djinn-control")
         .enable_all()
         .build()
-        .context("cannot start the async runtime")?;
-    runtime.block_on(async {
-        if args.lease_ttl < Duration::from_millis(100) {
-            bail!("--lease-ttl must be at least 100ms");
-        }
-        let config = ControlConfig { lease_ttl: args.lease_ttl, prefix: args.prefix.clone() };
-        if args.etcd.is_empty() {
-            let store = EmbeddedStore::open(&args.store)?;
-            tracing::info!(store = %args.store.display(), "embedded store");
-            serve(store, config, &args.listen).await
-        } else {
-            let store = EtcdStore::connect(&args.etcd).await?;
-            tracing::info!(endpoints = ?args.etcd, "etcd store");
-            serve(store, config, &args.listen).await
-        }
-    })
+        .context("cannot start the async runtime")
 }
 
-async fn serve<S: Store>(store: S, config: ControlConfig, listen: &str) -> Result<()> {
-    let control = ControlPlane::start(store, config).await.context("cannot load the cluster state")?;
-    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
-    let addr = listener.local_addr()?;
-    // The first line of stdout is the bound address: scripts and tests read it.
-    println!("djinn control listening on {addr}");
-    std::io::stdout().flush()?;
-    tracing::info!(%addr, "control plane serving");
-    axum::serve(listener, djinn_control::http::router(control)).with_graceful_shutdown(shutdown()).await?;
-    tracing::info!("control plane stopped");
-    Ok(())
+/// The control plane's HTTP API, bound to its address but not serving yet.
+pub struct Api {
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    addr: SocketAddr,
+}
+
+impl Api {
+    /// Loads the cluster state, binds `listen` and prints the bound address.
+    pub async fn bind<S: Store>(store: S, config: ControlConfig, listen: &str) -> Result<Self> {
+        let control = ControlPlane::start(store, config).await.context("cannot load the cluster state")?;
+        let listener =
+            tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
+        let addr = listener.local_addr()?;
+        // The first line of stdout is the bound address: scripts and tests read it.
+        println!("djinn control listening on {addr}");
+        std::io::stdout().flush()?;
+        Ok(Self { listener, router: djinn_control::http::router(control), addr })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Serves until `stop` completes, then finishes the requests in flight.
+    pub async fn serve(self, stop: impl Future<Output = ()> + Send + 'static) -> Result<()> {
+        tracing::info!(addr = %self.addr, "control plane serving");
+        axum::serve(self.listener, self.router).with_graceful_shutdown(stop).await?;
+        tracing::info!("control plane stopped");
+        Ok(())
+    }
 }
 
 async fn shutdown() {

@@ -4,6 +4,8 @@ mod agent;
 mod control;
 mod metrics;
 mod node;
+mod status;
+mod up;
 
 use std::path::PathBuf;
 
@@ -31,12 +33,15 @@ struct Cli {
 enum Command {
     /// Serve tensors and models on this host (prints `djinn node listening on ADDR` once bound).
     Node(node::NodeArgs),
-    /// Everything for one machine in one process: today a single node (the control plane joins
-    /// it when it exists). Takes the same flags as `node`.
-    Up(node::NodeArgs),
+    /// Everything for one machine in one process: the control plane and a node that joins it.
+    /// Takes the flags of `node` (but --control) and prints `djinn control listening on ADDR`,
+    /// then `djinn node listening on ADDR`.
+    Up(up::UpArgs),
     /// The control plane: membership, placement and the HTTP API (prints `djinn control
     /// listening on ADDR` once bound).
     Control(control::ControlArgs),
+    /// What a control plane knows: its nodes, models and sessions.
+    Status(status::StatusArgs),
     /// Round trips to a node: prints each one and a summary.
     Ping {
         /// Node address, HOST:PORT.
@@ -97,8 +102,10 @@ fn main() -> Result<()> {
         Client::connect_with(addr, options).with_context(|| format!("cannot reach {addr}"))
     };
     match cli.command {
-        Command::Node(args) | Command::Up(args) => node::run(args),
+        Command::Node(args) => node::run(args),
+        Command::Up(args) => up::run(args),
         Command::Control(args) => control::run(args),
+        Command::Status(args) => status::run(args),
         Command::Ping { addr, count } => {
             let mut client = connect(&addr)?;
             let node = client.node();

@@ -77,7 +77,7 @@ pub struct NodeArgs {
     /// The control plane to join, http://HOST:PORT: the node registers its inventory and
     /// renews its lease there.
     #[arg(long)]
-    control: Option<String>,
+    pub control: Option<String>,
     /// The node's name in the cluster. Default: HOSTNAME-PORT.
     #[arg(long)]
     name: Option<String>,
@@ -87,6 +87,10 @@ pub struct NodeArgs {
     /// FLOP/s reported to the control plane. Default: measured at start (a float matrix product).
     #[arg(long)]
     flops: Option<f64>,
+    /// Device-memory bytes read per second, reported to the control plane (what a decode step
+    /// runs at). Default: measured at start (a copy within the device).
+    #[arg(long)]
+    memory_bandwidth: Option<f64>,
     /// Host-to-device bytes per second reported to the control plane. Default: measured at start.
     #[arg(long)]
     host_to_device: Option<f64>,
@@ -217,6 +221,7 @@ pub fn run(args: NodeArgs) -> Result<()> {
                 device: djinn_executor::device_name(device),
                 transports,
                 flops: args.flops.unwrap_or_else(|| agent::measure_flops(device)),
+                memory_bandwidth: args.memory_bandwidth.unwrap_or_else(|| agent::measure_memory_bandwidth(device)),
                 host_to_device: args.host_to_device.unwrap_or_else(|| agent::measure_host_to_device(device)),
                 link_bandwidth: args.link_bandwidth,
                 cost_per_hour: args.cost_per_hour,

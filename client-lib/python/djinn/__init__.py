@@ -1,8 +1,8 @@
 """Run PyTorch models on a Djinn node as if they were local.
 
     import djinn
-    djinn.init("127.0.0.1:7070")
-    rm = djinn.register(model, example_inputs)   # uploads TorchScript once
+    djinn.init("http://127.0.0.1:7000")          # the control plane (`djinn up`), or a node's HOST:PORT
+    rm = djinn.register(model, example_inputs)   # placed by the control plane, uploaded once
     y = rm(x)                                     # sends only the fingerprint and x
 
 A model is an ordered list of TorchScript blocks: `nn.Sequential` becomes one block per
@@ -14,6 +14,7 @@ checks that the blocks, chained, reproduce the model's own output on the example
 from __future__ import annotations
 
 import io
+import json
 import math
 import threading
 import warnings
@@ -21,10 +22,12 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 import torch
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from . import _native
 from ._native import (
     BadArchiveError,
+    ControlPlaneError,
     DjinnError,
     ExecutionError,
     NotFoundError,
@@ -38,6 +41,7 @@ __all__ = [
     "BadArchiveError",
     "BlockMismatchError",
     "Client",
+    "ControlPlaneError",
     "DjinnError",
     "ExecutionError",
     "NotFoundError",
@@ -50,6 +54,7 @@ __all__ = [
     "register",
     "remote",
     "stats",
+    "status",
 ]
 
 
@@ -73,25 +78,43 @@ _TORCH_DTYPES = {name: dtype for dtype, name in _WIRE_DTYPES.items()}
 
 
 class Client:
-    """A connection to one node. `djinn.init` makes the default one."""
+    """A cluster reached through its control plane, or one node alone. `djinn.init` makes the
+    default one."""
 
-    def __init__(self, address: str, timeout: float = 60.0, transport: str = "auto"):
-        """`transport`: "auto" (RDMA when both ends have it, else TCP), "rdma" or "tcp"."""
-        self._native = _native.Client(address, timeout, transport)
+    def __init__(self, address: str, timeout: float = 60.0, transport: str = "auto", failover: float = 30.0):
+        """`address`: the control plane's "http://HOST:PORT" (models go where it places them,
+        and move to another node when theirs dies), or a node's "HOST:PORT" (a bare HOST:PORT
+        that serves HTTP is taken as a control plane). `transport`: "auto" (RDMA when both ends
+        have it, else TCP), "rdma" or "tcp". `failover`: seconds a call may spend finding a
+        live node when its node dies."""
+        self._native = _native.Client(address, timeout, transport, failover)
         self.address = address
 
-    def register(self, model, example_inputs, blocks=None, progress=None) -> "RemoteModel":
-        return register(model, example_inputs, blocks=blocks, progress=progress, client=self)
+    @property
+    def mode(self) -> str:
+        """"control" (placed by a control plane) or "node" (one node alone)."""
+        return self._native.mode
+
+    def register(self, model, example_inputs, blocks=None, progress=None, policy=None, phase=None) -> "RemoteModel":
+        return register(
+            model, example_inputs, blocks=blocks, progress=progress, client=self, policy=policy, phase=phase
+        )
+
+    def cluster(self) -> dict:
+        """The control plane's view: nodes (inventory, lease), models (and who holds them),
+        sessions."""
+        return json.loads(self._native.cluster())
 
     def ping(self) -> float:
-        """Round-trip time to the node, seconds."""
+        """Round-trip time to the node, seconds (a node alone)."""
         return self._native.ping()
 
     def models(self) -> list[dict]:
         return self._native.list_models()
 
     def stats(self) -> dict:
-        """This connection's transport, bytes sent and received, and request counts."""
+        """Transports in use, bytes sent and received, request counts, and failover counts
+        (placements asked, node failures, re-registrations, replays)."""
         return self._native.stats()
 
     def node_stats(self) -> dict:
@@ -102,11 +125,11 @@ _default: Optional[Client] = None
 _default_lock = threading.Lock()
 
 
-def init(address: str, timeout: float = 60.0, transport: str = "auto") -> Client:
-    """Connects to the node at `address` ("host:port") and makes it the default.
-    `transport`: "auto" (RDMA when both ends have it, else TCP), "rdma" or "tcp"."""
+def init(address: str, timeout: float = 60.0, transport: str = "auto", failover: float = 30.0) -> Client:
+    """Connects to a control plane ("http://host:port") or to one node ("host:port") and
+    makes it the default. See `Client`."""
     global _default
-    client = Client(address, timeout, transport)
+    client = Client(address, timeout, transport, failover)
     with _default_lock:
         _default = client
     return client
@@ -121,8 +144,13 @@ def _client(client: Optional[Client]) -> Client:
 
 
 def stats() -> dict:
-    """The default connection's transport, bytes sent and received, and request counts."""
+    """The default client's transports, bytes sent and received, request and failover counts."""
     return _client(None).stats()
+
+
+def status() -> dict:
+    """The cluster as the default client's control plane sees it (what `djinn status` prints)."""
+    return _client(None).cluster()
 
 
 class _Callable(nn.Module):
@@ -196,12 +224,31 @@ def _mismatch(a, b, path: str = "output") -> Optional[str]:
     return None if a == b else f"{path}: {a!r} instead of {b!r}"
 
 
+def _tensor_bytes(value) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (tuple, list)):
+        return sum(_tensor_bytes(v) for v in value)
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(v) for v in value.values())
+    return 0
+
+
+def _weight_bytes(script) -> int:
+    return sum(t.numel() * t.element_size() for t in script.state_dict().values())
+
+
+_PHASES = ("prefill", "decode")
+
+
 def register(
     model,
     example_inputs,
     blocks: Optional[Sequence] = None,
     progress: Optional[Callable[[int, int], None]] = None,
     client: Optional[Client] = None,
+    policy: Optional[str] = None,
+    phase: Optional[str] = None,
 ) -> "RemoteModel":
     """Turns `model` into TorchScript blocks, uploads them (once per node: identical bytes are
     shared) and returns a RemoteModel to call.
@@ -209,7 +256,15 @@ def register(
     `example_inputs`: one input, or a tuple of positional inputs. `blocks`: submodules or
     callables in execution order whose chained application reproduces `model`; by default an
     `nn.Sequential` is split into its layers and anything else is one block.
-    `progress(sent, total)` follows the upload."""
+    `progress(sent, total)` follows the upload.
+
+    With a control plane, the model is described to it first: each block's weight bytes and
+    FLOPs (counted while the blocks run on the example inputs), the bytes of one call's inputs
+    and outputs, and `phase` when given ("prefill": compute-bound; "decode": bound by reading
+    the weights). `policy` chooses the node: "minimize_latency" (the control plane's default),
+    "maximize_throughput", "load_balance" or "minimize_cost"."""
+    if phase is not None and phase not in _PHASES:
+        raise ValueError(f"phase {phase!r}: one of {', '.join(_PHASES)}, or None")
     client = _client(client)
     args = _as_args(example_inputs)
     if blocks is None:
@@ -223,11 +278,14 @@ def register(
         try:
             expected = model(*args)
             scripts = []
+            estimates = []
             x = args
             for block in blocks:
                 script = _to_torchscript(block, x)
                 scripts.append(script)
-                x = _as_args(script(*x))
+                with FlopCounterMode(display=False) as flops:
+                    x = _as_args(script(*x))
+                estimates.append((_weight_bytes(script), float(flops.get_total_flops())))
             got = x[0] if len(x) == 1 and not isinstance(expected, tuple) else x
         finally:
             if was_training:
@@ -235,23 +293,34 @@ def register(
     if (where := _mismatch(got, expected)) is not None:
         raise BlockMismatchError(f"the {len(blocks)} blocks, chained, do not reproduce the model: {where}")
     archives = [_archive(s) for s in scripts]
-    return RemoteModel(client, archives, progress)
+    description = {"blocks": estimates, "io_bytes": _tensor_bytes(args) + _tensor_bytes(expected), "phase": phase}
+    return RemoteModel(client, archives, progress, description, policy)
 
 
 class RemoteModel:
     """A model registered on a node. Calling it runs it there and returns CPU tensors, in the
-    structure the local model returns."""
+    structure the local model returns. The client keeps the archives: a node that lost the
+    model (a restart, eviction, or a new node after a failover) gets it again by itself."""
 
-    def __init__(self, client: Client, archives: list[bytes], progress=None):
+    def __init__(self, client: Client, archives: list[bytes], progress=None, description=None, policy=None):
         self._client = client
-        # Kept so that the model can be registered again if the node loses it (a restart, or
-        # eviction while idle).
+        # The same bytes objects the client keeps: another client can register them as they are.
         self._archives = archives
-        self.fingerprint, self.uploaded, self.weight_bytes = client._native.register_model(archives, progress)
+        self.fingerprint, self.uploaded, self.weight_bytes = client._native.register_model(
+            archives, progress, description, policy
+        )
         self.blocks = len(archives)
+        self.description = description
 
     def __repr__(self) -> str:
         return f"RemoteModel({self.fingerprint[:16]}…, {self.blocks} blocks, on {self._client.address})"
+
+    @property
+    def placement(self) -> Optional[dict]:
+        """The control plane's decision for this model (node, address, rule, policy, fit, cost
+        by part, runner-up), or None with a node alone."""
+        decision = self._client._native.placement(self.fingerprint)
+        return None if decision is None else json.loads(decision)
 
     def __call__(self, *inputs):
         tensors: list[torch.Tensor] = []
@@ -259,12 +328,7 @@ class RemoteModel:
         specs = [
             (_WIRE_DTYPES[t.dtype], list(t.shape), t.data_ptr(), t.numel() * t.element_size()) for t in tensors
         ]
-        try:
-            out = self._client._native.execute(self.fingerprint, wire_inputs, specs)
-        except UnknownModelError:
-            self._client._native.register_model(self._archives, None)
-            out = self._client._native.execute(self.fingerprint, wire_inputs, specs)
-        return _unflatten(out)
+        return _unflatten(self._client._native.execute(self.fingerprint, wire_inputs, specs))
 
     def unregister(self) -> None:
         self._client._native.unregister_model(self.fingerprint)

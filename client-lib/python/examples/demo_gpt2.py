@@ -1,6 +1,7 @@
 """The main job, end to end: register a GPT-2-small-shaped transformer (124M parameters, random
-weights, built in code) on a node as one block per layer, execute it remotely, and compare with
-the local result. Usage: demo_gpt2.py HOST:PORT"""
+weights, built in code) as one block per layer, placed by the control plane (or on one node),
+execute it remotely, and compare with the local result. Usage: demo_gpt2.py ADDRESS, the control
+plane's http://HOST:PORT or a node's HOST:PORT"""
 import statistics
 import sys
 import time
@@ -27,6 +28,10 @@ def progress(sent, total):
 rm = djinn.register(model, idx, blocks=model.blocks(), progress=progress)
 registration = time.perf_counter() - started
 print(f"\nregistered in {registration:.2f} s: {rm}")
+if rm.placement is not None:
+    p = rm.placement
+    print(f"placed on {p['node']} ({p['addr']}) by rule {p['rule']}, policy {p['policy']}: "
+          f"{p['cost']['compute_s'] * 1e3:.2f} ms of compute ({p['cost']['bound']}-bound) estimated per call")
 
 with torch.no_grad():
     local = model(idx)
@@ -39,4 +44,4 @@ for _ in range(10):
 print(f"largest absolute difference from the local result: {(out - local).abs().max().item():.3g}")
 print(f"execute latency (batch 1, 64 tokens): median {statistics.median(times) * 1e3:.1f} ms, "
       f"min {min(times) * 1e3:.1f} ms over {len(times)} calls")
-print(f"connection: {djinn.stats()}")
+print(f"client: {djinn.stats()}")

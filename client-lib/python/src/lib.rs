@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use djinn_client::{
-    Client as RustClient, ClientError, ClientOptions, DType, ErrorCode, Fingerprint, Output, TensorRef, Value,
+    Archive, BlockEstimate, ClientError, ClientOptions, ClusterClient, ClusterError, DType, ErrorCode, FailoverOptions,
+    Fingerprint, ModelDescription, Output, Target, TensorRef, Value,
 };
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
@@ -29,9 +30,21 @@ create_exception!(
 create_exception!(_native, ExecutionError, RemoteError, "The model failed on the node (libtorch's message).");
 create_exception!(_native, BadArchiveError, RemoteError, "The node could not load the TorchScript archive.");
 create_exception!(_native, OverBudgetError, RemoteError, "The node's device-memory budget cannot hold this.");
+create_exception!(
+    _native,
+    ControlPlaneError,
+    DjinnError,
+    "The control plane could not be reached, or refused (the message is its own)."
+);
 create_exception!(_native, NotFoundError, RemoteError, "No such tensor or upload on the node.");
 
-fn to_py_err(e: ClientError) -> PyErr {
+fn to_py_err(e: ClusterError) -> PyErr {
+    let e = match e {
+        ClusterError::Node(e) => e,
+        ClusterError::Control(e) => return ControlPlaneError::new_err(e.to_string()),
+        ClusterError::Unavailable { .. } => return TransportError::new_err(e.to_string()),
+        ClusterError::NotOneNode(_) => return DjinnError::new_err(e.to_string()),
+    };
     match &e {
         ClientError::Remote { code, message, .. } => {
             let message = message.clone();
@@ -169,61 +182,94 @@ fn parse_fingerprint(hex: &str) -> PyResult<Fingerprint> {
     Fingerprint::from_hex(hex).ok_or_else(|| PyValueError::new_err(format!("{hex:?} is not a model fingerprint")))
 }
 
-/// A connection to one node. Safe to share between threads (calls are serialised); for
-/// parallel calls, give each thread its own client.
+/// A connection to one node, or to a cluster through its control plane. Safe to share between
+/// threads (calls are serialised); for parallel calls, give each thread its own client.
 #[pyclass(frozen, module = "djinn._native")]
 struct Client {
-    inner: Mutex<RustClient>,
+    inner: Mutex<ClusterClient>,
     #[pyo3(get)]
     address: String,
 }
 
 impl Client {
-    fn lock(&self) -> MutexGuard<'_, RustClient> {
+    fn lock(&self) -> MutexGuard<'_, ClusterClient> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
+fn progress_callback(progress: &Option<Py<PyAny>>) -> impl FnMut(u64, u64) + '_ {
+    move |sent, total| {
+        if let Some(cb) = progress {
+            Python::attach(|py| {
+                if let Err(e) = cb.call1(py, (sent, total)) {
+                    e.write_unraisable(py, None);
+                }
+            });
+        }
+    }
+}
+
+/// The control plane's model description from the Python side's dict: `blocks` (a list of
+/// (weight bytes, FLOPs)), `io_bytes`, `phase`.
+fn description_from_py(d: &Bound<'_, PyDict>) -> PyResult<ModelDescription> {
+    let blocks: Vec<(u64, f64)> = d.get_item("blocks")?.ok_or_else(|| PyValueError::new_err("no blocks"))?.extract()?;
+    let io_bytes: u64 = d.get_item("io_bytes")?.map(|v| v.extract()).transpose()?.unwrap_or(0);
+    let phase: Option<String> = d.get_item("phase")?.map(|v| v.extract()).transpose()?.flatten();
+    Ok(ModelDescription {
+        blocks: blocks.into_iter().map(|(weight_bytes, flops)| BlockEstimate { weight_bytes, flops }).collect(),
+        io_bytes,
+        phase,
+    })
+}
+
 #[pymethods]
 impl Client {
+    /// `address`: a node's `HOST:PORT`, or a control plane's `http://HOST:PORT` (a bare
+    /// `HOST:PORT` serving HTTP is taken as a control plane). `failover`: seconds one request
+    /// may spend finding a live node when its node fails.
     #[new]
-    #[pyo3(signature = (address, timeout = 60.0, transport = "auto"))]
-    fn new(py: Python<'_>, address: String, timeout: f64, transport: &str) -> PyResult<Self> {
+    #[pyo3(signature = (address, timeout = 60.0, transport = "auto", failover = 30.0))]
+    fn new(py: Python<'_>, address: String, timeout: f64, transport: &str, failover: f64) -> PyResult<Self> {
         let options = ClientOptions {
             timeout: (timeout > 0.0).then(|| Duration::from_secs_f64(timeout)),
             transport: transport.parse().map_err(PyValueError::new_err)?,
             ..ClientOptions::default()
         };
-        let client = py.detach(|| RustClient::connect_with(address.as_str(), options)).map_err(to_py_err)?;
+        let failover = FailoverOptions { deadline: Duration::from_secs_f64(failover.max(0.0)), ..Default::default() };
+        let client = py.detach(|| ClusterClient::open(&address, options, failover)).map_err(to_py_err)?;
         Ok(Self { inner: Mutex::new(client), address })
     }
 
-    /// Round-trip time in seconds.
-    fn ping(&self, py: Python<'_>) -> PyResult<f64> {
-        py.detach(|| self.lock().ping()).map(|d| d.as_secs_f64()).map_err(to_py_err)
+    /// "control" or "node".
+    #[getter]
+    fn mode(&self) -> &'static str {
+        match self.lock().target() {
+            Target::Control(_) => "control",
+            Target::Node(_) => "node",
+        }
     }
 
-    /// Uploads the blocks (TorchScript archives, in execution order) unless the node holds
-    /// them already. Returns (fingerprint, uploaded, weight bytes or None).
-    #[pyo3(signature = (blocks, progress = None))]
+    /// Round-trip time in seconds (to the node; not with a control plane).
+    fn ping(&self, py: Python<'_>) -> PyResult<f64> {
+        py.detach(|| Ok(self.lock().node()?.ping()?)).map(|d| d.as_secs_f64()).map_err(to_py_err)
+    }
+
+    /// Describes the model to the control plane (when there is one), places it and uploads the
+    /// blocks (TorchScript archives, in execution order) unless the node holds them already.
+    /// Returns (fingerprint, uploaded, weight bytes or None).
+    #[pyo3(signature = (blocks, progress = None, description = None, policy = None))]
     fn register_model(
         &self,
         py: Python<'_>,
         blocks: Vec<PyBackedBytes>,
         progress: Option<Py<PyAny>>,
+        description: Option<Bound<'_, PyDict>>,
+        policy: Option<String>,
     ) -> PyResult<(String, bool, Option<u64>)> {
+        let description = description.as_ref().map(description_from_py).transpose()?;
+        let archives: Vec<Archive> = blocks.into_iter().map(|b| Archive(Arc::new(b))).collect();
         let registration = py
-            .detach(|| {
-                self.lock().register_model(&blocks, |sent, total| {
-                    if let Some(cb) = &progress {
-                        Python::attach(|py| {
-                            if let Err(e) = cb.call1(py, (sent, total)) {
-                                e.write_unraisable(py, None);
-                            }
-                        });
-                    }
-                })
-            })
+            .detach(|| self.lock().register_model(archives, description, policy, progress_callback(&progress)))
             .map_err(to_py_err)?;
         let weight_bytes = registration.uploaded.as_ref().map(|m| m.weight_bytes);
         Ok((registration.fingerprint.to_hex(), registration.uploaded.is_some(), weight_bytes))
@@ -231,13 +277,15 @@ impl Client {
 
     /// Runs a model. `inputs`: the positional arguments, nested, with `TensorSlot(i)` for
     /// tensors; `tensors[i]`: (dtype, shape, data pointer, byte length) of a contiguous CPU
-    /// tensor the caller keeps alive during the call.
+    /// tensor the caller keeps alive during the call. `session`: runs where the session lives.
+    #[pyo3(signature = (fingerprint, inputs, tensors, session = None))]
     fn execute<'py>(
         &self,
         py: Python<'py>,
         fingerprint: &str,
         inputs: Vec<Bound<'py, PyAny>>,
         tensors: Vec<(String, Vec<u64>, usize, usize)>,
+        session: Option<String>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let fingerprint = parse_fingerprint(fingerprint)?;
         let inputs = inputs.iter().map(value_from_py).collect::<PyResult<Vec<_>>>()?;
@@ -262,7 +310,8 @@ impl Client {
                 },
             })
             .collect();
-        let output = py.detach(|| self.lock().execute(&fingerprint, &inputs, &refs)).map_err(to_py_err)?;
+        let output =
+            py.detach(|| self.lock().execute(&fingerprint, session.as_deref(), &inputs, &refs)).map_err(to_py_err)?;
         let output = Arc::new(output);
         value_to_py(py, &output.value, &output)
     }
@@ -272,9 +321,23 @@ impl Client {
         py.detach(|| self.lock().unregister_model(&fingerprint)).map_err(to_py_err)
     }
 
-    /// The node's models: a list of dicts.
+    /// The control plane's decision for a model (and session) as JSON, once it was placed.
+    #[pyo3(signature = (fingerprint, session = None))]
+    fn placement(&self, fingerprint: &str, session: Option<&str>) -> PyResult<Option<String>> {
+        let fingerprint = parse_fingerprint(fingerprint)?;
+        Ok(self.lock().placement(&fingerprint, session).map(|p| p.decision.clone()))
+    }
+
+    /// The cluster (nodes, models, sessions) as the control plane's JSON.
+    fn cluster(&self, py: Python<'_>) -> PyResult<String> {
+        let control = self.lock().control().cloned();
+        let control = control.ok_or_else(|| DjinnError::new_err("connected to a node alone: there is no cluster"))?;
+        py.detach(|| control.cluster()).map_err(|e| to_py_err(e.into()))
+    }
+
+    /// The node's models: a list of dicts (a node alone).
     fn list_models<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
-        let models = py.detach(|| self.lock().list_models()).map_err(to_py_err)?;
+        let models = py.detach(|| Ok(self.lock().node()?.list_models()?)).map_err(to_py_err)?;
         models
             .into_iter()
             .map(|m| {
@@ -289,24 +352,28 @@ impl Client {
             .collect()
     }
 
-    /// This connection's transport, bytes and request counts.
+    /// This client's transports, bytes and request counts, and its failover counts.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let client = self.lock();
-        let (counts, sent, received) = client.client_stats();
+        let (cluster, counts, sent, received) = client.stats();
         let d = PyDict::new(py);
         d.set_item("address", &self.address)?;
-        d.set_item("transport", client.transport())?;
+        d.set_item("transport", client.transports().join(","))?;
         d.set_item("bytes_sent", sent)?;
         d.set_item("bytes_received", received)?;
         d.set_item("requests", counts.requests)?;
         d.set_item("errors", counts.errors)?;
         d.set_item("reconnects", counts.reconnects)?;
+        d.set_item("placements", cluster.placements)?;
+        d.set_item("node_failures", cluster.node_failures)?;
+        d.set_item("reregistrations", cluster.reregistrations)?;
+        d.set_item("replays", cluster.replays)?;
         Ok(d)
     }
 
-    /// The node's counters.
+    /// The node's counters (a node alone).
     fn node_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let counters = py.detach(|| self.lock().stats()).map_err(to_py_err)?;
+        let counters = py.detach(|| Ok(self.lock().node()?.stats()?)).map_err(to_py_err)?;
         let d = PyDict::new(py);
         for (k, v) in counters {
             d.set_item(k, v)?;
@@ -330,6 +397,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         ("BadArchiveError", py.get_type::<BadArchiveError>()),
         ("OverBudgetError", py.get_type::<OverBudgetError>()),
         ("NotFoundError", py.get_type::<NotFoundError>()),
+        ("ControlPlaneError", py.get_type::<ControlPlaneError>()),
     ] {
         m.add(name, ty)?;
     }

@@ -25,21 +25,32 @@ def node_binary() -> str:
     raise RuntimeError("no djinn binary: run cargo build (scripts/test.sh does)")
 
 
-class NodeProcess:
-    def __init__(self, *args: str):
+class DjinnProcess:
+    """`djinn COMMAND --listen 127.0.0.1:0 ARGS`; `address` is what its first line announced."""
+
+    def __init__(self, command: str, *args: str):
         self.proc = subprocess.Popen(
-            [node_binary(), "node", "--listen", "127.0.0.1:0", "--log", "error", *args],
+            [node_binary(), command, "--listen", "127.0.0.1:0", "--log", "error", *args],
             stdout=subprocess.PIPE,
         )
         line = self.proc.stdout.readline().decode()
-        if not line.startswith("djinn node listening on "):
+        if not line.startswith(f"djinn {command} listening on "):
             self.stop()
-            raise RuntimeError(f"the node printed {line!r}")
+            raise RuntimeError(f"djinn {command} printed {line!r}")
         self.address = line.split()[-1]
 
     def stop(self):
         self.proc.terminate()
         self.proc.wait(timeout=10)
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+
+
+class NodeProcess(DjinnProcess):
+    def __init__(self, *args: str):
+        super().__init__("node", *args)
 
 
 @pytest.fixture(scope="session")

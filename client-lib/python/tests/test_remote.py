@@ -163,13 +163,18 @@ def test_remote_registers_on_first_call(client):
         assert torch.equal(run(x * 2), model(x * 2))
 
 
-def test_a_model_unregistered_behind_its_back_is_registered_again(client):
+def test_a_model_unregistered_behind_its_back_is_registered_again(client, node):
     model = mlp()
     x = torch.randn(1, 256)
     rm = djinn.register(model, x)
-    rm.unregister()
+    djinn.Client(node.address)._native.unregister_model(rm.fingerprint)
     with torch.no_grad():
         assert torch.equal(rm(x), model(x))
+    assert client.stats()["reregistrations"] == 1
+    # Unregistered through its own client, a model is forgotten there too.
+    rm.unregister()
+    with pytest.raises(djinn.UnknownModelError):
+        rm(x)
 
 
 def test_identical_models_are_uploaded_once(client):

@@ -1,0 +1,111 @@
+"""The Python package against a control plane: real `djinn control` and `djinn node --control`
+processes. Models go where the control plane places them, with the FLOPs the package counts,
+and move when their node dies."""
+import time
+
+import pytest
+import torch
+from torch import nn
+
+import djinn
+from conftest import DjinnProcess
+
+
+def mlp(seed: int):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 256)).eval()
+
+
+class Cluster:
+    """A control plane (embedded store, 1 s leases) and two nodes: `compute` computes fast and
+    reads its memory slowly; `memory` the other way round."""
+
+    def __init__(self, tmp_path):
+        self.control = DjinnProcess("control", "--store", str(tmp_path / "control.redb"), "--lease-ttl", "1s")
+        self.url = f"http://{self.control.address}"
+        self.nodes = {}
+        for name, flops, bandwidth in [("compute", "1e13", "1e9"), ("memory", "1e9", "1e13")]:
+            self.nodes[name] = DjinnProcess(
+                "node", "--device", "cpu", "--control", self.url, "--name", name,
+                "--device-memory-budget", "256MiB", "--flops", flops, "--memory-bandwidth", bandwidth,
+                "--host-to-device", "1e10",
+            )
+        self.wait_for_nodes(["compute", "memory"])
+
+    def wait_for_nodes(self, names, within=10.0):
+        client = djinn.Client(self.url)
+        deadline = time.monotonic() + within
+        while sorted(n["name"] for n in client.cluster()["nodes"]) != sorted(names):
+            assert time.monotonic() < deadline, client.cluster()
+            time.sleep(0.05)
+
+    def stop(self):
+        for node in self.nodes.values():
+            if node.proc.poll() is None:
+                node.stop()
+        self.control.stop()
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = Cluster(tmp_path)
+    yield c
+    c.stop()
+
+
+def test_a_model_is_described_placed_run_and_explained(cluster):
+    client = djinn.init(cluster.url)
+    assert client.mode == "control"
+    model = mlp(1)
+    x = torch.randn(1, 256)
+    rm = djinn.register(model, x)
+    # FLOPs counted on the example: two matrix products, 2·256·1024 each.
+    assert [flops for _, flops in rm.description["blocks"]] == [2 * 256 * 1024, 0.0, 2 * 1024 * 256]
+    assert rm.description["blocks"][0][0] == (256 * 1024 + 1024) * 4
+    assert rm.description["io_bytes"] == 2 * 256 * 4
+    with torch.no_grad():
+        assert torch.equal(rm(x), model(x))
+    placement = rm.placement
+    assert placement["node"] in cluster.nodes and placement["rule"] == "policy"
+    assert placement["cost"]["compute_s"] > 0 and placement["runner_up"] is not None
+    status = djinn.status()
+    [described] = [m for m in status["models"] if m["fingerprint"] == rm.fingerprint]
+    assert described["nodes"] == [placement["node"]] and described["blocks"] == 3
+    with pytest.raises(djinn.DjinnError, match="not to one node"):
+        client.ping()
+
+
+def test_the_phase_hint_sends_prefill_to_compute_and_decode_to_memory(cluster):
+    djinn.init(cluster.url)
+    x = torch.randn(4, 256)
+    prefill = djinn.register(mlp(2), x, phase="prefill")
+    decode = djinn.register(mlp(3), x, phase="decode")
+    assert (prefill.placement["node"], prefill.placement["cost"]["bound"]) == ("compute", "compute")
+    assert (decode.placement["node"], decode.placement["cost"]["bound"]) == ("memory", "memory")
+    with pytest.raises(ValueError, match="phase"):
+        djinn.register(mlp(4), x, phase="vision")
+    with pytest.raises(djinn.ControlPlaneError, match="unknown variant `fastest`"):
+        djinn.register(mlp(4), x, policy="fastest")
+
+
+def test_a_killed_node_fails_over_with_every_result_correct(cluster):
+    client = djinn.init(cluster.url, failover=20.0)
+    model = mlp(5)
+    rm = djinn.register(model, torch.randn(1, 256))
+    first = rm.placement["node"]
+    cluster.nodes[first].kill()
+    for i in range(50):
+        x = torch.randn(2, 256, generator=torch.Generator().manual_seed(i))
+        with torch.no_grad():
+            assert torch.equal(rm(x), model(x))
+    assert rm.placement["node"] != first
+    stats = client.stats()
+    assert stats["node_failures"] >= 1 and stats["reregistrations"] == 1, stats
+    cluster.wait_for_nodes([n for n in cluster.nodes if n != first])
+
+
+def test_a_bare_address_serving_http_is_a_control_plane(cluster):
+    assert djinn.Client(cluster.control.address).mode == "control"
+    assert djinn.Client(cluster.nodes["compute"].address).mode == "node"
+    with pytest.raises(djinn.ControlPlaneError):
+        djinn.Client(cluster.url + "/nowhere")

@@ -1,0 +1,404 @@
+//! A client of a whole cluster: asks the control plane where each model (and each session)
+//! runs, connects there, and keeps what it needs to survive the node's death.
+//!
+//! It keeps every model's archives, so that a node that lost a model (it restarted, evicted
+//! it, or is the new node after a failover) gets it again; and it caches each placement until
+//! the node fails. When a node fails, the placement is asked for again (the control plane
+//! stops choosing the node once its lease lapses) and the request is replayed there. Only
+//! idempotent requests go through here: registration (by fingerprint), execution of a
+//! registered model (a function of its inputs), unregistration.
+//!
+//! With a node's address instead of a control plane, every model goes to that node; a lost
+//! model is registered again, and a lost connection is opened again once.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use djinn_dataplane::proto::{ErrorCode, Fingerprint, Value};
+
+use crate::control::{BlockEstimate, ControlClient, ControlError, ModelDescription, Placed};
+use crate::{Client, ClientError, ClientOptions, ClientStats, Output, Registration, TensorRef};
+
+/// A block's TorchScript archive, shared with whoever else holds it (the Python package
+/// passes its `bytes` objects).
+#[derive(Clone)]
+pub struct Archive(pub Arc<dyn AsRef<[u8]> + Send + Sync>);
+
+impl AsRef<[u8]> for Archive {
+    fn as_ref(&self) -> &[u8] {
+        (*self.0).as_ref()
+    }
+}
+
+impl std::fmt::Debug for Archive {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Archive({} bytes)", self.as_ref().len())
+    }
+}
+
+impl From<Vec<u8>> for Archive {
+    fn from(bytes: Vec<u8>) -> Self {
+        Self(Arc::new(bytes))
+    }
+}
+
+/// Where models run.
+#[derive(Debug, Clone)]
+pub enum Target {
+    /// One node alone, by its data-plane address.
+    Node(String),
+    /// Wherever this control plane places them.
+    Control(ControlClient),
+}
+
+/// How long to keep looking for a live node.
+#[derive(Debug, Clone, Copy)]
+pub struct FailoverOptions {
+    /// Longest time one request spends failing over before it gives up. Give it more than the
+    /// control plane's lease TTL: a dead node is chosen until its lease lapses.
+    pub deadline: Duration,
+    /// First pause between attempts; it doubles up to a second.
+    pub first_retry: Duration,
+}
+
+impl Default for FailoverOptions {
+    fn default() -> Self {
+        Self { deadline: Duration::from_secs(30), first_retry: Duration::from_millis(50) }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClusterStats {
+    /// Placements asked of the control plane (cache misses).
+    pub placements: u64,
+    /// Connection failures that sent this client back to the control plane.
+    pub node_failures: u64,
+    /// Models sent again to a node that did not hold them.
+    pub reregistrations: u64,
+    /// Requests sent again after a failure.
+    pub replays: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error(transparent)]
+    Node(#[from] ClientError),
+    #[error(transparent)]
+    Control(#[from] ControlError),
+    #[error("no node served model {fingerprint} within {waited:?}; the last failure: {last}")]
+    Unavailable { fingerprint: String, waited: Duration, last: String },
+    #[error("this client is connected to a control plane, not to one node: {0}")]
+    NotOneNode(&'static str),
+}
+
+impl ClusterError {
+    /// The node's error code, when a node refused the request.
+    pub fn remote_code(&self) -> Option<ErrorCode> {
+        match self {
+            Self::Node(e) => e.remote_code(),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Kept {
+    archives: Vec<Archive>,
+    description: ModelDescription,
+    policy: Option<String>,
+}
+
+#[derive(Debug)]
+pub struct ClusterClient {
+    target: Target,
+    options: ClientOptions,
+    failover: FailoverOptions,
+    /// Connections by node address.
+    nodes: HashMap<String, Client>,
+    models: HashMap<Fingerprint, Kept>,
+    placed: HashMap<(Fingerprint, Option<String>), Placed>,
+    stats: ClusterStats,
+}
+
+/// The connection or the node is gone (as opposed to the node refusing the request).
+fn is_node_failure(e: &ClientError) -> bool {
+    matches!(e, ClientError::Io { .. } | ClientError::Closed { .. } | ClientError::Rdma { .. })
+}
+
+impl ClusterClient {
+    /// Connects to `address`: a control plane when it is a URL (`http://HOST:PORT`), else a
+    /// node; a bare `HOST:PORT` that turns out to serve HTTP is taken as a control plane.
+    pub fn open(address: &str, options: ClientOptions, failover: FailoverOptions) -> Result<Self, ClusterError> {
+        let timeout = options.timeout.unwrap_or(Duration::from_secs(60));
+        let target = if address.contains("://") {
+            let control = ControlClient::new(address, timeout);
+            control.cluster()?;
+            Target::Control(control)
+        } else {
+            match Client::connect_with(address, options.clone()) {
+                Ok(node) => {
+                    let mut this = Self::new(Target::Node(address.to_owned()), options, failover);
+                    this.nodes.insert(address.to_owned(), node);
+                    return Ok(this);
+                }
+                // An HTTP server answers a hello with an HTTP error, or hangs up.
+                Err(e @ (ClientError::Protocol { .. } | ClientError::Closed { .. })) => {
+                    let control = ControlClient::new(address, timeout);
+                    control.cluster().map_err(|_| e)?;
+                    Target::Control(control)
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        Ok(Self::new(target, options, failover))
+    }
+
+    pub fn new(target: Target, options: ClientOptions, failover: FailoverOptions) -> Self {
+        Self {
+            target,
+            options,
+            failover,
+            nodes: HashMap::new(),
+            models: HashMap::new(),
+            placed: HashMap::new(),
+            stats: ClusterStats::default(),
+        }
+    }
+
+    pub fn target(&self) -> &Target {
+        &self.target
+    }
+
+    pub fn control(&self) -> Option<&ControlClient> {
+        match &self.target {
+            Target::Control(control) => Some(control),
+            Target::Node(_) => None,
+        }
+    }
+
+    /// The node this client is connected to, when it was given one alone.
+    pub fn node(&mut self) -> Result<&mut Client, ClusterError> {
+        let Target::Node(addr) = &self.target else {
+            return Err(ClusterError::NotOneNode("ask the control plane for the cluster"));
+        };
+        let addr = addr.clone();
+        Ok(self.connection(&addr)?)
+    }
+
+    /// The cached placement of a model (and session), if it was placed.
+    pub fn placement(&self, fingerprint: &Fingerprint, session: Option<&str>) -> Option<&Placed> {
+        self.placed.get(&(*fingerprint, session.map(str::to_owned)))
+    }
+
+    /// This client's failover counts, and the sum of its connections' counts and bytes.
+    pub fn stats(&self) -> (ClusterStats, ClientStats, u64, u64) {
+        let mut total = (ClientStats::default(), 0, 0);
+        for node in self.nodes.values() {
+            let (s, sent, received) = node.client_stats();
+            total.0.requests += s.requests;
+            total.0.errors += s.errors;
+            total.0.reconnects += s.reconnects;
+            total.1 += sent;
+            total.2 += received;
+        }
+        (self.stats, total.0, total.1, total.2)
+    }
+
+    /// The transports of the open connections (`tcp`, `rdma`), without repeats.
+    pub fn transports(&self) -> Vec<&'static str> {
+        let mut all: Vec<_> = self.nodes.values().map(Client::transport).collect();
+        all.sort_unstable();
+        all.dedup();
+        all
+    }
+
+    fn connection(&mut self, addr: &str) -> Result<&mut Client, ClientError> {
+        if !self.nodes.contains_key(addr) {
+            let client = Client::connect_with(addr, self.options.clone())?;
+            self.nodes.insert(addr.to_owned(), client);
+        }
+        Ok(self.nodes.get_mut(addr).expect("inserted above"))
+    }
+
+    /// Drops the connection to a failed node and every placement on it.
+    fn forget(&mut self, addr: &str) {
+        self.nodes.remove(addr);
+        self.placed.retain(|_, p| p.addr != addr);
+        self.stats.node_failures += 1;
+    }
+
+    /// The address to send a model's requests to: the node given, or the cached placement,
+    /// or a new one.
+    fn address_for(&mut self, fingerprint: &Fingerprint, session: Option<&str>) -> Result<String, ControlError> {
+        let control = match &self.target {
+            Target::Node(addr) => return Ok(addr.clone()),
+            Target::Control(control) => control,
+        };
+        let key = (*fingerprint, session.map(str::to_owned));
+        if let Some(placed) = self.placed.get(&key) {
+            return Ok(placed.addr.clone());
+        }
+        let kept = self.models.get(fingerprint);
+        let policy = kept.and_then(|k| k.policy.as_deref());
+        let placed = match (control.place(fingerprint, session, policy), kept) {
+            // The control plane has no description (another cluster state, or it was lost):
+            // this client has one.
+            (Err(e), Some(kept)) if e.kind() == Some("unknown_model") => {
+                control.describe_model(fingerprint, &kept.description)?;
+                control.place(fingerprint, session, policy)?
+            }
+            (placed, _) => placed?,
+        };
+        tracing::debug!(node = %placed.node, rule = %placed.rule, model = %fingerprint, "placed");
+        self.stats.placements += 1;
+        let addr = placed.addr.clone();
+        self.placed.insert(key, placed);
+        Ok(addr)
+    }
+
+    /// Sends the kept archives of a model to the node at `addr`.
+    fn register_on(&mut self, addr: &str, fingerprint: &Fingerprint) -> Result<(), ClientError> {
+        let Some(archives) = self.models.get(fingerprint).map(|k| k.archives.clone()) else {
+            return Ok(());
+        };
+        let started = Instant::now();
+        self.connection(addr)?.register_model(&archives, |_, _| {})?;
+        self.stats.reregistrations += 1;
+        tracing::info!(model = %fingerprint, node = addr, took = ?started.elapsed(), "model registered again");
+        Ok(())
+    }
+
+    /// Runs `op` on the node that serves the model, failing over to another node (and
+    /// registering the model there from the kept archives) until it succeeds, fails for a
+    /// reason of its own, or the failover deadline passes.
+    fn on_node<T>(
+        &mut self,
+        fingerprint: &Fingerprint,
+        session: Option<&str>,
+        mut op: impl FnMut(&mut Client) -> Result<T, ClientError>,
+    ) -> Result<T, ClusterError> {
+        let started = Instant::now();
+        let mut pause = self.failover.first_retry;
+        let mut registered_again = false;
+        let fails_over = matches!(self.target, Target::Control(_));
+        loop {
+            let failure = match self.address_for(fingerprint, session) {
+                Err(e) if fails_over && e.is_transient() => e.to_string(),
+                Err(e) => return Err(e.into()),
+                Ok(addr) => match self.connection(&addr).and_then(&mut op) {
+                    Ok(value) => return Ok(value),
+                    Err(e)
+                        if e.remote_code() == Some(ErrorCode::UnknownModel)
+                            && !registered_again
+                            && self.models.contains_key(fingerprint) =>
+                    {
+                        registered_again = true;
+                        match self.register_on(&addr, fingerprint) {
+                            Ok(()) => {
+                                self.stats.replays += 1;
+                                continue;
+                            }
+                            Err(e) if fails_over && is_node_failure(&e) => {
+                                self.forget(&addr);
+                                e.to_string()
+                            }
+                            Err(e) => return Err(e.into()),
+                        }
+                    }
+                    Err(e) if fails_over && is_node_failure(&e) => {
+                        tracing::warn!(node = %addr, error = %e, "node failed: asking the control plane again");
+                        self.forget(&addr);
+                        e.to_string()
+                    }
+                    Err(e) => return Err(e.into()),
+                },
+            };
+            if started.elapsed() + pause > self.failover.deadline {
+                return Err(ClusterError::Unavailable {
+                    fingerprint: fingerprint.to_hex(),
+                    waited: started.elapsed(),
+                    last: failure,
+                });
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_secs(1));
+            self.stats.replays += 1;
+            // A node that is new to the model gets it from the kept archives.
+            registered_again = false;
+        }
+    }
+
+    /// Registers a model (its blocks' archives, in execution order): describes it to the
+    /// control plane (when there is one), places it and uploads it there unless the node holds
+    /// it. `description` defaults to the archives' sizes with no FLOPs; `policy` (the control
+    /// plane's names) applies to this model's placements. The archives are kept for failover.
+    pub fn register_model(
+        &mut self,
+        archives: Vec<Archive>,
+        description: Option<ModelDescription>,
+        policy: Option<String>,
+        mut progress: impl FnMut(u64, u64),
+    ) -> Result<Registration, ClusterError> {
+        let fingerprint = Fingerprint::of_blocks(&archives);
+        let description = description.unwrap_or_else(|| ModelDescription {
+            blocks: archives
+                .iter()
+                .map(|a| BlockEstimate { weight_bytes: a.as_ref().len() as u64, flops: 0.0 })
+                .collect(),
+            io_bytes: 0,
+            phase: None,
+        });
+        if let Target::Control(control) = &self.target {
+            control.describe_model(&fingerprint, &description)?;
+        }
+        let kept = Kept { archives: archives.clone(), description, policy };
+        let earlier = self.models.insert(fingerprint, kept);
+        if earlier.is_some() {
+            // Described again, perhaps with another policy: place again on the next call.
+            self.placed.retain(|(fp, _), _| *fp != fingerprint);
+        }
+        let registered = self.on_node(&fingerprint, None, |node| node.register_model(&archives, &mut progress));
+        if registered.is_err() {
+            // The caller has no model to call: keep what was kept before, or nothing.
+            match earlier {
+                Some(earlier) => self.models.insert(fingerprint, earlier),
+                None => self.models.remove(&fingerprint),
+            };
+        }
+        registered
+    }
+
+    /// Runs a registered model on the node that serves it (or, with `session`, on the node
+    /// the session lives on).
+    pub fn execute(
+        &mut self,
+        fingerprint: &Fingerprint,
+        session: Option<&str>,
+        inputs: &[Value],
+        tensors: &[TensorRef<'_>],
+    ) -> Result<Output, ClusterError> {
+        self.on_node(fingerprint, session, |node| node.execute(fingerprint, inputs, tensors))
+    }
+
+    /// Unregisters a model from every node this client placed it on, and forgets it.
+    pub fn unregister_model(&mut self, fingerprint: &Fingerprint) -> Result<(), ClusterError> {
+        let mut addrs: Vec<String> = match &self.target {
+            Target::Node(addr) => vec![addr.clone()],
+            Target::Control(_) => {
+                self.placed.iter().filter(|((fp, _), _)| fp == fingerprint).map(|(_, p)| p.addr.clone()).collect()
+            }
+        };
+        addrs.sort();
+        addrs.dedup();
+        self.models.remove(fingerprint);
+        self.placed.retain(|(fp, _), _| fp != fingerprint);
+        for addr in addrs {
+            match self.connection(&addr).and_then(|node| node.unregister_model(fingerprint)) {
+                Err(e) if e.remote_code() == Some(ErrorCode::UnknownModel) => {}
+                other => other?,
+            }
+        }
+        Ok(())
+    }
+}

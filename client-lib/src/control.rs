@@ -1,0 +1,159 @@
+//! What a client asks the control plane (`djinn control`, HTTP/JSON): describe a model, place
+//! it, read the cluster. Only the fields a client acts on are read from the answers; the whole
+//! decision is kept as JSON, for people.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use djinn_dataplane::proto::Fingerprint;
+
+/// One block of a model as the control plane's cost model sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct BlockEstimate {
+    pub weight_bytes: u64,
+    /// FLOPs of one call of the block, counted on the example inputs.
+    pub flops: f64,
+}
+
+/// What the control plane is told about a model before it is placed.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelDescription {
+    pub blocks: Vec<BlockEstimate>,
+    /// Bytes of one call's inputs and outputs.
+    pub io_bytes: u64,
+    /// `prefill` (compute-bound) or `decode` (bound by reading the weights), when known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+}
+
+/// Where the control plane put a model (or a session), and its explanation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Placed {
+    pub node: String,
+    /// The node's data-plane address.
+    pub addr: String,
+    /// The rule that decided: `session`, `shared`, `streamed` or `policy`.
+    pub rule: String,
+    /// The whole decision as the control plane returned it (cost by part, runner-up, ...).
+    pub decision: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error("control plane {url} unreachable: {message}")]
+    Unreachable { url: String, message: String },
+    #[error("control plane {url} refused ({status} {kind}): {message}")]
+    Refused { url: String, status: u16, kind: String, message: String },
+    #[error("control plane {url} gave an unreadable answer: {message}")]
+    BadAnswer { url: String, message: String },
+}
+
+impl ControlError {
+    /// The control plane's name for the refusal (`unknown_model`, `no_nodes`, ...).
+    pub fn kind(&self) -> Option<&str> {
+        match self {
+            Self::Refused { kind, .. } => Some(kind),
+            _ => None,
+        }
+    }
+
+    /// Worth asking again shortly: the control plane or every node is away for a moment.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Unreachable { .. } => true,
+            Self::Refused { status, .. } => *status == 503,
+            Self::BadAnswer { .. } => false,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct Refusal {
+    error: RefusalBody,
+}
+
+#[derive(Deserialize)]
+struct RefusalBody {
+    kind: String,
+    message: String,
+}
+
+#[derive(Deserialize)]
+struct DecisionFields {
+    node: String,
+    addr: String,
+    rule: String,
+}
+
+/// A blocking HTTP client of one control plane.
+#[derive(Debug, Clone)]
+pub struct ControlClient {
+    http: ureq::Agent,
+    url: String,
+}
+
+impl ControlClient {
+    /// `url`: `http://HOST:PORT` (a bare `HOST:PORT` is taken as http).
+    pub fn new(url: &str, timeout: Duration) -> Self {
+        let url = url.trim_end_matches('/');
+        let url = if url.contains("://") { url.to_owned() } else { format!("http://{url}") };
+        let http = ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(timeout)).build();
+        Self { http: http.into(), url }
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Sends a request; the answer's body when the status is 2xx, the control plane's typed
+    /// refusal otherwise.
+    fn send(&self, request: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> Result<String, ControlError> {
+        let mut response =
+            request.map_err(|e| ControlError::Unreachable { url: self.url.clone(), message: e.to_string() })?;
+        let status = response.status().as_u16();
+        let body = response
+            .body_mut()
+            .read_to_string()
+            .map_err(|e| ControlError::Unreachable { url: self.url.clone(), message: e.to_string() })?;
+        if (200..300).contains(&status) {
+            return Ok(body);
+        }
+        let (kind, message) = match serde_json::from_str::<Refusal>(&body) {
+            Ok(Refusal { error }) => (error.kind, error.message),
+            Err(_) => ("unknown".to_owned(), body),
+        };
+        Err(ControlError::Refused { url: self.url.clone(), status, kind, message })
+    }
+
+    pub fn describe_model(&self, fingerprint: &Fingerprint, model: &ModelDescription) -> Result<(), ControlError> {
+        let url = format!("{}/v1/models/{}", self.url, fingerprint.to_hex());
+        self.send(self.http.put(url).send_json(model)).map(drop)
+    }
+
+    /// Asks where to run a described model (for `session`, when given) under `policy` (the
+    /// control plane's default when `None`).
+    pub fn place(
+        &self,
+        fingerprint: &Fingerprint,
+        session: Option<&str>,
+        policy: Option<&str>,
+    ) -> Result<Placed, ControlError> {
+        let mut body = serde_json::json!({ "fingerprint": fingerprint.to_hex() });
+        if let Some(session) = session {
+            body["session"] = session.into();
+        }
+        if let Some(policy) = policy {
+            body["policy"] = policy.into();
+        }
+        let decision = self.send(self.http.post(format!("{}/v1/placements", self.url)).send_json(body))?;
+        let fields: DecisionFields = serde_json::from_str(&decision)
+            .map_err(|e| ControlError::BadAnswer { url: self.url.clone(), message: e.to_string() })?;
+        Ok(Placed { node: fields.node, addr: fields.addr, rule: fields.rule, decision })
+    }
+
+    /// The cluster's nodes, models and sessions, as JSON.
+    pub fn cluster(&self) -> Result<String, ControlError> {
+        self.send(self.http.get(format!("{}/v1/cluster", self.url)).call())
+    }
+}

@@ -1,0 +1,73 @@
+//! `djinn up`: the control plane and one node in one process, for one machine. The control
+//! plane serves on a thread of its own; the node joins it over loopback like any other node.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use anyhow::{Result, anyhow, bail};
+use clap::Args;
+use djinn_control::store::EmbeddedStore;
+
+use crate::control::{self, Api};
+use crate::node::{self, NodeArgs};
+
+#[derive(Args, Debug)]
+#[command(mut_arg("control", |a| a.hide(true)))]
+pub struct UpArgs {
+    #[command(flatten)]
+    node: NodeArgs,
+    /// Address of the control plane's HTTP API, HOST:PORT (port 0 picks a free one).
+    #[arg(long, default_value = "127.0.0.1:7000")]
+    control_listen: String,
+    /// The control plane's embedded store file.
+    #[arg(long, default_value = "djinn-control.redb")]
+    store: PathBuf,
+    /// How long a node's lease lasts without a renewal (`3s`, `1500ms`).
+    #[arg(long, default_value = "3s", value_parser = control::parse_duration)]
+    lease_ttl: Duration,
+}
+
+/// Serves until SIGINT or SIGTERM: the node stops first (it leaves the control plane), then the
+/// control plane.
+pub fn run(mut args: UpArgs) -> Result<()> {
+    if args.node.control.is_some() {
+        bail!("`djinn up` runs its own control plane: --control is for `djinn node`");
+    }
+    let config = control::config(args.lease_ttl, "/djinn/")?;
+    let (bound, addr) = mpsc::channel();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (listen, store) = (args.control_listen, args.store);
+    let thread = std::thread::Builder::new().name("djinn-control".into()).spawn(move || {
+        control::runtime()?.block_on(async {
+            let api = Api::bind(EmbeddedStore::open(&store)?, config, &listen).await?;
+            let _ = bound.send(api.addr());
+            // The node's own signal handler stops the node; the control plane waits for it.
+            api.serve(async {
+                let _ = stopped.await;
+            })
+            .await
+        })
+    })?;
+    let Ok(addr) = addr.recv() else {
+        join(thread)?;
+        bail!("the control plane stopped before it listened");
+    };
+    // A node cannot connect to the unspecified address on every system: use loopback instead.
+    let ip = match addr.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => Ipv4Addr::LOCALHOST.into(),
+        IpAddr::V6(ip) if ip.is_unspecified() => Ipv6Addr::LOCALHOST.into(),
+        ip => ip,
+    };
+    args.node.control = Some(format!("http://{}", SocketAddr::new(ip, addr.port())));
+    let node = node::run(args.node);
+    let _ = stop.send(());
+    let control = join(thread);
+    node.and(control)
+}
+
+fn join(thread: JoinHandle<Result<()>>) -> Result<()> {
+    thread.join().map_err(|_| anyhow!("the control plane's thread panicked"))?
+}
