@@ -1,13 +1,14 @@
 //! `djinn bench execute`: remote execution through a node process against, in the same run,
 //! the same TorchScript forward in this process (libtorch, one thread, as the node runs it) and
-//! a raw blocking-socket ping-pong carrying the same bytes.
+//! a raw blocking-socket ping-pong carrying the same bytes; and the same execution through the
+//! cluster client, placed by a `djinn control` process (what its placement cache costs a call).
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use djinn_client::{Client, DType, TensorRef, Value};
+use djinn_client::{Client, ClientOptions, ClusterClient, DType, FailoverOptions, TensorRef, Value};
 use djinn_gpudirect::ByteSize;
 use tch::jit::CModule;
 use tch::{Device, Kind, Tensor, nn, nn::Module};
@@ -63,7 +64,21 @@ pub fn run(args: ExecuteArgs) -> Result<()> {
     let big = Tensor::randn([16 << 20], (Kind::Float, Device::Cpu));
     let identity = archive("identity", &big.narrow(0, 0, 4), &mut |xs| vec![xs[0].shallow_clone()])?;
 
-    let node = Spawned::start(&["node", "--listen", "127.0.0.1:0", "--tcp-backend", &args.backend, "--log", "warn"])?;
+    let store = std::env::temp_dir().join(format!("djinn-bench-control-{}.redb", std::process::id()));
+    let store_arg = store.display().to_string();
+    let control = Spawned::start(&["control", "--listen", "127.0.0.1:0", "--store", &store_arg, "--log", "warn"])?;
+    let control_url = format!("http://{}", control.addr);
+    let node = Spawned::start(&[
+        "node",
+        "--listen",
+        "127.0.0.1:0",
+        "--tcp-backend",
+        &args.backend,
+        "--log",
+        "warn",
+        "--control",
+        &control_url,
+    ])?;
     let mut client = Client::connect(node.addr)?;
     let mlp_fp = client.register_model(&[&tiny_mlp], |_, _| {})?.fingerprint;
     let id_fp = client.register_model(&[&identity], |_, _| {})?.fingerprint;
@@ -81,6 +96,15 @@ pub fn run(args: ExecuteArgs) -> Result<()> {
         Ok(())
     })?;
     let remote = measure(n, || client.execute(&mlp_fp, &[Value::Tensor(0)], &input).map(drop).map_err(Into::into))?;
+    // Placed once (the node joins the control plane within a moment: placement is retried
+    // until it has), then every call goes by the cached placement.
+    let mut cluster = ClusterClient::open(&control_url, ClientOptions::default(), FailoverOptions::default())?;
+    let placed_fp = cluster.register_model(vec![tiny_mlp.clone().into()], None, None, |_, _| {})?.fingerprint;
+    anyhow::ensure!(placed_fp == mlp_fp, "the cluster client registered another model");
+    let placed =
+        measure(n, || cluster.execute(&mlp_fp, None, &[Value::Tensor(0)], &input).map(drop).map_err(Into::into))?;
+    drop((cluster, control));
+    let _ = std::fs::remove_file(&store);
     let pingpong = raw(4096, 4096, n)?;
 
     let big_bytes = bytes_of(&big).to_vec();
@@ -98,6 +122,11 @@ pub fn run(args: ExecuteArgs) -> Result<()> {
     let mut table = String::new();
     writeln!(table, "| what | p50 µs | p99 µs | p999 µs |\n|---|---|---|---|")?;
     writeln!(table, "| TinyMLP execute through the node (256→1024→256, batch 4, f32) | {} |", us(&remote))?;
+    writeln!(
+        table,
+        "| TinyMLP execute through the cluster client (placed by `djinn control`, placement cached) | {} |",
+        us(&placed)
+    )?;
     writeln!(table, "| TinyMLP forward in this process (libtorch, 1 thread) | {} |", us(&local_stats))?;
     writeln!(table, "| raw blocking-socket ping-pong, 4 KiB each way | {} |", us(&pingpong))?;
     writeln!(table, "| 64 MiB identity execute round trip | {} |", us(&big_remote))?;
@@ -107,6 +136,11 @@ pub fn run(args: ExecuteArgs) -> Result<()> {
         "\nTinyMLP: remote p50 − local p50 = **{:.1} µs** (target ≤ 100 µs); remote p50 / raw ping-pong p50 = **{:.2}**.  ",
         remote.p50 - local_stats.p50,
         remote.p50 / pingpong.p50
+    )?;
+    writeln!(
+        table,
+        "Cluster client p50 − direct client p50 = **{:.2} µs** (what the cached placement costs a call).  ",
+        placed.p50 - remote.p50
     )?;
     writeln!(
         table,
