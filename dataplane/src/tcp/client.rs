@@ -97,6 +97,9 @@ pub struct ClientOptions {
     pub spin: Duration,
     /// Longest wait for a reply (and for a write to make progress); `None` waits forever.
     pub timeout: Option<Duration>,
+    /// Longest wait for a TCP connection to open, when shorter than `timeout`: a host that is
+    /// down answers nothing, and a client failing over should not wait a whole request's time.
+    pub connect_timeout: Duration,
     pub limits: Limits,
     /// Free reply buffers kept for reuse, bytes.
     pub pool_bytes: u64,
@@ -110,6 +113,7 @@ impl Default for ClientOptions {
             rdma: SessionConfig::default(),
             spin: Duration::from_micros(200),
             timeout: Some(Duration::from_secs(60)),
+            connect_timeout: Duration::from_secs(5),
             limits: Limits::default(),
             pool_bytes: 1 << 30,
         }
@@ -151,10 +155,8 @@ impl ClientConn {
         let mut last = None;
         let addrs = addr.to_socket_addrs().map_err(|source| ClientError::Io { peer: unspecified(), source })?;
         for peer in addrs {
-            let connected = match options.timeout {
-                Some(t) => TcpStream::connect_timeout(&peer, t),
-                None => TcpStream::connect(peer),
-            };
+            let wait = options.timeout.map_or(options.connect_timeout, |t| t.min(options.connect_timeout));
+            let connected = TcpStream::connect_timeout(&peer, wait);
             match connected {
                 Ok(stream) => return Self::from_stream(stream, peer, options),
                 Err(source) => last = Some(ClientError::Io { peer, source }),
