@@ -103,8 +103,7 @@ pub fn run(args: ExecuteArgs) -> Result<()> {
     anyhow::ensure!(placed_fp == mlp_fp, "the cluster client registered another model");
     let placed =
         measure(n, || cluster.execute(&mlp_fp, None, &[Value::Tensor(0)], &input).map(drop).map_err(Into::into))?;
-    drop((cluster, control));
-    let _ = std::fs::remove_file(&store);
+    drop(cluster);
     let pingpong = raw(4096, 4096, n)?;
 
     let big_bytes = bytes_of(&big).to_vec();
@@ -159,5 +158,8 @@ pub fn run(args: ExecuteArgs) -> Result<()> {
         )];
         append_section(path, "execute", &notes, &table)?;
     }
+    // The node renews its lease until the end: the control plane goes with it.
+    drop((node, control));
+    let _ = std::fs::remove_file(&store);
     Ok(())
 }

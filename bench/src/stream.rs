@@ -6,7 +6,7 @@
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result, bail, ensure};
 use clap::Args;
@@ -56,17 +56,6 @@ pub struct StreamArgs {
     results: Option<PathBuf>,
 }
 
-fn parse_device(arg: &str) -> Result<Device> {
-    Ok(match arg {
-        "cpu" => Device::Cpu,
-        "auto" => Device::cuda_if_available(),
-        other => match other.strip_prefix("cuda:").map(str::parse) {
-            Some(Ok(i)) => Device::Cuda(i),
-            _ => bail!("--device: expected cpu, cuda:N or auto, not {other:?}"),
-        },
-    })
-}
-
 fn make_blocks(args: &StreamArgs) -> Result<Vec<Vec<u8>>> {
     let dir = std::env::temp_dir().join(format!("djinn-bench-stream-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
@@ -84,7 +73,7 @@ fn make_blocks(args: &StreamArgs) -> Result<Vec<Vec<u8>>> {
 }
 
 /// The model, loaded by the node's code path under a device budget of `budget` bytes.
-fn load(archives: &[Vec<u8>], device: Device, budget: u64) -> Result<(Arc<Model>, ModelStore)> {
+fn load(archives: &[Vec<u8>], device: Device, budget: u64) -> Result<(Arc<Model>, Mutex<ModelStore>)> {
     let lens = archives.iter().map(|a| a.len() as u64).collect();
     let mut upload = Upload::new(Fingerprint::of_blocks(archives), lens, 0).map_err(anyhow::Error::msg)?;
     let mut offset = 0;
@@ -94,16 +83,14 @@ fn load(archives: &[Vec<u8>], device: Device, budget: u64) -> Result<(Arc<Model>
             .map_err(anyhow::Error::msg)?;
         offset += archive.len() as u64;
     }
-    let mut store = ModelStore::new(MemoryBudget::new(budget), MemoryBudget::new(u64::MAX));
-    let loaded = upload.load(device, store.available())?;
-    let (plan, reservation) = store.reserve_for(&loaded)?;
-    let model = store.publish(loaded.into_model(&plan, reservation)?);
+    let store = Mutex::new(ModelStore::new(MemoryBudget::new(budget), MemoryBudget::new(u64::MAX)));
+    let model = djinn_executor::load(upload, device, &store)?;
     Ok((model, store))
 }
 
-fn stat(store: &ModelStore, name: &str) -> u64 {
+fn stat(store: &Mutex<ModelStore>, name: &str) -> u64 {
     let mut stats = Vec::new();
-    store.stats(&mut stats);
+    store.lock().unwrap_or_else(|e| e.into_inner()).stats(&mut stats);
     stats.into_iter().find(|(n, _)| n == name).map_or(0, |(_, v)| v)
 }
 
@@ -200,7 +187,7 @@ fn raw_copy(device: Device, len: usize, iters: u64) -> Result<Stats> {
 
 pub fn run(args: StreamArgs) -> Result<()> {
     tch::set_num_threads(1);
-    let device = parse_device(&args.device)?;
+    let device = djinn_executor::parse_device(&args.device).map_err(anyhow::Error::msg)?;
     let _grad = tch::no_grad_guard();
     eprintln!("writing {} blocks of Linear({w}, {w}) with {}", args.blocks, args.python.display(), w = args.width);
     let archives = make_blocks(&args)?;

@@ -88,18 +88,8 @@ pub enum ClusterError {
     Control(#[from] ControlError),
     #[error("no node served model {fingerprint} within {waited:?}; the last failure: {last}")]
     Unavailable { fingerprint: String, waited: Duration, last: String },
-    #[error("this client is connected to a control plane, not to one node: {0}")]
-    NotOneNode(&'static str),
-}
-
-impl ClusterError {
-    /// The node's error code, when a node refused the request.
-    pub fn remote_code(&self) -> Option<ErrorCode> {
-        match self {
-            Self::Node(e) => e.remote_code(),
-            _ => None,
-        }
-    }
+    #[error("this client is connected to a control plane, not to one node: ask the control plane for the cluster")]
+    NotOneNode,
 }
 
 #[derive(Debug)]
@@ -154,7 +144,7 @@ impl ClusterClient {
         Ok(Self::new(target, options, failover))
     }
 
-    pub fn new(target: Target, options: ClientOptions, failover: FailoverOptions) -> Self {
+    fn new(target: Target, options: ClientOptions, failover: FailoverOptions) -> Self {
         Self {
             target,
             options,
@@ -180,7 +170,7 @@ impl ClusterClient {
     /// The node this client is connected to, when it was given one alone.
     pub fn node(&mut self) -> Result<&mut Client, ClusterError> {
         let Target::Node(addr) = &self.target else {
-            return Err(ClusterError::NotOneNode("ask the control plane for the cluster"));
+            return Err(ClusterError::NotOneNode);
         };
         let addr = addr.clone();
         Ok(self.connection(&addr)?)
@@ -263,7 +253,7 @@ impl ClusterClient {
             return Ok(());
         };
         let started = Instant::now();
-        self.connection(addr)?.register_model(&archives, |_, _| {})?;
+        self.connection(addr)?.register_model_as(*fingerprint, &archives, |_, _| {})?;
         self.stats.reregistrations += 1;
         tracing::info!(model = %fingerprint, node = addr, took = ?started.elapsed(), "model registered again");
         Ok(())
@@ -358,7 +348,8 @@ impl ClusterClient {
             // Described again, perhaps with another policy: place again on the next call.
             self.placed.retain(|(fp, _), _| *fp != fingerprint);
         }
-        let registered = self.on_node(&fingerprint, None, |node| node.register_model(&archives, &mut progress));
+        let registered =
+            self.on_node(&fingerprint, None, |node| node.register_model_as(fingerprint, &archives, &mut progress));
         if registered.is_err() {
             // The caller has no model to call: keep what was kept before, or nothing.
             match earlier {

@@ -1,9 +1,11 @@
-//! What a client asks the control plane (`djinn control`, HTTP/JSON): describe a model, place
-//! it, read the cluster. Only the fields a client acts on are read from the answers; the whole
-//! decision is kept as JSON, for people.
+//! What clients ask the control plane (`djinn control`, HTTP/JSON): describe a model, place
+//! it, read the cluster; and what a node's membership agent asks: join, renew its lease, leave.
+//! Only the fields a client acts on are read from a decision; the whole of it is kept as JSON,
+//! for people.
 
 use std::time::Duration;
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use djinn_dataplane::proto::Fingerprint;
@@ -126,6 +128,11 @@ impl ControlClient {
         Err(ControlError::Refused { url: self.url.clone(), status, kind, message })
     }
 
+    fn parse<T: DeserializeOwned>(&self, body: &str) -> Result<T, ControlError> {
+        serde_json::from_str(body)
+            .map_err(|e| ControlError::BadAnswer { url: self.url.clone(), message: e.to_string() })
+    }
+
     pub fn describe_model(&self, fingerprint: &Fingerprint, model: &ModelDescription) -> Result<(), ControlError> {
         let url = format!("{}/v1/models/{}", self.url, fingerprint.to_hex());
         self.send(self.http.put(url).send_json(model)).map(drop)
@@ -147,9 +154,30 @@ impl ControlClient {
             body["policy"] = policy.into();
         }
         let decision = self.send(self.http.post(format!("{}/v1/placements", self.url)).send_json(body))?;
-        let fields: DecisionFields = serde_json::from_str(&decision)
-            .map_err(|e| ControlError::BadAnswer { url: self.url.clone(), message: e.to_string() })?;
+        let fields: DecisionFields = self.parse(&decision)?;
         Ok(Placed { node: fields.node, addr: fields.addr, rule: fields.rule, decision })
+    }
+
+    /// Admits node `name` with its inventory; the answer is its lease.
+    pub fn register_node<T: DeserializeOwned>(
+        &self,
+        name: &str,
+        inventory: &impl Serialize,
+    ) -> Result<T, ControlError> {
+        let body = serde_json::json!({ "name": name, "inventory": inventory });
+        let answer = self.send(self.http.post(format!("{}/v1/nodes", self.url)).send_json(body))?;
+        self.parse(&answer)
+    }
+
+    /// Renews node `name`'s lease, with its inventory now.
+    pub fn renew_lease(&self, name: &str, lease: u64, inventory: &impl Serialize) -> Result<(), ControlError> {
+        let body = serde_json::json!({ "lease": lease, "inventory": inventory });
+        self.send(self.http.put(format!("{}/v1/nodes/{name}/lease", self.url)).send_json(body)).map(drop)
+    }
+
+    /// Ends node `name`'s lease now.
+    pub fn leave(&self, name: &str, lease: u64) -> Result<(), ControlError> {
+        self.send(self.http.delete(format!("{}/v1/nodes/{name}?lease={lease}", self.url)).call()).map(drop)
     }
 
     /// The cluster's nodes, models and sessions, as JSON.

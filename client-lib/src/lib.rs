@@ -201,9 +201,18 @@ impl Client {
     pub fn register_model<B: AsRef<[u8]>>(
         &mut self,
         blocks: &[B],
+        progress: impl FnMut(u64, u64),
+    ) -> Result<Registration, ClientError> {
+        self.register_model_as(Fingerprint::of_blocks(blocks), blocks, progress)
+    }
+
+    /// [`Self::register_model`] with the blocks' fingerprint computed already.
+    pub(crate) fn register_model_as<B: AsRef<[u8]>>(
+        &mut self,
+        fingerprint: Fingerprint,
+        blocks: &[B],
         mut progress: impl FnMut(u64, u64),
     ) -> Result<Registration, ClientError> {
-        let fingerprint = Fingerprint::of_blocks(blocks);
         let lens: Vec<u64> = blocks.iter().map(|b| b.as_ref().len() as u64).collect();
         let reply = self.call(&Message::RegisterBegin { fingerprint, blocks: lens.clone() }, &[])?;
         let upload = match reply.message {

@@ -137,6 +137,8 @@ pub struct Cluster {
     promised: HashMap<NodeId, Promised>,
     sessions: HashMap<String, NodeId>,
     lease_ttl_ms: u64,
+    /// When the oldest promise is two leases old (`u64::MAX` without promises).
+    promises_expire_at: u64,
 }
 
 impl Cluster {
@@ -149,6 +151,7 @@ impl Cluster {
             promised: HashMap::new(),
             sessions: HashMap::new(),
             lease_ttl_ms,
+            promises_expire_at: u64::MAX,
         }
     }
 
@@ -166,11 +169,26 @@ impl Cluster {
             self.forget(node);
         }
         self.note_holdings(node, &models);
-        // Shown in the inventory now (its memory is counted there), or never coming.
-        let ttl = self.lease_ttl_ms;
+        // Shown in the inventory now: its memory is counted there.
         if let Some(promised) = self.promised.get_mut(node) {
-            promised.retain(|fp, at| !models.contains(fp) && now.saturating_sub(at) < 2 * ttl);
+            promised.retain(|fp, _| !models.contains(fp));
         }
+        self.expire_promises(now);
+    }
+
+    /// Drops the promises two leases old: those models are not coming. Called at every change
+    /// and decision, so an idle node's promises go too; it scans only once one may be due.
+    pub fn expire_promises(&mut self, now: u64) {
+        if now < self.promises_expire_at {
+            return;
+        }
+        let age = 2 * self.lease_ttl_ms;
+        let mut next = u64::MAX;
+        for promised in self.promised.values_mut() {
+            promised.retain(|_, at| now.saturating_sub(at) < age);
+            next = promised.models.values().map(|&(_, at)| at + age).fold(next, u64::min);
+        }
+        self.promises_expire_at = next;
     }
 
     /// A node's lease lapsed or was revoked: it goes with its models and sessions.
@@ -207,6 +225,7 @@ impl Cluster {
     pub fn promise(&mut self, decision: &Decision, fingerprint: &str, weight_bytes: u64, now: u64) {
         let bytes = decision.fit.device_bytes(weight_bytes);
         self.promised.entry(decision.node.clone()).or_default().add(fingerprint, bytes, now);
+        self.promises_expire_at = self.promises_expire_at.min(now + 2 * self.lease_ttl_ms);
     }
 
     /// Whether `node` holds the model or was given it.
@@ -240,19 +259,15 @@ impl Cluster {
         }
     }
 
-    /// The node a session lives on.
-    pub fn session(&self, session: &str) -> Option<&NodeId> {
-        self.sessions.get(session)
-    }
-
     /// Free device memory of `node` less what placements promised it.
     fn free(&self, node: &str, inventory: &Inventory) -> u64 {
-        inventory.memory_free.saturating_sub(self.promised.get(node).map_or(0, |p| p.total))
+        inventory.memory_free.saturating_sub(self.promised_bytes(node))
     }
 
     /// Chooses a node for `request` and records the choice here (the model as given to the
     /// node, the session as living there): placement in one process, with no store.
     pub fn place(&mut self, request: &PlaceRequest, now: u64) -> Result<Decision, PlaceError> {
+        self.expire_promises(now);
         let decision = self.decide(request)?;
         if !self.holds(&request.fingerprint, &decision.node) {
             let demand = Demand::of(&request.blocks, request.io_bytes, request.phase);
@@ -430,6 +445,18 @@ mod tests {
         r.fingerprint = "m2".into();
         r.policy = Policy::MaximizeThroughput;
         assert_eq!(c.place(&r, 10).unwrap().node, "fast-gpu");
+    }
+
+    #[test]
+    fn a_promise_not_kept_lapses_on_an_idle_node() {
+        let mut c = cluster(&[("a", node(8 * GIB))]);
+        c.place(&request("never-loaded", GIB, Policy::LoadBalance), 10).unwrap();
+        assert_eq!(c.promised_bytes("a"), GIB);
+        // No renewal changed the node's record; two leases later the promise is gone.
+        c.place(&request("next", 2 * GIB, Policy::LoadBalance), 10 + 2000).unwrap();
+        assert_eq!(c.promised_bytes("a"), 2 * GIB);
+        c.expire_promises(10 + 4000);
+        assert_eq!(c.promised_bytes("a"), 0);
     }
 
     #[test]

@@ -82,14 +82,6 @@ impl Membership {
     pub fn live(&self) -> impl Iterator<Item = (&NodeId, &Member)> {
         self.members.iter()
     }
-
-    pub fn len(&self) -> usize {
-        self.members.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.members.is_empty()
-    }
 }
 
 #[cfg(test)]

@@ -52,7 +52,7 @@ pub struct Placement {
     pub policy: Policy,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Registered {
     pub lease: LeaseId,
     pub ttl_ms: u64,
@@ -85,7 +85,7 @@ pub struct ControlCounters {
 }
 
 /// One node in [`ClusterStatus`].
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct NodeStatus {
     pub name: NodeId,
     pub lease: LeaseId,
@@ -94,7 +94,7 @@ pub struct NodeStatus {
     pub promised_bytes: u64,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ModelStatus {
     pub fingerprint: String,
     pub blocks: usize,
@@ -104,7 +104,7 @@ pub struct ModelStatus {
 }
 
 /// What `djinn status` prints.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ClusterStatus {
     pub revision: Revision,
     pub nodes: Vec<NodeStatus>,
@@ -135,7 +135,7 @@ const SESSIONS: &str = "sessions/";
 const MODELS: &str = "models/";
 
 /// A node's name: it is part of URLs and store keys.
-pub fn check_node_name(name: &str) -> Result<(), ControlError> {
+fn check_node_name(name: &str) -> Result<(), ControlError> {
     let ok = !name.is_empty()
         && name.len() <= 128
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b));
@@ -147,7 +147,7 @@ pub fn check_node_name(name: &str) -> Result<(), ControlError> {
 }
 
 /// A model fingerprint: 64 hex digits (BLAKE3), returned in lower case.
-pub fn check_fingerprint(fingerprint: &str) -> Result<String, ControlError> {
+fn check_fingerprint(fingerprint: &str) -> Result<String, ControlError> {
     if fingerprint.len() == 64 && fingerprint.bytes().all(|b| b.is_ascii_hexdigit()) {
         Ok(fingerprint.to_ascii_lowercase())
     } else {
@@ -420,7 +420,8 @@ impl<S: Store> ControlPlane<S> {
             policy: placement.policy,
         };
         let (decision, lease, holds) = {
-            let state = self.state();
+            let mut state = self.state();
+            state.cluster.expire_promises(self.now_ms());
             let decision = state.cluster.decide(&request)?;
             let lease = state.cluster.membership().get(&decision.node).map_or(0, |m| m.lease);
             let holds = state.cluster.holds(&request.fingerprint, &decision.node);
@@ -460,7 +461,8 @@ impl<S: Store> ControlPlane<S> {
     }
 
     pub fn status(&self) -> ClusterStatus {
-        let state = self.state();
+        let mut state = self.state();
+        state.cluster.expire_promises(self.now_ms());
         let cluster = &state.cluster;
         let mut nodes: Vec<NodeStatus> = cluster
             .membership()

@@ -12,7 +12,7 @@ pub mod stream;
 mod workers;
 
 pub use error::ExecError;
-pub use models::{Model, ModelStore, Upload, device_name};
+pub use models::{Model, ModelStore, Upload, device_name, load, parse_device};
 pub use service::{NodeOptions, NodeService};
 pub use store::TensorStore;
 pub use tch::Device;

@@ -46,6 +46,30 @@ pub fn device_name(device: Device) -> String {
     }
 }
 
+/// The inverse of [`device_name`], and `auto`: the first GPU libtorch sees, else the CPU.
+pub fn parse_device(s: &str) -> Result<Device, String> {
+    match s {
+        "auto" => Ok(Device::cuda_if_available()),
+        "cpu" => Ok(Device::Cpu),
+        _ => s
+            .strip_prefix("cuda:")
+            .and_then(|n| n.parse().ok())
+            .map(Device::Cuda)
+            .ok_or_else(|| format!("{s:?} is not a device: use auto, cpu or cuda:N")),
+    }
+}
+
+/// Loads an upload into `models` as a node does: sized against what is free, planned and
+/// reserved, then published. The store is locked between the steps, never while loading.
+pub fn load(upload: Upload, device: Device, models: &Mutex<ModelStore>) -> Result<Arc<Model>, ExecError> {
+    let lock = || models.lock().unwrap_or_else(|e| e.into_inner());
+    let available = lock().available();
+    let loaded = upload.load(device, available)?;
+    let (plan, reservation) = lock().reserve_for(&loaded)?;
+    let model = loaded.into_model(&plan, reservation)?;
+    Ok(lock().publish(model))
+}
+
 impl Model {
     pub fn info(&self) -> ModelInfo {
         ModelInfo {
@@ -194,7 +218,7 @@ fn log_progress(model: &Fingerprint, i: usize, count: usize, what: &'static str)
     }
 }
 
-fn tensor_bytes(t: &Tensor) -> u64 {
+pub(crate) fn tensor_bytes(t: &Tensor) -> u64 {
     t.numel() as u64 * t.kind().elt_size_in_bytes() as u64
 }
 
@@ -277,7 +301,7 @@ enum LoadedBlocks {
 impl LoadedModel {
     /// The model, holding `reservation`, with the blocks `plan` streams moved out of device
     /// memory into host memory (one copy of each, done here, outside any lock).
-    pub fn into_model(self, plan: &Plan, reservation: Reservations) -> Result<Model, ExecError> {
+    fn into_model(self, plan: &Plan, reservation: Reservations) -> Result<Model, ExecError> {
         let count = self.slot_lens.len();
         let streams = plan.streamed.iter().any(|s| *s);
         let cuda = match self.device {
@@ -381,7 +405,7 @@ impl ModelStore {
     /// request is using is never evicted. The plan counts idle models' memory as available, so
     /// a model streams only when it cannot fit whole even after evictions.
     /// The weights of the streamed blocks are charged to the host budget.
-    pub fn reserve_for(&mut self, loaded: &LoadedModel) -> Result<(Plan, Reservations), ExecError> {
+    fn reserve_for(&mut self, loaded: &LoadedModel) -> Result<(Plan, Reservations), ExecError> {
         let plan = plan(&loaded.slot_lens, self.available())?;
         let host_bytes = loaded.slot_lens.iter().zip(&plan.streamed).filter(|(_, s)| **s).map(|(l, _)| l).sum();
         let host = self.host_budget.try_reserve(host_bytes)?;
@@ -398,7 +422,7 @@ impl ModelStore {
 
     /// Makes a model visible. If its fingerprint is already here (two clients uploaded it at
     /// once), the copy already serving is kept and this one dropped.
-    pub fn publish(&mut self, model: Model) -> Arc<Model> {
+    fn publish(&mut self, model: Model) -> Arc<Model> {
         if let Some(existing) = self.get(&model.fingerprint) {
             return existing;
         }
@@ -409,7 +433,7 @@ impl ModelStore {
     }
 
     /// Takes `bytes` from the budget, evicting idle models as needed.
-    pub fn reserve_evicting(&mut self, bytes: u64) -> Result<Reservation, OverBudget> {
+    fn reserve_evicting(&mut self, bytes: u64) -> Result<Reservation, OverBudget> {
         loop {
             match self.budget.try_reserve(bytes) {
                 Ok(r) => return Ok(r),
@@ -429,8 +453,9 @@ impl ModelStore {
         }
     }
 
-    pub fn remove(&mut self, fingerprint: &Fingerprint) -> bool {
-        self.models.remove(fingerprint).is_some()
+    /// Forgets a model; it is freed when the caller drops it and no request uses it.
+    pub fn remove(&mut self, fingerprint: &Fingerprint) -> Option<Arc<Model>> {
+        self.models.remove(fingerprint).map(|e| e.model)
     }
 
     pub fn list(&self) -> Vec<ModelInfo> {

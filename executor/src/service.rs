@@ -146,10 +146,15 @@ impl Service for NodeService {
                 }
             }
             Message::Unregister { fingerprint } => {
-                if self.models().remove(&fingerprint) {
-                    Reply::message(Message::UnregisterAck)
-                } else {
-                    Reply::error(ErrorCode::UnknownModel, format!("no model {fingerprint} on this node"))
+                let removed = self.models().remove(&fingerprint);
+                match removed {
+                    // Freeing gigabytes of weights (and a streamer's pinned memory) is a
+                    // worker's job, not the poller's.
+                    Some(model) => {
+                        self.workers.submit(Job::Free { model }, to, replier);
+                        return None;
+                    }
+                    None => Reply::error(ErrorCode::UnknownModel, format!("no model {fingerprint} on this node")),
                 }
             }
             Message::ListModels => Reply::message(Message::ModelList { models: self.models().list() }),

@@ -26,6 +26,7 @@ use tch::jit::{CModule, IValue};
 use tch::{Device, Kind, Tensor};
 
 use crate::error::ExecError;
+use crate::models::tensor_bytes;
 
 /// Which blocks stream, and the ring they stream through.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -133,7 +134,7 @@ impl StreamedBlock {
             .iter()
             .map(|(_, t)| {
                 let offset = end.next_multiple_of(SLOT_ALIGN);
-                end = offset + t.numel() as u64 * t.kind().elt_size_in_bytes() as u64;
+                end = offset + tensor_bytes(t);
                 offset
             })
             .collect();
@@ -150,7 +151,7 @@ impl StreamedBlock {
         let mut params = Vec::with_capacity(named.len());
         for ((_, mut tensor), offset) in named.into_iter().zip(offsets) {
             let contiguous = tensor.f_contiguous()?.f_to_device(Device::Cpu)?;
-            let bytes = contiguous.numel() * contiguous.kind().elt_size_in_bytes();
+            let bytes = tensor_bytes(&contiguous) as usize;
             let dst = &mut host.as_mut_slice()[offset as usize..offset as usize + bytes];
             contiguous.f_copy_data_u8(dst, contiguous.numel())?;
             let (shape, kind) = (tensor.size(), tensor.kind());

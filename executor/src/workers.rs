@@ -18,8 +18,18 @@ use crate::error::ExecError;
 use crate::models::{Model, ModelStore, Upload};
 
 pub enum Job {
-    Execute { model: Arc<Model>, frame: Frame },
-    Load { upload: Upload },
+    Execute {
+        model: Arc<Model>,
+        frame: Frame,
+    },
+    Load {
+        upload: Upload,
+    },
+    /// Drops an unregistered model (the last reference, unless a request still runs it) and
+    /// acknowledges the unregistration.
+    Free {
+        model: Arc<Model>,
+    },
 }
 
 struct Envelope {
@@ -108,28 +118,36 @@ fn next_job(rx: &Receiver<Envelope>) -> Option<Envelope> {
 
 fn work(rx: Receiver<Envelope>, device: Device, models: Arc<Mutex<ModelStore>>, counters: Arc<WorkerCounters>) {
     while let Some(Envelope { job, to, replier }) = next_job(&rx) {
-        let is_load = matches!(job, Job::Load { .. });
+        // What the node's stats count, by kind of job: (done, failed).
+        let counted = match job {
+            Job::Execute { .. } => Some((&counters.executions, &counters.execution_errors)),
+            Job::Load { .. } => Some((&counters.loads, &counters.load_errors)),
+            Job::Free { .. } => None,
+        };
         let result = catch_unwind(AssertUnwindSafe(|| match job {
             Job::Execute { model, frame } => execute(&model, frame),
             Job::Load { upload } => load(upload, device, &models),
+            Job::Free { model } => {
+                drop(model);
+                Ok(Reply::message(Message::UnregisterAck))
+            }
         }))
         .unwrap_or_else(|panic| {
             let what =
                 panic.downcast_ref::<String>().cloned().or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()));
             Err(ExecError::Internal(format!("worker panicked: {}", what.unwrap_or_default())))
         });
-        let (ok, errors) = if is_load {
-            (&counters.loads, &counters.load_errors)
-        } else {
-            (&counters.executions, &counters.execution_errors)
-        };
         let reply = match result {
             Ok(reply) => {
-                ok.fetch_add(1, Ordering::Relaxed);
+                if let Some((done, _)) = counted {
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
                 reply
             }
             Err(e) => {
-                errors.fetch_add(1, Ordering::Relaxed);
+                if let Some((_, failed)) = counted {
+                    failed.fetch_add(1, Ordering::Relaxed);
+                }
                 tracing::debug!(error = %e, "request failed");
                 Reply::error(e.code(), e.to_string())
             }
@@ -158,11 +176,7 @@ fn execute(model: &Model, frame: Frame) -> Result<Reply, ExecError> {
 fn load(upload: Upload, device: Device, models: &Mutex<ModelStore>) -> Result<Reply, ExecError> {
     let started = std::time::Instant::now();
     let fingerprint = upload.fingerprint;
-    let available = models.lock().unwrap_or_else(|e| e.into_inner()).available();
-    let loaded = upload.load(device, available)?;
-    let (plan, reservation) = models.lock().unwrap_or_else(|e| e.into_inner()).reserve_for(&loaded)?;
-    let model = loaded.into_model(&plan, reservation)?;
-    let model = models.lock().unwrap_or_else(|e| e.into_inner()).publish(model);
+    let model = crate::models::load(upload, device, models)?;
     tracing::info!(model = %fingerprint, weight_bytes = model.weight_bytes, seconds = started.elapsed().as_secs_f64(), "model loaded");
     Ok(Reply::message(Message::Registered { model: model.info() }))
 }

@@ -12,9 +12,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use djinn_client::{Client, ClientOptions, Transport};
-use djinn_control::Inventory;
-use serde::Deserialize;
+use djinn_client::{Client, ClientOptions, ControlClient, ControlError, Transport};
+use djinn_control::{Inventory, Registered};
 
 /// What the node knows about itself that its stats do not say.
 #[derive(Debug, Clone)]
@@ -37,31 +36,8 @@ pub struct Agent {
     thread: JoinHandle<()>,
 }
 
-#[derive(Deserialize)]
-struct Registered {
-    lease: u64,
-    ttl_ms: u64,
-}
-
-/// What the control plane said, if it said anything.
-enum Answer {
-    Status(u16, String),
-    Unreachable(String),
-}
-
-fn answer(sent: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> Answer {
-    match sent {
-        Ok(mut response) => {
-            let status = response.status().as_u16();
-            Answer::Status(status, response.body_mut().read_to_string().unwrap_or_default())
-        }
-        Err(e) => Answer::Unreachable(e.to_string()),
-    }
-}
-
 struct Membership {
-    http: ureq::Agent,
-    control: String,
+    control: ControlClient,
     me: Static,
     node: Client,
 }
@@ -88,46 +64,35 @@ impl Membership {
         })
     }
 
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.control)
-    }
-
     /// Registers; `None` while the control plane cannot be reached or an earlier lease of this
     /// name is still live.
     fn register(&mut self) -> Result<Option<Registered>> {
         let inventory = self.inventory()?;
-        let body = serde_json::json!({ "name": self.me.name, "inventory": inventory });
-        match answer(self.http.post(self.url("/v1/nodes")).send_json(body)) {
-            Answer::Status(201, body) => Ok(Some(serde_json::from_str(&body).context("the control plane's answer")?)),
-            Answer::Status(409, body) => {
-                tracing::info!(%body, "an earlier lease of this name is live: registering again when it lapses");
+        match self.control.register_node(&self.me.name, &inventory) {
+            Ok(registered) => Ok(Some(registered)),
+            Err(e) if e.kind() == Some("already_registered") => {
+                tracing::info!(error = %e, "an earlier lease of this name is live: registering again when it lapses");
                 Ok(None)
             }
-            Answer::Status(status, body) => bail!("registration refused ({status}): {body}"),
-            Answer::Unreachable(e) => {
+            Err(e @ ControlError::Unreachable { .. }) => {
                 tracing::debug!(error = %e, "control plane unreachable");
                 Ok(None)
             }
+            Err(e) => bail!("registration refused: {e}"),
         }
     }
 
     /// Renews; false when the lease is gone and the node must register again.
     fn renew(&mut self, lease: u64) -> Result<bool> {
         let inventory = self.inventory()?;
-        let path = format!("/v1/nodes/{}/lease", self.me.name);
-        let body = serde_json::json!({ "lease": lease, "inventory": inventory });
-        match answer(self.http.put(self.url(&path)).send_json(body)) {
-            Answer::Status(204, _) => Ok(true),
-            Answer::Status(404 | 409, body) => {
-                tracing::warn!(%body, "the lease is gone: registering again");
+        match self.control.renew_lease(&self.me.name, lease, &inventory) {
+            Ok(()) => Ok(true),
+            Err(e) if matches!(e.kind(), Some("unknown_node" | "stale_lease")) => {
+                tracing::warn!(error = %e, "the lease is gone: registering again");
                 Ok(false)
             }
-            Answer::Status(status, body) => {
-                tracing::warn!(status, %body, "renewal failed");
-                Ok(true)
-            }
-            Answer::Unreachable(e) => {
-                tracing::warn!(error = %e, "control plane unreachable");
+            Err(e) => {
+                tracing::warn!(error = %e, "renewal failed");
                 Ok(true)
             }
         }
@@ -138,21 +103,13 @@ impl Agent {
     /// Starts the agent for the node serving on `node_addr` (it connects once the node's
     /// poller runs).
     pub fn start(control: &str, me: Static, node_addr: SocketAddr) -> Result<Self> {
-        let control = control.trim_end_matches('/').to_owned();
-        if !control.starts_with("http://") {
-            bail!("--control {control:?}: give the control plane's URL, http://HOST:PORT");
-        }
-        let http: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(Duration::from_secs(5)))
-            .build()
-            .into();
+        let control = ControlClient::new(control, Duration::from_secs(5));
         let (stop, stopped) = mpsc::channel();
         let thread = std::thread::Builder::new().name("djinn-membership".into()).spawn(move || {
             let options = ClientOptions { transport: Transport::Tcp, ..ClientOptions::default() };
             let joined = Client::connect_with(node_addr, options)
                 .context("the membership agent cannot reach its own node")
-                .and_then(|node| Membership { http, control, me, node }.run(&stopped));
+                .and_then(|node| Membership { control, me, node }.run(&stopped));
             if let Err(e) = joined {
                 tracing::error!(error = %format!("{e:#}"), "membership agent stopped: the node no longer renews its lease");
             }
@@ -177,19 +134,16 @@ impl Membership {
         {
             lease = match lease {
                 None => self.register()?.inspect(|r| {
-                    tracing::info!(control = %self.control, name = %self.me.name, lease = r.lease, "joined the control plane");
+                    tracing::info!(control = self.control.url(), name = %self.me.name, lease = r.lease, "joined the control plane");
                 }),
                 Some(r) => self.renew(r.lease)?.then_some(r),
             };
             next = Instant::now() + lease.as_ref().map_or(retry, |r| Duration::from_millis(r.ttl_ms / 3));
         }
-        if let Some(r) = lease {
-            let path = format!("/v1/nodes/{}?lease={}", self.me.name, r.lease);
-            if let Answer::Status(status, body) = answer(self.http.delete(self.url(&path)).call())
-                && status != 204
-            {
-                tracing::warn!(status, %body, "leaving the control plane failed: the lease will lapse");
-            }
+        if let Some(r) = lease
+            && let Err(e) = self.control.leave(&self.me.name, r.lease)
+        {
+            tracing::warn!(error = %e, "leaving the control plane failed: the lease will lapse");
         }
         Ok(())
     }

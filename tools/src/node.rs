@@ -59,8 +59,8 @@ pub struct NodeArgs {
     tcp_backend: TcpBackend,
     /// Where models run: `auto` (the first GPU if CUDA is present, else the CPU), `cpu` or
     /// `cuda:N`.
-    #[arg(long, default_value = "auto", value_parser = parse_device)]
-    device: DeviceArg,
+    #[arg(long, default_value = "auto", value_parser = djinn_executor::parse_device)]
+    device: Device,
     /// Executor worker threads (models run on these, never on the poller).
     #[arg(long, default_value_t = 2)]
     workers: usize,
@@ -133,24 +133,6 @@ fn rdma_context(args: &NodeArgs) -> Result<Option<Arc<RdmaContext>>> {
     Ok(Some(ctx))
 }
 
-#[derive(Debug, Clone, Copy)]
-pub enum DeviceArg {
-    Auto,
-    Given(Device),
-}
-
-fn parse_device(s: &str) -> Result<DeviceArg, String> {
-    match s {
-        "auto" => Ok(DeviceArg::Auto),
-        "cpu" => Ok(DeviceArg::Given(Device::Cpu)),
-        _ => s
-            .strip_prefix("cuda:")
-            .and_then(|n| n.parse().ok())
-            .map(|n| DeviceArg::Given(Device::Cuda(n)))
-            .ok_or_else(|| format!("{s:?} is not a device: use auto, cpu or cuda:N")),
-    }
-}
-
 fn hostname() -> String {
     let mut buf = [0u8; 256];
     // SAFETY: the buffer is valid for its length; gethostname NUL-terminates within it or fails.
@@ -178,10 +160,7 @@ pub fn run(args: NodeArgs) -> Result<()> {
         }
         Err(e) => tracing::warn!(error = %e, "CUDA driver present but unusable: device memory is host memory"),
     }
-    let device = match args.device {
-        DeviceArg::Given(device) => device,
-        DeviceArg::Auto => Device::cuda_if_available(),
-    };
+    let device = args.device;
     if let Device::Cuda(n) = device
         && !(tch::Cuda::is_available() && (n as i64) < tch::Cuda::device_count())
     {

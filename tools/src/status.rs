@@ -6,9 +6,8 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 use djinn_client::ControlClient;
-use djinn_control::Inventory;
+use djinn_control::ClusterStatus;
 use djinn_gpudirect::ByteSize;
-use serde::Deserialize;
 
 #[derive(Args, Debug)]
 pub struct StatusArgs {
@@ -20,30 +19,6 @@ pub struct StatusArgs {
     json: bool,
 }
 
-/// The parts of the control plane's `ClusterStatus` printed here.
-#[derive(Deserialize)]
-struct Cluster {
-    revision: u64,
-    nodes: Vec<Node>,
-    models: Vec<Model>,
-    sessions: Vec<(String, String)>,
-}
-
-#[derive(Deserialize)]
-struct Node {
-    name: String,
-    inventory: Inventory,
-    promised_bytes: u64,
-}
-
-#[derive(Deserialize)]
-struct Model {
-    fingerprint: String,
-    blocks: usize,
-    weight_bytes: u64,
-    nodes: Vec<String>,
-}
-
 pub fn run(args: StatusArgs) -> Result<()> {
     let control = ControlClient::new(&args.control, Duration::from_secs(5));
     let body = control.cluster()?;
@@ -51,13 +26,13 @@ pub fn run(args: StatusArgs) -> Result<()> {
         println!("{body}");
         return Ok(());
     }
-    let cluster: Cluster =
+    let cluster: ClusterStatus =
         serde_json::from_str(&body).with_context(|| format!("unexpected answer from {}", control.url()))?;
     print!("{}", render(control.url(), &cluster));
     Ok(())
 }
 
-fn render(url: &str, cluster: &Cluster) -> String {
+fn render(url: &str, cluster: &ClusterStatus) -> String {
     let mut out = format!("control plane {url}, revision {}\n", cluster.revision);
     let header = ["NODE", "ADDRESS", "DEVICE", "MEMORY USED", "HOST FREE", "TRANSPORTS", "QUEUE", "MODELS", "PROMISED"];
     let mut nodes = vec![row(header)];

@@ -43,7 +43,7 @@ fn to_py_err(e: ClusterError) -> PyErr {
         ClusterError::Node(e) => e,
         ClusterError::Control(e) => return ControlPlaneError::new_err(e.to_string()),
         ClusterError::Unavailable { .. } => return TransportError::new_err(e.to_string()),
-        ClusterError::NotOneNode(_) => return DjinnError::new_err(e.to_string()),
+        ClusterError::NotOneNode => return DjinnError::new_err(e.to_string()),
     };
     match &e {
         ClientError::Remote { code, message, .. } => {
@@ -277,15 +277,13 @@ impl Client {
 
     /// Runs a model. `inputs`: the positional arguments, nested, with `TensorSlot(i)` for
     /// tensors; `tensors[i]`: (dtype, shape, data pointer, byte length) of a contiguous CPU
-    /// tensor the caller keeps alive during the call. `session`: runs where the session lives.
-    #[pyo3(signature = (fingerprint, inputs, tensors, session = None))]
+    /// tensor the caller keeps alive during the call.
     fn execute<'py>(
         &self,
         py: Python<'py>,
         fingerprint: &str,
         inputs: Vec<Bound<'py, PyAny>>,
         tensors: Vec<(String, Vec<u64>, usize, usize)>,
-        session: Option<String>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let fingerprint = parse_fingerprint(fingerprint)?;
         let inputs = inputs.iter().map(value_from_py).collect::<PyResult<Vec<_>>>()?;
@@ -310,8 +308,7 @@ impl Client {
                 },
             })
             .collect();
-        let output =
-            py.detach(|| self.lock().execute(&fingerprint, session.as_deref(), &inputs, &refs)).map_err(to_py_err)?;
+        let output = py.detach(|| self.lock().execute(&fingerprint, None, &inputs, &refs)).map_err(to_py_err)?;
         let output = Arc::new(output);
         value_to_py(py, &output.value, &output)
     }
@@ -321,11 +318,10 @@ impl Client {
         py.detach(|| self.lock().unregister_model(&fingerprint)).map_err(to_py_err)
     }
 
-    /// The control plane's decision for a model (and session) as JSON, once it was placed.
-    #[pyo3(signature = (fingerprint, session = None))]
-    fn placement(&self, fingerprint: &str, session: Option<&str>) -> PyResult<Option<String>> {
+    /// The control plane's decision for a model as JSON, once it was placed.
+    fn placement(&self, fingerprint: &str) -> PyResult<Option<String>> {
         let fingerprint = parse_fingerprint(fingerprint)?;
-        Ok(self.lock().placement(&fingerprint, session).map(|p| p.decision.clone()))
+        Ok(self.lock().placement(&fingerprint, None).map(|p| p.decision.clone()))
     }
 
     /// The cluster (nodes, models, sessions) as the control plane's JSON.

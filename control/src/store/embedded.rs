@@ -142,17 +142,19 @@ impl Inner {
         })
     }
 
-    /// Deletes the leases that match `ending` and the keys bound to them.
+    /// Deletes the leases that match `ending` (given a lease and its deadline) and the keys
+    /// bound to them.
     fn end_leases(&self, ending: impl Fn(StoreLease, u64) -> bool) -> Result<(), StoreError> {
+        // Most sweeps find nothing: look in a read transaction first, since a write one
+        // commits (durably) even when it changes nothing.
+        let read = self.db.begin_read().map_err(backend)?;
+        if leases_matching(&read.open_table(LEASES).map_err(backend)?, &ending)?.is_empty() {
+            return Ok(());
+        }
+        drop(read);
         self.write(|w| {
             let mut leases = w.txn.open_table(LEASES).map_err(backend)?;
-            let ended: Vec<StoreLease> = leases
-                .iter()
-                .map_err(backend)?
-                .filter_map(|entry| entry.ok())
-                .filter(|(id, v)| ending(id.value(), v.value().1))
-                .map(|(id, _)| id.value())
-                .collect();
+            let ended = leases_matching(&leases, &ending)?;
             if ended.is_empty() {
                 return Ok(());
             }
@@ -178,6 +180,19 @@ impl Inner {
             Ok(())
         })
     }
+}
+
+fn leases_matching(
+    leases: &impl ReadableTable<u64, (u64, u64)>,
+    ending: &impl Fn(StoreLease, u64) -> bool,
+) -> Result<Vec<StoreLease>, StoreError> {
+    Ok(leases
+        .iter()
+        .map_err(backend)?
+        .filter_map(|entry| entry.ok())
+        .filter(|(id, v)| ending(id.value(), v.value().1))
+        .map(|(id, _)| id.value())
+        .collect())
 }
 
 fn key_of(event: &Event) -> &str {
