@@ -43,6 +43,7 @@ fn inventory(i: usize) -> Inventory {
         flops: 100e12 + f * 50e12,
         memory_bandwidth: 2e12 + f * 5e11,
         link_bandwidth: 10e9 + (i % 5) as f64 * 10e9,
+        memory_path: "staging".into(),
         transports: vec!["rdma".into(), "tcp".into()],
         queue_depth: (i % 4) as u32,
         cost_per_hour: 1.0 + f,

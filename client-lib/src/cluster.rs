@@ -15,10 +15,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use djinn_dataplane::proto::{ErrorCode, Fingerprint, Value};
+use djinn_dataplane::proto::{ErrorCode, Fingerprint, Handle, HandleInfo, TensorSource, Value};
 
 use crate::control::{BlockEstimate, ControlClient, ControlError, ModelDescription, Placed};
-use crate::{Client, ClientError, ClientOptions, ClientStats, Output, Registration, TensorRef};
+use crate::{Client, ClientError, ClientOptions, ClientStats, Output, Registration, Tensor, TensorRef};
 
 /// A block's TorchScript archive, shared with whoever else holds it (the Python package
 /// passes its `bytes` objects).
@@ -41,6 +41,14 @@ impl From<Vec<u8>> for Archive {
     fn from(bytes: Vec<u8>) -> Self {
         Self(Arc::new(bytes))
     }
+}
+
+/// A tensor kept on a node: the node's address (as this client reaches it) and its handle
+/// there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteTensor {
+    pub node: String,
+    pub info: HandleInfo,
 }
 
 /// Where models run.
@@ -90,6 +98,12 @@ pub enum ClusterError {
     Unavailable { fingerprint: String, waited: Duration, last: String },
     #[error("this client is connected to a control plane, not to one node: ask the control plane for the cluster")]
     NotOneNode,
+    #[error("the node at {node} that holds the kept tensors cannot be reached ({source}): they are lost with it")]
+    HandleLost {
+        node: String,
+        #[source]
+        source: ClientError,
+    },
 }
 
 #[derive(Debug)]
@@ -203,6 +217,14 @@ impl ClusterClient {
         all
     }
 
+    /// How the connected nodes' device memory meets the network (`staging`), without repeats.
+    pub fn memory_paths(&self) -> Vec<&str> {
+        let mut all: Vec<_> = self.nodes.values().map(|n| n.node().memory_path.as_str()).collect();
+        all.sort_unstable();
+        all.dedup();
+        all
+    }
+
     fn connection(&mut self, addr: &str) -> Result<&mut Client, ClientError> {
         if !self.nodes.contains_key(addr) {
             let client = Client::connect_with(addr, self.options.clone())?;
@@ -267,7 +289,7 @@ impl ClusterClient {
         fingerprint: &Fingerprint,
         session: Option<&str>,
         mut op: impl FnMut(&mut Client) -> Result<T, ClientError>,
-    ) -> Result<T, ClusterError> {
+    ) -> Result<(T, String), ClusterError> {
         let started = Instant::now();
         let mut pause = self.failover.first_retry;
         let mut registered_again = false;
@@ -277,7 +299,7 @@ impl ClusterClient {
                 Err(e) if fails_over && e.is_transient() => e.to_string(),
                 Err(e) => return Err(e.into()),
                 Ok(addr) => match self.connection(&addr).and_then(&mut op) {
-                    Ok(value) => return Ok(value),
+                    Ok(value) => return Ok((value, addr)),
                     Err(e)
                         if e.remote_code() == Some(ErrorCode::UnknownModel)
                             && !registered_again
@@ -348,8 +370,9 @@ impl ClusterClient {
             // Described again, perhaps with another policy: place again on the next call.
             self.placed.retain(|(fp, _), _| *fp != fingerprint);
         }
-        let registered =
-            self.on_node(&fingerprint, None, |node| node.register_model_as(fingerprint, &archives, &mut progress));
+        let registered = self
+            .on_node(&fingerprint, None, |node| node.register_model_as(fingerprint, &archives, &mut progress))
+            .map(|(registration, _)| registration);
         if registered.is_err() {
             // The caller has no model to call: keep what was kept before, or nothing.
             match earlier {
@@ -369,7 +392,103 @@ impl ClusterClient {
         inputs: &[Value],
         tensors: &[TensorRef<'_>],
     ) -> Result<Output, ClusterError> {
-        self.on_node(fingerprint, session, |node| node.execute(fingerprint, inputs, tensors))
+        self.on_node(fingerprint, session, |node| node.execute(fingerprint, inputs, tensors)).map(|(output, _)| output)
+    }
+
+    /// [`Self::execute`] with the output tensors kept on the node; returns the node's address
+    /// with the output.
+    pub fn execute_keep(
+        &mut self,
+        fingerprint: &Fingerprint,
+        session: Option<&str>,
+        inputs: &[Value],
+        tensors: &[TensorRef<'_>],
+    ) -> Result<(Output, String), ClusterError> {
+        self.on_node(fingerprint, session, |node| node.execute_keep(fingerprint, inputs, tensors))
+    }
+
+    /// Runs a model on the node at `node`, where the kept tensors among `inputs` are: the data
+    /// does not move, the model goes there (from the kept archives) if the node lacks it. No
+    /// failover: when that node is gone, so are its tensors.
+    pub fn execute_at(
+        &mut self,
+        node: &str,
+        fingerprint: &Fingerprint,
+        inputs: &[Value],
+        tensors: &[TensorRef<'_>],
+        keep: bool,
+    ) -> Result<Output, ClusterError> {
+        let run = |client: &mut Client| {
+            if keep {
+                client.execute_keep(fingerprint, inputs, tensors)
+            } else {
+                client.execute(fingerprint, inputs, tensors)
+            }
+        };
+        match self.at_node(node, run) {
+            Err(ClusterError::Node(e))
+                if e.remote_code() == Some(ErrorCode::UnknownModel) && self.models.contains_key(fingerprint) =>
+            {
+                self.register_on(node, fingerprint).map_err(|source| self.lost(node, source))?;
+                self.stats.replays += 1;
+                self.at_node(node, run)
+            }
+            other => other,
+        }
+    }
+
+    /// Runs `op` on the node at `node`, which holds kept tensors: a connection failure there
+    /// means they are lost.
+    fn at_node<T>(
+        &mut self,
+        node: &str,
+        op: impl FnOnce(&mut Client) -> Result<T, ClientError>,
+    ) -> Result<T, ClusterError> {
+        self.connection(node).and_then(op).map_err(|e| self.lost(node, e))
+    }
+
+    fn lost(&mut self, node: &str, e: ClientError) -> ClusterError {
+        if !is_node_failure(&e) {
+            return e.into();
+        }
+        if matches!(self.target, Target::Control(_)) {
+            self.forget(node);
+        }
+        ClusterError::HandleLost { node: node.to_owned(), source: e }
+    }
+
+    /// The node a call without a model goes to: `node`, or the one node this client has.
+    fn node_or_own(&self, node: Option<&str>) -> Result<String, ClusterError> {
+        match (node, &self.target) {
+            (Some(node), _) => Ok(node.to_owned()),
+            (None, Target::Node(addr)) => Ok(addr.clone()),
+            (None, Target::Control(_)) => Err(ClusterError::NotOneNode),
+        }
+    }
+
+    /// Uploads a tensor to be kept on `node` (by default the node this client has).
+    pub fn keep(&mut self, node: Option<&str>, tensor: TensorRef<'_>) -> Result<RemoteTensor, ClusterError> {
+        let node = self.node_or_own(node)?;
+        let info = self.at_node(&node, |client| client.keep(tensor))?;
+        Ok(RemoteTensor { node, info })
+    }
+
+    /// The bytes of a kept tensor.
+    pub fn fetch(&mut self, tensor: &RemoteTensor) -> Result<Tensor, ClusterError> {
+        self.at_node(&tensor.node, |client| client.fetch(tensor.info.handle))
+    }
+
+    /// Frees tensors kept on `node`; returns how many it held.
+    pub fn release(&mut self, node: &str, handles: &[Handle]) -> Result<u32, ClusterError> {
+        self.at_node(node, |client| client.release(handles))
+    }
+
+    /// Copies a kept tensor into the device memory of the node at `to`, node to node.
+    /// Returns the copy and the path its bytes took.
+    pub fn push(&mut self, tensor: &RemoteTensor, to: &str) -> Result<(RemoteTensor, String), ClusterError> {
+        let (info, path) =
+            self.at_node(&tensor.node, |client| client.push(TensorSource::Handle(tensor.info.handle), to))?;
+        Ok((RemoteTensor { node: to.to_owned(), info }, path))
     }
 
     /// Unregisters a model from every node this client placed it on, and forgets it.

@@ -15,12 +15,14 @@ pub mod control;
 use std::net::ToSocketAddrs;
 use std::time::{Duration, Instant};
 
-pub use djinn_dataplane::proto::{DType, ErrorCode, Fingerprint, Hello, ListEntry, ModelInfo, TensorDesc, Value};
+pub use djinn_dataplane::proto::{
+    DType, ErrorCode, Fingerprint, Handle, HandleInfo, Hello, ListEntry, ModelInfo, TensorDesc, TensorSource, Value,
+};
 use djinn_dataplane::proto::{Frame, Message, Payload, ProtocolError, payload_layout, transports};
 use djinn_dataplane::tcp::ClientConn;
 pub use djinn_dataplane::tcp::{ClientError, ClientOptions, Transport};
 
-pub use cluster::{Archive, ClusterClient, ClusterError, ClusterStats, FailoverOptions, Target};
+pub use cluster::{Archive, ClusterClient, ClusterError, ClusterStats, FailoverOptions, RemoteTensor, Target};
 pub use control::{BlockEstimate, ControlClient, ControlError, ModelDescription, Placed};
 
 /// A tensor received from a node: its descriptor and its bytes, in a buffer that goes back to
@@ -46,11 +48,13 @@ pub struct TensorRef<'a> {
 }
 
 /// A model's output: a value whose `Value::Tensor(i)` name `tensor(i)`, all in one received
-/// buffer (returned to the client's pool when this is dropped).
+/// buffer (returned to the client's pool when this is dropped), and whose `Value::Handle`s
+/// name tensors kept on the node, described in `kept`.
 #[derive(Debug)]
 pub struct Output {
     pub value: Value,
     pub tensors: Vec<TensorDesc>,
+    pub kept: Vec<HandleInfo>,
     offsets: Vec<u64>,
     payload: Option<Payload>,
 }
@@ -243,12 +247,32 @@ impl Client {
     }
 
     /// Runs a registered model on positional `inputs`, whose `Value::Tensor(i)` name
-    /// `tensors[i]`.
+    /// `tensors[i]` and whose `Value::Handle`s name tensors kept on this node.
     pub fn execute(
         &mut self,
         fingerprint: &Fingerprint,
         inputs: &[Value],
         tensors: &[TensorRef<'_>],
+    ) -> Result<Output, ClientError> {
+        self.run(fingerprint, inputs, tensors, false)
+    }
+
+    /// [`Self::execute`], with the output tensors kept on the node: they come back as handles.
+    pub fn execute_keep(
+        &mut self,
+        fingerprint: &Fingerprint,
+        inputs: &[Value],
+        tensors: &[TensorRef<'_>],
+    ) -> Result<Output, ClientError> {
+        self.run(fingerprint, inputs, tensors, true)
+    }
+
+    fn run(
+        &mut self,
+        fingerprint: &Fingerprint,
+        inputs: &[Value],
+        tensors: &[TensorRef<'_>],
+        keep: bool,
     ) -> Result<Output, ClientError> {
         let descs = tensors
             .iter()
@@ -256,13 +280,51 @@ impl Client {
             .collect::<Result<Vec<_>, _>>()
             .map_err(ClientError::Request)?;
         let bytes: Vec<&[u8]> = tensors.iter().map(|t| t.bytes).collect();
-        let message = Message::Execute { fingerprint: *fingerprint, tensors: descs, inputs: inputs.to_vec() };
+        let message = Message::Execute { fingerprint: *fingerprint, tensors: descs, inputs: inputs.to_vec(), keep };
         let reply = self.call(&message, &bytes)?;
         match reply.message {
-            Message::ExecuteReply { tensors, output } => {
+            Message::ExecuteReply { tensors, output, kept } => {
                 let (offsets, _) = payload_layout(&tensors).map_err(ClientError::Request)?;
-                Ok(Output { value: output, tensors, offsets, payload: reply.payload })
+                Ok(Output { value: output, tensors, kept, offsets, payload: reply.payload })
             }
+            _ => Err(unexpected(&self.conn, reply)),
+        }
+    }
+
+    /// Uploads a tensor to be kept in the node's device memory.
+    pub fn keep(&mut self, tensor: TensorRef<'_>) -> Result<HandleInfo, ClientError> {
+        let desc = TensorDesc::new(tensor.dtype, tensor.shape.to_vec()).map_err(ClientError::Request)?;
+        let reply = self.call(&Message::Keep { tensor: desc }, &[tensor.bytes])?;
+        match reply.message {
+            Message::Kept { kept } => Ok(kept),
+            _ => Err(unexpected(&self.conn, reply)),
+        }
+    }
+
+    /// The bytes of a tensor kept on the node.
+    pub fn fetch(&mut self, handle: Handle) -> Result<Tensor, ClientError> {
+        let reply = self.call(&Message::Fetch { handle }, &[])?;
+        match reply.message {
+            Message::GetReply { tensor } => Ok(Tensor { desc: tensor, data: reply.payload }),
+            _ => Err(unexpected(&self.conn, reply)),
+        }
+    }
+
+    /// Frees tensors kept on the node; returns how many it held.
+    pub fn release(&mut self, handles: &[Handle]) -> Result<u32, ClientError> {
+        let reply = self.call(&Message::Release { handles: handles.to_vec() }, &[])?;
+        match reply.message {
+            Message::Released { released } => Ok(released),
+            _ => Err(unexpected(&self.conn, reply)),
+        }
+    }
+
+    /// Has the node copy one of its tensors into the device memory of the node at `to`, where
+    /// it is kept; returns the handle there and the path the bytes took.
+    pub fn push(&mut self, source: TensorSource, to: &str) -> Result<(HandleInfo, String), ClientError> {
+        let reply = self.call(&Message::Push { source, to: to.to_owned() }, &[])?;
+        match reply.message {
+            Message::Pushed { kept, path } => Ok((kept, path)),
             _ => Err(unexpected(&self.conn, reply)),
         }
     }

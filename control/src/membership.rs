@@ -31,6 +31,9 @@ pub struct Inventory {
     pub link_bandwidth: f64,
     /// `rdma`, `tcp`.
     pub transports: Vec<String>,
+    /// How device memory meets the network: `staging` (through host memory).
+    #[serde(default)]
+    pub memory_path: String,
     /// Requests queued or running.
     pub queue_depth: u32,
     /// What an hour of the node costs, in any one currency the cluster agrees on.
@@ -100,6 +103,7 @@ pub(crate) mod tests {
             memory_bandwidth: 2e12,
             link_bandwidth: 25e9,
             transports: vec!["tcp".into()],
+            memory_path: "staging".into(),
             queue_depth: 0,
             cost_per_hour: 1.0,
             models: Vec::new(),

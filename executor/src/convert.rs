@@ -1,13 +1,15 @@
 //! Between the wire's values and tensors and libtorch's. Input tensors are views over the
 //! received payload (no copy on CPU); output tensors are sent from their own memory.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
-use djinn_dataplane::proto::{DType, Payload, TensorDesc, Value, payload_layout};
+use djinn_dataplane::proto::{DType, Handle, HandleInfo, Payload, TensorDesc, Value, payload_layout};
 use tch::jit::IValue;
 use tch::{Device, Kind, Tensor};
 
 use crate::error::ExecError;
+use crate::handles::HandleTable;
 
 pub fn kind_of(dtype: DType) -> Kind {
     match dtype {
@@ -67,28 +69,43 @@ pub fn input_tensors(
         .collect()
 }
 
-/// The libtorch value of a wire value; tensors by index into `tensors`.
-pub fn to_ivalue(value: &Value, tensors: &[Tensor]) -> Result<IValue, ExecError> {
+/// The tensors an execute's inputs name by handle, looked up once.
+pub fn kept_inputs(inputs: &[Value], table: &Mutex<HandleTable>) -> Result<HashMap<Handle, Tensor>, ExecError> {
+    let mut found = HashMap::new();
+    let mut handles = Vec::new();
+    inputs.iter().for_each(|v| v.for_each_handle(&mut |h| handles.push(*h)));
+    if handles.is_empty() {
+        return Ok(found);
+    }
+    let mut table = table.lock().unwrap_or_else(|e| e.into_inner());
+    for h in handles {
+        if let std::collections::hash_map::Entry::Vacant(slot) = found.entry(h) {
+            slot.insert(table.get(h)?.0);
+        }
+    }
+    Ok(found)
+}
+
+/// The libtorch value of a wire value; tensors by index into `tensors`, or by handle in `kept`.
+pub fn to_ivalue(value: &Value, tensors: &[Tensor], kept: &HashMap<Handle, Tensor>) -> Result<IValue, ExecError> {
+    let to_ivalue = |v| to_ivalue(v, tensors, kept);
     Ok(match value {
         Value::None => IValue::None,
         Value::Tensor(i) => IValue::Tensor(
             tensors.get(*i as usize).ok_or_else(|| ExecError::Internal(format!("no tensor {i}")))?.shallow_clone(),
         ),
+        Value::Handle(h) => IValue::Tensor(
+            kept.get(h).ok_or_else(|| ExecError::Internal(format!("handle {h} not looked up")))?.shallow_clone(),
+        ),
         Value::Int(v) => IValue::Int(*v),
         Value::Float(v) => IValue::Double(*v),
         Value::Bool(v) => IValue::Bool(*v),
         Value::Str(s) => IValue::String(s.clone()),
-        Value::Tuple(items) => IValue::Tuple(items.iter().map(|v| to_ivalue(v, tensors)).collect::<Result<_, _>>()?),
+        Value::Tuple(items) => IValue::Tuple(items.iter().map(to_ivalue).collect::<Result<_, _>>()?),
         // TorchScript wants typed lists (List[Tensor], List[int], ...) where it can have them.
-        Value::List(items) => {
-            let values = items.iter().map(|v| to_ivalue(v, tensors)).collect::<Result<Vec<_>, _>>()?;
-            typed_list(values)
-        }
+        Value::List(items) => typed_list(items.iter().map(to_ivalue).collect::<Result<Vec<_>, _>>()?),
         Value::Dict(entries) => IValue::GenericDict(
-            entries
-                .iter()
-                .map(|(k, v)| Ok((to_ivalue(k, tensors)?, to_ivalue(v, tensors)?)))
-                .collect::<Result<_, ExecError>>()?,
+            entries.iter().map(|(k, v)| Ok((to_ivalue(k)?, to_ivalue(v)?))).collect::<Result<_, ExecError>>()?,
         ),
     })
 }
@@ -138,16 +155,39 @@ impl AsRef<[u8]> for OutputTensor {
 // SAFETY: the tensor is only read (through `as_ref`) once built, and dropped once.
 unsafe impl Sync for OutputTensor {}
 
-/// Turns a model's output into a wire value and the tensors it names.
-pub struct Outputs {
-    pub descs: Vec<TensorDesc>,
-    pub tensors: Vec<OutputTensor>,
-    inputs: Option<Arc<Payload>>,
+impl OutputTensor {
+    /// `t`'s bytes, contiguous on the CPU (copied there from a GPU), and their descriptor.
+    /// `inputs` is the request's payload when `t` may be a view of it.
+    pub fn new(t: Tensor, inputs: Option<Arc<Payload>>) -> Result<(Self, TensorDesc), ExecError> {
+        let t = if t.device() == Device::Cpu { t } else { t.f_to_device(Device::Cpu)? };
+        let t = if t.is_contiguous() { t } else { t.f_contiguous()? };
+        let desc = crate::handles::describe(&t)?;
+        let addr = t.data_ptr() as usize;
+        Ok((Self { len: desc.byte_len as usize, addr, _tensor: t, _inputs: inputs }, desc))
+    }
 }
 
-impl Outputs {
-    pub fn new(inputs: Option<Arc<Payload>>) -> Self {
-        Self { descs: Vec::new(), tensors: Vec::new(), inputs }
+/// Turns a model's output into a wire value and the tensors it names: sent back, or kept on the
+/// node when `keep` is given.
+pub struct Outputs<'a> {
+    pub descs: Vec<TensorDesc>,
+    pub tensors: Vec<OutputTensor>,
+    pub kept: Vec<HandleInfo>,
+    inputs: Option<Arc<Payload>>,
+    keep: Option<&'a Mutex<HandleTable>>,
+}
+
+impl<'a> Outputs<'a> {
+    pub fn new(inputs: Option<Arc<Payload>>, keep: Option<&'a Mutex<HandleTable>>) -> Self {
+        Self { descs: Vec::new(), tensors: Vec::new(), kept: Vec::new(), inputs, keep }
+    }
+
+    /// Frees what was kept so far (the output could not be built whole).
+    pub fn release_kept(&mut self) {
+        if let Some(table) = self.keep {
+            let handles: Vec<Handle> = self.kept.drain(..).map(|k| k.handle).collect();
+            table.lock().unwrap_or_else(|e| e.into_inner()).release(&handles);
+        }
     }
 
     pub fn value(&mut self, ivalue: IValue) -> Result<Value, ExecError> {
@@ -182,15 +222,31 @@ impl Outputs {
     }
 
     fn tensor(&mut self, t: Tensor) -> Result<Value, ExecError> {
-        let dtype = dtype_of(t.kind())?;
-        let t = if t.device() == Device::Cpu { t } else { t.f_to_device(Device::Cpu)? };
-        let t = if t.is_contiguous() { t } else { t.f_contiguous()? };
-        let shape: Vec<u64> = t.size().iter().map(|&d| d as u64).collect();
-        let desc = TensorDesc::new(dtype, shape).map_err(|e| ExecError::Internal(e.to_string()))?;
+        if let Some(table) = self.keep {
+            return self.kept_tensor(t, table);
+        }
+        let (bytes, desc) = OutputTensor::new(t, self.inputs.clone())?;
         let index = self.descs.len() as u32;
-        let addr = t.data_ptr() as usize;
-        self.tensors.push(OutputTensor { len: desc.byte_len as usize, addr, _tensor: t, _inputs: self.inputs.clone() });
+        self.tensors.push(bytes);
         self.descs.push(desc);
         Ok(Value::Tensor(index))
+    }
+
+    /// Keeps `t` where it is; a CPU output that is a view of the request's payload (a model
+    /// returning its input) is copied first, as the payload goes back to the pool.
+    fn kept_tensor(&mut self, t: Tensor, table: &Mutex<HandleTable>) -> Result<Value, ExecError> {
+        let aliases_payload = self.inputs.as_ref().is_some_and(|p| {
+            let start = p.buf.as_ptr() as usize;
+            (start..start + p.buf.len()).contains(&(t.data_ptr() as usize))
+        });
+        let t = match (aliases_payload, t.is_contiguous()) {
+            (true, _) => t.f_contiguous()?.f_detach_copy()?,
+            (false, false) => t.f_contiguous()?,
+            (false, true) => t,
+        };
+        let info = table.lock().unwrap_or_else(|e| e.into_inner()).keep(t)?;
+        let value = Value::Handle(info.handle);
+        self.kept.push(info);
+        Ok(value)
     }
 }

@@ -18,6 +18,8 @@ pub enum ExecError {
     BlockTooLarge { block: usize, len: u64, available: u64 },
     #[error(transparent)]
     Cuda(#[from] djinn_gpudirect::DeviceError),
+    #[error(transparent)]
+    Handle(#[from] crate::handles::HandleError),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -28,6 +30,7 @@ impl ExecError {
             Self::Torch(_) | Self::Unsupported(_) => ErrorCode::ExecutionFailed,
             Self::BadArchive(_) => ErrorCode::BadArchive,
             Self::OverBudget(_) | Self::BlockTooLarge { .. } => ErrorCode::OverBudget,
+            Self::Handle(e) => e.code(),
             Self::Cuda(_) | Self::Internal(_) => ErrorCode::Internal,
         }
     }

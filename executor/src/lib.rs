@@ -5,6 +5,8 @@
 
 mod convert;
 mod error;
+mod handles;
+mod mover;
 mod models;
 mod service;
 mod store;
@@ -12,6 +14,7 @@ pub mod stream;
 mod workers;
 
 pub use error::ExecError;
+pub use handles::{HandleError, HandleTable};
 pub use models::{Model, ModelStore, Upload, device_name, load, parse_device};
 pub use service::{NodeOptions, NodeService};
 pub use store::TensorStore;

@@ -2,15 +2,19 @@
 //! (registration bookkeeping on the poller, loading and execution on the workers).
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
-use djinn_dataplane::proto::{ErrorCode, Fingerprint, Frame, Message, Payload, Refusal};
+use djinn_dataplane::proto::{ErrorCode, Fingerprint, Frame, Message, Payload, Refusal, TensorSource};
 use djinn_dataplane::tcp::{Replier, Reply, ReplyTo, Service};
 use djinn_gpudirect::{BufferPool, MemoryBudget};
 use tch::Device;
 
+use crate::handles::HandleTable;
 use crate::models::{ModelStore, Upload};
+use crate::mover::{Mover, PushSource};
 use crate::store::TensorStore;
 use crate::workers::{Job, Workers};
 
@@ -24,6 +28,10 @@ pub struct NodeOptions {
     pub max_meta: u32,
     /// Host memory for archives being uploaded and streamed blocks' weights.
     pub host_budget: MemoryBudget,
+    /// A kept tensor unused this long is freed.
+    pub handle_ttl: Duration,
+    /// Longest wait on a peer node when pushing a tensor to it.
+    pub push_timeout: Duration,
 }
 
 #[derive(Debug)]
@@ -34,6 +42,10 @@ pub struct NodeService {
     next_upload: u64,
     pool: BufferPool,
     host_budget: MemoryBudget,
+    device: tch::Device,
+    handles: Arc<Mutex<HandleTable>>,
+    mover: Mover,
+    _sweeper: Sweeper,
     workers: Workers,
 }
 
@@ -41,7 +53,9 @@ impl NodeService {
     pub fn new(budget: MemoryBudget, options: NodeOptions) -> std::io::Result<Self> {
         let pool = BufferPool::new(options.pool_bytes, 64 * 1024);
         let models = Arc::new(Mutex::new(ModelStore::new(budget.clone(), options.host_budget.clone())));
-        let workers = Workers::start(options.workers, options.device, Arc::clone(&models))?;
+        let handles = Arc::new(Mutex::new(HandleTable::new(budget.clone(), options.handle_ttl)));
+        let workers = Workers::start(options.workers, options.device, Arc::clone(&models), Arc::clone(&handles))?;
+        tracing::info!(epoch = format_args!("{:016x}", handles.lock().unwrap_or_else(|e| e.into_inner()).epoch()), "kept tensors start a new epoch");
         Ok(Self {
             tensors: TensorStore::new(budget, pool.clone(), options.max_meta),
             models,
@@ -49,12 +63,35 @@ impl NodeService {
             next_upload: 1,
             pool,
             host_budget: options.host_budget,
+            device: options.device,
+            _sweeper: Sweeper::start(Arc::clone(&handles))?,
+            handles,
+            mover: Mover::start(options.push_timeout)?,
             workers,
         })
     }
 
     fn models(&self) -> MutexGuard<'_, ModelStore> {
         self.models.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn handles(&self) -> MutexGuard<'_, HandleTable> {
+        self.handles.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn push(&mut self, source: TensorSource, to: String, reply_to: ReplyTo, replier: &Replier) -> Option<Reply> {
+        let source = match source {
+            TensorSource::Named(name) => match self.tensors.shared(&name) {
+                Some((desc, bytes)) => PushSource::Bytes { desc, bytes },
+                None => return Some(Reply::error(ErrorCode::NotFound, format!("no tensor named {name:?}"))),
+            },
+            TensorSource::Handle(handle) => match self.handles().get(handle) {
+                Ok((tensor, _)) => PushSource::Tensor(tensor),
+                Err(e) => return Some(Reply::error(e.code(), e.to_string())),
+            },
+        };
+        self.mover.push(source, to, reply_to, replier);
+        None
     }
 
     fn register_begin(&mut self, fingerprint: Fingerprint, blocks: Vec<u64>, to: ReplyTo) -> Reply {
@@ -109,6 +146,14 @@ impl Service for NodeService {
             }
             // Inputs live for one request, in host memory (copied to the device when it is a GPU).
             Message::Execute { .. } => Ok(Payload { buf: self.pool.take(len)?, reservation: None }),
+            // A tensor to keep: on the CPU it stays in this buffer, which is charged to the
+            // device budget; on a GPU it is copied there (and charged then), so the buffer is
+            // only host memory for a while.
+            Message::Keep { .. } => {
+                let budget = if self.device == tch::Device::Cpu { self.tensors.budget() } else { &self.host_budget };
+                let reservation = budget.try_reserve(len as u64)?;
+                Ok(Payload { buf: self.pool.take(len)?, reservation: Some(reservation) })
+            }
             other => Err(Refusal {
                 code: ErrorCode::Unexpected,
                 message: format!("a {} request carries no payload", other.kind().name()),
@@ -133,18 +178,14 @@ impl Service for NodeService {
                     None => Reply::error(ErrorCode::NotFound, format!("no upload {id} on this connection")),
                 }
             }
-            Message::Execute { fingerprint, tensors, inputs } => {
-                let model = self.models().get(&fingerprint);
-                match model {
-                    Some(model) => {
-                        let frame =
-                            Frame { request_id, message: Message::Execute { fingerprint, tensors, inputs }, payload };
-                        self.workers.submit(Job::Execute { model, frame }, to, replier);
-                        return None;
-                    }
-                    None => Reply::error(ErrorCode::UnknownModel, format!("no model {fingerprint} on this node")),
+            Message::Execute { fingerprint, tensors, inputs, keep } => match self.models().get(&fingerprint) {
+                Some(model) => {
+                    let message = Message::Execute { fingerprint, tensors, inputs, keep };
+                    self.workers.submit(Job::Execute { model, frame: Frame { request_id, message, payload } }, to, replier);
+                    return None;
                 }
-            }
+                None => Reply::error(ErrorCode::UnknownModel, format!("no model {fingerprint} on this node")),
+            },
             Message::Unregister { fingerprint } => {
                 let removed = self.models().remove(&fingerprint);
                 match removed {
@@ -158,6 +199,16 @@ impl Service for NodeService {
                 }
             }
             Message::ListModels => Reply::message(Message::ModelList { models: self.models().list() }),
+            Message::Keep { tensor } => {
+                self.workers.submit(Job::Keep { tensor, payload }, to, replier);
+                return None;
+            }
+            Message::Fetch { handle } => {
+                self.workers.submit(Job::Fetch { handle }, to, replier);
+                return None;
+            }
+            Message::Release { handles } => Reply::message(Message::Released { released: self.handles().release(&handles) }),
+            Message::Push { source, to: peer } => return self.push(source, peer, to, replier),
             other => {
                 Reply::error(ErrorCode::Unexpected, format!("a node does not serve {} requests", other.kind().name()))
             }
@@ -167,6 +218,7 @@ impl Service for NodeService {
     fn stats(&self, out: &mut Vec<(String, u64)>) {
         self.tensors.stats(out);
         self.models().stats(out);
+        self.handles().stats(out);
         let c = &self.workers.counters;
         out.extend(
             [
@@ -191,5 +243,43 @@ impl Service for NodeService {
             }
             keep
         });
+    }
+}
+
+/// Frees kept tensors that lie unused past their time limit, checking a few times per limit.
+struct Sweeper {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Sweeper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sweeper").finish_non_exhaustive()
+    }
+}
+
+impl Sweeper {
+    fn start(handles: Arc<Mutex<HandleTable>>) -> std::io::Result<Self> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let period = (handles.lock().unwrap_or_else(|e| e.into_inner()).idle_ttl() / 4)
+            .clamp(Duration::from_millis(10), Duration::from_secs(10));
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::Builder::new().name("djinn-handle-sweeper".into()).spawn(move || {
+            while !flag.load(Ordering::Acquire) {
+                std::thread::park_timeout(period);
+                handles.lock().unwrap_or_else(|e| e.into_inner()).expire(Instant::now());
+            }
+        })?;
+        Ok(Self { stop, thread: Some(thread) })
+    }
+}
+
+impl Drop for Sweeper {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
     }
 }

@@ -93,6 +93,15 @@ impl TensorStore {
 }
 
 impl TensorStore {
+    pub fn budget(&self) -> &MemoryBudget {
+        &self.budget
+    }
+
+    /// A named tensor's descriptor and its bytes, shared with the store.
+    pub fn shared(&self, name: &str) -> Option<(TensorDesc, djinn_dataplane::proto::SharedBytes)> {
+        self.tensors.get(name).map(|t| (t.desc.clone(), Arc::clone(t) as _))
+    }
+
     /// Memory for a put's payload: reserved from the budget, then taken from the pool.
     pub fn alloc(&mut self, len: usize) -> Result<Payload, Refusal> {
         let reservation = self.budget.try_reserve(len as u64)?;

@@ -9,12 +9,13 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
-use djinn_dataplane::proto::{Frame, Message, SharedBytes};
+use djinn_dataplane::proto::{Frame, Handle, Message, Payload, SharedBytes, TensorDesc};
 use djinn_dataplane::tcp::{Replier, Reply, ReplyTo};
 use tch::Device;
 
-use crate::convert::{Outputs, input_tensors, to_ivalue};
+use crate::convert::{OutputTensor, Outputs, input_tensors, kept_inputs, to_ivalue};
 use crate::error::ExecError;
+use crate::handles::HandleTable;
 use crate::models::{Model, ModelStore, Upload};
 
 pub enum Job {
@@ -29,6 +30,15 @@ pub enum Job {
     /// acknowledges the unregistration.
     Free {
         model: Arc<Model>,
+    },
+    /// Keeps a received tensor in device memory.
+    Keep {
+        tensor: TensorDesc,
+        payload: Option<Payload>,
+    },
+    /// Sends a kept tensor's bytes back.
+    Fetch {
+        handle: Handle,
     },
 }
 
@@ -61,7 +71,12 @@ impl std::fmt::Debug for Workers {
 }
 
 impl Workers {
-    pub fn start(count: usize, device: Device, models: Arc<Mutex<ModelStore>>) -> std::io::Result<Self> {
+    pub fn start(
+        count: usize,
+        device: Device,
+        models: Arc<Mutex<ModelStore>>,
+        handles: Arc<Mutex<HandleTable>>,
+    ) -> std::io::Result<Self> {
         let (tx, rx) = crossbeam_channel::unbounded::<Envelope>();
         let counters = Arc::new(WorkerCounters::default());
         let threads = (0..count.max(1))
@@ -69,9 +84,10 @@ impl Workers {
                 let rx = rx.clone();
                 let models = Arc::clone(&models);
                 let counters = Arc::clone(&counters);
+                let handles = Arc::clone(&handles);
                 std::thread::Builder::new()
                     .name(format!("djinn-worker-{i}"))
-                    .spawn(move || work(rx, device, models, counters))
+                    .spawn(move || work(rx, device, models, handles, counters))
             })
             .collect::<Result<_, _>>()?;
         Ok(Self { tx: Some(tx), threads, counters })
@@ -116,21 +132,29 @@ fn next_job(rx: &Receiver<Envelope>) -> Option<Envelope> {
     rx.recv().ok()
 }
 
-fn work(rx: Receiver<Envelope>, device: Device, models: Arc<Mutex<ModelStore>>, counters: Arc<WorkerCounters>) {
+fn work(
+    rx: Receiver<Envelope>,
+    device: Device,
+    models: Arc<Mutex<ModelStore>>,
+    handles: Arc<Mutex<HandleTable>>,
+    counters: Arc<WorkerCounters>,
+) {
     while let Some(Envelope { job, to, replier }) = next_job(&rx) {
         // What the node's stats count, by kind of job: (done, failed).
         let counted = match job {
             Job::Execute { .. } => Some((&counters.executions, &counters.execution_errors)),
             Job::Load { .. } => Some((&counters.loads, &counters.load_errors)),
-            Job::Free { .. } => None,
+            Job::Free { .. } | Job::Keep { .. } | Job::Fetch { .. } => None,
         };
         let result = catch_unwind(AssertUnwindSafe(|| match job {
-            Job::Execute { model, frame } => execute(&model, frame),
+            Job::Execute { model, frame } => execute(&model, frame, &handles),
             Job::Load { upload } => load(upload, device, &models),
             Job::Free { model } => {
                 drop(model);
                 Ok(Reply::message(Message::UnregisterAck))
             }
+            Job::Keep { tensor, payload } => keep(&tensor, payload, device, &handles),
+            Job::Fetch { handle } => fetch(handle, &handles),
         }))
         .unwrap_or_else(|panic| {
             let what =
@@ -157,20 +181,46 @@ fn work(rx: Receiver<Envelope>, device: Device, models: Arc<Mutex<ModelStore>>, 
     }
 }
 
-fn execute(model: &Model, frame: Frame) -> Result<Reply, ExecError> {
-    let Message::Execute { tensors, inputs, .. } = frame.message else {
+fn execute(model: &Model, frame: Frame, handles: &Mutex<HandleTable>) -> Result<Reply, ExecError> {
+    let Message::Execute { tensors, inputs, keep, .. } = frame.message else {
         return Err(ExecError::Internal("not an execute request".into()));
     };
     let payload = frame.payload.map(Arc::new);
     let tensors = input_tensors(&tensors, payload.as_ref(), model.device)?;
-    let args = inputs.iter().map(|v| to_ivalue(v, &tensors)).collect::<Result<Vec<_>, _>>()?;
+    let kept = kept_inputs(&inputs, handles)?;
+    let args = inputs.iter().map(|v| to_ivalue(v, &tensors, &kept)).collect::<Result<Vec<_>, _>>()?;
     let output = model.forward(args)?;
-    let mut outputs = Outputs::new(payload);
-    let output = outputs.value(output)?;
+    let mut outputs = Outputs::new(payload, keep.then_some(handles));
+    let output = outputs.value(output).inspect_err(|_| outputs.release_kept())?;
     Ok(Reply {
-        message: Message::ExecuteReply { tensors: outputs.descs, output },
+        message: Message::ExecuteReply { tensors: outputs.descs, output, kept: outputs.kept },
         tensors: outputs.tensors.into_iter().map(|t| Arc::new(t) as SharedBytes).collect(),
     })
+}
+
+/// A received tensor kept on `device`: on the CPU a view of the payload it arrived in (no copy),
+/// on a GPU a copy there.
+fn keep(desc: &TensorDesc, payload: Option<Payload>, device: Device, handles: &Mutex<HandleTable>) -> Result<Reply, ExecError> {
+    let payload = payload.map(Arc::new);
+    let tensor = input_tensors(std::slice::from_ref(desc), payload.as_ref(), device)?
+        .pop()
+        .ok_or_else(|| ExecError::Internal("no tensor".into()))?;
+    let mut table = handles.lock().unwrap_or_else(|e| e.into_inner());
+    let kept = match payload {
+        // The tensor is a view of the payload: the payload goes into the table with it.
+        Some(payload) if device == Device::Cpu => {
+            let payload = Arc::try_unwrap(payload).map_err(|_| ExecError::Internal("payload still shared".into()))?;
+            table.keep_view(tensor, payload)?
+        }
+        _ => table.keep(tensor)?,
+    };
+    Ok(Reply::message(Message::Kept { kept }))
+}
+
+fn fetch(handle: Handle, handles: &Mutex<HandleTable>) -> Result<Reply, ExecError> {
+    let (tensor, _) = handles.lock().unwrap_or_else(|e| e.into_inner()).get(handle)?;
+    let (bytes, desc) = OutputTensor::new(tensor, None)?;
+    Ok(Reply { message: Message::GetReply { tensor: desc }, tensors: vec![Arc::new(bytes) as SharedBytes] })
 }
 
 fn load(upload: Upload, device: Device, models: &Mutex<ModelStore>) -> Result<Reply, ExecError> {

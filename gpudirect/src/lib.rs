@@ -16,3 +16,9 @@ pub use device::{CudaDevice, DeviceError, cuda_devices};
 pub use host::{AllocError, BUFFER_ALIGN, BufferPool, HostBuf, PoolStats, align_for};
 pub use ring::{BlockTooLarge, SLOT_ALIGN, SkipEndRing, Slot};
 pub use size::ByteSize;
+
+/// How a node's device memory meets the network. Only one path is built: staging, where the
+/// bytes of a device tensor go through host memory (copied there before a send, from there
+/// after a receive; on a CPU-only node they are there already). Registering GPU memory with the
+/// RDMA device (dma-buf, then nvidia-peermem) is not built yet, so no node reports it.
+pub const MEMORY_PATH: &str = "staging";

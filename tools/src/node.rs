@@ -100,6 +100,13 @@ pub struct NodeArgs {
     /// Serve Prometheus /metrics on this address, HOST:PORT.
     #[arg(long)]
     metrics_listen: Option<String>,
+    /// Seconds a tensor kept on the node (a model's output kept for the next call, an uploaded
+    /// or pushed tensor) may lie unused before it is freed.
+    #[arg(long, default_value_t = 600.0)]
+    handle_ttl: f64,
+    /// Seconds a push to another node may wait on it before failing.
+    #[arg(long, default_value_t = 30.0)]
+    push_timeout: f64,
     /// The price of an hour of this node (any currency the cluster agrees on), for minimize_cost.
     #[arg(long, default_value_t = 1.0)]
     cost_per_hour: f64,
@@ -170,7 +177,15 @@ pub fn run(args: NodeArgs) -> Result<()> {
     let transports = if rdma.is_some() { vec!["rdma".to_owned(), "tcp".to_owned()] } else { vec!["tcp".to_owned()] };
     tch::set_num_threads(args.intra_op_threads.max(1));
     let host_budget = MemoryBudget::new(args.host_memory_budget.map_or(physical_memory() / 2, |b| b.0));
-    let options = NodeOptions { device, workers: args.workers, pool_bytes: args.buffer_pool.0, max_meta, host_budget };
+    let options = NodeOptions {
+        device,
+        workers: args.workers,
+        pool_bytes: args.buffer_pool.0,
+        max_meta,
+        host_budget,
+        handle_ttl: seconds("--handle-ttl", args.handle_ttl)?,
+        push_timeout: seconds("--push-timeout", args.push_timeout)?,
+    };
     let service = NodeService::new(budget.clone(), options).context("cannot start the executor")?;
     let config = ServerConfig {
         limits,
@@ -231,4 +246,11 @@ pub fn run(args: NodeArgs) -> Result<()> {
     let counters = counters?;
     tracing::info!(?counters, budget_used = budget.used(), "node stopped");
     Ok(())
+}
+
+fn seconds(flag: &str, value: f64) -> Result<std::time::Duration> {
+    std::time::Duration::try_from_secs_f64(value)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .with_context(|| format!("{flag} {value}: not a positive number of seconds"))
 }

@@ -34,7 +34,8 @@ pub fn run(args: StatusArgs) -> Result<()> {
 
 fn render(url: &str, cluster: &ClusterStatus) -> String {
     let mut out = format!("control plane {url}, revision {}\n", cluster.revision);
-    let header = ["NODE", "ADDRESS", "DEVICE", "MEMORY USED", "HOST FREE", "TRANSPORTS", "QUEUE", "MODELS", "PROMISED"];
+    let header =
+        ["NODE", "ADDRESS", "DEVICE", "MEMORY USED", "HOST FREE", "TRANSPORTS", "MEMORY PATH", "QUEUE", "MODELS", "PROMISED"];
     let mut nodes = vec![row(header)];
     for node in &cluster.nodes {
         let inv = &node.inventory;
@@ -46,6 +47,7 @@ fn render(url: &str, cluster: &ClusterStatus) -> String {
             format!("{used} / {}", ByteSize(inv.memory_total)),
             ByteSize(inv.host_memory_free).to_string(),
             inv.transports.join(","),
+            inv.memory_path.clone(),
             inv.queue_depth.to_string(),
             inv.models.len().to_string(),
             ByteSize(node.promised_bytes).to_string(),

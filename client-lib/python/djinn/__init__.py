@@ -4,6 +4,8 @@
     djinn.init("http://127.0.0.1:7000")          # the control plane (`djinn up`), or a node's HOST:PORT
     rm = djinn.register(model, example_inputs)   # placed by the control plane, uploaded once
     y = rm(x)                                     # sends only the fingerprint and x
+    h = rm(x, keep=True)                          # the output stays on the node: a RemoteTensor
+    z = rm2(h).cpu()                              # h is used where it is, without crossing the network
 
 A model is an ordered list of TorchScript blocks: `nn.Sequential` becomes one block per
 layer, and any model can be split with `blocks=[...]` (submodules or callables, in execution
@@ -30,9 +32,11 @@ from ._native import (
     ControlPlaneError,
     DjinnError,
     ExecutionError,
+    HandleLostError,
     NotFoundError,
     OverBudgetError,
     RemoteError,
+    StaleHandleError,
     TransportError,
     UnknownModelError,
 )
@@ -44,10 +48,13 @@ __all__ = [
     "ControlPlaneError",
     "DjinnError",
     "ExecutionError",
+    "HandleLostError",
     "NotFoundError",
     "OverBudgetError",
     "RemoteError",
     "RemoteModel",
+    "RemoteTensor",
+    "StaleHandleError",
     "TransportError",
     "UnknownModelError",
     "init",
@@ -113,9 +120,17 @@ class Client:
         return self._native.list_models()
 
     def stats(self) -> dict:
-        """Transports in use, bytes sent and received, request counts, and failover counts
-        (placements asked, node failures, re-registrations, replays)."""
+        """Transports in use, how the nodes' device memory meets the network (`memory_path`:
+        "staging", through host memory), bytes sent and received, request counts, and failover
+        counts (placements asked, node failures, re-registrations, replays)."""
         return self._native.stats()
+
+    def keep(self, tensor: torch.Tensor, node: Optional[str] = None) -> "RemoteTensor":
+        """Uploads `tensor` once to be kept in a node's device memory (`node`, by default the
+        node this client was given) and returns it as a RemoteTensor to pass to models there."""
+        tensors: list[torch.Tensor] = []
+        _flatten(tensor, tensors, [])
+        return RemoteTensor(self._native.keep(_spec(tensors[0]), node), self)
 
     def node_stats(self) -> dict:
         return self._native.node_stats()
@@ -322,19 +337,102 @@ class RemoteModel:
         decision = self._client._native.placement(self.fingerprint)
         return None if decision is None else json.loads(decision)
 
-    def __call__(self, *inputs):
+    def __call__(self, *inputs, keep: bool = False):
+        """Runs the model on `inputs` (tensors, RemoteTensors, numbers, strings, and tuples,
+        lists and dicts of them). RemoteTensor inputs are used where they are kept: the call
+        runs on their node (which gets the model if it lacks it). With `keep=True` the output
+        tensors stay on the node and come back as RemoteTensors."""
         tensors: list[torch.Tensor] = []
-        wire_inputs = [_flatten(v, tensors) for v in inputs]
-        specs = [
-            (_WIRE_DTYPES[t.dtype], list(t.shape), t.data_ptr(), t.numel() * t.element_size()) for t in tensors
-        ]
-        return _unflatten(self._client._native.execute(self.fingerprint, wire_inputs, specs))
+        nodes: list[str] = []
+        wire_inputs = [_flatten(v, tensors, nodes) for v in inputs]
+        if len(set(nodes)) > 1:
+            raise DjinnError(
+                f"the RemoteTensor inputs are on several nodes ({', '.join(sorted(set(nodes)))}): push them to one first"
+            )
+        at = nodes[0] if nodes else None
+        out = self._client._native.execute(self.fingerprint, wire_inputs, [_spec(t) for t in tensors], keep, at)
+        return _unflatten(out, self._client)
 
     def unregister(self) -> None:
         self._client._native.unregister_model(self.fingerprint)
 
 
-def _flatten(value, tensors: list):
+def _spec(t: torch.Tensor) -> tuple:
+    """What the native client sends a tensor from: dtype, shape, data pointer, byte length."""
+    return (_WIRE_DTYPES[t.dtype], list(t.shape), t.data_ptr(), t.numel() * t.element_size())
+
+
+class RemoteTensor:
+    """A tensor kept in a node's device memory: the output of `rm(..., keep=True)`,
+    `client.keep(t)` or `t.push(node)`. Passed to a model on its node, it does not cross the
+    network. `.cpu()` brings its bytes back. It is freed when released or garbage-collected,
+    or by the node after its `--handle-ttl` unused. If its node dies or restarts, it is gone:
+    using it raises HandleLostError or StaleHandleError."""
+
+    __slots__ = ("_kept", "_client", "_released", "path")
+
+    def __init__(self, kept, client: Client, path: Optional[str] = None):
+        self._kept = kept
+        self._client = client
+        self._released = False
+        # How the bytes got here, for a pushed tensor ("staging-tcp").
+        self.path = path
+
+    @property
+    def node(self) -> str:
+        """The address of the node that holds it."""
+        return self._kept.node
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return _TORCH_DTYPES[self._kept.dtype]
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size(self._kept.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self._kept.nbytes
+
+    def cpu(self) -> torch.Tensor:
+        """Fetches the tensor's bytes from its node."""
+        self._check()
+        fetched = self._client._native.fetch(self._kept)
+        if self.nbytes == 0:
+            return torch.empty(self.shape, dtype=self.dtype)
+        return torch.frombuffer(fetched, dtype=self.dtype).view(self.shape)
+
+    def push(self, node: str) -> "RemoteTensor":
+        """Has its node copy it into the device memory of the node at `node` ("HOST:PORT"),
+        node to node; returns the copy there (this one stays)."""
+        self._check()
+        kept, path = self._client._native.push(self._kept, node)
+        return RemoteTensor(kept, self._client, path)
+
+    def release(self) -> None:
+        """Frees it on its node now."""
+        if not self._released:
+            self._released = True
+            self._client._native.release([self._kept])
+
+    def _check(self) -> None:
+        if self._released:
+            raise DjinnError(f"{self!r} was released")
+
+    def __del__(self):
+        if not getattr(self, "_released", True):
+            self._client._native.release_later(self._kept)
+
+    def __repr__(self) -> str:
+        return f"RemoteTensor({self.dtype}{list(self.shape)} on {self.node}, handle {self._kept.id})"
+
+
+def _flatten(value, tensors: list, nodes: list):
+    if isinstance(value, RemoteTensor):
+        value._check()
+        nodes.append(value.node)
+        return value._kept
     if isinstance(value, torch.Tensor):
         t = value.detach()
         if t.dtype not in _WIRE_DTYPES:
@@ -344,17 +442,19 @@ def _flatten(value, tensors: list):
         tensors.append(t.contiguous())
         return _native.TensorSlot(len(tensors) - 1)
     if isinstance(value, tuple):
-        return tuple(_flatten(v, tensors) for v in value)
+        return tuple(_flatten(v, tensors, nodes) for v in value)
     if isinstance(value, list):
-        return [_flatten(v, tensors) for v in value]
+        return [_flatten(v, tensors, nodes) for v in value]
     if isinstance(value, dict):
-        return {k: _flatten(v, tensors) for k, v in value.items()}
+        return {k: _flatten(v, tensors, nodes) for k, v in value.items()}
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     raise TypeError(f"cannot send a {type(value).__name__} to a remote model")
 
 
-def _unflatten(value):
+def _unflatten(value, client: Client):
+    if isinstance(value, _native.Kept):
+        return RemoteTensor(value, client)
     if isinstance(value, _native.OutputTensor):
         dtype = _TORCH_DTYPES[value.dtype]
         shape = tuple(value.shape)
@@ -362,11 +462,11 @@ def _unflatten(value):
             return torch.empty(shape, dtype=dtype)
         return torch.frombuffer(value, dtype=dtype).view(shape)
     if isinstance(value, tuple):
-        return tuple(_unflatten(v) for v in value)
+        return tuple(_unflatten(v, client) for v in value)
     if isinstance(value, list):
-        return [_unflatten(v) for v in value]
+        return [_unflatten(v, client) for v in value]
     if isinstance(value, dict):
-        return {k: _unflatten(v) for k, v in value.items()}
+        return {k: _unflatten(v, client) for k, v in value.items()}
     return value
 
 

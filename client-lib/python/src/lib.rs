@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use djinn_client::{
     Archive, BlockEstimate, ClientError, ClientOptions, ClusterClient, ClusterError, DType, ErrorCode, FailoverOptions,
-    Fingerprint, ModelDescription, Output, Target, TensorRef, Value,
+    Fingerprint, Handle, HandleInfo, ModelDescription, Output, RemoteTensor, Target, Tensor, TensorDesc, TensorRef,
+    Value,
 };
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
@@ -36,7 +37,19 @@ create_exception!(
     DjinnError,
     "The control plane could not be reached, or refused (the message is its own)."
 );
-create_exception!(_native, NotFoundError, RemoteError, "No such tensor or upload on the node.");
+create_exception!(_native, NotFoundError, RemoteError, "No such tensor, kept tensor or upload on the node.");
+create_exception!(
+    _native,
+    StaleHandleError,
+    RemoteError,
+    "The kept tensor is from an earlier life of its node: the node restarted and the tensor is gone."
+);
+create_exception!(
+    _native,
+    HandleLostError,
+    TransportError,
+    "The node holding the kept tensor cannot be reached: the tensor is lost with it."
+);
 
 fn to_py_err(e: ClusterError) -> PyErr {
     let e = match e {
@@ -44,6 +57,7 @@ fn to_py_err(e: ClusterError) -> PyErr {
         ClusterError::Control(e) => return ControlPlaneError::new_err(e.to_string()),
         ClusterError::Unavailable { .. } => return TransportError::new_err(e.to_string()),
         ClusterError::NotOneNode => return DjinnError::new_err(e.to_string()),
+        ClusterError::HandleLost { .. } => return HandleLostError::new_err(e.to_string()),
     };
     match &e {
         ClientError::Remote { code, message, .. } => {
@@ -54,6 +68,7 @@ fn to_py_err(e: ClusterError) -> PyErr {
                 ErrorCode::BadArchive => BadArchiveError::new_err(message),
                 ErrorCode::OverBudget => OverBudgetError::new_err(message),
                 ErrorCode::NotFound => NotFoundError::new_err(message),
+                ErrorCode::StaleHandle => StaleHandleError::new_err(message),
                 _ => RemoteError::new_err(e.to_string()),
             }
         }
@@ -108,9 +123,80 @@ impl OutputTensor {
     }
 }
 
+/// A tensor kept on a node: which node, the node's handle, and what it holds.
+#[pyclass(frozen, module = "djinn._native")]
+struct Kept {
+    #[pyo3(get)]
+    node: String,
+    #[pyo3(get)]
+    id: u64,
+    #[pyo3(get)]
+    epoch: u64,
+    #[pyo3(get)]
+    dtype: &'static str,
+    #[pyo3(get)]
+    shape: Vec<u64>,
+    #[pyo3(get)]
+    nbytes: u64,
+}
+
+impl Kept {
+    fn new(node: String, info: &HandleInfo) -> Self {
+        Self {
+            node,
+            id: info.handle.id,
+            epoch: info.handle.epoch,
+            dtype: info.tensor.dtype.name(),
+            shape: info.tensor.shape.clone(),
+            nbytes: info.tensor.byte_len,
+        }
+    }
+
+    fn handle(&self) -> Handle {
+        Handle { id: self.id, epoch: self.epoch }
+    }
+
+    fn remote(&self) -> PyResult<RemoteTensor> {
+        let dtype: DType = self.dtype.parse().map_err(PyValueError::new_err)?;
+        let tensor = TensorDesc::new(dtype, self.shape.clone()).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(RemoteTensor { node: self.node.clone(), info: HandleInfo { handle: self.handle(), tensor } })
+    }
+}
+
+#[pymethods]
+impl Kept {
+    fn __repr__(&self) -> String {
+        format!("Kept(node={:?}, id={}, dtype={}, shape={:?})", self.node, self.id, self.dtype, self.shape)
+    }
+}
+
+/// A tensor fetched from a node: a writable buffer over the received bytes.
+#[pyclass(module = "djinn._native")]
+struct Fetched {
+    tensor: Tensor,
+}
+
+#[pymethods]
+impl Fetched {
+    unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: c_int) -> PyResult<()> {
+        let (ptr, len) = {
+            let this = slf.borrow();
+            let bytes = this.tensor.bytes();
+            (bytes.as_ptr() as *mut std::ffi::c_void, bytes.len() as ffi::Py_ssize_t)
+        };
+        // SAFETY: as for OutputTensor: the bytes belong to this object alone and live as long
+        // as it does; the view holds a reference to it.
+        let rc = unsafe { ffi::PyBuffer_FillInfo(view, slf.as_ptr(), ptr, len, 0, flags) };
+        if rc == 0 { Ok(()) } else { Err(PyErr::fetch(slf.py())) }
+    }
+}
+
 fn value_from_py(obj: &Bound<'_, PyAny>) -> PyResult<Value> {
     if obj.is_none() {
         return Ok(Value::None);
+    }
+    if let Ok(kept) = obj.cast::<Kept>() {
+        return Ok(Value::Handle(kept.get().handle()));
     }
     if let Ok(slot) = obj.cast::<TensorSlot>() {
         return Ok(Value::Tensor(slot.get().index));
@@ -142,9 +228,19 @@ fn value_from_py(obj: &Bound<'_, PyAny>) -> PyResult<Value> {
     Err(PyTypeError::new_err(format!("cannot send a {} to a remote model", obj.get_type().name()?)))
 }
 
-fn value_to_py<'py>(py: Python<'py>, value: &Value, output: &Arc<Output>) -> PyResult<Bound<'py, PyAny>> {
+/// `node`: where the output's kept tensors are.
+fn value_to_py<'py>(py: Python<'py>, value: &Value, output: &Arc<Output>, node: &str) -> PyResult<Bound<'py, PyAny>> {
+    let value_to_py = |v| value_to_py(py, v, output, node);
     Ok(match value {
         Value::None => py.None().into_bound(py),
+        Value::Handle(h) => {
+            let info = output
+                .kept
+                .iter()
+                .find(|k| k.handle == *h)
+                .ok_or_else(|| DjinnError::new_err(format!("the node kept no tensor {h}")))?;
+            Bound::new(py, Kept::new(node.to_owned(), info))?.into_any()
+        }
         Value::Tensor(i) => {
             let index = *i as usize;
             let desc = output.tensors.get(index).ok_or_else(|| DjinnError::new_err(format!("no output tensor {i}")))?;
@@ -161,17 +257,12 @@ fn value_to_py<'py>(py: Python<'py>, value: &Value, output: &Arc<Output>) -> PyR
         Value::Float(v) => v.into_pyobject(py)?.into_any(),
         Value::Bool(v) => PyBool::new(py, *v).to_owned().into_any(),
         Value::Str(s) => PyString::new(py, s).into_any(),
-        Value::Tuple(items) => {
-            PyTuple::new(py, items.iter().map(|v| value_to_py(py, v, output)).collect::<PyResult<Vec<_>>>()?)?
-                .into_any()
-        }
-        Value::List(items) => {
-            PyList::new(py, items.iter().map(|v| value_to_py(py, v, output)).collect::<PyResult<Vec<_>>>()?)?.into_any()
-        }
+        Value::Tuple(items) => PyTuple::new(py, items.iter().map(value_to_py).collect::<PyResult<Vec<_>>>()?)?.into_any(),
+        Value::List(items) => PyList::new(py, items.iter().map(value_to_py).collect::<PyResult<Vec<_>>>()?)?.into_any(),
         Value::Dict(entries) => {
             let d = PyDict::new(py);
             for (k, v) in entries {
-                d.set_item(value_to_py(py, k, output)?, value_to_py(py, v, output)?)?;
+                d.set_item(value_to_py(k)?, value_to_py(v)?)?;
             }
             d.into_any()
         }
@@ -189,12 +280,43 @@ struct Client {
     inner: Mutex<ClusterClient>,
     #[pyo3(get)]
     address: String,
+    /// Kept tensors dropped by Python, to release with the next call (a finaliser must not
+    /// wait on the network, nor on a call in progress).
+    unreleased: Mutex<Vec<(String, Handle)>>,
 }
 
 impl Client {
+    /// The client, after releasing what Python dropped since the last call.
     fn lock(&self) -> MutexGuard<'_, ClusterClient> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        let mut client = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let dropped = std::mem::take(&mut *self.unreleased.lock().unwrap_or_else(|e| e.into_inner()));
+        if !dropped.is_empty() {
+            let mut by_node: std::collections::BTreeMap<String, Vec<Handle>> = Default::default();
+            for (node, handle) in dropped {
+                by_node.entry(node).or_default().push(handle);
+            }
+            for (node, handles) in by_node {
+                // A failure means the node is gone, and its tensors with it: nothing is left to
+                // free. (Unreleased tensors on a live node expire after its --handle-ttl.)
+                let _ = client.release(&node, &handles);
+            }
+        }
+        client
     }
+}
+
+fn tensor_ref((dtype, shape, ptr, len): &(String, Vec<u64>, usize, usize)) -> PyResult<TensorRef<'_>> {
+    Ok(TensorRef {
+        dtype: dtype.parse().map_err(PyValueError::new_err)?,
+        shape,
+        bytes: if *len == 0 {
+            &[]
+        } else {
+            // SAFETY: the Python caller passes the data pointer and byte length of a contiguous
+            // CPU tensor that it holds until the call returns.
+            unsafe { std::slice::from_raw_parts(*ptr as *const u8, *len) }
+        },
+    })
 }
 
 fn progress_callback(progress: &Option<Py<PyAny>>) -> impl FnMut(u64, u64) + '_ {
@@ -237,7 +359,7 @@ impl Client {
         };
         let failover = FailoverOptions { deadline: Duration::from_secs_f64(failover.max(0.0)), ..Default::default() };
         let client = py.detach(|| ClusterClient::open(&address, options, failover)).map_err(to_py_err)?;
-        Ok(Self { inner: Mutex::new(client), address })
+        Ok(Self { inner: Mutex::new(client), address, unreleased: Mutex::new(Vec::new()) })
     }
 
     /// "control" or "node".
@@ -276,41 +398,79 @@ impl Client {
     }
 
     /// Runs a model. `inputs`: the positional arguments, nested, with `TensorSlot(i)` for
-    /// tensors; `tensors[i]`: (dtype, shape, data pointer, byte length) of a contiguous CPU
-    /// tensor the caller keeps alive during the call.
+    /// tensors and `Kept` for tensors kept on a node; `tensors[i]`: (dtype, shape, data
+    /// pointer, byte length) of a contiguous CPU tensor the caller keeps alive during the call.
+    /// `keep`: the output tensors stay on the node (as `Kept`). `at`: the node holding the
+    /// `Kept` inputs, where the call must run.
+    #[pyo3(signature = (fingerprint, inputs, tensors, keep = false, at = None))]
     fn execute<'py>(
         &self,
         py: Python<'py>,
         fingerprint: &str,
         inputs: Vec<Bound<'py, PyAny>>,
         tensors: Vec<(String, Vec<u64>, usize, usize)>,
+        keep: bool,
+        at: Option<String>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let fingerprint = parse_fingerprint(fingerprint)?;
         let inputs = inputs.iter().map(value_from_py).collect::<PyResult<Vec<_>>>()?;
-        let specs = tensors
-            .iter()
-            .map(|(dtype, shape, ptr, len)| {
-                let dtype: DType = dtype.parse().map_err(PyValueError::new_err)?;
-                Ok((dtype, shape.as_slice(), *ptr, *len))
+        let refs = tensors.iter().map(tensor_ref).collect::<PyResult<Vec<_>>>()?;
+        let (output, node) = py
+            .detach(|| {
+                let mut client = self.lock();
+                match (&at, keep) {
+                    (Some(node), _) => {
+                        client.execute_at(node, &fingerprint, &inputs, &refs, keep).map(|o| (o, node.clone()))
+                    }
+                    (None, true) => client.execute_keep(&fingerprint, None, &inputs, &refs),
+                    (None, false) => client.execute(&fingerprint, None, &inputs, &refs).map(|o| (o, String::new())),
+                }
             })
-            .collect::<PyResult<Vec<_>>>()?;
-        let refs: Vec<TensorRef<'_>> = specs
-            .iter()
-            .map(|&(dtype, shape, ptr, len)| TensorRef {
-                dtype,
-                shape,
-                bytes: if len == 0 {
-                    &[]
-                } else {
-                    // SAFETY: the Python caller passes the data pointer and byte length of a
-                    // contiguous CPU tensor that it holds until this call returns.
-                    unsafe { std::slice::from_raw_parts(ptr as *const u8, len) }
-                },
-            })
-            .collect();
-        let output = py.detach(|| self.lock().execute(&fingerprint, None, &inputs, &refs)).map_err(to_py_err)?;
+            .map_err(to_py_err)?;
         let output = Arc::new(output);
-        value_to_py(py, &output.value, &output)
+        value_to_py(py, &output.value, &output, &node)
+    }
+
+    /// Uploads a tensor (dtype, shape, data pointer, byte length, as for `execute`) to be kept
+    /// on `node` (by default this client's node).
+    #[pyo3(signature = (tensor, node = None))]
+    fn keep(&self, py: Python<'_>, tensor: (String, Vec<u64>, usize, usize), node: Option<String>) -> PyResult<Kept> {
+        let tensor = tensor_ref(&tensor)?;
+        let remote = py.detach(|| self.lock().keep(node.as_deref(), tensor)).map_err(to_py_err)?;
+        Ok(Kept::new(remote.node, &remote.info))
+    }
+
+    /// The bytes of a kept tensor, as a buffer.
+    fn fetch(&self, py: Python<'_>, kept: &Kept) -> PyResult<Fetched> {
+        let remote = kept.remote()?;
+        let tensor = py.detach(|| self.lock().fetch(&remote)).map_err(to_py_err)?;
+        Ok(Fetched { tensor })
+    }
+
+    /// Has the node holding `kept` copy it into the device memory of the node at `to`.
+    /// Returns the copy there and the path the bytes took.
+    fn push(&self, py: Python<'_>, kept: &Kept, to: String) -> PyResult<(Kept, String)> {
+        let remote = kept.remote()?;
+        let (copy, path) = py.detach(|| self.lock().push(&remote, &to)).map_err(to_py_err)?;
+        Ok((Kept::new(copy.node, &copy.info), path))
+    }
+
+    /// Frees kept tensors now; returns how many their nodes held.
+    fn release(&self, py: Python<'_>, kept: Vec<Bound<'_, Kept>>) -> PyResult<u32> {
+        let mut by_node: std::collections::BTreeMap<String, Vec<Handle>> = Default::default();
+        for k in &kept {
+            by_node.entry(k.get().node.clone()).or_default().push(k.get().handle());
+        }
+        py.detach(|| {
+            let mut client = self.lock();
+            by_node.iter().try_fold(0, |n, (node, handles)| Ok(n + client.release(node, handles)?))
+        })
+        .map_err(to_py_err)
+    }
+
+    /// Frees a kept tensor with the next call (for finalisers: never waits).
+    fn release_later(&self, kept: &Kept) {
+        self.unreleased.lock().unwrap_or_else(|e| e.into_inner()).push((kept.node.clone(), kept.handle()));
     }
 
     fn unregister_model(&self, py: Python<'_>, fingerprint: &str) -> PyResult<()> {
@@ -355,6 +515,7 @@ impl Client {
         let d = PyDict::new(py);
         d.set_item("address", &self.address)?;
         d.set_item("transport", client.transports().join(","))?;
+        d.set_item("memory_path", client.memory_paths().join(","))?;
         d.set_item("bytes_sent", sent)?;
         d.set_item("bytes_received", received)?;
         d.set_item("requests", counts.requests)?;
@@ -384,6 +545,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Client>()?;
     m.add_class::<TensorSlot>()?;
     m.add_class::<OutputTensor>()?;
+    m.add_class::<Kept>()?;
+    m.add_class::<Fetched>()?;
     for (name, ty) in [
         ("DjinnError", py.get_type::<DjinnError>()),
         ("TransportError", py.get_type::<TransportError>()),
@@ -393,6 +556,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         ("BadArchiveError", py.get_type::<BadArchiveError>()),
         ("OverBudgetError", py.get_type::<OverBudgetError>()),
         ("NotFoundError", py.get_type::<NotFoundError>()),
+        ("StaleHandleError", py.get_type::<StaleHandleError>()),
+        ("HandleLostError", py.get_type::<HandleLostError>()),
         ("ControlPlaneError", py.get_type::<ControlPlaneError>()),
     ] {
         m.add(name, ty)?;

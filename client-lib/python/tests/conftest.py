@@ -26,11 +26,11 @@ def node_binary() -> str:
 
 
 class DjinnProcess:
-    """`djinn COMMAND --listen 127.0.0.1:0 ARGS`; `address` is what its first line announced."""
+    """`djinn COMMAND --listen LISTEN ARGS`; `address` is what its first line announced."""
 
-    def __init__(self, command: str, *args: str):
+    def __init__(self, command: str, *args: str, listen: str = "127.0.0.1:0"):
         self.proc = subprocess.Popen(
-            [node_binary(), command, "--listen", "127.0.0.1:0", "--log", "error", *args],
+            [node_binary(), command, "--listen", listen, "--log", "error", *args],
             stdout=subprocess.PIPE,
         )
         line = self.proc.stdout.readline().decode()
@@ -49,8 +49,8 @@ class DjinnProcess:
 
 
 class NodeProcess(DjinnProcess):
-    def __init__(self, *args: str):
-        super().__init__("node", *args)
+    def __init__(self, *args: str, listen: str = "127.0.0.1:0"):
+        super().__init__("node", *args, listen=listen)
 
 
 @pytest.fixture(scope="session")

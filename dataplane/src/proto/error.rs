@@ -23,6 +23,10 @@ pub enum ErrorCode {
     BadArchive,
     ExecutionFailed,
     Busy,
+    /// A handle from an earlier life of the node (its epoch is not the node's).
+    StaleHandle,
+    /// The node could not reach the peer it was asked to push to.
+    PeerUnreachable,
     /// A code this build does not know (sent by a newer peer).
     Other(u16),
 }
@@ -49,6 +53,8 @@ impl ErrorCode {
             Self::BadArchive => 17,
             Self::ExecutionFailed => 18,
             Self::Busy => 19,
+            Self::StaleHandle => 20,
+            Self::PeerUnreachable => 21,
             Self::Other(code) => code,
         }
     }
@@ -74,6 +80,8 @@ impl ErrorCode {
             17 => Self::BadArchive,
             18 => Self::ExecutionFailed,
             19 => Self::Busy,
+            20 => Self::StaleHandle,
+            21 => Self::PeerUnreachable,
             other => Self::Other(other),
         }
     }

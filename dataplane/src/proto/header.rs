@@ -15,7 +15,8 @@ use super::error::ProtocolError;
 use super::limits::Limits;
 
 pub const MAGIC: [u8; 4] = *b"DJNN";
-pub const PROTOCOL_VERSION: u16 = 1;
+/// 2: tensors kept on the node (handles, keep, fetch, release, push).
+pub const PROTOCOL_VERSION: u16 = 2;
 pub const HEADER_LEN: usize = size_of::<FrameHeader>();
 
 #[repr(C)]
@@ -127,4 +128,11 @@ kinds! {
     UnregisterAck = 0x10a,
     ListModels = 0x10b,
     ModelList = 0x10c,
+    Keep = 0x10d,
+    Kept = 0x10e,
+    Fetch = 0x10f,
+    Release = 0x110,
+    Released = 0x111,
+    Push = 0x112,
+    Pushed = 0x113,
 }

@@ -8,7 +8,7 @@ use super::error::{ErrorCode, ProtocolError};
 use super::header::{Kind, PROTOCOL_VERSION};
 use super::limits::Limits;
 use super::tensor::{DType, TensorDesc};
-use super::value::Value;
+use super::value::{Handle, Value};
 
 /// A model's identity: BLAKE3 over its blocks' TorchScript archives (see
 /// [`Fingerprint::of_blocks`]).
@@ -97,6 +97,9 @@ pub struct Hello {
     pub max_payload: u64,
     /// Software name and version, for logs.
     pub agent: String,
+    /// How the sender's device memory meets the network (a node's: `staging`, through host
+    /// memory); empty from a client.
+    pub memory_path: String,
 }
 
 impl Hello {
@@ -107,8 +110,23 @@ impl Hello {
             max_meta: limits.max_meta,
             max_payload: limits.max_payload,
             agent: agent.into(),
+            memory_path: String::new(),
         }
     }
+}
+
+/// A tensor kept on a node and what it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HandleInfo {
+    pub handle: Handle,
+    pub tensor: TensorDesc,
+}
+
+/// A tensor a node holds: a named tensor of its store, or a kept one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TensorSource {
+    Named(String),
+    Handle(Handle),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -192,15 +210,20 @@ pub enum Message {
     Registered {
         model: ModelInfo,
     },
-    /// Runs a model on positional `inputs`; their tensors are the payload.
+    /// Runs a model on positional `inputs`; their tensors are the payload, or handles of
+    /// tensors kept on the node. With `keep`, every output tensor stays on the node and comes
+    /// back as a handle.
     Execute {
         fingerprint: Fingerprint,
         tensors: Vec<TensorDesc>,
         inputs: Vec<Value>,
+        keep: bool,
     },
+    /// The output's `Value::Handle`s are described in `kept`.
     ExecuteReply {
         tensors: Vec<TensorDesc>,
         output: Value,
+        kept: Vec<HandleInfo>,
     },
     Unregister {
         fingerprint: Fingerprint,
@@ -209,6 +232,35 @@ pub enum Message {
     ListModels,
     ModelList {
         models: Vec<ModelInfo>,
+    },
+    /// Keeps the payload's tensor in the node's device memory.
+    Keep {
+        tensor: TensorDesc,
+    },
+    Kept {
+        kept: HandleInfo,
+    },
+    /// Asks for a kept tensor's bytes; answered by a `GetReply`.
+    Fetch {
+        handle: Handle,
+    },
+    /// Frees kept tensors; handles the node does not hold are skipped.
+    Release {
+        handles: Vec<Handle>,
+    },
+    Released {
+        released: u32,
+    },
+    /// Copies a tensor of this node into the device memory of the node at `to` (host:port),
+    /// where it is kept.
+    Push {
+        source: TensorSource,
+        to: String,
+    },
+    /// `kept` is the handle on the peer; `path` says how the bytes went there.
+    Pushed {
+        kept: HandleInfo,
+        path: String,
     },
 }
 
@@ -244,6 +296,13 @@ impl Message {
             Self::UnregisterAck => Kind::UnregisterAck,
             Self::ListModels => Kind::ListModels,
             Self::ModelList { .. } => Kind::ModelList,
+            Self::Keep { .. } => Kind::Keep,
+            Self::Kept { .. } => Kind::Kept,
+            Self::Fetch { .. } => Kind::Fetch,
+            Self::Release { .. } => Kind::Release,
+            Self::Released { .. } => Kind::Released,
+            Self::Push { .. } => Kind::Push,
+            Self::Pushed { .. } => Kind::Pushed,
         }
     }
 
@@ -266,13 +325,19 @@ impl Message {
                 | Self::ExecuteReply { .. }
                 | Self::UnregisterAck
                 | Self::ModelList { .. }
+                | Self::Kept { .. }
+                | Self::Released { .. }
+                | Self::Pushed { .. }
         )
     }
 
     /// The tensors whose bytes make up this message's payload, in payload order.
     pub fn tensors(&self) -> &[TensorDesc] {
         match self {
-            Self::Put { tensor, .. } | Self::GetReply { tensor } | Self::RegisterChunk { chunk: tensor, .. } => {
+            Self::Put { tensor, .. }
+            | Self::GetReply { tensor }
+            | Self::RegisterChunk { chunk: tensor, .. }
+            | Self::Keep { tensor } => {
                 std::slice::from_ref(tensor)
             }
             Self::Execute { tensors, .. } | Self::ExecuteReply { tensors, .. } => tensors,
@@ -293,6 +358,7 @@ impl Message {
                 w.u32(h.max_meta);
                 w.u64(h.max_payload);
                 w.str(&h.agent);
+                w.str(&h.memory_path);
             }
             Self::Ping | Self::Pong | Self::DeleteAck | Self::Stats | Self::UnregisterAck | Self::ListModels => {}
             Self::Put { name, tensor } => {
@@ -361,17 +427,22 @@ impl Message {
             }
             Self::RegisterCommit { upload } => w.u64(*upload),
             Self::Registered { model } => w.model(model),
-            Self::Execute { fingerprint, tensors, inputs } => {
+            Self::Execute { fingerprint, tensors, inputs, keep } => {
                 w.fingerprint(fingerprint);
+                w.u8(u8::from(*keep));
                 w.tensors(tensors);
                 w.u32(inputs.len() as u32);
                 for v in inputs {
                     v.encode(w.0);
                 }
             }
-            Self::ExecuteReply { tensors, output } => {
+            Self::ExecuteReply { tensors, output, kept } => {
                 w.tensors(tensors);
                 output.encode(w.0);
+                w.u32(kept.len() as u32);
+                for k in kept {
+                    w.kept(k);
+                }
             }
             Self::Unregister { fingerprint } => w.fingerprint(fingerprint),
             Self::ModelList { models } => {
@@ -379,6 +450,33 @@ impl Message {
                 for m in models {
                     w.model(m);
                 }
+            }
+            Self::Keep { tensor } => w.tensor(tensor),
+            Self::Kept { kept } => w.kept(kept),
+            Self::Fetch { handle } => handle.encode(w.0),
+            Self::Release { handles } => {
+                w.u32(handles.len() as u32);
+                for h in handles {
+                    h.encode(w.0);
+                }
+            }
+            Self::Released { released } => w.u32(*released),
+            Self::Push { source, to } => {
+                match source {
+                    TensorSource::Named(name) => {
+                        w.u8(0);
+                        w.str(name);
+                    }
+                    TensorSource::Handle(h) => {
+                        w.u8(1);
+                        h.encode(w.0);
+                    }
+                }
+                w.str(to);
+            }
+            Self::Pushed { kept, path } => {
+                w.kept(kept);
+                w.str(path);
             }
         }
     }
@@ -393,6 +491,7 @@ impl Message {
                     max_meta: r.u32("max meta")?,
                     max_payload: r.u64("max payload")?,
                     agent: r.string("agent")?,
+                    memory_path: r.string("memory path")?,
                 };
                 if kind == Kind::Hello { Self::Hello(hello) } else { Self::HelloAck(hello) }
             }
@@ -456,18 +555,25 @@ impl Message {
             Kind::Registered => Self::Registered { model: r.model()? },
             Kind::Execute => {
                 let fingerprint = r.fingerprint()?;
+                let keep = r.bool("keep")?;
                 let tensors = r.tensors()?;
                 let n = r.count("inputs", 1)?;
                 let mut inputs = Vec::with_capacity(n);
                 for _ in 0..n {
                     inputs.push(Value::decode(&mut r.bytes, tensors.len())?);
                 }
-                Self::Execute { fingerprint, tensors, inputs }
+                Self::Execute { fingerprint, tensors, inputs, keep }
             }
             Kind::ExecuteReply => {
                 let tensors = r.tensors()?;
                 let output = Value::decode(&mut r.bytes, tensors.len())?;
-                Self::ExecuteReply { tensors, output }
+                // The smallest entry: a handle and a rank-0 descriptor.
+                let n = r.count("kept tensors", 16 + 10)?;
+                let mut kept = Vec::with_capacity(n);
+                for _ in 0..n {
+                    kept.push(r.kept()?);
+                }
+                Self::ExecuteReply { tensors, output, kept }
             }
             Kind::Unregister => Self::Unregister { fingerprint: r.fingerprint()? },
             Kind::UnregisterAck => Self::UnregisterAck,
@@ -481,6 +587,27 @@ impl Message {
                 }
                 Self::ModelList { models }
             }
+            Kind::Keep => Self::Keep { tensor: r.tensor()? },
+            Kind::Kept => Self::Kept { kept: r.kept()? },
+            Kind::Fetch => Self::Fetch { handle: r.handle()? },
+            Kind::Release => {
+                let n = r.count("handles", 16)?;
+                let mut handles = Vec::with_capacity(n);
+                for _ in 0..n {
+                    handles.push(r.handle()?);
+                }
+                Self::Release { handles }
+            }
+            Kind::Released => Self::Released { released: r.u32("released")? },
+            Kind::Push => {
+                let source = match r.u8("source")? {
+                    0 => TensorSource::Named(r.name()?),
+                    1 => TensorSource::Handle(r.handle()?),
+                    v => return Err(ProtocolError::MalformedMeta(format!("tensor source {v} is neither 0 nor 1"))),
+                };
+                Self::Push { source, to: r.string("peer address")? }
+            }
+            Kind::Pushed => Self::Pushed { kept: r.kept()?, path: r.string("path")? },
         };
         if !r.bytes.is_empty() {
             return Err(ProtocolError::MalformedMeta(format!(
@@ -533,6 +660,10 @@ impl Writer<'_> {
         self.u64(m.weight_bytes);
         self.str(&m.device);
         self.u64(m.executions);
+    }
+    fn kept(&mut self, k: &HandleInfo) {
+        k.handle.encode(self.0);
+        self.tensor(&k.tensor);
     }
     fn tensor(&mut self, t: &TensorDesc) {
         self.u8(t.dtype.to_wire());
@@ -628,6 +759,12 @@ impl<'a> Reader<'a> {
             device: self.string("device")?,
             executions: self.u64("executions")?,
         })
+    }
+    fn handle(&mut self) -> Result<Handle, ProtocolError> {
+        Ok(Handle { id: self.u64("handle id")?, epoch: self.u64("handle epoch")? })
+    }
+    fn kept(&mut self) -> Result<HandleInfo, ProtocolError> {
+        Ok(HandleInfo { handle: self.handle()?, tensor: self.tensor()? })
     }
     fn tensor(&mut self) -> Result<TensorDesc, ProtocolError> {
         let code = self.u8("dtype")?;

@@ -72,13 +72,16 @@ fn name() -> impl Strategy<Value = String> {
 }
 
 fn hello() -> impl Strategy<Value = Hello> {
-    (any::<u32>(), any::<u32>(), any::<u64>(), name()).prop_map(|(transports, max_meta, max_payload, agent)| Hello {
-        protocol_version: PROTOCOL_VERSION,
-        transports,
-        max_meta,
-        max_payload,
-        agent,
-    })
+    (any::<u32>(), any::<u32>(), any::<u64>(), name(), "(staging|)").prop_map(
+        |(transports, max_meta, max_payload, agent, memory_path)| Hello {
+            protocol_version: PROTOCOL_VERSION,
+            transports,
+            max_meta,
+            max_payload,
+            agent,
+            memory_path,
+        },
+    )
 }
 
 fn fingerprint() -> impl Strategy<Value = Fingerprint> {
@@ -106,6 +109,7 @@ fn value(tensors: u32) -> impl Strategy<Value = Value> {
         (-1e300f64..1e300).prop_map(Value::Float),
         any::<bool>().prop_map(Value::Bool),
         ".{0,12}".prop_map(Value::Str),
+        handle().prop_map(Value::Handle),
     ];
     let leaf =
         if tensors == 0 { leaf.boxed() } else { prop_oneof![leaf, (0..tensors).prop_map(Value::Tensor)].boxed() };
@@ -116,6 +120,27 @@ fn value(tensors: u32) -> impl Strategy<Value = Value> {
             prop::collection::vec((".{0,6}".prop_map(Value::Str), inner), 0..4).prop_map(Value::Dict),
         ]
     })
+}
+
+fn handle() -> impl Strategy<Value = Handle> {
+    (any::<u64>(), any::<u64>()).prop_map(|(id, epoch)| Handle { id, epoch })
+}
+
+fn handle_info() -> impl Strategy<Value = HandleInfo> {
+    (handle(), tensor()).prop_map(|(handle, tensor)| HandleInfo { handle, tensor })
+}
+
+fn kept_message() -> impl Strategy<Value = Message> {
+    prop_oneof![
+        tensor().prop_map(|tensor| Message::Keep { tensor }),
+        handle_info().prop_map(|kept| Message::Kept { kept }),
+        handle().prop_map(|handle| Message::Fetch { handle }),
+        prop::collection::vec(handle(), 0..5).prop_map(|handles| Message::Release { handles }),
+        any::<u32>().prop_map(|released| Message::Released { released }),
+        (prop_oneof![name().prop_map(TensorSource::Named), handle().prop_map(TensorSource::Handle)], name())
+            .prop_map(|(source, to)| Message::Push { source, to }),
+        (handle_info(), name()).prop_map(|(kept, path)| Message::Pushed { kept, path }),
+    ]
 }
 
 fn rdma_params() -> impl Strategy<Value = RdmaParams> {
@@ -142,15 +167,15 @@ fn model_message() -> impl Strategy<Value = Message> {
         (fingerprint(), prop::collection::vec(tensor(), 0..4))
             .prop_flat_map(|(f, tensors)| {
                 let n = tensors.len() as u32;
-                (Just(f), Just(tensors), prop::collection::vec(value(n), 0..4))
+                (Just(f), Just(tensors), prop::collection::vec(value(n), 0..4), any::<bool>())
             })
-            .prop_map(|(fingerprint, tensors, inputs)| Message::Execute { fingerprint, tensors, inputs }),
+            .prop_map(|(fingerprint, tensors, inputs, keep)| Message::Execute { fingerprint, tensors, inputs, keep }),
         prop::collection::vec(tensor(), 0..4)
             .prop_flat_map(|tensors| {
                 let n = tensors.len() as u32;
-                (Just(tensors), value(n))
+                (Just(tensors), value(n), prop::collection::vec(handle_info(), 0..3))
             })
-            .prop_map(|(tensors, output)| Message::ExecuteReply { tensors, output }),
+            .prop_map(|(tensors, output, kept)| Message::ExecuteReply { tensors, output, kept }),
         fingerprint().prop_map(|fingerprint| Message::Unregister { fingerprint }),
         Just(Message::UnregisterAck),
         Just(Message::ListModels),
@@ -161,6 +186,7 @@ fn model_message() -> impl Strategy<Value = Message> {
 fn message() -> impl Strategy<Value = Message> {
     prop_oneof![
         model_message(),
+        kept_message(),
         hello().prop_map(Message::Hello),
         hello().prop_map(Message::HelloAck),
         Just(Message::Ping),

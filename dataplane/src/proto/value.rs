@@ -1,5 +1,6 @@
-//! Values a model takes and returns: tensors (by index into the frame's tensors), scalars,
-//! strings, and tuples, lists and dicts of them, nested. Encoded as a tag byte then the body.
+//! Values a model takes and returns: tensors (by index into the frame's tensors, or by handle
+//! when they stay on the node), scalars, strings, and tuples, lists and dicts of them, nested.
+//! Encoded as a tag byte then the body.
 
 use super::error::ProtocolError;
 
@@ -19,6 +20,31 @@ pub enum Value {
     List(Vec<Value>),
     /// Keys are strings or ints in TorchScript; kept in order.
     Dict(Vec<(Value, Value)>),
+    /// A tensor kept in the node's device memory.
+    Handle(Handle),
+}
+
+/// A tensor kept on a node, named by that node. `id` is never reused in the node's life;
+/// `epoch` is drawn at random when the node starts, so a handle from an earlier life of a node
+/// restarted on the same address is told apart from a live one instead of naming the wrong
+/// tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Handle {
+    pub id: u64,
+    pub epoch: u64,
+}
+
+impl Handle {
+    pub(crate) fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.id.to_le_bytes());
+        out.extend_from_slice(&self.epoch.to_le_bytes());
+    }
+}
+
+impl std::fmt::Display for Handle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}@{:016x}", self.id, self.epoch)
+    }
 }
 
 mod tag {
@@ -31,9 +57,23 @@ mod tag {
     pub const TUPLE: u8 = 6;
     pub const LIST: u8 = 7;
     pub const DICT: u8 = 8;
+    pub const HANDLE: u8 = 9;
 }
 
 impl Value {
+    /// Calls `f` on every handle in the value, depth first.
+    pub fn for_each_handle(&self, f: &mut impl FnMut(&Handle)) {
+        match self {
+            Self::Handle(h) => f(h),
+            Self::Tuple(items) | Self::List(items) => items.iter().for_each(|v| v.for_each_handle(f)),
+            Self::Dict(entries) => entries.iter().for_each(|(k, v)| {
+                k.for_each_handle(f);
+                v.for_each_handle(f);
+            }),
+            _ => {}
+        }
+    }
+
     pub fn encode(&self, out: &mut Vec<u8>) {
         match self {
             Self::None => out.push(tag::NONE),
@@ -69,6 +109,10 @@ impl Value {
                     k.encode(out);
                     v.encode(out);
                 }
+            }
+            Self::Handle(h) => {
+                out.push(tag::HANDLE);
+                h.encode(out);
             }
         }
     }
@@ -124,6 +168,9 @@ impl Value {
                     entries.push((k, Self::decode_at(bytes, tensors, depth + 1)?));
                 }
                 Self::Dict(entries)
+            }
+            tag::HANDLE => {
+                Self::Handle(Handle { id: u64::from_le_bytes(take(bytes)?), epoch: u64::from_le_bytes(take(bytes)?) })
             }
             t => return Err(malformed(format!("unknown value tag {t}"))),
         };

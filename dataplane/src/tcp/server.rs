@@ -124,6 +124,8 @@ pub struct ServerConfig {
     /// RDMA connections at once (their queue pairs share one completion queue); more are
     /// refused and those clients use TCP.
     pub rdma_connections: usize,
+    /// How the node's device memory meets the network, announced in the hello.
+    pub memory_path: String,
 }
 
 impl Default for ServerConfig {
@@ -139,6 +141,7 @@ impl Default for ServerConfig {
             backend: Backend::default(),
             rdma: None,
             rdma_connections: 16,
+            memory_path: djinn_gpudirect::MEMORY_PATH.into(),
         }
     }
 }
@@ -245,7 +248,7 @@ impl<S: Service> Core<S> {
     /// `wake` makes the backend's poller return from a blocking wait.
     pub fn new(service: S, config: ServerConfig, agent: &str, wake: Arc<dyn Fn() + Send + Sync>) -> Self {
         let offered = if config.rdma.is_some() { transports::TCP | transports::RDMA } else { transports::TCP };
-        let hello = Hello::new(&config.limits, offered, agent);
+        let hello = Hello { memory_path: config.memory_path.clone(), ..Hello::new(&config.limits, offered, agent) };
         let (tx, replies) = crossbeam_channel::unbounded();
         Self {
             service,

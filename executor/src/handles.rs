@@ -1,0 +1,248 @@
+//! Tensors kept on the node between requests, named by handles: a model's outputs kept for the
+//! next call, tensors uploaded once, tensors pushed here by another node. Each is charged to the
+//! node's device-memory budget until it is released or lies unused for the idle time limit.
+
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::time::{Duration, Instant};
+
+use djinn_dataplane::proto::{ErrorCode, Handle, HandleInfo, Payload, TensorDesc};
+use djinn_gpudirect::{MemoryBudget, Reservation};
+use tch::Tensor;
+
+use crate::convert::dtype_of;
+use crate::error::ExecError;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum HandleError {
+    #[error(
+        "handle {handle} is from an earlier life of this node (its epoch is now {current:016x}): the node restarted and what it kept is gone"
+    )]
+    Stale { handle: Handle, current: u64 },
+    #[error("no tensor is kept under handle {handle} on this node: it was released, or expired after {idle_ttl:?} unused")]
+    Unknown { handle: Handle, idle_ttl: Duration },
+}
+
+impl HandleError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Self::Stale { .. } => ErrorCode::StaleHandle,
+            Self::Unknown { .. } => ErrorCode::NotFound,
+        }
+    }
+}
+
+struct Entry {
+    tensor: Tensor,
+    desc: TensorDesc,
+    last_used: Instant,
+    /// What pays for the tensor's memory: a reservation of its own, or the received payload
+    /// (charged when it was allocated) that a CPU tensor is a view of.
+    _reservation: Option<Reservation>,
+    _payload: Option<Payload>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Counters {
+    kept: u64,
+    released: u64,
+    expired: u64,
+}
+
+pub struct HandleTable {
+    epoch: u64,
+    next_id: u64,
+    entries: HashMap<u64, Entry>,
+    budget: MemoryBudget,
+    idle_ttl: Duration,
+    bytes: u64,
+    counters: Counters,
+}
+
+impl std::fmt::Debug for HandleTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HandleTable")
+            .field("epoch", &format_args!("{:016x}", self.epoch))
+            .field("kept", &self.entries.len())
+            .field("bytes", &self.bytes)
+            .finish()
+    }
+}
+
+impl HandleTable {
+    /// A table with a fresh random epoch.
+    pub fn new(budget: MemoryBudget, idle_ttl: Duration) -> Self {
+        // RandomState is keyed from the OS's randomness once per process and differs per
+        // instance; the time and pid make two nodes started together differ all the more.
+        let seed = (std::time::SystemTime::now(), std::process::id());
+        let epoch = std::collections::hash_map::RandomState::new().hash_one(seed).max(1);
+        Self::with_epoch(epoch, budget, idle_ttl)
+    }
+
+    pub fn with_epoch(epoch: u64, budget: MemoryBudget, idle_ttl: Duration) -> Self {
+        Self { epoch, next_id: 1, entries: HashMap::new(), budget, idle_ttl, bytes: 0, counters: Counters::default() }
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Keeps `tensor`, charging its bytes to the budget.
+    pub fn keep(&mut self, tensor: Tensor) -> Result<HandleInfo, ExecError> {
+        let desc = describe(&tensor)?;
+        let reservation = self.budget.try_reserve(desc.byte_len)?;
+        Ok(self.insert(tensor, desc, Some(reservation), None))
+    }
+
+    /// Keeps a CPU tensor that is a view of `payload`; the payload's reservation pays for it.
+    pub fn keep_view(&mut self, tensor: Tensor, payload: Payload) -> Result<HandleInfo, ExecError> {
+        let desc = describe(&tensor)?;
+        Ok(self.insert(tensor, desc, None, Some(payload)))
+    }
+
+    fn insert(
+        &mut self,
+        tensor: Tensor,
+        desc: TensorDesc,
+        reservation: Option<Reservation>,
+        payload: Option<Payload>,
+    ) -> HandleInfo {
+        let handle = Handle { id: self.next_id, epoch: self.epoch };
+        self.next_id += 1;
+        self.bytes += desc.byte_len;
+        self.counters.kept += 1;
+        let entry =
+            Entry { tensor, desc: desc.clone(), last_used: Instant::now(), _reservation: reservation, _payload: payload };
+        self.entries.insert(handle.id, entry);
+        HandleInfo { handle, tensor: desc }
+    }
+
+    /// The kept tensor (sharing its memory) and its descriptor.
+    pub fn get(&mut self, handle: Handle) -> Result<(Tensor, TensorDesc), HandleError> {
+        if handle.epoch != self.epoch {
+            return Err(HandleError::Stale { handle, current: self.epoch });
+        }
+        let entry =
+            self.entries.get_mut(&handle.id).ok_or(HandleError::Unknown { handle, idle_ttl: self.idle_ttl })?;
+        entry.last_used = Instant::now();
+        Ok((entry.tensor.shallow_clone(), entry.desc.clone()))
+    }
+
+    /// Frees the handles this table holds; returns how many. Others (stale, unknown, repeated)
+    /// are skipped: releasing is idempotent.
+    pub fn release(&mut self, handles: &[Handle]) -> u32 {
+        let mut released = 0;
+        for h in handles.iter().filter(|h| h.epoch == self.epoch) {
+            if let Some(entry) = self.entries.remove(&h.id) {
+                self.bytes -= entry.desc.byte_len;
+                released += 1;
+            }
+        }
+        self.counters.released += u64::from(released);
+        released
+    }
+
+    /// Frees what has not been used for the idle time limit; returns how many.
+    pub fn expire(&mut self, now: Instant) -> usize {
+        let ttl = self.idle_ttl;
+        let before = self.entries.len();
+        let mut freed = 0;
+        self.entries.retain(|_, e| {
+            let keep = now.saturating_duration_since(e.last_used) < ttl;
+            if !keep {
+                freed += e.desc.byte_len;
+            }
+            keep
+        });
+        let expired = before - self.entries.len();
+        self.bytes -= freed;
+        self.counters.expired += expired as u64;
+        if expired > 0 {
+            tracing::info!(expired, bytes = freed, "kept tensors expired unused");
+        }
+        expired
+    }
+
+    pub fn idle_ttl(&self) -> Duration {
+        self.idle_ttl
+    }
+
+    pub fn stats(&self, out: &mut Vec<(String, u64)>) {
+        out.extend(
+            [
+                ("handles", self.entries.len() as u64),
+                ("handle_bytes", self.bytes),
+                ("handles_kept", self.counters.kept),
+                ("handles_released", self.counters.released),
+                ("handles_expired", self.counters.expired),
+            ]
+            .map(|(k, v)| (k.to_owned(), v)),
+        );
+    }
+}
+
+/// The wire descriptor of a tensor (its dtype and shape; contiguous bytes).
+pub fn describe(tensor: &Tensor) -> Result<TensorDesc, ExecError> {
+    let dtype = dtype_of(tensor.kind())?;
+    let shape = tensor.size().iter().map(|&d| d as u64).collect();
+    TensorDesc::new(dtype, shape).map_err(|e| ExecError::Unsupported(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::{Device, Kind};
+
+    fn table(limit: u64, ttl: Duration) -> HandleTable {
+        HandleTable::with_epoch(7, MemoryBudget::new(limit), ttl)
+    }
+
+    #[test]
+    fn kept_tensors_are_charged_until_released() {
+        let mut t = table(1 << 20, Duration::from_secs(60));
+        let info = t.keep(Tensor::ones([256], (Kind::Float, Device::Cpu))).unwrap();
+        assert_eq!(info.tensor.byte_len, 1024);
+        assert_eq!(t.budget.used(), 1024);
+        let (tensor, desc) = t.get(info.handle).unwrap();
+        assert_eq!(desc, info.tensor);
+        assert_eq!(tensor.sum(Kind::Float).double_value(&[]), 256.0);
+        assert_eq!(t.release(&[info.handle, info.handle]), 1, "a second release is a no-op");
+        assert_eq!(t.budget.used(), 0);
+        assert!(matches!(t.get(info.handle), Err(HandleError::Unknown { .. })));
+    }
+
+    #[test]
+    fn a_handle_of_another_epoch_is_stale_not_unknown() {
+        let mut t = table(1 << 20, Duration::from_secs(60));
+        let info = t.keep(Tensor::ones([4], (Kind::Float, Device::Cpu))).unwrap();
+        let old = Handle { epoch: 6, ..info.handle };
+        let e = t.get(old).unwrap_err();
+        assert_eq!(e.code(), ErrorCode::StaleHandle);
+        assert!(e.to_string().contains("earlier life"), "{e}");
+        assert_eq!(t.release(&[old]), 0, "a stale handle frees nothing of this life");
+        assert!(t.get(info.handle).is_ok());
+    }
+
+    #[test]
+    fn over_the_budget_is_refused_and_nothing_is_kept() {
+        let mut t = table(1000, Duration::from_secs(60));
+        let e = t.keep(Tensor::ones([256], (Kind::Float, Device::Cpu))).unwrap_err();
+        assert_eq!(e.code(), ErrorCode::OverBudget);
+        assert_eq!((t.entries.len(), t.budget.used(), t.bytes), (0, 0, 0));
+    }
+
+    #[test]
+    fn unused_tensors_expire_and_used_ones_stay() {
+        let mut t = table(1 << 20, Duration::from_millis(100));
+        let a = t.keep(Tensor::ones([4], (Kind::Float, Device::Cpu))).unwrap();
+        let b = t.keep(Tensor::ones([4], (Kind::Float, Device::Cpu))).unwrap();
+        let later = Instant::now() + Duration::from_millis(60);
+        assert_eq!(t.expire(later), 0);
+        t.entries.get_mut(&b.handle.id).unwrap().last_used = later;
+        assert_eq!(t.expire(later + Duration::from_millis(60)), 1);
+        assert!(matches!(t.get(a.handle), Err(HandleError::Unknown { .. })));
+        assert!(t.get(b.handle).is_ok());
+        assert_eq!(t.budget.used(), 16);
+    }
+}

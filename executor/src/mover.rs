@@ -1,0 +1,162 @@
+//! Node-to-node moves: a thread that pushes this node's tensors into other nodes' device memory.
+//! It holds one connection per peer (opened on first use, opened again after a failure) and
+//! speaks the ordinary protocol to it: the bytes go as a `Keep` request, and the peer answers
+//! with a handle of its own.
+//!
+//! The path built so far is staging: the tensor's bytes leave from host memory (copied there
+//! first from a GPU) over TCP, and the peer copies them to its device.
+
+use std::collections::HashMap;
+use std::net::ToSocketAddrs;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, Sender};
+use djinn_dataplane::proto::{ErrorCode, Hello, Limits, Message, PROTOCOL_VERSION, SharedBytes, TensorDesc, transports};
+use djinn_dataplane::tcp::{ClientConn, ClientError, ClientOptions, Replier, Reply, ReplyTo, Transport};
+use tch::Tensor;
+
+use crate::convert::OutputTensor;
+
+/// How the bytes of a push travel; reported in the `Pushed` reply.
+pub const STAGING_PATH: &str = "staging-tcp";
+
+/// What is pushed: bytes already in host memory (a named tensor), or a kept tensor.
+pub enum PushSource {
+    Bytes { desc: TensorDesc, bytes: SharedBytes },
+    Tensor(Tensor),
+}
+
+struct PushJob {
+    source: PushSource,
+    to: String,
+    reply_to: ReplyTo,
+    replier: Replier,
+}
+
+pub struct Mover {
+    tx: Option<Sender<PushJob>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Mover {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mover").finish_non_exhaustive()
+    }
+}
+
+impl Mover {
+    /// `timeout` bounds each push's wait on its peer.
+    pub fn start(timeout: Duration) -> std::io::Result<Self> {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let thread = std::thread::Builder::new().name("djinn-mover".into()).spawn(move || run(rx, timeout))?;
+        Ok(Self { tx: Some(tx), thread: Some(thread) })
+    }
+
+    pub fn push(&self, source: PushSource, to: String, reply_to: ReplyTo, replier: &Replier) {
+        let job = PushJob { source, to, reply_to, replier: replier.clone() };
+        if let Some(tx) = &self.tx
+            && let Err(e) = tx.send(job)
+        {
+            let PushJob { reply_to, replier, .. } = e.into_inner();
+            replier.send(reply_to, Reply::error(ErrorCode::Internal, "the mover has stopped"));
+        }
+    }
+}
+
+impl Drop for Mover {
+    fn drop(&mut self) {
+        self.tx = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn run(rx: Receiver<PushJob>, timeout: Duration) {
+    let mut peers: HashMap<String, ClientConn> = HashMap::new();
+    let options = ClientOptions {
+        transport: Transport::Tcp,
+        timeout: Some(timeout),
+        connect_timeout: timeout.min(Duration::from_secs(5)),
+        // Replies to pushes are small; no pool of reply buffers is needed.
+        pool_bytes: 0,
+        ..ClientOptions::default()
+    };
+    while let Ok(PushJob { source, to, reply_to, replier }) = rx.recv() {
+        let started = std::time::Instant::now();
+        let result = push(&mut peers, &options, source, &to);
+        let reply = match result {
+            Ok(kept) => {
+                tracing::debug!(peer = %to, bytes = kept.tensor.byte_len, seconds = started.elapsed().as_secs_f64(), "pushed");
+                Reply::message(Message::Pushed { kept, path: STAGING_PATH.into() })
+            }
+            Err((code, message)) => {
+                tracing::info!(peer = %to, %message, "push failed");
+                Reply::error(code, message)
+            }
+        };
+        replier.send(reply_to, reply);
+    }
+}
+
+fn push(
+    peers: &mut HashMap<String, ClientConn>,
+    options: &ClientOptions,
+    source: PushSource,
+    to: &str,
+) -> Result<djinn_dataplane::proto::HandleInfo, (ErrorCode, String)> {
+    let (desc, bytes): (TensorDesc, SharedBytes) = match source {
+        PushSource::Bytes { desc, bytes } => (desc, bytes),
+        PushSource::Tensor(t) => {
+            let (bytes, desc) = OutputTensor::new(t, None).map_err(|e| (e.code(), e.to_string()))?;
+            (desc, std::sync::Arc::new(bytes))
+        }
+    };
+    let message = Message::Keep { tensor: desc };
+    // A connection found broken is opened again once: the peer may have restarted since.
+    for attempt in 0..2 {
+        let conn = match peers.get_mut(to).filter(|c| c.is_usable()) {
+            Some(conn) => conn,
+            None => {
+                let conn = connect(to, options).map_err(|e| (ErrorCode::PeerUnreachable, e))?;
+                peers.entry(to.to_owned()).insert_entry(conn).into_mut()
+            }
+        };
+        match conn.request(&message, &[bytes.as_ref().as_ref()]) {
+            Ok(reply) => {
+                return match reply.message {
+                    Message::Kept { kept } => Ok(kept),
+                    other => Err((ErrorCode::Internal, format!("the peer at {to} answered a {}", other.kind().name()))),
+                };
+            }
+            Err(ClientError::Remote { code, message, .. }) => {
+                return Err((code, format!("the peer at {to} refused the tensor: {message}")));
+            }
+            Err(e) if attempt == 0 && !conn.is_usable() => {
+                tracing::info!(peer = %to, error = %e, "connection to the peer lost; opening it again");
+                peers.remove(to);
+            }
+            Err(e) => {
+                peers.remove(to);
+                return Err((ErrorCode::PeerUnreachable, format!("pushing to {to} failed: {e}")));
+            }
+        }
+    }
+    Err((ErrorCode::PeerUnreachable, format!("pushing to {to} failed twice")))
+}
+
+fn connect(to: &str, options: &ClientOptions) -> Result<ClientConn, String> {
+    let addrs: Vec<_> = to.to_socket_addrs().map_err(|e| format!("{to:?} is not a reachable address: {e}"))?.collect();
+    let mut conn = ClientConn::connect(&addrs[..], options.clone()).map_err(|e| format!("cannot reach {to}: {e}"))?;
+    let hello = Hello::new(&Limits::default(), transports::TCP, concat!("djinn-node/", env!("CARGO_PKG_VERSION")));
+    let reply = conn.request(&Message::Hello(hello), &[]).map_err(|e| format!("hello to {to} failed: {e}"))?;
+    match reply.message {
+        Message::HelloAck(peer) if peer.protocol_version == PROTOCOL_VERSION => Ok(conn),
+        Message::HelloAck(peer) => Err(format!(
+            "the peer at {to} speaks protocol version {}, this node {PROTOCOL_VERSION}",
+            peer.protocol_version
+        )),
+        other => Err(format!("the peer at {to} answered a hello with a {}", other.kind().name())),
+    }
+}
