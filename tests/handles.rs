@@ -48,14 +48,16 @@ fn a_kept_output_feeds_the_next_call_without_crossing_the_network() {
     assert!(kept.tensors.is_empty(), "no tensor bytes in the reply");
     let [info] = &kept.kept[..] else { panic!("one kept tensor, got {:?}", kept.kept) };
     assert_eq!(kept.value, Value::Handle(info.handle));
-    assert_eq!((info.tensor.dtype, info.tensor.shape.as_slice(), info.tensor.byte_len), (DType::F32, &[64, 1024][..], 256 << 10));
+    assert_eq!(
+        (info.tensor.dtype, info.tensor.shape.as_slice(), info.tensor.byte_len),
+        (DType::F32, &[64, 1024][..], 256 << 10)
+    );
     assert!(received < 1024, "{received} bytes came back for a kept 256 KiB output");
     assert_eq!(node.stat(&mut client, "handles"), 1);
     assert_eq!(node.stat(&mut client, "handle_bytes"), 256 << 10);
 
     // Fed to the next call by handle: only the handle goes out.
-    let (out, sent, _) =
-        moved(&mut client, |c| c.execute(&rest, &[Value::Handle(info.handle)], &[]).unwrap());
+    let (out, sent, _) = moved(&mut client, |c| c.execute(&rest, &[Value::Handle(info.handle)], &[]).unwrap());
     assert!(sent < 1024, "{sent} bytes went out to use a kept 256 KiB tensor");
     let straight = client.execute(&whole, &[Value::Tensor(0)], &input).unwrap();
     assert_eq!(out.tensor_bytes(0), straight.tensor_bytes(0), "kept and fed back equals the whole model's output");
@@ -200,4 +202,30 @@ fn a_node_pushes_a_tensor_into_another_nodes_memory() {
     let (pushed, _) = on_a.push(TensorSource::Named("x".into()), &to_b).unwrap();
     assert_eq!(b.client().fetch(pushed.handle).unwrap().bytes(), &x[..]);
     on_a.ping().unwrap();
+}
+
+/// On a GPU node a kept tensor is device memory: uploads land there, outputs stay there, and
+/// pushes go device → host → TCP → host → device. Skipped where there is no CUDA.
+#[test]
+fn kept_tensors_live_in_gpu_memory_on_a_gpu_node() {
+    if !tch::Cuda::is_available() {
+        eprintln!("skipped: libtorch sees no CUDA device here (run it on a GPU host)");
+        return;
+    }
+    let a = Node::start("mio", &["--device", "cuda:0"]);
+    let b = Node::start("mio", &["--device", "cuda:0"]);
+    let mut on_a = a.client();
+    let mut on_b = b.client();
+    let identity = register(&mut on_a, &["identity"]);
+    for (i, len) in [1usize << 10, 1 << 20, 256 << 20, 1 << 30].into_iter().enumerate() {
+        let bytes = pattern(len, 70 + i as u64);
+        let kept = on_a.keep(TensorRef { dtype: DType::U8, shape: &[len as u64], bytes: &bytes }).unwrap();
+        assert!(on_a.fetch(kept.handle).unwrap().bytes() == bytes.as_slice(), "{len} bytes through device memory");
+        let out = on_a.execute_keep(&identity, &[Value::Handle(kept.handle)], &[]).unwrap();
+        let (pushed, path) = on_a.push(TensorSource::Handle(out.kept[0].handle), &b.addr.to_string()).unwrap();
+        assert_eq!(path, "staging-tcp");
+        assert!(on_b.fetch(pushed.handle).unwrap().bytes() == bytes.as_slice(), "{len} bytes pushed GPU to GPU");
+        on_a.release(&[kept.handle, out.kept[0].handle]).unwrap();
+        on_b.release(&[pushed.handle]).unwrap();
+    }
 }

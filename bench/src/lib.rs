@@ -4,6 +4,7 @@
 
 mod execute;
 mod placement;
+mod push;
 mod rdma;
 mod report;
 mod stream;
@@ -18,6 +19,7 @@ use clap::{Args, Subcommand};
 
 pub use execute::ExecuteArgs;
 pub use placement::PlacementArgs;
+pub use push::PushArgs;
 pub use rdma::RdmaArgs;
 pub use stream::StreamArgs;
 pub use tcp::TcpArgs;
@@ -39,6 +41,9 @@ pub enum BenchCommand {
     /// The control plane's placement decision with 1,000 nodes and 10,000 models, against the
     /// simplest placer (most free memory) over the same nodes.
     Placement(PlacementArgs),
+    /// A node pushing a kept tensor into another node's memory, 64 KiB to 256 MiB, against raw
+    /// loopback TCP and (on a GPU) the device-to-host copy.
+    Push(PushArgs),
 }
 
 pub fn run(command: BenchCommand) -> Result<()> {
@@ -48,6 +53,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
         BenchCommand::Rdma(args) => rdma::run(args),
         BenchCommand::Stream(args) => stream::run(args),
         BenchCommand::Placement(args) => placement::run(args),
+        BenchCommand::Push(args) => push::run(args),
     }
 }
 

@@ -4,7 +4,7 @@
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use djinn_gpudirect::ByteSize;
@@ -28,14 +28,22 @@ impl Stats {
 
 /// Runs `op` `iters` times after a tenth as many warm-up runs; latencies in nanoseconds.
 pub fn measure(iters: u64, mut op: impl FnMut() -> Result<()>) -> Result<Stats> {
+    measure_timed(iters, || {
+        let start = Instant::now();
+        op()?;
+        Ok(start.elapsed())
+    })
+}
+
+/// [`measure`] for an operation that times the part of itself that counts (and leaves out
+/// its clean-up).
+pub fn measure_timed(iters: u64, mut op: impl FnMut() -> Result<Duration>) -> Result<Stats> {
     let mut h = Histogram::<u64>::new(3).context("histogram")?;
     for _ in 0..(iters / 10).max(2) {
         op()?;
     }
     for _ in 0..iters {
-        let start = Instant::now();
-        op()?;
-        h.record(start.elapsed().as_nanos() as u64).context("histogram range")?;
+        h.record(op()?.as_nanos() as u64).context("histogram range")?;
     }
     Ok(Stats::of(&h))
 }

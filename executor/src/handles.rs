@@ -20,7 +20,9 @@ pub enum HandleError {
         "handle {handle} is from an earlier life of this node (its epoch is now {current:016x}): the node restarted and what it kept is gone"
     )]
     Stale { handle: Handle, current: u64 },
-    #[error("no tensor is kept under handle {handle} on this node: it was released, or expired after {idle_ttl:?} unused")]
+    #[error(
+        "no tensor is kept under handle {handle} on this node: it was released, or expired after {idle_ttl:?} unused"
+    )]
     Unknown { handle: Handle, idle_ttl: Duration },
 }
 
@@ -112,8 +114,13 @@ impl HandleTable {
         self.next_id += 1;
         self.bytes += desc.byte_len;
         self.counters.kept += 1;
-        let entry =
-            Entry { tensor, desc: desc.clone(), last_used: Instant::now(), _reservation: reservation, _payload: payload };
+        let entry = Entry {
+            tensor,
+            desc: desc.clone(),
+            last_used: Instant::now(),
+            _reservation: reservation,
+            _payload: payload,
+        };
         self.entries.insert(handle.id, entry);
         HandleInfo { handle, tensor: desc }
     }
@@ -123,8 +130,7 @@ impl HandleTable {
         if handle.epoch != self.epoch {
             return Err(HandleError::Stale { handle, current: self.epoch });
         }
-        let entry =
-            self.entries.get_mut(&handle.id).ok_or(HandleError::Unknown { handle, idle_ttl: self.idle_ttl })?;
+        let entry = self.entries.get_mut(&handle.id).ok_or(HandleError::Unknown { handle, idle_ttl: self.idle_ttl })?;
         entry.last_used = Instant::now();
         Ok((entry.tensor.shallow_clone(), entry.desc.clone()))
     }

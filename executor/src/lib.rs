@@ -6,8 +6,8 @@
 mod convert;
 mod error;
 mod handles;
-mod mover;
 mod models;
+mod mover;
 mod service;
 mod store;
 pub mod stream;

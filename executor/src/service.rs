@@ -55,7 +55,10 @@ impl NodeService {
         let models = Arc::new(Mutex::new(ModelStore::new(budget.clone(), options.host_budget.clone())));
         let handles = Arc::new(Mutex::new(HandleTable::new(budget.clone(), options.handle_ttl)));
         let workers = Workers::start(options.workers, options.device, Arc::clone(&models), Arc::clone(&handles))?;
-        tracing::info!(epoch = format_args!("{:016x}", handles.lock().unwrap_or_else(|e| e.into_inner()).epoch()), "kept tensors start a new epoch");
+        tracing::info!(
+            epoch = format_args!("{:016x}", handles.lock().unwrap_or_else(|e| e.into_inner()).epoch()),
+            "kept tensors start a new epoch"
+        );
         Ok(Self {
             tensors: TensorStore::new(budget, pool.clone(), options.max_meta),
             models,
@@ -181,7 +184,11 @@ impl Service for NodeService {
             Message::Execute { fingerprint, tensors, inputs, keep } => match self.models().get(&fingerprint) {
                 Some(model) => {
                     let message = Message::Execute { fingerprint, tensors, inputs, keep };
-                    self.workers.submit(Job::Execute { model, frame: Frame { request_id, message, payload } }, to, replier);
+                    self.workers.submit(
+                        Job::Execute { model, frame: Frame { request_id, message, payload } },
+                        to,
+                        replier,
+                    );
                     return None;
                 }
                 None => Reply::error(ErrorCode::UnknownModel, format!("no model {fingerprint} on this node")),
@@ -207,7 +214,9 @@ impl Service for NodeService {
                 self.workers.submit(Job::Fetch { handle }, to, replier);
                 return None;
             }
-            Message::Release { handles } => Reply::message(Message::Released { released: self.handles().release(&handles) }),
+            Message::Release { handles } => {
+                Reply::message(Message::Released { released: self.handles().release(&handles) })
+            }
             Message::Push { source, to: peer } => return self.push(source, peer, to, replier),
             other => {
                 Reply::error(ErrorCode::Unexpected, format!("a node does not serve {} requests", other.kind().name()))

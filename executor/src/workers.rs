@@ -200,7 +200,12 @@ fn execute(model: &Model, frame: Frame, handles: &Mutex<HandleTable>) -> Result<
 
 /// A received tensor kept on `device`: on the CPU a view of the payload it arrived in (no copy),
 /// on a GPU a copy there.
-fn keep(desc: &TensorDesc, payload: Option<Payload>, device: Device, handles: &Mutex<HandleTable>) -> Result<Reply, ExecError> {
+fn keep(
+    desc: &TensorDesc,
+    payload: Option<Payload>,
+    device: Device,
+    handles: &Mutex<HandleTable>,
+) -> Result<Reply, ExecError> {
     let payload = payload.map(Arc::new);
     let tensor = input_tensors(std::slice::from_ref(desc), payload.as_ref(), device)?
         .pop()

@@ -10,6 +10,20 @@ pub struct CudaDevice {
     pub total_memory: u64,
     /// `domain:bus:device.0`, as `nvidia-smi` prints it.
     pub pci_bus_id: String,
+    /// The NUMA node the device hangs off, when the kernel knows it (pinned buffers and the
+    /// NIC are best on the same one).
+    pub numa_node: Option<u32>,
+}
+
+/// The NUMA node of a PCI device, from sysfs; `None` when the kernel reports none (-1) or the
+/// file is absent (no NUMA, or not Linux).
+pub fn numa_node_of(pci_bus_id: &str) -> Option<u32> {
+    let path = format!("/sys/bus/pci/devices/{}/numa_node", pci_bus_id.to_ascii_lowercase());
+    parse_numa_node(&std::fs::read_to_string(path).ok()?)
+}
+
+fn parse_numa_node(sysfs: &str) -> Option<u32> {
+    sysfs.trim().parse::<i64>().ok().and_then(|n| u32::try_from(n).ok())
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -41,11 +55,13 @@ pub fn cuda_devices() -> Result<Vec<CudaDevice>, DeviceError> {
             let domain = attr(CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID).map_err(ctx("cuDeviceGetAttribute"))?;
             let bus = attr(CU_DEVICE_ATTRIBUTE_PCI_BUS_ID).map_err(ctx("cuDeviceGetAttribute"))?;
             let device = attr(CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID).map_err(ctx("cuDeviceGetAttribute"))?;
+            let pci_bus_id = format!("{domain:08x}:{bus:02x}:{device:02x}.0");
             Ok(CudaDevice {
                 ordinal,
                 name,
                 total_memory: total as u64,
-                pci_bus_id: format!("{domain:08x}:{bus:02x}:{device:02x}.0"),
+                numa_node: numa_node_of(&pci_bus_id),
+                pci_bus_id,
             })
         })
         .collect()
@@ -53,6 +69,14 @@ pub fn cuda_devices() -> Result<Vec<CudaDevice>, DeviceError> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn numa_nodes_read_as_the_kernel_writes_them() {
+        assert_eq!(super::parse_numa_node("1\n"), Some(1));
+        assert_eq!(super::parse_numa_node("-1\n"), None, "the kernel's 'no node'");
+        assert_eq!(super::parse_numa_node(""), None);
+        assert_eq!(super::numa_node_of("0000:ff:ff.9"), None, "no such device");
+    }
+
     #[test]
     fn discovery_never_panics() {
         match super::cuda_devices() {

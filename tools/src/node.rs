@@ -162,7 +162,7 @@ pub fn run(args: NodeArgs) -> Result<()> {
         Ok(devices) if devices.is_empty() => tracing::info!("no CUDA driver: device memory is host memory"),
         Ok(devices) => {
             for d in devices {
-                tracing::info!(ordinal = d.ordinal, name = %d.name, memory = %ByteSize(d.total_memory), pci = %d.pci_bus_id, "CUDA device");
+                tracing::info!(ordinal = d.ordinal, name = %d.name, memory = %ByteSize(d.total_memory), pci = %d.pci_bus_id, numa_node = ?d.numa_node, "CUDA device");
             }
         }
         Err(e) => tracing::warn!(error = %e, "CUDA driver present but unusable: device memory is host memory"),

@@ -34,8 +34,18 @@ pub fn run(args: StatusArgs) -> Result<()> {
 
 fn render(url: &str, cluster: &ClusterStatus) -> String {
     let mut out = format!("control plane {url}, revision {}\n", cluster.revision);
-    let header =
-        ["NODE", "ADDRESS", "DEVICE", "MEMORY USED", "HOST FREE", "TRANSPORTS", "MEMORY PATH", "QUEUE", "MODELS", "PROMISED"];
+    let header = [
+        "NODE",
+        "ADDRESS",
+        "DEVICE",
+        "MEMORY USED",
+        "HOST FREE",
+        "TRANSPORTS",
+        "MEMORY PATH",
+        "QUEUE",
+        "MODELS",
+        "PROMISED",
+    ];
     let mut nodes = vec![row(header)];
     for node in &cluster.nodes {
         let inv = &node.inventory;

@@ -128,6 +128,8 @@ class Client:
     def keep(self, tensor: torch.Tensor, node: Optional[str] = None) -> "RemoteTensor":
         """Uploads `tensor` once to be kept in a node's device memory (`node`, by default the
         node this client was given) and returns it as a RemoteTensor to pass to models there."""
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"keep takes a tensor, not a {type(tensor).__name__}")
         tensors: list[torch.Tensor] = []
         _flatten(tensor, tensors, [])
         return RemoteTensor(self._native.keep(_spec(tensors[0]), node), self)
@@ -422,7 +424,10 @@ class RemoteTensor:
 
     def __del__(self):
         if not getattr(self, "_released", True):
-            self._client._native.release_later(self._kept)
+            try:
+                self._client._native.release_later(self._kept)
+            except Exception:  # interpreter shutdown: the node's --handle-ttl frees it
+                pass
 
     def __repr__(self) -> str:
         return f"RemoteTensor({self.dtype}{list(self.shape)} on {self.node}, handle {self._kept.id})"

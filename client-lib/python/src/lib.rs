@@ -257,7 +257,9 @@ fn value_to_py<'py>(py: Python<'py>, value: &Value, output: &Arc<Output>, node: 
         Value::Float(v) => v.into_pyobject(py)?.into_any(),
         Value::Bool(v) => PyBool::new(py, *v).to_owned().into_any(),
         Value::Str(s) => PyString::new(py, s).into_any(),
-        Value::Tuple(items) => PyTuple::new(py, items.iter().map(value_to_py).collect::<PyResult<Vec<_>>>()?)?.into_any(),
+        Value::Tuple(items) => {
+            PyTuple::new(py, items.iter().map(value_to_py).collect::<PyResult<Vec<_>>>()?)?.into_any()
+        }
         Value::List(items) => PyList::new(py, items.iter().map(value_to_py).collect::<PyResult<Vec<_>>>()?)?.into_any(),
         Value::Dict(entries) => {
             let d = PyDict::new(py);

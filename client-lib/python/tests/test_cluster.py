@@ -109,3 +109,30 @@ def test_a_bare_address_serving_http_is_a_control_plane(cluster):
     assert djinn.Client(cluster.nodes["compute"].address).mode == "node"
     with pytest.raises(djinn.ControlPlaneError):
         djinn.Client(cluster.url + "/nowhere")
+
+
+def test_kept_tensors_stay_where_they_are_and_the_model_goes_to_them(cluster):
+    """A model's output kept on its node, pushed to the other node, feeds a model placed
+    elsewhere: the call runs where the tensor is, and that node gets the model from the kept
+    archives. The memory path is reported by the control plane and by the client."""
+    client = djinn.Client(cluster.url)
+    torch.manual_seed(4)
+    first = nn.Sequential(nn.Linear(256, 64), nn.ReLU()).eval()
+    second = nn.Sequential(nn.Linear(64, 32)).eval()
+    x = torch.randn(2, 256)
+    with torch.no_grad():
+        h_local = first(x)
+        expected = second(h_local)
+    rm1 = client.register(first, x)
+    rm2 = client.register(second, h_local)
+    h = rm1(x, keep=True)
+    assert h.node == rm1.placement["addr"]
+    other = next(n["inventory"]["addr"] for n in client.cluster()["nodes"] if n["inventory"]["addr"] != h.node)
+    moved = h.push(other)
+    before = client.stats()
+    assert torch.equal(rm2(moved), expected)
+    assert torch.equal(rm2(h), expected)
+    # h and its copy are on the two nodes, rm2 was placed on one of them: the other got it.
+    assert client.stats()["reregistrations"] == before["reregistrations"] + 1
+    assert {n["inventory"]["memory_path"] for n in client.cluster()["nodes"]} == {"staging"}
+    assert client.stats()["memory_path"] == "staging"

@@ -337,9 +337,7 @@ impl Message {
             Self::Put { tensor, .. }
             | Self::GetReply { tensor }
             | Self::RegisterChunk { chunk: tensor, .. }
-            | Self::Keep { tensor } => {
-                std::slice::from_ref(tensor)
-            }
+            | Self::Keep { tensor } => std::slice::from_ref(tensor),
             Self::Execute { tensors, .. } | Self::ExecuteReply { tensors, .. } => tensors,
             _ => &[],
         }

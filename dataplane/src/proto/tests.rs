@@ -440,3 +440,15 @@ fn fingerprints_separate_block_boundaries() {
     assert_ne!(whole, split);
     assert_eq!(Fingerprint::from_hex(&whole.to_hex()), Some(whole));
 }
+
+/// Found by the message_decode fuzz target: a NaN output value. It round-trips bit for bit
+/// (the comparison must be of the encoding: NaN is not equal to itself).
+#[test]
+fn a_nan_value_round_trips_bit_for_bit() {
+    let message = Message::ExecuteReply { tensors: vec![], output: Value::Float(f64::NAN), kept: vec![] };
+    let mut meta = Vec::new();
+    message.encode(&mut meta);
+    let again = Message::decode(Kind::ExecuteReply, &meta, &Limits::default()).unwrap();
+    let Message::ExecuteReply { output: Value::Float(v), .. } = again else { panic!("{again:?}") };
+    assert_eq!(v.to_bits(), f64::NAN.to_bits());
+}
