@@ -37,8 +37,8 @@ const HEADER: &str = "| size | push p50 µs | p99 µs | p999 µs | push GB/s | r
 
 pub fn run(args: PushArgs) -> Result<()> {
     let device = djinn_executor::device_name(args.device);
-    let node = |_| Spawned::start(&["node", "--listen", "127.0.0.1:0", "--device", &device, "--log", "warn"]);
-    let (a, b) = (node(0)?, node(1)?);
+    let node = || Spawned::start(&["node", "--listen", "127.0.0.1:0", "--device", &device, "--log", "warn"]);
+    let (a, b) = (node()?, node()?);
     let mut on_a = Client::connect_with(a.addr, ClientOptions::default())?;
     let mut on_b = Client::connect_with(b.addr, ClientOptions::default())?;
     let to_b = b.addr.to_string();

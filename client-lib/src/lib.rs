@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 pub use djinn_dataplane::proto::{
     DType, ErrorCode, Fingerprint, Handle, HandleInfo, Hello, ListEntry, ModelInfo, TensorDesc, TensorSource, Value,
 };
-use djinn_dataplane::proto::{Frame, Message, Payload, ProtocolError, payload_layout, transports};
+use djinn_dataplane::proto::{Frame, Message, Payload, payload_layout, transports};
 use djinn_dataplane::tcp::ClientConn;
 pub use djinn_dataplane::tcp::{ClientError, ClientOptions, Transport};
 
@@ -127,19 +127,7 @@ impl Client {
         };
         let ours = if port.is_ok() { transports::TCP | transports::RDMA } else { transports::TCP };
         let hello = Hello::new(&limits, ours, concat!("djinn-client/", env!("CARGO_PKG_VERSION")));
-        let reply = conn.request(&Message::Hello(hello), &[])?;
-        let Message::HelloAck(node) = reply.message else {
-            return Err(unexpected(&conn, reply));
-        };
-        if node.protocol_version != djinn_dataplane::proto::PROTOCOL_VERSION {
-            return Err(ClientError::Protocol {
-                peer: conn.peer(),
-                source: ProtocolError::VersionMismatch {
-                    ours: djinn_dataplane::proto::PROTOCOL_VERSION,
-                    theirs: node.protocol_version,
-                },
-            });
-        }
+        let node = conn.hello(hello)?;
         let offered = node.transports & transports::RDMA != 0;
         match (options.transport, port, offered) {
             (Transport::Tcp, _, _) => {}

@@ -12,9 +12,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
-use djinn_dataplane::proto::{
-    ErrorCode, Hello, Limits, Message, PROTOCOL_VERSION, SharedBytes, TensorDesc, transports,
-};
+use djinn_dataplane::proto::{ErrorCode, Hello, Limits, Message, SharedBytes, TensorDesc, transports};
 use djinn_dataplane::tcp::{ClientConn, ClientError, ClientOptions, Replier, Reply, ReplyTo, Transport};
 use tch::Tensor;
 
@@ -116,8 +114,9 @@ fn push(
         }
     };
     let message = Message::Keep { tensor: desc };
-    // A connection found broken is opened again once: the peer may have restarted since.
-    for attempt in 0..2 {
+    // A cached connection found broken is opened again once: the peer may have restarted since.
+    let mut retried = false;
+    loop {
         let conn = match peers.get_mut(to).filter(|c| c.is_usable()) {
             Some(conn) => conn,
             None => {
@@ -125,7 +124,9 @@ fn push(
                 peers.entry(to.to_owned()).insert_entry(conn).into_mut()
             }
         };
-        match conn.request(&message, &[bytes.as_ref().as_ref()]) {
+        let result = conn.request(&message, &[bytes.as_ref().as_ref()]);
+        let broken = !conn.is_usable();
+        match result {
             Ok(reply) => {
                 return match reply.message {
                     Message::Kept { kept } => Ok(kept),
@@ -135,30 +136,22 @@ fn push(
             Err(ClientError::Remote { code, message, .. }) => {
                 return Err((code, format!("the peer at {to} refused the tensor: {message}")));
             }
-            Err(e) if attempt == 0 && !conn.is_usable() => {
-                tracing::info!(peer = %to, error = %e, "connection to the peer lost; opening it again");
-                peers.remove(to);
-            }
             Err(e) => {
                 peers.remove(to);
-                return Err((ErrorCode::PeerUnreachable, format!("pushing to {to} failed: {e}")));
+                if retried || !broken {
+                    return Err((ErrorCode::PeerUnreachable, format!("pushing to {to} failed: {e}")));
+                }
+                tracing::info!(peer = %to, error = %e, "connection to the peer lost; opening it again");
+                retried = true;
             }
         }
     }
-    Err((ErrorCode::PeerUnreachable, format!("pushing to {to} failed twice")))
 }
 
 fn connect(to: &str, options: &ClientOptions) -> Result<ClientConn, String> {
     let addrs: Vec<_> = to.to_socket_addrs().map_err(|e| format!("{to:?} is not a reachable address: {e}"))?.collect();
     let mut conn = ClientConn::connect(&addrs[..], options.clone()).map_err(|e| format!("cannot reach {to}: {e}"))?;
     let hello = Hello::new(&Limits::default(), transports::TCP, concat!("djinn-node/", env!("CARGO_PKG_VERSION")));
-    let reply = conn.request(&Message::Hello(hello), &[]).map_err(|e| format!("hello to {to} failed: {e}"))?;
-    match reply.message {
-        Message::HelloAck(peer) if peer.protocol_version == PROTOCOL_VERSION => Ok(conn),
-        Message::HelloAck(peer) => Err(format!(
-            "the peer at {to} speaks protocol version {}, this node {PROTOCOL_VERSION}",
-            peer.protocol_version
-        )),
-        other => Err(format!("the peer at {to} answered a hello with a {}", other.kind().name())),
-    }
+    conn.hello(hello).map_err(|e| format!("hello to {to} failed: {e}"))?;
+    Ok(conn)
 }

@@ -78,6 +78,12 @@ impl NodeService {
         self.models.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// A receive buffer charged to the host budget.
+    fn host_alloc(&self, len: usize) -> Result<Payload, Refusal> {
+        let reservation = self.host_budget.try_reserve(len as u64)?;
+        Ok(Payload { buf: self.pool.take(len)?, reservation: Some(reservation) })
+    }
+
     fn handles(&self) -> MutexGuard<'_, HandleTable> {
         self.handles.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -144,19 +150,15 @@ impl Service for NodeService {
                 if !self.uploads.contains_key(upload) {
                     return Err(Refusal { code: ErrorCode::NotFound, message: format!("no upload {upload}") });
                 }
-                let reservation = self.host_budget.try_reserve(len as u64)?;
-                Ok(Payload { buf: self.pool.take(len)?, reservation: Some(reservation) })
+                self.host_alloc(len)
             }
             // Inputs live for one request, in host memory (copied to the device when it is a GPU).
             Message::Execute { .. } => Ok(Payload { buf: self.pool.take(len)?, reservation: None }),
             // A tensor to keep: on the CPU it stays in this buffer, which is charged to the
             // device budget; on a GPU it is copied there (and charged then), so the buffer is
             // only host memory for a while.
-            Message::Keep { .. } => {
-                let budget = if self.device == tch::Device::Cpu { self.tensors.budget() } else { &self.host_budget };
-                let reservation = budget.try_reserve(len as u64)?;
-                Ok(Payload { buf: self.pool.take(len)?, reservation: Some(reservation) })
-            }
+            Message::Keep { .. } if self.device == tch::Device::Cpu => self.tensors.alloc(len),
+            Message::Keep { .. } => self.host_alloc(len),
             other => Err(Refusal {
                 code: ErrorCode::Unexpected,
                 message: format!("a {} request carries no payload", other.kind().name()),

@@ -93,10 +93,6 @@ impl TensorStore {
 }
 
 impl TensorStore {
-    pub fn budget(&self) -> &MemoryBudget {
-        &self.budget
-    }
-
     /// A named tensor's descriptor and its bytes, shared with the store.
     pub fn shared(&self, name: &str) -> Option<(TensorDesc, djinn_dataplane::proto::SharedBytes)> {
         self.tensors.get(name).map(|t| (t.desc.clone(), Arc::clone(t) as _))

@@ -107,19 +107,26 @@ struct OutputTensor {
     nbytes: usize,
 }
 
+/// Fills `view` with a writable buffer over `bytes`, owned by `owner`.
+///
+/// # Safety
+/// `view` comes from Python's buffer protocol; `bytes` live as long as `owner` (the view holds
+/// a reference to it), belong to it alone, and Rust never reads them again, so Python may
+/// write them (torch tensors are mutable).
+unsafe fn fill_buffer(owner: &Bound<'_, PyAny>, bytes: &[u8], view: *mut ffi::Py_buffer, flags: c_int) -> PyResult<()> {
+    let (ptr, len) = (bytes.as_ptr() as *mut std::ffi::c_void, bytes.len() as ffi::Py_ssize_t);
+    // SAFETY: as the caller promises.
+    let rc = unsafe { ffi::PyBuffer_FillInfo(view, owner.as_ptr(), ptr, len, 0, flags) };
+    if rc == 0 { Ok(()) } else { Err(PyErr::fetch(owner.py())) }
+}
+
 #[pymethods]
 impl OutputTensor {
     unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: c_int) -> PyResult<()> {
-        let (ptr, len) = {
-            let this = slf.borrow();
-            let bytes = this.output.tensor_bytes(this.index);
-            (bytes.as_ptr() as *mut std::ffi::c_void, bytes.len() as ffi::Py_ssize_t)
-        };
-        // SAFETY: `view` comes from Python; the bytes live as long as `slf` (the view holds a
-        // reference to it). Each output tensor's bytes belong to its one OutputTensor and Rust
-        // never reads them again, so Python may write them (torch tensors are mutable).
-        let rc = unsafe { ffi::PyBuffer_FillInfo(view, slf.as_ptr(), ptr, len, 0, flags) };
-        if rc == 0 { Ok(()) } else { Err(PyErr::fetch(slf.py())) }
+        let this = slf.borrow();
+        // SAFETY: each output tensor's bytes belong to its one OutputTensor, which keeps the
+        // output alive.
+        unsafe { fill_buffer(slf.as_any(), this.output.tensor_bytes(this.index), view, flags) }
     }
 }
 
@@ -179,15 +186,9 @@ struct Fetched {
 #[pymethods]
 impl Fetched {
     unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: c_int) -> PyResult<()> {
-        let (ptr, len) = {
-            let this = slf.borrow();
-            let bytes = this.tensor.bytes();
-            (bytes.as_ptr() as *mut std::ffi::c_void, bytes.len() as ffi::Py_ssize_t)
-        };
-        // SAFETY: as for OutputTensor: the bytes belong to this object alone and live as long
-        // as it does; the view holds a reference to it.
-        let rc = unsafe { ffi::PyBuffer_FillInfo(view, slf.as_ptr(), ptr, len, 0, flags) };
-        if rc == 0 { Ok(()) } else { Err(PyErr::fetch(slf.py())) }
+        let this = slf.borrow();
+        // SAFETY: the fetched bytes belong to this object alone and live as long as it does.
+        unsafe { fill_buffer(slf.as_any(), this.tensor.bytes(), view, flags) }
     }
 }
 
@@ -292,19 +293,22 @@ impl Client {
     fn lock(&self) -> MutexGuard<'_, ClusterClient> {
         let mut client = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let dropped = std::mem::take(&mut *self.unreleased.lock().unwrap_or_else(|e| e.into_inner()));
-        if !dropped.is_empty() {
-            let mut by_node: std::collections::BTreeMap<String, Vec<Handle>> = Default::default();
-            for (node, handle) in dropped {
-                by_node.entry(node).or_default().push(handle);
-            }
-            for (node, handles) in by_node {
-                // A failure means the node is gone, and its tensors with it: nothing is left to
-                // free. (Unreleased tensors on a live node expire after its --handle-ttl.)
-                let _ = client.release(&node, &handles);
-            }
+        for (node, handles) in by_node(dropped) {
+            // A failure means the node is gone, and its tensors with it: nothing is left to
+            // free. (Unreleased tensors on a live node expire after its --handle-ttl.)
+            let _ = client.release(&node, &handles);
         }
         client
     }
+}
+
+/// Handles grouped by the node that holds them, for one release request per node.
+fn by_node(handles: impl IntoIterator<Item = (String, Handle)>) -> std::collections::BTreeMap<String, Vec<Handle>> {
+    let mut grouped: std::collections::BTreeMap<String, Vec<Handle>> = Default::default();
+    for (node, handle) in handles {
+        grouped.entry(node).or_default().push(handle);
+    }
+    grouped
 }
 
 fn tensor_ref((dtype, shape, ptr, len): &(String, Vec<u64>, usize, usize)) -> PyResult<TensorRef<'_>> {
@@ -459,13 +463,10 @@ impl Client {
 
     /// Frees kept tensors now; returns how many their nodes held.
     fn release(&self, py: Python<'_>, kept: Vec<Bound<'_, Kept>>) -> PyResult<u32> {
-        let mut by_node: std::collections::BTreeMap<String, Vec<Handle>> = Default::default();
-        for k in &kept {
-            by_node.entry(k.get().node.clone()).or_default().push(k.get().handle());
-        }
+        let grouped = by_node(kept.iter().map(|k| (k.get().node.clone(), k.get().handle())));
         py.detach(|| {
             let mut client = self.lock();
-            by_node.iter().try_fold(0, |n, (node, handles)| Ok(n + client.release(node, handles)?))
+            grouped.iter().try_fold(0, |n, (node, handles)| Ok(n + client.release(node, handles)?))
         })
         .map_err(to_py_err)
     }

@@ -15,8 +15,8 @@ use crate::proto::{OutFrame, SharedBytes};
 use crate::rdma::{ChannelError, Completion, RdmaChannel, RdmaContext, RdmaError, RdmaPort, SessionConfig};
 
 use crate::proto::{
-    ErrorCode, Frame, FrameReader, Limits, Message, Payload, PayloadAlloc, ProtocolError, RecvEvent, Refusal, ZEROS,
-    check_tensor_lens, encode_head, paddings,
+    ErrorCode, Frame, FrameReader, Hello, Limits, Message, PROTOCOL_VERSION, Payload, PayloadAlloc, ProtocolError,
+    RecvEvent, Refusal, ZEROS, check_tensor_lens, encode_head, paddings,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -197,6 +197,24 @@ impl ClientConn {
 
     pub fn bytes_received(&self) -> u64 {
         self.bytes_received
+    }
+
+    /// Sends `ours` and returns the peer's hello; a peer speaking another protocol version is
+    /// refused with an error naming both versions.
+    pub fn hello(&mut self, ours: Hello) -> Result<Hello, ClientError> {
+        let reply = self.request(&Message::Hello(ours), &[])?;
+        let Message::HelloAck(theirs) = reply.message else {
+            return Err(ClientError::UnexpectedReply {
+                peer: self.peer,
+                request_id: reply.request_id,
+                kind: reply.message.kind().name(),
+            });
+        };
+        if theirs.protocol_version != PROTOCOL_VERSION {
+            let source = ProtocolError::VersionMismatch { ours: PROTOCOL_VERSION, theirs: theirs.protocol_version };
+            return Err(ClientError::Protocol { peer: self.peer, source });
+        }
+        Ok(theirs)
     }
 
     /// False once the connection failed; a new one is needed.
