@@ -155,11 +155,21 @@ pub fn run(args: RdmaArgs) -> Result<()> {
     );
     println!("{line}");
     writeln!(table, "{line}")?;
+    let floor = verbs_floor_write(&args.device, args.iters.max(2000))?;
+    let line = format!(
+        "| 64 B, bare verbs, WRITE polled in memory | {:.1} | {:.1} | {:.1} | — | ib_write_lat 2 × {typical:.2} µs | **{:.2}** |",
+        floor.p50,
+        floor.p99,
+        floor.p999,
+        floor.p50 / (2.0 * typical)
+    );
+    println!("{line}");
+    writeln!(table, "{line}")?;
     if let Some(path) = &args.results {
         let notes = [
             format!("Device: soft-RoCE {} in the qemu VM", args.device),
             "Ratio: for 2 B, djinn's round trip over 2 × ib_write_lat's typical one-way latency, the median of 3 runs (lower is better); from 64 KiB, djinn's streaming bandwidth over ib_write_bw's average (higher is better).".to_owned(),
-            "Bare verbs: two threads ping-ponging 64-byte inline SENDs over djinn's verbs layer (no protocol, no node): the floor under any protocol on this device.".to_owned(),
+            "Bare verbs: two threads ping-ponging 64-byte inline SENDs over djinn's verbs layer (no protocol, no node): the floor under any protocol on this device. Bare verbs, WRITE: the same with each message RDMA-WRITten inline into the peer's memory and polled there, as ib_write_lat does.".to_owned(),
         ];
         append_section(path, "rdma", &notes, &table)?;
     }
@@ -234,6 +244,78 @@ fn verbs_floor(device: &str, iters: u64) -> Result<Stats> {
                 Ok(Some(stats))
             } else {
                 for n in 0..total {
+                    turn(&mut ep, false, n)?;
+                }
+                Ok(None)
+            }
+        })
+    };
+    let (to_b, from_a) = std::sync::mpsc::channel();
+    let (to_a, from_b) = std::sync::mpsc::channel();
+    let a = side(0, to_b, from_b);
+    let b = side(1, to_a, from_a);
+    let stats = a.join().map_err(|_| anyhow::anyhow!("ping side panicked"))??;
+    b.join().map_err(|_| anyhow::anyhow!("pong side panicked"))??;
+    stats.context("no figures from the ping side")
+}
+
+/// The same ping-pong with each message RDMA-WRITten inline into the peer's memory, which polls
+/// the message's last byte (as `ib_write_lat` does): no receive to post or complete.
+fn verbs_floor_write(device: &str, iters: u64) -> Result<Stats> {
+    use djinn_dataplane::rdma::{QueueDepths, RcEndpoint, RdmaContext, find_port};
+    use djinn_gpudirect::HostBuf;
+
+    const LEN: usize = 64;
+    let side = |me: usize, to_peer: std::sync::mpsc::Sender<_>, from_peer: std::sync::mpsc::Receiver<_>| {
+        let device = device.to_owned();
+        std::thread::spawn(move || -> Result<Option<Stats>> {
+            let port = find_port(Some(&device))?;
+            let ctx = RdmaContext::new(&port, 256)?;
+            let mut ep = RcEndpoint::new(&ctx, QueueDepths::default())?;
+            let buf = HostBuf::zeroed(4096)?;
+            // SAFETY: `buf` outlives the registration and the queue pair (all dropped at the
+            // end of this closure, the buffer last).
+            let mr = unsafe { ctx.register(buf.as_ptr(), buf.len()) }?;
+            to_peer.send((ep.info(), mr.addr, mr.rkey()))?;
+            let (info, remote, rkey) = from_peer.recv()?;
+            ep.connect(&info)?;
+            to_peer.send((ep.info(), 0, 0))?;
+            from_peer.recv()?;
+            let mut message = [7u8; LEN];
+            let last = buf.as_ptr().wrapping_add(LEN - 1);
+            let mut turn = |ep: &mut RcEndpoint, send_first: bool, n: u64| -> Result<()> {
+                let mark = (n % 255) as u8 + 1;
+                let mut send = |ep: &mut RcEndpoint| {
+                    message[LEN - 1] = mark;
+                    ep.post_write_inline(0, &message, rkey, remote, n % 16 == 15)
+                };
+                if send_first {
+                    send(ep)?;
+                }
+                // SAFETY: a byte of the registered buffer, which the peer's WRITEs change.
+                while unsafe { std::ptr::read_volatile(last) } != mark {
+                    std::hint::spin_loop();
+                }
+                let mut failed = None;
+                ctx.poll(|c| failed = failed.take().or(c.err()))?;
+                if let Some(e) = failed {
+                    return Err(e.into());
+                }
+                if !send_first {
+                    send(ep)?;
+                }
+                Ok(())
+            };
+            let total = iters + (iters / 10).max(2);
+            if me == 0 {
+                let mut n = 0;
+                let stats = measure(iters, || {
+                    n += 1;
+                    turn(&mut ep, true, n)
+                })?;
+                Ok(Some(stats))
+            } else {
+                for n in 1..=total {
                     turn(&mut ep, false, n)?;
                 }
                 Ok(None)

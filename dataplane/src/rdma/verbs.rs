@@ -382,6 +382,34 @@ impl RcEndpoint {
         unsafe { self.post_one(wr_id, opcode, flags, sge, Some((remote_addr, rkey)), imm) }
     }
 
+    /// Writes `bytes` to the peer's `remote_addr` (`rkey`) inline: they are copied into the work
+    /// request, so no registered memory is needed and the buffer is free once this returns.
+    /// Without `signaled` the WRITE completes silently unless it fails.
+    pub fn post_write_inline(
+        &mut self,
+        wr_id: u64,
+        bytes: &[u8],
+        rkey: u32,
+        remote_addr: u64,
+        signaled: bool,
+    ) -> Result<(), RdmaError> {
+        if bytes.len() as u32 > self.max_inline {
+            return Err(RdmaError::Verb {
+                verb: "ibv_post_send(WRITE)",
+                reason: format!("{} bytes do not fit inline ({} at most)", bytes.len(), self.max_inline),
+            });
+        }
+        let mut flags = sys::ibv_send_flags::IBV_SEND_INLINE.0;
+        if signaled {
+            flags |= sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        }
+        let sge = sys::ibv_sge { addr: bytes.as_ptr() as u64, length: bytes.len() as u32, lkey: 0 };
+        // SAFETY: inline data is copied during the call; the remote side is the peer's promise.
+        unsafe {
+            self.post_one(wr_id, sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE, flags, sge, Some((remote_addr, rkey)), None)
+        }
+    }
+
     /// Posts one work request with one scatter entry through `ibv_post_send`.
     ///
     /// # Safety

@@ -145,8 +145,14 @@ impl<S: Service> MioServer<S> {
                 }
             }
             worked |= self.poll_rdma() > 0;
-            for key in std::mem::take(&mut self.ready) {
+            // Driving may schedule connections again (onto the emptied list); the drained list
+            // keeps its capacity for the next round.
+            let mut ready = std::mem::take(&mut self.ready);
+            for key in ready.drain(..) {
                 self.drive(key);
+            }
+            if self.ready.is_empty() {
+                self.ready = ready;
             }
             if worked {
                 last_work = Instant::now();

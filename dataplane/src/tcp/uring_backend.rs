@@ -158,8 +158,13 @@ impl<S: Service> UringServer<S> {
                     self.dirty.push(slot);
                 }
             }
-            for key in std::mem::take(&mut self.dirty) {
+            // As in the mio backend: the drained list keeps its capacity for the next round.
+            let mut dirty = std::mem::take(&mut self.dirty);
+            for key in dirty.drain(..) {
                 self.schedule(key)?;
+            }
+            if self.dirty.is_empty() {
+                self.dirty = dirty;
             }
             // Adaptive polling, as in the mio backend: enter without waiting while recently
             // busy (which also runs the kernel's pending completion work), then block.
