@@ -16,7 +16,8 @@ use std::net::ToSocketAddrs;
 use std::time::{Duration, Instant};
 
 pub use djinn_dataplane::proto::{
-    DType, ErrorCode, Fingerprint, Handle, HandleInfo, Hello, ListEntry, ModelInfo, TensorDesc, TensorSource, Value,
+    DType, ErrorCode, Fingerprint, Handle, HandleInfo, Hello, ListEntry, ModelInfo, Signal, TensorDesc, TensorSource,
+    Value,
 };
 use djinn_dataplane::proto::{Frame, Message, Payload, payload_layout, transports};
 use djinn_dataplane::tcp::ClientConn;
@@ -262,19 +263,66 @@ impl Client {
         tensors: &[TensorRef<'_>],
         keep: bool,
     ) -> Result<Output, ClientError> {
-        let descs = tensors
-            .iter()
-            .map(|t| TensorDesc::new(t.dtype, t.shape.to_vec()))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(ClientError::Request)?;
-        let bytes: Vec<&[u8]> = tensors.iter().map(|t| t.bytes).collect();
+        let (descs, bytes) = describe(tensors)?;
         let message = Message::Execute { fingerprint: *fingerprint, tensors: descs, inputs: inputs.to_vec(), keep };
         let reply = self.call(&message, &bytes)?;
+        self.output(reply)
+    }
+
+    fn output(&self, reply: Frame) -> Result<Output, ClientError> {
         match reply.message {
             Message::ExecuteReply { tensors, output, kept } => {
                 let (offsets, _) = payload_layout(&tensors).map_err(ClientError::Request)?;
                 Ok(Output { value: output, tensors, kept, offsets, payload: reply.payload })
             }
+            _ => Err(unexpected(&self.conn, reply)),
+        }
+    }
+
+    /// Opens a session of a registered model whose initial state is `state` (see the README's
+    /// contract for stateful models); the state stays on the node between steps. `reserve` is
+    /// the state's expected size at its largest, in bytes.
+    pub fn session_open(
+        &mut self,
+        fingerprint: &Fingerprint,
+        state: &[TensorRef<'_>],
+        reserve: u64,
+    ) -> Result<Handle, ClientError> {
+        let (descs, bytes) = describe(state)?;
+        let reply = self.call(&Message::SessionOpen { fingerprint: *fingerprint, state: descs, reserve }, &bytes)?;
+        match reply.message {
+            Message::SessionOpened { session } => Ok(session),
+            _ => Err(unexpected(&self.conn, reply)),
+        }
+    }
+
+    /// One step of a session: its model runs on `inputs` followed by the session's state.
+    pub fn session_step(
+        &mut self,
+        session: Handle,
+        inputs: &[Value],
+        tensors: &[TensorRef<'_>],
+    ) -> Result<Output, ClientError> {
+        let (descs, bytes) = describe(tensors)?;
+        let reply = self.call(&Message::SessionStep { session, tensors: descs, inputs: inputs.to_vec() }, &bytes)?;
+        self.output(reply)
+    }
+
+    /// Tells the node what the session's agent does next (it takes effect after the session's
+    /// earlier requests; the node answers at once).
+    pub fn session_signal(&mut self, session: Handle, signal: Signal) -> Result<(), ClientError> {
+        let reply = self.call(&Message::SessionSignal { session, signal }, &[])?;
+        match reply.message {
+            Message::SessionSignaled => Ok(()),
+            _ => Err(unexpected(&self.conn, reply)),
+        }
+    }
+
+    /// Frees the session's state on the node.
+    pub fn session_close(&mut self, session: Handle) -> Result<(), ClientError> {
+        let reply = self.call(&Message::SessionClose { session }, &[])?;
+        match reply.message {
+            Message::SessionClosed => Ok(()),
             _ => Err(unexpected(&self.conn, reply)),
         }
     }
@@ -435,4 +483,14 @@ fn unspecified() -> std::net::SocketAddr {
 /// The connection itself failed (as opposed to the node refusing the request).
 fn is_connection_loss(e: &ClientError) -> bool {
     matches!(e, ClientError::Io { .. } | ClientError::Closed { .. })
+}
+
+/// The descriptors and bytes of tensors to send.
+fn describe<'a>(tensors: &[TensorRef<'a>]) -> Result<(Vec<TensorDesc>, Vec<&'a [u8]>), ClientError> {
+    let descs = tensors
+        .iter()
+        .map(|t| TensorDesc::new(t.dtype, t.shape.to_vec()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(ClientError::Request)?;
+    Ok((descs, tensors.iter().map(|t| t.bytes).collect()))
 }

@@ -235,11 +235,7 @@ impl<'a> Outputs<'a> {
     /// Keeps `t` where it is; a CPU output that is a view of the request's payload (a model
     /// returning its input) is copied first, as the payload goes back to the pool.
     fn kept_tensor(&mut self, t: Tensor, table: &Mutex<HandleTable>) -> Result<Value, ExecError> {
-        let aliases_payload = self.inputs.as_ref().is_some_and(|p| {
-            let start = p.buf.as_ptr() as usize;
-            (start..start + p.buf.len()).contains(&(t.data_ptr() as usize))
-        });
-        let t = match (aliases_payload, t.is_contiguous()) {
+        let t = match (aliases(&t, self.inputs.as_ref()), t.is_contiguous()) {
             (true, _) => t.f_contiguous()?.f_detach_copy()?,
             (false, false) => t.f_contiguous()?,
             (false, true) => t,
@@ -249,4 +245,13 @@ impl<'a> Outputs<'a> {
         self.kept.push(info);
         Ok(value)
     }
+}
+
+/// True when `t` is a view of the request's payload (a model that returns its input), which
+/// goes back to the pool after the request: a tensor kept past it must be copied.
+pub fn aliases(t: &Tensor, payload: Option<&Arc<Payload>>) -> bool {
+    payload.is_some_and(|p| {
+        let start = p.buf.as_ptr() as usize;
+        (start..start + p.buf.len()).contains(&(t.data_ptr() as usize))
+    })
 }

@@ -20,6 +20,8 @@ pub enum ExecError {
     Cuda(#[from] djinn_gpudirect::DeviceError),
     #[error(transparent)]
     Handle(#[from] crate::handles::HandleError),
+    #[error(transparent)]
+    Session(#[from] crate::sessions::SessionError),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -31,6 +33,7 @@ impl ExecError {
             Self::BadArchive(_) => ErrorCode::BadArchive,
             Self::OverBudget(_) | Self::BlockTooLarge { .. } => ErrorCode::OverBudget,
             Self::Handle(e) => e.code(),
+            Self::Session(e) => e.code(),
             Self::Cuda(_) | Self::Internal(_) => ErrorCode::Internal,
         }
     }

@@ -15,8 +15,9 @@ use tch::Device;
 use crate::handles::HandleTable;
 use crate::models::{ModelStore, Upload};
 use crate::mover::{Mover, PushSource};
+use crate::sessions::{Op, SessionOptions, SessionTable, lock};
 use crate::store::TensorStore;
-use crate::workers::{Job, Workers};
+use crate::workers::{Job, SessionQueue, Workers};
 
 #[derive(Debug, Clone)]
 pub struct NodeOptions {
@@ -32,6 +33,7 @@ pub struct NodeOptions {
     pub handle_ttl: Duration,
     /// Longest wait on a peer node when pushing a tensor to it.
     pub push_timeout: Duration,
+    pub sessions: SessionOptions,
 }
 
 #[derive(Debug)]
@@ -44,7 +46,9 @@ pub struct NodeService {
     host_budget: MemoryBudget,
     device: tch::Device,
     handles: Arc<Mutex<HandleTable>>,
+    sessions: Arc<Mutex<SessionTable>>,
     mover: Mover,
+    // Before the workers: the sweeper holds a queue into them, which must go first.
     _sweeper: Sweeper,
     workers: Workers,
 }
@@ -54,11 +58,22 @@ impl NodeService {
         let pool = BufferPool::new(options.pool_bytes, 64 * 1024);
         let models = Arc::new(Mutex::new(ModelStore::new(budget.clone(), options.host_budget.clone())));
         let handles = Arc::new(Mutex::new(HandleTable::new(budget.clone(), options.handle_ttl)));
-        let workers = Workers::start(options.workers, options.device, Arc::clone(&models), Arc::clone(&handles))?;
+        let sessions =
+            Arc::new(Mutex::new(SessionTable::new(options.sessions.clone(), budget.clone(), options.device)));
+        let workers = Workers::start(
+            options.workers,
+            options.device,
+            Arc::clone(&models),
+            Arc::clone(&handles),
+            Arc::clone(&sessions),
+        )?;
         tracing::info!(
             epoch = format_args!("{:016x}", handles.lock().unwrap_or_else(|e| e.into_inner()).epoch()),
-            "kept tensors start a new epoch"
+            session_policy = options.sessions.policy.name(),
+            session_budget = options.sessions.budget,
+            "kept tensors and sessions start a new epoch"
         );
+        let queue = workers.session_queue().ok_or_else(|| std::io::Error::other("no worker queue"))?;
         Ok(Self {
             tensors: TensorStore::new(budget, pool.clone(), options.max_meta),
             models,
@@ -67,8 +82,9 @@ impl NodeService {
             pool,
             host_budget: options.host_budget,
             device: options.device,
-            _sweeper: Sweeper::start(Arc::clone(&handles))?,
+            _sweeper: Sweeper::start(Arc::clone(&handles), Arc::clone(&sessions), queue)?,
             handles,
+            sessions,
             mover: Mover::start(options.push_timeout)?,
             workers,
         })
@@ -86,6 +102,23 @@ impl NodeService {
 
     fn handles(&self) -> MutexGuard<'_, HandleTable> {
         self.handles.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn sessions(&self) -> MutexGuard<'_, SessionTable> {
+        lock(&self.sessions)
+    }
+
+    /// Queues a request on its session (drained by one worker at a time, in order).
+    fn enqueue(&self, session: djinn_dataplane::proto::Handle, op: Op) -> Option<Reply> {
+        match self.sessions().enqueue(session, op) {
+            Ok(start) => {
+                if start {
+                    self.workers.drain_session(session.id);
+                }
+                None
+            }
+            Err(e) => Some(Reply::error(e.code(), e.to_string())),
+        }
     }
 
     fn push(&mut self, source: TensorSource, to: String, reply_to: ReplyTo, replier: &Replier) -> Option<Reply> {
@@ -152,8 +185,11 @@ impl Service for NodeService {
                 }
                 self.host_alloc(len)
             }
-            // Inputs live for one request, in host memory (copied to the device when it is a GPU).
-            Message::Execute { .. } => Ok(Payload { buf: self.pool.take(len)?, reservation: None }),
+            // Inputs live for one request, in host memory (copied to the device when it is a GPU);
+            // a session's initial state is copied out of it.
+            Message::Execute { .. } | Message::SessionStep { .. } | Message::SessionOpen { .. } => {
+                Ok(Payload { buf: self.pool.take(len)?, reservation: None })
+            }
             // A tensor to keep: on the CPU it stays in this buffer, which is charged to the
             // device budget; on a GPU it is copied there (and charged then), so the buffer is
             // only host memory for a while.
@@ -220,6 +256,27 @@ impl Service for NodeService {
                 Reply::message(Message::Released { released: self.handles().release(&handles) })
             }
             Message::Push { source, to: peer } => return self.push(source, peer, to, replier),
+            Message::SessionOpen { fingerprint, state, reserve } => match self.models().get(&fingerprint) {
+                Some(model) => {
+                    let message = Message::SessionOpen { fingerprint, state, reserve };
+                    let frame = Frame { request_id, message, payload };
+                    self.workers.submit(Job::SessionOpen { model, frame }, to, replier);
+                    return None;
+                }
+                None => Reply::error(ErrorCode::UnknownModel, format!("no model {fingerprint} on this node")),
+            },
+            Message::SessionStep { session, tensors, inputs } => {
+                let message = Message::SessionStep { session, tensors, inputs };
+                let op = Op::Step { frame: Frame { request_id, message, payload }, to, replier: replier.clone() };
+                return self.enqueue(session, op);
+            }
+            // Acknowledged at once: the signal takes effect in its turn, in the background.
+            Message::SessionSignal { session, signal } => {
+                self.enqueue(session, Op::Signal(signal)).unwrap_or(Reply::message(Message::SessionSignaled))
+            }
+            Message::SessionClose { session } => {
+                return self.enqueue(session, Op::Close { to, replier: replier.clone() });
+            }
             other => {
                 Reply::error(ErrorCode::Unexpected, format!("a node does not serve {} requests", other.kind().name()))
             }
@@ -230,6 +287,7 @@ impl Service for NodeService {
         self.tensors.stats(out);
         self.models().stats(out);
         self.handles().stats(out);
+        self.sessions().stats(out);
         let c = &self.workers.counters;
         out.extend(
             [
@@ -257,7 +315,8 @@ impl Service for NodeService {
     }
 }
 
-/// Frees kept tensors that lie unused past their time limit, checking a few times per limit.
+/// Frees kept tensors and closes sessions that lie unused past their time limits (checking a
+/// few times per limit), and starts the restores of swapped-out sessions when they are due.
 struct Sweeper {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
@@ -270,17 +329,36 @@ impl std::fmt::Debug for Sweeper {
 }
 
 impl Sweeper {
-    fn start(handles: Arc<Mutex<HandleTable>>) -> std::io::Result<Self> {
+    fn start(
+        handles: Arc<Mutex<HandleTable>>,
+        sessions: Arc<Mutex<SessionTable>>,
+        queue: SessionQueue,
+    ) -> std::io::Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
-        let period = (handles.lock().unwrap_or_else(|e| e.into_inner()).idle_ttl() / 4)
-            .clamp(Duration::from_millis(10), Duration::from_secs(10));
+        let ttl = handles.lock().unwrap_or_else(|e| e.into_inner()).idle_ttl().min(lock(&sessions).options().idle_ttl);
+        let period = (ttl / 4).clamp(Duration::from_millis(10), Duration::from_secs(10));
         let flag = Arc::clone(&stop);
-        let thread = std::thread::Builder::new().name("djinn-handle-sweeper".into()).spawn(move || {
+        let table = Arc::clone(&sessions);
+        let thread = std::thread::Builder::new().name("djinn-sweeper".into()).spawn(move || {
+            let mut next_sweep = Instant::now() + period;
             while !flag.load(Ordering::Acquire) {
-                std::thread::park_timeout(period);
-                handles.lock().unwrap_or_else(|e| e.into_inner()).expire(Instant::now());
+                let now = Instant::now();
+                if now >= next_sweep {
+                    handles.lock().unwrap_or_else(|e| e.into_inner()).expire(now);
+                    lock(&table).expire(now);
+                    next_sweep = now + period;
+                }
+                let (due, next_restore) = lock(&table).due_restores(now);
+                for id in due {
+                    if lock(&table).enqueue_restore(id) {
+                        queue.drain(id);
+                    }
+                }
+                let wake = next_restore.map_or(next_sweep, |at| at.min(next_sweep));
+                std::thread::park_timeout(wake.saturating_duration_since(Instant::now()));
             }
         })?;
+        lock(&sessions).set_clock(thread.thread().clone());
         Ok(Self { stop, thread: Some(thread) })
     }
 }

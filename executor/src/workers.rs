@@ -11,12 +11,16 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use djinn_dataplane::proto::{Frame, Handle, Message, Payload, SharedBytes, TensorDesc};
 use djinn_dataplane::tcp::{Replier, Reply, ReplyTo};
-use tch::Device;
+use tch::jit::IValue;
+use tch::{Device, Tensor};
 
-use crate::convert::{OutputTensor, Outputs, input_tensors, kept_inputs, to_ivalue};
+use crate::sessions::SessionError;
+
+use crate::convert::{OutputTensor, Outputs, aliases, input_tensors, kept_inputs, to_ivalue};
 use crate::error::ExecError;
 use crate::handles::HandleTable;
 use crate::models::{Model, ModelStore, Upload};
+use crate::sessions::{Op, SessionTable, lock};
 
 pub enum Job {
     Execute {
@@ -40,12 +44,31 @@ pub enum Job {
     Fetch {
         handle: Handle,
     },
+    /// Opens a session: its initial state goes to the device.
+    SessionOpen {
+        model: Arc<Model>,
+        frame: Frame,
+    },
+    /// Runs a session's queued requests in order, each answered as it completes (the job
+    /// itself has no reply).
+    Session {
+        id: u64,
+    },
 }
 
 struct Envelope {
     job: Job,
-    to: ReplyTo,
-    replier: Replier,
+    /// Where the job's reply goes; `None` for a job that answers its requests itself.
+    reply: Option<(ReplyTo, Replier)>,
+}
+
+/// What the worker threads share.
+struct Shared {
+    device: Device,
+    models: Arc<Mutex<ModelStore>>,
+    handles: Arc<Mutex<HandleTable>>,
+    sessions: Arc<Mutex<SessionTable>>,
+    counters: Arc<WorkerCounters>,
 }
 
 #[derive(Debug, Default)]
@@ -56,6 +79,22 @@ pub struct WorkerCounters {
     pub load_errors: AtomicU64,
     /// Jobs submitted and not finished (waiting or running).
     pub queued: AtomicU64,
+}
+
+/// A handle that queues session drains from outside the poller (the session clock).
+#[derive(Clone)]
+pub struct SessionQueue {
+    tx: Sender<Envelope>,
+    counters: Arc<WorkerCounters>,
+}
+
+impl SessionQueue {
+    pub fn drain(&self, id: u64) {
+        self.counters.queued.fetch_add(1, Ordering::Relaxed);
+        if self.tx.send(Envelope { job: Job::Session { id }, reply: None }).is_err() {
+            self.counters.queued.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
 }
 
 pub struct Workers {
@@ -76,33 +115,45 @@ impl Workers {
         device: Device,
         models: Arc<Mutex<ModelStore>>,
         handles: Arc<Mutex<HandleTable>>,
+        sessions: Arc<Mutex<SessionTable>>,
     ) -> std::io::Result<Self> {
         let (tx, rx) = crossbeam_channel::unbounded::<Envelope>();
         let counters = Arc::new(WorkerCounters::default());
+        let shared = Arc::new(Shared { device, models, handles, sessions, counters: Arc::clone(&counters) });
         let threads = (0..count.max(1))
             .map(|i| {
                 let rx = rx.clone();
-                let models = Arc::clone(&models);
-                let counters = Arc::clone(&counters);
-                let handles = Arc::clone(&handles);
-                std::thread::Builder::new()
-                    .name(format!("djinn-worker-{i}"))
-                    .spawn(move || work(rx, device, models, handles, counters))
+                let shared = Arc::clone(&shared);
+                std::thread::Builder::new().name(format!("djinn-worker-{i}")).spawn(move || work(rx, &shared))
             })
             .collect::<Result<_, _>>()?;
         Ok(Self { tx: Some(tx), threads, counters })
     }
 
     pub fn submit(&self, job: Job, to: ReplyTo, replier: &Replier) {
-        let envelope = Envelope { job, to, replier: replier.clone() };
+        self.send(Envelope { job, reply: Some((to, replier.clone())) });
+    }
+
+    /// Starts draining a session's queue ([`SessionTable::enqueue`] said none was).
+    pub fn drain_session(&self, id: u64) {
+        self.send(Envelope { job: Job::Session { id }, reply: None });
+    }
+
+    pub fn session_queue(&self) -> Option<SessionQueue> {
+        let tx = self.tx.clone()?;
+        Some(SessionQueue { tx, counters: Arc::clone(&self.counters) })
+    }
+
+    fn send(&self, envelope: Envelope) {
         self.counters.queued.fetch_add(1, Ordering::Relaxed);
         if let Some(tx) = &self.tx
             && let Err(e) = tx.send(envelope)
         {
             self.counters.queued.fetch_sub(1, Ordering::Relaxed);
             // Only when every worker is gone (they stop only on shutdown).
-            let Envelope { to, replier, .. } = e.into_inner();
-            replier.send(to, Reply::error(djinn_dataplane::proto::ErrorCode::Internal, "the executor has stopped"));
+            if let Some((to, replier)) = e.into_inner().reply {
+                replier.send(to, Reply::error(djinn_dataplane::proto::ErrorCode::Internal, "the executor has stopped"));
+            }
         }
     }
 }
@@ -132,36 +183,34 @@ fn next_job(rx: &Receiver<Envelope>) -> Option<Envelope> {
     rx.recv().ok()
 }
 
-fn work(
-    rx: Receiver<Envelope>,
-    device: Device,
-    models: Arc<Mutex<ModelStore>>,
-    handles: Arc<Mutex<HandleTable>>,
-    counters: Arc<WorkerCounters>,
-) {
-    while let Some(Envelope { job, to, replier }) = next_job(&rx) {
+fn work(rx: Receiver<Envelope>, shared: &Shared) {
+    let Shared { device, models, handles, sessions, counters } = shared;
+    let device = *device;
+    while let Some(Envelope { job, reply }) = next_job(&rx) {
+        if let Job::Session { id } = job {
+            drain_session(id, sessions, handles);
+            counters.queued.fetch_sub(1, Ordering::Relaxed);
+            continue;
+        }
         // What the node's stats count, by kind of job: (done, failed).
         let counted = match job {
             Job::Execute { .. } => Some((&counters.executions, &counters.execution_errors)),
             Job::Load { .. } => Some((&counters.loads, &counters.load_errors)),
-            Job::Free { .. } | Job::Keep { .. } | Job::Fetch { .. } => None,
+            _ => None,
         };
-        let result = catch_unwind(AssertUnwindSafe(|| match job {
-            Job::Execute { model, frame } => execute(&model, frame, &handles),
-            Job::Load { upload } => load(upload, device, &models),
+        let result = caught(|| match job {
+            Job::Execute { model, frame } => execute(&model, frame, handles),
+            Job::Load { upload } => load(upload, device, models),
             Job::Free { model } => {
                 drop(model);
                 Ok(Reply::message(Message::UnregisterAck))
             }
-            Job::Keep { tensor, payload } => keep(&tensor, payload, device, &handles),
-            Job::Fetch { handle } => fetch(handle, &handles),
-        }))
-        .unwrap_or_else(|panic| {
-            let what =
-                panic.downcast_ref::<String>().cloned().or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()));
-            Err(ExecError::Internal(format!("worker panicked: {}", what.unwrap_or_default())))
+            Job::Keep { tensor, payload } => keep(&tensor, payload, device, handles),
+            Job::Fetch { handle } => fetch(handle, handles),
+            Job::SessionOpen { model, frame } => open_session(model, frame, sessions),
+            Job::Session { .. } => Err(ExecError::Internal("a session drain with a reply".into())),
         });
-        let reply = match result {
+        let result = match result {
             Ok(reply) => {
                 if let Some((done, _)) = counted {
                     done.fetch_add(1, Ordering::Relaxed);
@@ -177,8 +226,136 @@ fn work(
             }
         };
         counters.queued.fetch_sub(1, Ordering::Relaxed);
-        replier.send(to, reply);
+        if let Some((to, replier)) = reply {
+            replier.send(to, result);
+        }
     }
+}
+
+/// Runs `f`, turning a panic into an error.
+fn caught(f: impl FnOnce() -> Result<Reply, ExecError>) -> Result<Reply, ExecError> {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|panic| {
+        let what =
+            panic.downcast_ref::<String>().cloned().or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()));
+        Err(ExecError::Internal(format!("worker panicked: {}", what.unwrap_or_default())))
+    })
+}
+
+fn reply_of(result: Result<Reply, ExecError>) -> Reply {
+    result.unwrap_or_else(|e| {
+        tracing::debug!(error = %e, "request failed");
+        Reply::error(e.code(), e.to_string())
+    })
+}
+
+/// Runs a session's queued requests in order until its queue is empty.
+fn drain_session(id: u64, sessions: &Mutex<SessionTable>, handles: &Mutex<HandleTable>) {
+    loop {
+        let Some(op) = lock(sessions).next_op(id) else { return };
+        match op {
+            Op::Step { frame, to, replier } => {
+                let result = caught(|| step(id, frame, sessions, handles));
+                if result.is_err() {
+                    // Whatever failed (a panic included), the session is not stepping any more.
+                    let _ = lock(sessions).end_step(id, None);
+                }
+                replier.send(to, reply_of(result));
+            }
+            Op::Signal(signal) => lock(sessions).signal(id, signal),
+            Op::Restore => lock(sessions).restore_ahead(id),
+            Op::Close { to, replier } => {
+                let after = lock(sessions).close(id);
+                replier.send(to, Reply::message(Message::SessionClosed));
+                for op in after {
+                    if let Op::Step { to, replier, .. } | Op::Close { to, replier } = op {
+                        let e = ExecError::Internal(format!("session {id} was closed before this request"));
+                        replier.send(to, Reply::error(djinn_dataplane::proto::ErrorCode::NotFound, e.to_string()));
+                    }
+                }
+                return;
+            }
+        }
+    }
+}
+
+/// One step: the model runs on the inputs followed by the state; the last outputs become the
+/// new state.
+fn step(
+    id: u64,
+    frame: Frame,
+    sessions: &Mutex<SessionTable>,
+    handles: &Mutex<HandleTable>,
+) -> Result<Reply, ExecError> {
+    let Message::SessionStep { tensors, inputs, .. } = frame.message else {
+        return Err(ExecError::Internal("not a session step".into()));
+    };
+    let (model, state) = lock(sessions).begin_step(id)?;
+    let n = state.len();
+    let payload = frame.payload.map(Arc::new);
+    let tensors = input_tensors(&tensors, payload.as_ref(), model.device)?;
+    let kept = kept_inputs(&inputs, handles)?;
+    let mut args = inputs.iter().map(|v| to_ivalue(v, &tensors, &kept)).collect::<Result<Vec<_>, _>>()?;
+    args.extend(state.into_iter().map(IValue::Tensor));
+    let (output, new_state) = split_state(model.forward(args)?, n)?;
+    let new_state = new_state
+        .into_iter()
+        .map(|t| if aliases(&t, payload.as_ref()) { t.f_detach_copy().map_err(Into::into) } else { Ok(t) })
+        .collect::<Result<Vec<_>, ExecError>>()?;
+    lock(sessions).end_step(id, Some(new_state))?;
+    let mut outputs = Outputs::new(payload, None);
+    let output = outputs.value(output)?;
+    Ok(Reply {
+        message: Message::ExecuteReply { tensors: outputs.descs, output, kept: Vec::new() },
+        tensors: outputs.tensors.into_iter().map(|t| Arc::new(t) as SharedBytes).collect(),
+    })
+}
+
+/// Splits a step's output into what goes back and the `n` state tensors at its end.
+fn split_state(output: IValue, n: usize) -> Result<(IValue, Vec<Tensor>), ExecError> {
+    if n == 0 {
+        return Ok((output, Vec::new()));
+    }
+    let bad = |got: String| ExecError::from(SessionError::BadStep { state: n, got });
+    let mut items = match output {
+        IValue::Tuple(items) if items.len() > n => items,
+        IValue::Tuple(items) => return Err(bad(format!("a tuple of {} items", items.len()))),
+        other => return Err(bad(ivalue_kind(&other).to_owned())),
+    };
+    let state = items
+        .split_off(items.len() - n)
+        .into_iter()
+        .map(|v| match v {
+            IValue::Tensor(t) => Ok(t),
+            other => Err(bad(format!("{} where a state tensor belongs", ivalue_kind(&other)))),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let output = if items.len() == 1 { items.pop().unwrap_or(IValue::None) } else { IValue::Tuple(items) };
+    Ok((output, state))
+}
+
+fn ivalue_kind(v: &IValue) -> &'static str {
+    match v {
+        IValue::Tensor(_) => "a tensor",
+        IValue::Tuple(_) => "a tuple",
+        IValue::GenericList(_) | IValue::TensorList(_) => "a list",
+        IValue::GenericDict(_) => "a dict",
+        IValue::None => "None",
+        _ => "a scalar",
+    }
+}
+
+fn open_session(model: Arc<Model>, frame: Frame, sessions: &Mutex<SessionTable>) -> Result<Reply, ExecError> {
+    let Message::SessionOpen { state, reserve, .. } = frame.message else {
+        return Err(ExecError::Internal("not a session open".into()));
+    };
+    let payload = frame.payload.map(Arc::new);
+    // On the CPU the tensors are views of the request's payload, which goes back to the pool.
+    let state = input_tensors(&state, payload.as_ref(), model.device)?
+        .into_iter()
+        .map(|t| if aliases(&t, payload.as_ref()) { t.f_detach_copy().map_err(Into::into) } else { Ok(t) })
+        .collect::<Result<Vec<_>, ExecError>>()?;
+    let session = lock(sessions).open(model, state, reserve)?;
+    Ok(Reply::message(Message::SessionOpened { session }))
 }
 
 fn execute(model: &Model, frame: Frame, handles: &Mutex<HandleTable>) -> Result<Reply, ExecError> {
@@ -234,4 +411,34 @@ fn load(upload: Upload, device: Device, models: &Mutex<ModelStore>) -> Result<Re
     let model = crate::models::load(upload, device, models)?;
     tracing::info!(model = %fingerprint, weight_bytes = model.weight_bytes, seconds = started.elapsed().as_secs_f64(), "model loaded");
     Ok(Reply::message(Message::Registered { model: model.info() }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(v: f32) -> IValue {
+        IValue::Tensor(Tensor::from(v))
+    }
+
+    #[test]
+    fn a_step_output_splits_into_outputs_and_state() {
+        let (out, state) = split_state(IValue::Tuple(vec![t(1.0), t(2.0), t(3.0)]), 2).unwrap();
+        assert!(matches!(out, IValue::Tensor(_)), "one output is unwrapped");
+        assert_eq!(state.len(), 2);
+        let (out, state) = split_state(IValue::Tuple(vec![t(1.0), t(2.0), t(3.0)]), 1).unwrap();
+        assert!(matches!(out, IValue::Tuple(ref items) if items.len() == 2));
+        assert_eq!(state.len(), 1);
+        let (out, state) = split_state(t(1.0), 0).unwrap();
+        assert!(matches!(out, IValue::Tensor(_)) && state.is_empty(), "no state: the output as it is");
+    }
+
+    #[test]
+    fn a_step_output_without_its_state_is_refused() {
+        let err = |out, n| split_state(out, n).unwrap_err().to_string();
+        assert!(err(t(1.0), 1).contains("a tensor"), "{}", err(t(1.0), 1));
+        assert!(err(IValue::Tuple(vec![t(1.0)]), 1).contains("a tuple of 1 items"));
+        let e = err(IValue::Tuple(vec![t(1.0), IValue::Int(3)]), 1);
+        assert!(e.contains("a scalar where a state tensor belongs"), "{e}");
+    }
 }

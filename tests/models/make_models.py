@@ -73,3 +73,27 @@ for i, block in enumerate(gpt.blocks()):
     save(block, f"gpt.block{i}", x)
     x = block(x)
 print("models written to", out)
+
+
+class GrowingCache(nn.Module):
+    """A stateful model (the session contract): the inputs, then the state; it returns its
+    output, then the new state. Like a KV cache, the state grows by each step's input."""
+
+    def forward(self, x: torch.Tensor, cache: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        cache = torch.cat([cache, x], dim=0)
+        return cache.sum(dim=0), cache
+
+
+save(GrowingCache(), "growing_cache")
+
+
+class Counter(nn.Module):
+    """Two state tensors, one of them a step count; two outputs."""
+
+    def forward(self, x: torch.Tensor, total: torch.Tensor, steps: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        total = total + x
+        steps = steps + 1
+        return total * 2, steps * 10, total, steps
+
+
+save(Counter(), "counter")

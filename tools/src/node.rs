@@ -9,7 +9,7 @@ use clap::{Args, ValueEnum};
 use djinn_dataplane::proto::Limits;
 use djinn_dataplane::rdma::{RdmaChannel, RdmaContext, SessionConfig};
 use djinn_dataplane::tcp::{Backend, Server, ServerConfig, Transport};
-use djinn_executor::{Device, NodeOptions, NodeService};
+use djinn_executor::{Device, NodeOptions, NodeService, Policy, SessionOptions};
 use djinn_gpudirect::MemoryBudget;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
@@ -107,6 +107,23 @@ pub struct NodeArgs {
     /// Seconds a push to another node may wait on it before failing.
     #[arg(long, default_value_t = 30.0)]
     push_timeout: f64,
+    /// Which session's state leaves the device when another needs room: `semantic` (sessions
+    /// whose agent said IO_WAIT first, swapped out at the signal and restored ahead of the
+    /// expected resume; then the least recently used) or `lru` (recency only, on pressure).
+    #[arg(long, default_value = "semantic")]
+    session_policy: Policy,
+    /// Device memory that session state (KV caches) may take, within the device budget.
+    /// Default: a quarter of the device budget.
+    #[arg(long)]
+    session_budget: Option<ByteSize>,
+    /// Host memory that swapped-out session state may take. Default: a quarter of the host
+    /// budget.
+    #[arg(long)]
+    session_host_pool: Option<ByteSize>,
+    /// Seconds a session may lie untouched before it is closed and its state freed (its client
+    /// is presumed gone).
+    #[arg(long, default_value_t = 600.0)]
+    session_idle_timeout: f64,
     /// The price of an hour of this node (any currency the cluster agrees on), for minimize_cost.
     #[arg(long, default_value_t = 1.0)]
     cost_per_hour: f64,
@@ -177,6 +194,7 @@ pub fn run(args: NodeArgs) -> Result<()> {
     let transports = if rdma.is_some() { vec!["rdma".to_owned(), "tcp".to_owned()] } else { vec!["tcp".to_owned()] };
     tch::set_num_threads(args.intra_op_threads.max(1));
     let host_budget = MemoryBudget::new(args.host_memory_budget.map_or(physical_memory() / 2, |b| b.0));
+    let host_limit = host_budget.limit();
     let options = NodeOptions {
         device,
         workers: args.workers,
@@ -185,6 +203,12 @@ pub fn run(args: NodeArgs) -> Result<()> {
         host_budget,
         handle_ttl: seconds("--handle-ttl", args.handle_ttl)?,
         push_timeout: seconds("--push-timeout", args.push_timeout)?,
+        sessions: SessionOptions {
+            policy: args.session_policy,
+            budget: args.session_budget.map_or(budget.limit() / 4, |b| b.0),
+            host_pool: args.session_host_pool.map_or(host_limit / 4, |b| b.0),
+            idle_ttl: seconds("--session-idle-timeout", args.session_idle_timeout)?,
+        },
     };
     let service = NodeService::new(budget.clone(), options).context("cannot start the executor")?;
     let config = ServerConfig {

@@ -16,7 +16,7 @@ use super::limits::Limits;
 
 pub const MAGIC: [u8; 4] = *b"DJNN";
 /// 2: tensors kept on the node (handles, keep, fetch, release, push).
-pub const PROTOCOL_VERSION: u16 = 2;
+pub const PROTOCOL_VERSION: u16 = 3;
 pub const HEADER_LEN: usize = size_of::<FrameHeader>();
 
 #[repr(C)]
@@ -135,4 +135,11 @@ kinds! {
     Released = 0x111,
     Push = 0x112,
     Pushed = 0x113,
+    SessionOpen = 0x114,
+    SessionOpened = 0x115,
+    SessionStep = 0x116,
+    SessionSignal = 0x117,
+    SessionSignaled = 0x118,
+    SessionClose = 0x119,
+    SessionClosed = 0x11a,
 }

@@ -129,6 +129,16 @@ pub enum TensorSource {
     Handle(Handle),
 }
 
+/// What a session's client says of it between steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    /// The agent waits on something else (a tool): its state may leave the device, to be back
+    /// before `resume_in_ms` when given.
+    IoWait { resume_in_ms: Option<u32> },
+    /// The agent computes again soon: bring its state back to the device.
+    Compute,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListEntry {
     pub name: String,
@@ -262,6 +272,36 @@ pub enum Message {
         kept: HandleInfo,
         path: String,
     },
+    /// Opens a session of a registered model: the payload's tensors (`state`) are its initial
+    /// state, which stays on the node between steps; `reserve` is the state's expected size at
+    /// its largest (bytes), charged to the session budget while the state is on the device.
+    SessionOpen {
+        fingerprint: Fingerprint,
+        state: Vec<TensorDesc>,
+        reserve: u64,
+    },
+    SessionOpened {
+        session: Handle,
+    },
+    /// Runs the session's model on `inputs` followed by its state tensors. The model returns
+    /// a tuple whose last items are the new state (as many as the state has tensors); the rest
+    /// comes back in an `ExecuteReply` (one item unwrapped).
+    SessionStep {
+        session: Handle,
+        tensors: Vec<TensorDesc>,
+        inputs: Vec<Value>,
+    },
+    /// Takes effect after the session's earlier steps and signals, before its later ones.
+    SessionSignal {
+        session: Handle,
+        signal: Signal,
+    },
+    SessionSignaled,
+    /// Frees the session's state (after its earlier steps).
+    SessionClose {
+        session: Handle,
+    },
+    SessionClosed,
 }
 
 impl Message {
@@ -303,6 +343,13 @@ impl Message {
             Self::Released { .. } => Kind::Released,
             Self::Push { .. } => Kind::Push,
             Self::Pushed { .. } => Kind::Pushed,
+            Self::SessionOpen { .. } => Kind::SessionOpen,
+            Self::SessionOpened { .. } => Kind::SessionOpened,
+            Self::SessionStep { .. } => Kind::SessionStep,
+            Self::SessionSignal { .. } => Kind::SessionSignal,
+            Self::SessionSignaled => Kind::SessionSignaled,
+            Self::SessionClose { .. } => Kind::SessionClose,
+            Self::SessionClosed => Kind::SessionClosed,
         }
     }
 
@@ -328,6 +375,9 @@ impl Message {
                 | Self::Kept { .. }
                 | Self::Released { .. }
                 | Self::Pushed { .. }
+                | Self::SessionOpened { .. }
+                | Self::SessionSignaled
+                | Self::SessionClosed
         )
     }
 
@@ -338,7 +388,10 @@ impl Message {
             | Self::GetReply { tensor }
             | Self::RegisterChunk { chunk: tensor, .. }
             | Self::Keep { tensor } => std::slice::from_ref(tensor),
-            Self::Execute { tensors, .. } | Self::ExecuteReply { tensors, .. } => tensors,
+            Self::Execute { tensors, .. }
+            | Self::ExecuteReply { tensors, .. }
+            | Self::SessionStep { tensors, .. }
+            | Self::SessionOpen { state: tensors, .. } => tensors,
             _ => &[],
         }
     }
@@ -358,7 +411,14 @@ impl Message {
                 w.str(&h.agent);
                 w.str(&h.memory_path);
             }
-            Self::Ping | Self::Pong | Self::DeleteAck | Self::Stats | Self::UnregisterAck | Self::ListModels => {}
+            Self::Ping
+            | Self::Pong
+            | Self::DeleteAck
+            | Self::Stats
+            | Self::UnregisterAck
+            | Self::ListModels
+            | Self::SessionSignaled
+            | Self::SessionClosed => {}
             Self::Put { name, tensor } => {
                 w.str(name);
                 w.tensor(tensor);
@@ -475,6 +535,36 @@ impl Message {
             Self::Pushed { kept, path } => {
                 w.kept(kept);
                 w.str(path);
+            }
+            Self::SessionOpen { fingerprint, state, reserve } => {
+                w.fingerprint(fingerprint);
+                w.tensors(state);
+                w.u64(*reserve);
+            }
+            Self::SessionOpened { session } | Self::SessionClose { session } => session.encode(w.0),
+            Self::SessionStep { session, tensors, inputs } => {
+                session.encode(w.0);
+                w.tensors(tensors);
+                w.u32(inputs.len() as u32);
+                for v in inputs {
+                    v.encode(w.0);
+                }
+            }
+            Self::SessionSignal { session, signal } => {
+                session.encode(w.0);
+                match signal {
+                    Signal::IoWait { resume_in_ms } => {
+                        w.u8(0);
+                        match resume_in_ms {
+                            Some(ms) => {
+                                w.u8(1);
+                                w.u32(*ms);
+                            }
+                            None => w.u8(0),
+                        }
+                    }
+                    Signal::Compute => w.u8(1),
+                }
             }
         }
     }
@@ -606,6 +696,34 @@ impl Message {
                 Self::Push { source, to: r.string("peer address")? }
             }
             Kind::Pushed => Self::Pushed { kept: r.kept()?, path: r.string("path")? },
+            Kind::SessionOpen => {
+                Self::SessionOpen { fingerprint: r.fingerprint()?, state: r.tensors()?, reserve: r.u64("reserve")? }
+            }
+            Kind::SessionOpened => Self::SessionOpened { session: r.handle()? },
+            Kind::SessionStep => {
+                let session = r.handle()?;
+                let tensors = r.tensors()?;
+                let n = r.count("inputs", 1)?;
+                let mut inputs = Vec::with_capacity(n);
+                for _ in 0..n {
+                    inputs.push(Value::decode(&mut r.bytes, tensors.len())?);
+                }
+                Self::SessionStep { session, tensors, inputs }
+            }
+            Kind::SessionSignal => {
+                let session = r.handle()?;
+                let signal = match r.u8("signal")? {
+                    0 => Signal::IoWait {
+                        resume_in_ms: if r.bool("has resume time")? { Some(r.u32("resume in ms")?) } else { None },
+                    },
+                    1 => Signal::Compute,
+                    v => return Err(ProtocolError::MalformedMeta(format!("signal {v} is neither 0 nor 1"))),
+                };
+                Self::SessionSignal { session, signal }
+            }
+            Kind::SessionSignaled => Self::SessionSignaled,
+            Kind::SessionClose => Self::SessionClose { session: r.handle()? },
+            Kind::SessionClosed => Self::SessionClosed,
         };
         if !r.bytes.is_empty() {
             return Err(ProtocolError::MalformedMeta(format!(

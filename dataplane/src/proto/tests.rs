@@ -143,6 +143,28 @@ fn kept_message() -> impl Strategy<Value = Message> {
     ]
 }
 
+fn session_message() -> impl Strategy<Value = Message> {
+    let signal = prop_oneof![
+        prop::option::of(any::<u32>()).prop_map(|resume_in_ms| Signal::IoWait { resume_in_ms }),
+        Just(Signal::Compute),
+    ];
+    prop_oneof![
+        (fingerprint(), prop::collection::vec(tensor(), 0..4), any::<u64>())
+            .prop_map(|(fingerprint, state, reserve)| Message::SessionOpen { fingerprint, state, reserve }),
+        handle().prop_map(|session| Message::SessionOpened { session }),
+        (handle(), prop::collection::vec(tensor(), 0..4))
+            .prop_flat_map(|(h, tensors)| {
+                let n = tensors.len() as u32;
+                (Just(h), Just(tensors), prop::collection::vec(value(n), 0..4))
+            })
+            .prop_map(|(session, tensors, inputs)| Message::SessionStep { session, tensors, inputs }),
+        (handle(), signal).prop_map(|(session, signal)| Message::SessionSignal { session, signal }),
+        Just(Message::SessionSignaled),
+        handle().prop_map(|session| Message::SessionClose { session }),
+        Just(Message::SessionClosed),
+    ]
+}
+
 fn rdma_params() -> impl Strategy<Value = RdmaParams> {
     (any::<u32>(), any::<u32>(), any::<[u8; 16]>(), any::<u32>(), any::<u32>(), any::<u32>()).prop_map(
         |(qp_number, psn, gid, mtu, slots, slot_size)| RdmaParams { qp_number, psn, gid, mtu, slots, slot_size },
@@ -187,6 +209,7 @@ fn message() -> impl Strategy<Value = Message> {
     prop_oneof![
         model_message(),
         kept_message(),
+        session_message(),
         hello().prop_map(Message::Hello),
         hello().prop_map(Message::HelloAck),
         Just(Message::Ping),

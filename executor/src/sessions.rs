@@ -1,0 +1,556 @@
+//! Server-resident sessions: a model's state (a KV cache, a position) kept on the node between
+//! steps, moved to host memory while its agent waits on a tool, and back on the device before it
+//! computes again.
+//!
+//! The table decides where each session's state lives; it runs no model. A session's requests
+//! are queued on it in arrival order and drained by one worker at a time ([`SessionTable::enqueue`],
+//! [`SessionTable::next_op`]), so its steps and signals take effect in the order they were sent.
+//!
+//! Device memory for state is bounded twice: by the session budget (so the policies can be
+//! compared at a fixed number of resident sessions) and by the node's device budget (which every
+//! other feature shares). When a step needs room, a resident session that is not stepping is
+//! swapped out to the host pool: under the semantic policy sessions in IO_WAIT go first, then the
+//! least recently used; under LRU only recency counts and signals move nothing. State is never
+//! dropped: a swap the host pool cannot take leaves the state where it is.
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasher;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use djinn_dataplane::proto::{ErrorCode, Frame, Handle, Signal};
+use djinn_dataplane::tcp::{Replier, ReplyTo};
+use djinn_gpudirect::{MemoryBudget, Reservation};
+use tch::{Device, Tensor};
+
+use crate::error::ExecError;
+use crate::models::Model;
+
+/// Which resident session makes room for another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// Sessions whose agent said IO_WAIT first (swapped out at the signal, restored ahead of
+    /// the expected resume), then the least recently used.
+    Semantic,
+    /// The least recently used, on pressure only; signals are acknowledged and ignored.
+    Lru,
+}
+
+impl std::str::FromStr for Policy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "semantic" => Ok(Self::Semantic),
+            "lru" => Ok(Self::Lru),
+            _ => Err(format!("{s:?} is not a session policy: use semantic or lru")),
+        }
+    }
+}
+
+impl Policy {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Semantic => "semantic",
+            Self::Lru => "lru",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct SessionOptions {
+    pub policy: Policy,
+    /// Device bytes that session state may take (within the node's device budget).
+    pub budget: u64,
+    /// Host bytes that swapped-out state may take.
+    pub host_pool: u64,
+    /// A session untouched this long is closed (its client is presumed gone).
+    pub idle_ttl: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SessionError {
+    #[error(
+        "session {session} is from an earlier life of this node (its epoch is now {current:016x}): the node restarted and the session's state is gone"
+    )]
+    Stale { session: Handle, current: u64 },
+    #[error("no session {session} on this node: it was closed, or expired after {idle_ttl:?} idle")]
+    Unknown { session: Handle, idle_ttl: Duration },
+    #[error("no room for session state: {0}")]
+    Full(String),
+    #[error(
+        "a step of a session with {state} state tensors must return a tuple of its outputs then its new state: {got}"
+    )]
+    BadStep { state: usize, got: String },
+}
+
+impl SessionError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Self::Stale { .. } => ErrorCode::StaleHandle,
+            Self::Unknown { .. } => ErrorCode::NotFound,
+            Self::Full(_) => ErrorCode::OverBudget,
+            Self::BadStep { .. } => ErrorCode::ExecutionFailed,
+        }
+    }
+}
+
+/// A session's request, waiting its turn.
+pub enum Op {
+    Step {
+        frame: Frame,
+        to: ReplyTo,
+        replier: Replier,
+    },
+    Signal(Signal),
+    Close {
+        to: ReplyTo,
+        replier: Replier,
+    },
+    /// Brings swapped-out state back ahead of its agent's expected resume (no reply).
+    Restore,
+}
+
+impl std::fmt::Debug for Op {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Step { frame, .. } => f.debug_struct("Step").field("request_id", &frame.request_id).finish(),
+            Self::Signal(signal) => f.debug_tuple("Signal").field(signal).finish(),
+            Self::Close { .. } => f.write_str("Close"),
+            Self::Restore => f.write_str("Restore"),
+        }
+    }
+}
+
+enum Place {
+    /// On the device, charged to both budgets (one reservation each per growth).
+    Device(Vec<Reservation>),
+    Host {
+        _pool: Reservation,
+    },
+}
+
+struct Session {
+    model: Arc<Model>,
+    state: Vec<Tensor>,
+    /// Bytes of `state`.
+    bytes: u64,
+    /// What the state is charged on the device: at least the size announced at open, and the
+    /// largest it has been.
+    charge: u64,
+    place: Place,
+    last_used: Instant,
+    io_wait: bool,
+    resume_at: Option<Instant>,
+    ops: VecDeque<Op>,
+    /// A worker is draining `ops`.
+    draining: bool,
+    /// A step is running on (shallow clones of) the state: it must stay where it is.
+    stepping: bool,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Counters {
+    opened: u64,
+    closed: u64,
+    expired: u64,
+    steps: u64,
+    swaps_out: u64,
+    swaps_in: u64,
+    restores_ahead: u64,
+    swaps_refused: u64,
+}
+
+pub struct SessionTable {
+    epoch: u64,
+    next_id: u64,
+    sessions: HashMap<u64, Session>,
+    options: SessionOptions,
+    budget: MemoryBudget,
+    device_budget: MemoryBudget,
+    host_pool: MemoryBudget,
+    device: Device,
+    /// Host-to-device bytes per second seen in restores, for how far ahead to start one.
+    restore_rate: f64,
+    counters: Counters,
+    /// Woken when a restore is scheduled (the clock thread sleeps until the next one is due).
+    clock: Option<std::thread::Thread>,
+}
+
+impl std::fmt::Debug for SessionTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionTable")
+            .field("epoch", &format_args!("{:016x}", self.epoch))
+            .field("sessions", &self.sessions.len())
+            .field("policy", &self.options.policy)
+            .finish()
+    }
+}
+
+/// Slack added to the expected copy time when scheduling a restore ahead of a resume.
+const RESTORE_MARGIN: Duration = Duration::from_millis(5);
+
+impl SessionTable {
+    pub fn new(options: SessionOptions, device_budget: MemoryBudget, device: Device) -> Self {
+        let seed = (std::time::SystemTime::now(), std::process::id(), "sessions");
+        let epoch = std::collections::hash_map::RandomState::new().hash_one(seed).max(1);
+        Self {
+            epoch,
+            next_id: 1,
+            sessions: HashMap::new(),
+            budget: MemoryBudget::new(options.budget),
+            host_pool: MemoryBudget::new(options.host_pool),
+            options,
+            device_budget,
+            device,
+            restore_rate: 1e9,
+            counters: Counters::default(),
+            clock: None,
+        }
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    pub fn options(&self) -> &SessionOptions {
+        &self.options
+    }
+
+    /// The thread to wake when a restore is scheduled.
+    pub fn set_clock(&mut self, thread: std::thread::Thread) {
+        self.clock = Some(thread);
+    }
+
+    /// Opens a session whose initial state (already on the device) is `state`.
+    pub fn open(&mut self, model: Arc<Model>, state: Vec<Tensor>, reserve: u64) -> Result<Handle, ExecError> {
+        let bytes = state_bytes(&state);
+        let charge = reserve.max(bytes);
+        let reservations = self.make_room(charge, None, false)?;
+        let id = self.next_id;
+        self.next_id += 1;
+        let now = Instant::now();
+        self.sessions.insert(
+            id,
+            Session {
+                model,
+                state,
+                bytes,
+                charge,
+                place: Place::Device(reservations),
+                last_used: now,
+                io_wait: false,
+                resume_at: None,
+                ops: VecDeque::new(),
+                draining: false,
+                stepping: false,
+            },
+        );
+        self.counters.opened += 1;
+        Ok(Handle { id, epoch: self.epoch })
+    }
+
+    fn id_of(&self, session: Handle) -> Result<u64, SessionError> {
+        if session.epoch != self.epoch {
+            return Err(SessionError::Stale { session, current: self.epoch });
+        }
+        if self.sessions.contains_key(&session.id) {
+            Ok(session.id)
+        } else {
+            Err(SessionError::Unknown { session, idle_ttl: self.options.idle_ttl })
+        }
+    }
+
+    /// Queues `op` on the session; true when no worker drains its queue yet (the caller starts
+    /// one, which calls [`Self::next_op`] until it returns `None`).
+    pub fn enqueue(&mut self, session: Handle, op: Op) -> Result<bool, SessionError> {
+        let id = self.id_of(session)?;
+        let s = self.sessions.get_mut(&id).ok_or(SessionError::Unknown { session, idle_ttl: self.options.idle_ttl })?;
+        s.last_used = Instant::now();
+        s.ops.push_back(op);
+        Ok(!std::mem::replace(&mut s.draining, true))
+    }
+
+    /// Queues a restore ahead of a resume; true when the caller must start a drain.
+    pub fn enqueue_restore(&mut self, id: u64) -> bool {
+        let Some(s) = self.sessions.get_mut(&id) else { return false };
+        s.ops.push_back(Op::Restore);
+        !std::mem::replace(&mut s.draining, true)
+    }
+
+    /// The session's next request, or `None` (the drain ends) when its queue is empty or the
+    /// session is gone.
+    pub fn next_op(&mut self, id: u64) -> Option<Op> {
+        let s = self.sessions.get_mut(&id)?;
+        let op = s.ops.pop_front();
+        if op.is_none() {
+            s.draining = false;
+        }
+        op
+    }
+
+    /// Readies a step: brings the state to the device (making room) and hands out the model
+    /// and the state (sharing its memory; the state stays put until [`Self::end_step`]).
+    pub fn begin_step(&mut self, id: u64) -> Result<(Arc<Model>, Vec<Tensor>), ExecError> {
+        self.restore(id, false)?;
+        let s = self.sessions.get_mut(&id).ok_or_else(|| ExecError::Internal(format!("session {id} vanished")))?;
+        s.stepping = true;
+        s.io_wait = false;
+        s.resume_at = None;
+        s.last_used = Instant::now();
+        Ok((Arc::clone(&s.model), s.state.iter().map(Tensor::shallow_clone).collect()))
+    }
+
+    /// Ends a step: `new_state` replaces the state (charging any growth, which may swap other
+    /// sessions out); with `None` (the step failed) the state is unchanged. When the growth
+    /// cannot be charged the step fails and the old state stays.
+    pub fn end_step(&mut self, id: u64, new_state: Option<Vec<Tensor>>) -> Result<(), ExecError> {
+        let Some(s) = self.sessions.get_mut(&id) else { return Ok(()) };
+        s.stepping = false;
+        s.last_used = Instant::now();
+        let Some(state) = new_state else { return Ok(()) };
+        let bytes = state_bytes(&state);
+        if bytes > s.charge {
+            let extra = bytes - s.charge;
+            let mut more = self.make_room(extra, Some(id), false)?;
+            let s = self.sessions.get_mut(&id).ok_or_else(|| ExecError::Internal(format!("session {id} vanished")))?;
+            if let Place::Device(charges) = &mut s.place {
+                charges.append(&mut more);
+            }
+            s.charge = bytes;
+        }
+        let s = self.sessions.get_mut(&id).ok_or_else(|| ExecError::Internal(format!("session {id} vanished")))?;
+        s.state = state;
+        s.bytes = bytes;
+        self.counters.steps += 1;
+        Ok(())
+    }
+
+    /// Applies a signal, after the session's earlier requests.
+    pub fn signal(&mut self, id: u64, signal: Signal) {
+        let now = Instant::now();
+        let semantic = self.options.policy == Policy::Semantic;
+        let rate = self.restore_rate;
+        let Some(s) = self.sessions.get_mut(&id) else { return };
+        match signal {
+            Signal::IoWait { resume_in_ms } => {
+                s.io_wait = true;
+                if !semantic {
+                    return;
+                }
+                let lead = Duration::from_secs_f64(s.bytes as f64 / rate) + RESTORE_MARGIN;
+                s.resume_at =
+                    resume_in_ms.map(|ms| (now + Duration::from_millis(ms.into())).checked_sub(lead).unwrap_or(now));
+                if s.resume_at.is_some()
+                    && let Some(clock) = &self.clock
+                {
+                    clock.unpark();
+                }
+                if let Err(e) = self.swap_out(id) {
+                    tracing::debug!(session = id, error = %e, "IO_WAIT: the state stays on the device");
+                }
+            }
+            Signal::Compute => {
+                s.io_wait = false;
+                s.resume_at = None;
+                if semantic && let Err(e) = self.restore(id, true) {
+                    tracing::debug!(session = id, error = %e, "COMPUTE: the state stays in host memory until the next step");
+                }
+            }
+        }
+    }
+
+    /// A restore scheduled ahead of a resume: done when it fits, making room from sessions in
+    /// IO_WAIT only (the step will do it otherwise).
+    pub fn restore_ahead(&mut self, id: u64) {
+        let on_host = self.sessions.get(&id).is_some_and(|s| matches!(s.place, Place::Host { .. }));
+        if on_host && self.restore(id, true).is_ok() {
+            self.counters.restores_ahead += 1;
+        }
+    }
+
+    /// Closes the session; returns the requests queued after the close (to be refused).
+    pub fn close(&mut self, id: u64) -> VecDeque<Op> {
+        match self.sessions.remove(&id) {
+            Some(s) => {
+                self.counters.closed += 1;
+                s.ops
+            }
+            None => VecDeque::new(),
+        }
+    }
+
+    /// Closes sessions idle past the time limit (none with work queued or running).
+    pub fn expire(&mut self, now: Instant) -> usize {
+        let ttl = self.options.idle_ttl;
+        let before = self.sessions.len();
+        self.sessions.retain(|_, s| s.draining || s.stepping || now.saturating_duration_since(s.last_used) < ttl);
+        let expired = before - self.sessions.len();
+        self.counters.expired += expired as u64;
+        if expired > 0 {
+            tracing::info!(expired, "sessions closed after {ttl:?} idle");
+        }
+        expired
+    }
+
+    /// Sessions whose restore is due (each is returned once), and when the next one is.
+    pub fn due_restores(&mut self, now: Instant) -> (Vec<u64>, Option<Instant>) {
+        let mut due = Vec::new();
+        let mut next = None::<Instant>;
+        for (&id, s) in &mut self.sessions {
+            match s.resume_at {
+                Some(at) if at <= now => {
+                    s.resume_at = None;
+                    if matches!(s.place, Place::Host { .. }) {
+                        due.push(id);
+                    }
+                }
+                Some(at) => next = Some(next.map_or(at, |n| n.min(at))),
+                None => {}
+            }
+        }
+        (due, next)
+    }
+
+    pub fn stats(&self, out: &mut Vec<(String, u64)>) {
+        let on_device = self.sessions.values().filter(|s| matches!(s.place, Place::Device(_))).count() as u64;
+        let c = &self.counters;
+        out.extend(
+            [
+                ("sessions", self.sessions.len() as u64),
+                ("sessions_on_device", on_device),
+                ("sessions_on_host", self.sessions.len() as u64 - on_device),
+                ("session_device_bytes", self.budget.used()),
+                ("session_budget_bytes", self.budget.limit()),
+                ("session_host_bytes", self.host_pool.used()),
+                ("sessions_opened", c.opened),
+                ("sessions_closed", c.closed),
+                ("sessions_expired", c.expired),
+                ("session_steps", c.steps),
+                ("session_swaps_out", c.swaps_out),
+                ("session_swaps_in", c.swaps_in),
+                ("session_restores_ahead", c.restores_ahead),
+                ("session_swaps_refused", c.swaps_refused),
+            ]
+            .map(|(k, v)| (k.to_owned(), v)),
+        );
+    }
+
+    /// Brings a session's state to the device when it is in host memory. `waiting_only`: make
+    /// room from sessions in IO_WAIT only.
+    fn restore(&mut self, id: u64, waiting_only: bool) -> Result<(), ExecError> {
+        let Some(s) = self.sessions.get(&id) else { return Ok(()) };
+        if matches!(s.place, Place::Device(_)) {
+            return Ok(());
+        }
+        let reservations = self.make_room(s.charge, Some(id), waiting_only)?;
+        let started = Instant::now();
+        let device = self.device;
+        let s = self.sessions.get_mut(&id).ok_or_else(|| ExecError::Internal(format!("session {id} vanished")))?;
+        let state = s.state.iter().map(|t| move_to(t, device)).collect::<Result<Vec<_>, _>>()?;
+        s.state = state;
+        s.place = Place::Device(reservations);
+        let seconds = started.elapsed().as_secs_f64();
+        if s.bytes > 0 && seconds > 0.0 {
+            // A moving average: one slow copy does not set every later lead time.
+            self.restore_rate = 0.8 * self.restore_rate + 0.2 * (s.bytes as f64 / seconds);
+        }
+        self.counters.swaps_in += 1;
+        Ok(())
+    }
+
+    /// Moves a resident session's state to the host pool; the state stays when the pool
+    /// cannot take it.
+    fn swap_out(&mut self, id: u64) -> Result<(), ExecError> {
+        let Some(s) = self.sessions.get_mut(&id) else { return Ok(()) };
+        if !matches!(s.place, Place::Device(_)) || s.stepping {
+            return Ok(());
+        }
+        let pool = match self.host_pool.try_reserve(s.bytes) {
+            Ok(r) => r,
+            Err(e) => {
+                self.counters.swaps_refused += 1;
+                return Err(SessionError::Full(format!("the host pool cannot take the state: {e}")).into());
+            }
+        };
+        let state = s.state.iter().map(|t| move_to(t, Device::Cpu)).collect::<Result<Vec<_>, _>>()?;
+        s.state = state;
+        // The device reservations go with the old place.
+        s.place = Place::Host { _pool: pool };
+        self.counters.swaps_out += 1;
+        Ok(())
+    }
+
+    /// Reserves `bytes` in the session budget and the device budget, swapping resident sessions
+    /// out (never `except`, never one stepping) until both have room.
+    fn make_room(
+        &mut self,
+        bytes: u64,
+        except: Option<u64>,
+        waiting_only: bool,
+    ) -> Result<Vec<Reservation>, ExecError> {
+        let mut unswappable = Vec::new();
+        loop {
+            if let Ok(session) = self.budget.try_reserve(bytes) {
+                match self.device_budget.try_reserve(bytes) {
+                    Ok(device) => return Ok(vec![session, device]),
+                    Err(_) => drop(session),
+                }
+            }
+            let victim = self
+                .sessions
+                .iter()
+                .filter(|&(&id, s)| {
+                    Some(id) != except
+                        && !s.stepping
+                        && matches!(s.place, Place::Device(_))
+                        && !unswappable.contains(&id)
+                        && (!waiting_only || s.io_wait)
+                })
+                .min_by_key(|(_, s)| match self.options.policy {
+                    Policy::Semantic => (!s.io_wait, s.last_used),
+                    Policy::Lru => (false, s.last_used),
+                })
+                .map(|(&id, _)| id);
+            let Some(victim) = victim else {
+                return Err(SessionError::Full(format!(
+                    "{bytes} bytes of session state do not fit: {} of {} bytes in the session budget and {} of {} in the device budget are in use, and no resident session can be swapped out",
+                    self.budget.used(),
+                    self.budget.limit(),
+                    self.device_budget.used(),
+                    self.device_budget.limit()
+                ))
+                .into());
+            };
+            if self.swap_out(victim).is_err() {
+                unswappable.push(victim);
+            }
+        }
+    }
+}
+
+/// The table, whoever panicked while holding it (its state stays consistent between calls).
+pub(crate) fn lock(table: &std::sync::Mutex<SessionTable>) -> std::sync::MutexGuard<'_, SessionTable> {
+    table.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn state_bytes(state: &[Tensor]) -> u64 {
+    state.iter().map(|t| (t.numel() * t.kind().elt_size_in_bytes()) as u64).sum()
+}
+
+/// A copy of `t` on `device` (host memory for the CPU; pinned when the session's device is a
+/// GPU, so the copy back can be asynchronous). On a CPU node both sides are host memory: the
+/// copy is what a swap costs there, and the budgets see the move.
+fn move_to(t: &Tensor, device: Device) -> Result<Tensor, ExecError> {
+    let copy = match (t.device(), device) {
+        (Device::Cuda(_), Device::Cpu) => {
+            let host = Tensor::f_empty(t.size(), (t.kind(), Device::Cpu))?.f_pin_memory(t.device())?;
+            let mut host = host;
+            host.f_copy_(t)?;
+            host
+        }
+        (_, Device::Cpu) => t.f_detach_copy()?,
+        (_, device) => t.f_to_device(device)?,
+    };
+    Ok(copy)
+}
