@@ -7,12 +7,14 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use djinn_client::{Client, ClientOptions, DType, Transport};
-use djinn_gpudirect::ByteSize;
+use djinn_dataplane::rdma::{QueueDepths, RcEndpoint, RdmaContext, Registered, find_port};
+use djinn_gpudirect::{ByteSize, HostBuf};
 
 use crate::Spawned;
 use crate::report::{Stats, append_section, measure};
@@ -176,157 +178,155 @@ pub fn run(args: RdmaArgs) -> Result<()> {
     Ok(())
 }
 
-/// Round trips of a bare ping-pong: two threads, each with its own context and queue pair
-/// connected to the other's, bouncing a 64-byte inline SEND. What is left of djinn's round trip
-/// above this is its protocol, the node and the client.
-fn verbs_floor(device: &str, iters: u64) -> Result<Stats> {
-    use djinn_dataplane::rdma::{QueueDepths, RcEndpoint, RdmaContext, find_port};
-    use djinn_gpudirect::HostBuf;
+/// One side of a bare ping-pong: a context of its own, a queue pair connected to the other
+/// side's and a registered buffer, and where the other side's buffer is.
+// Fields drop in order: the queue pair, then the registration, then the memory.
+struct Side {
+    ep: RcEndpoint,
+    mr: Registered,
+    buf: HostBuf,
+    ctx: Arc<RdmaContext>,
+    remote: (u64, u32),
+}
 
-    const RECVS: u64 = 16;
-    let side = |me: usize, to_peer: std::sync::mpsc::Sender<_>, from_peer: std::sync::mpsc::Receiver<_>| {
+/// Receives the SEND ping-pong keeps posted.
+const RECVS: u64 = 16;
+const MESSAGE: usize = 64;
+
+impl Side {
+    /// Polls the completion queue until a receive completes; posts it again.
+    fn await_send(&mut self) -> Result<()> {
+        loop {
+            let mut received = None;
+            let mut failed = None;
+            self.ctx.poll(|c| match c {
+                Ok(c) if c.wr_id < RECVS => received = Some(c.wr_id),
+                Ok(_) => {}
+                Err(e) => failed = Some(e),
+            })?;
+            if let Some(e) = failed {
+                return Err(e.into());
+            }
+            if let Some(id) = received {
+                // SAFETY: within the registered buffer, which outlives the queue pair.
+                unsafe { self.ep.post_recv(id, &self.mr, self.mr.addr, 4096) }?;
+                return Ok(());
+            }
+        }
+    }
+
+    /// Spins until the peer's WRITE marks the last byte of the message with `mark`, then reaps
+    /// completions (the signalled WRITEs').
+    fn await_write(&mut self, mark: u8) -> Result<()> {
+        let last = self.buf.as_ptr().wrapping_add(MESSAGE - 1);
+        // SAFETY: a byte of the registered buffer, which the peer's WRITEs change.
+        while unsafe { std::ptr::read_volatile(last) } != mark {
+            std::hint::spin_loop();
+        }
+        let mut failed = None;
+        self.ctx.poll(|c| failed = failed.take().or(c.err()))?;
+        failed.map_or(Ok(()), |e| Err(e.into()))
+    }
+}
+
+/// Runs a ping-pong between two threads on `device`: `prepare` readies each side once
+/// connected, `turn(side, send_first, n)` is one side's half of round trip `n`. Returns the
+/// round trips as the first side timed them.
+fn ping_pong(
+    device: &str,
+    iters: u64,
+    prepare: fn(&mut Side) -> Result<()>,
+    turn: fn(&mut Side, bool, u64) -> Result<()>,
+) -> Result<Stats> {
+    let side = |first: bool, to_peer: mpsc::Sender<_>, from_peer: mpsc::Receiver<_>| {
         let device = device.to_owned();
         std::thread::spawn(move || -> Result<Option<Stats>> {
             let port = find_port(Some(&device))?;
             let ctx = RdmaContext::new(&port, 256)?;
             let mut ep = RcEndpoint::new(&ctx, QueueDepths::default())?;
-            to_peer.send(ep.info())?;
-            ep.connect(&from_peer.recv()?)?;
             let buf = HostBuf::zeroed(4096)?;
-            // SAFETY: `buf` outlives the registration and the queue pair (all dropped at the
-            // end of this closure, the buffer last).
+            // SAFETY: `buf` outlives the registration and the queue pair (see `Side`).
             let mr = unsafe { ctx.register(buf.as_ptr(), buf.len()) }?;
-            for id in 0..RECVS {
-                // SAFETY: within the registered buffer.
-                unsafe { ep.post_recv(id, &mr, mr.addr, 4096) }?;
-            }
-            // Both queue pairs are connected once each side has posted its receives and said so.
-            to_peer.send(ep.info())?;
+            to_peer.send((ep.info(), mr.addr, mr.rkey()))?;
+            let (info, addr, rkey) = from_peer.recv()?;
+            ep.connect(&info)?;
+            let mut me = Side { ep, mr, buf, ctx, remote: (addr, rkey) };
+            prepare(&mut me)?;
+            // Both sides are ready once each has prepared and said so.
+            to_peer.send((info, 0, 0))?;
             from_peer.recv()?;
-            let message = [7u8; 64];
-            let turn = |ep: &mut RcEndpoint, send_first: bool, n: u64| -> Result<()> {
-                let send = |ep: &mut RcEndpoint| {
-                    // SAFETY: inline data is copied into the work request.
-                    unsafe { ep.post_send(RECVS, &message, None, n % 16 == 15) }
-                };
-                if send_first {
-                    send(ep)?;
-                }
-                loop {
-                    let mut received = None;
-                    let mut failed = None;
-                    ctx.poll(|c| match c {
-                        Ok(c) if c.wr_id < RECVS => received = Some(c.wr_id),
-                        Ok(_) => {}
-                        Err(e) => failed = Some(e),
-                    })?;
-                    if let Some(e) = failed {
-                        return Err(e.into());
-                    }
-                    if let Some(id) = received {
-                        // SAFETY: as above.
-                        unsafe { ep.post_recv(id, &mr, mr.addr, 4096) }?;
-                        break;
-                    }
-                }
-                if !send_first {
-                    send(ep)?;
-                }
-                Ok(())
-            };
+            // Both count round trips from 1: the first side counts its warm-up ones too.
             let total = iters + (iters / 10).max(2);
-            if me == 0 {
+            if first {
                 let mut n = 0;
                 let stats = measure(iters, || {
                     n += 1;
-                    turn(&mut ep, true, n)
+                    turn(&mut me, true, n)
                 })?;
                 Ok(Some(stats))
             } else {
-                for n in 0..total {
-                    turn(&mut ep, false, n)?;
+                for n in 1..=total {
+                    turn(&mut me, false, n)?;
                 }
                 Ok(None)
             }
         })
     };
-    let (to_b, from_a) = std::sync::mpsc::channel();
-    let (to_a, from_b) = std::sync::mpsc::channel();
-    let a = side(0, to_b, from_b);
-    let b = side(1, to_a, from_a);
+    let (to_b, from_a) = mpsc::channel();
+    let (to_a, from_b) = mpsc::channel();
+    let a = side(true, to_b, from_b);
+    let b = side(false, to_a, from_a);
     let stats = a.join().map_err(|_| anyhow::anyhow!("ping side panicked"))??;
     b.join().map_err(|_| anyhow::anyhow!("pong side panicked"))??;
     stats.context("no figures from the ping side")
 }
 
+/// Round trips of a bare ping-pong of 64-byte inline SENDs. What is left of djinn's round trip
+/// above this is its protocol, the node and the client.
+fn verbs_floor(device: &str, iters: u64) -> Result<Stats> {
+    fn prepare(side: &mut Side) -> Result<()> {
+        for id in 0..RECVS {
+            // SAFETY: within the registered buffer, which outlives the queue pair.
+            unsafe { side.ep.post_recv(id, &side.mr, side.mr.addr, 4096) }?;
+        }
+        Ok(())
+    }
+    fn turn(side: &mut Side, send_first: bool, n: u64) -> Result<()> {
+        let send = |side: &mut Side| {
+            // SAFETY: inline data is copied into the work request.
+            unsafe { side.ep.post_send(RECVS, &[7u8; MESSAGE], None, n % 16 == 15) }
+        };
+        if send_first {
+            send(side)?;
+        }
+        side.await_send()?;
+        if !send_first {
+            send(side)?;
+        }
+        Ok(())
+    }
+    ping_pong(device, iters, prepare, turn)
+}
+
 /// The same ping-pong with each message RDMA-WRITten inline into the peer's memory, which polls
 /// the message's last byte (as `ib_write_lat` does): no receive to post or complete.
 fn verbs_floor_write(device: &str, iters: u64) -> Result<Stats> {
-    use djinn_dataplane::rdma::{QueueDepths, RcEndpoint, RdmaContext, find_port};
-    use djinn_gpudirect::HostBuf;
-
-    const LEN: usize = 64;
-    let side = |me: usize, to_peer: std::sync::mpsc::Sender<_>, from_peer: std::sync::mpsc::Receiver<_>| {
-        let device = device.to_owned();
-        std::thread::spawn(move || -> Result<Option<Stats>> {
-            let port = find_port(Some(&device))?;
-            let ctx = RdmaContext::new(&port, 256)?;
-            let mut ep = RcEndpoint::new(&ctx, QueueDepths::default())?;
-            let buf = HostBuf::zeroed(4096)?;
-            // SAFETY: `buf` outlives the registration and the queue pair (all dropped at the
-            // end of this closure, the buffer last).
-            let mr = unsafe { ctx.register(buf.as_ptr(), buf.len()) }?;
-            to_peer.send((ep.info(), mr.addr, mr.rkey()))?;
-            let (info, remote, rkey) = from_peer.recv()?;
-            ep.connect(&info)?;
-            to_peer.send((ep.info(), 0, 0))?;
-            from_peer.recv()?;
-            let mut message = [7u8; LEN];
-            let last = buf.as_ptr().wrapping_add(LEN - 1);
-            let mut turn = |ep: &mut RcEndpoint, send_first: bool, n: u64| -> Result<()> {
-                let mark = (n % 255) as u8 + 1;
-                let mut send = |ep: &mut RcEndpoint| {
-                    message[LEN - 1] = mark;
-                    ep.post_write_inline(0, &message, rkey, remote, n % 16 == 15)
-                };
-                if send_first {
-                    send(ep)?;
-                }
-                // SAFETY: a byte of the registered buffer, which the peer's WRITEs change.
-                while unsafe { std::ptr::read_volatile(last) } != mark {
-                    std::hint::spin_loop();
-                }
-                let mut failed = None;
-                ctx.poll(|c| failed = failed.take().or(c.err()))?;
-                if let Some(e) = failed {
-                    return Err(e.into());
-                }
-                if !send_first {
-                    send(ep)?;
-                }
-                Ok(())
-            };
-            let total = iters + (iters / 10).max(2);
-            if me == 0 {
-                let mut n = 0;
-                let stats = measure(iters, || {
-                    n += 1;
-                    turn(&mut ep, true, n)
-                })?;
-                Ok(Some(stats))
-            } else {
-                for n in 1..=total {
-                    turn(&mut ep, false, n)?;
-                }
-                Ok(None)
-            }
-        })
-    };
-    let (to_b, from_a) = std::sync::mpsc::channel();
-    let (to_a, from_b) = std::sync::mpsc::channel();
-    let a = side(0, to_b, from_b);
-    let b = side(1, to_a, from_a);
-    let stats = a.join().map_err(|_| anyhow::anyhow!("ping side panicked"))??;
-    b.join().map_err(|_| anyhow::anyhow!("pong side panicked"))??;
-    stats.context("no figures from the ping side")
+    fn turn(side: &mut Side, send_first: bool, n: u64) -> Result<()> {
+        let mark = (n % 255) as u8 + 1;
+        let send = |side: &mut Side| {
+            let mut message = [7u8; MESSAGE];
+            message[MESSAGE - 1] = mark;
+            let (addr, rkey) = side.remote;
+            side.ep.post_write_inline(0, &message, rkey, addr, n % 16 == 15)
+        };
+        if send_first {
+            send(side)?;
+        }
+        side.await_write(mark)?;
+        if !send_first {
+            send(side)?;
+        }
+        Ok(())
+    }
+    ping_pong(device, iters, |_| Ok(()), turn)
 }

@@ -75,11 +75,7 @@ impl std::fmt::Debug for HandleTable {
 impl HandleTable {
     /// A table with a fresh random epoch.
     pub fn new(budget: MemoryBudget, idle_ttl: Duration) -> Self {
-        // RandomState is keyed from the OS's randomness once per process and differs per
-        // instance; the time and pid make two nodes started together differ all the more.
-        let seed = (std::time::SystemTime::now(), std::process::id());
-        let epoch = std::collections::hash_map::RandomState::new().hash_one(seed).max(1);
-        Self::with_epoch(epoch, budget, idle_ttl)
+        Self::with_epoch(fresh_epoch(), budget, idle_ttl)
     }
 
     pub fn with_epoch(epoch: u64, budget: MemoryBudget, idle_ttl: Duration) -> Self {
@@ -186,6 +182,15 @@ impl HandleTable {
             .map(|(k, v)| (k.to_owned(), v)),
         );
     }
+}
+
+/// A random nonzero epoch: what tells this life of the node's handles (kept tensors, sessions)
+/// from those of an earlier one. RandomState is keyed from the OS's randomness once per process
+/// and differs per instance; the time and pid make two nodes started together differ all the
+/// more.
+pub(crate) fn fresh_epoch() -> u64 {
+    let seed = (std::time::SystemTime::now(), std::process::id());
+    std::collections::hash_map::RandomState::new().hash_one(seed).max(1)
 }
 
 /// The wire descriptor of a tensor (its dtype and shape; contiguous bytes).

@@ -17,7 +17,7 @@ use crate::models::{ModelStore, Upload};
 use crate::mover::{Mover, PushSource};
 use crate::sessions::{Op, SessionOptions, SessionTable, lock};
 use crate::store::TensorStore;
-use crate::workers::{Job, SessionQueue, Workers};
+use crate::workers::{Job, WorkQueue, Workers};
 
 #[derive(Debug, Clone)]
 pub struct NodeOptions {
@@ -73,7 +73,7 @@ impl NodeService {
             session_budget = options.sessions.budget,
             "kept tensors and sessions start a new epoch"
         );
-        let queue = workers.session_queue().ok_or_else(|| std::io::Error::other("no worker queue"))?;
+        let queue = workers.queue().ok_or_else(|| std::io::Error::other("no worker queue"))?;
         Ok(Self {
             tensors: TensorStore::new(budget, pool.clone(), options.max_meta),
             models,
@@ -332,7 +332,7 @@ impl Sweeper {
     fn start(
         handles: Arc<Mutex<HandleTable>>,
         sessions: Arc<Mutex<SessionTable>>,
-        queue: SessionQueue,
+        queue: WorkQueue,
     ) -> std::io::Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
         let ttl = handles.lock().unwrap_or_else(|e| e.into_inner()).idle_ttl().min(lock(&sessions).options().idle_ttl);
@@ -351,7 +351,7 @@ impl Sweeper {
                 let (due, next_restore) = lock(&table).due_restores(now);
                 for id in due {
                     if lock(&table).enqueue_restore(id) {
-                        queue.drain(id);
+                        queue.drain_session(id);
                     }
                 }
                 let wake = next_restore.map_or(next_sweep, |at| at.min(next_sweep));

@@ -14,7 +14,6 @@
 //! dropped: a swap the host pool cannot take leaves the state where it is.
 
 use std::collections::{HashMap, VecDeque};
-use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,6 +23,7 @@ use djinn_gpudirect::{MemoryBudget, Reservation};
 use tch::{Device, Tensor};
 
 use crate::error::ExecError;
+use crate::handles::fresh_epoch;
 use crate::models::Model;
 
 /// Which resident session makes room for another.
@@ -133,8 +133,6 @@ enum Place {
 struct Session {
     model: Arc<Model>,
     state: Vec<Tensor>,
-    /// Bytes of `state`.
-    bytes: u64,
     /// What the state is charged on the device: at least the size announced at open, and the
     /// largest it has been.
     charge: u64,
@@ -192,10 +190,8 @@ const RESTORE_MARGIN: Duration = Duration::from_millis(5);
 
 impl SessionTable {
     pub fn new(options: SessionOptions, device_budget: MemoryBudget, device: Device) -> Self {
-        let seed = (std::time::SystemTime::now(), std::process::id(), "sessions");
-        let epoch = std::collections::hash_map::RandomState::new().hash_one(seed).max(1);
         Self {
-            epoch,
+            epoch: fresh_epoch(),
             next_id: 1,
             sessions: HashMap::new(),
             budget: MemoryBudget::new(options.budget),
@@ -235,7 +231,6 @@ impl SessionTable {
             Session {
                 model,
                 state,
-                bytes,
                 charge,
                 place: Place::Device(reservations),
                 last_used: now,
@@ -293,7 +288,7 @@ impl SessionTable {
     /// and the state (sharing its memory; the state stays put until [`Self::end_step`]).
     pub fn begin_step(&mut self, id: u64) -> Result<(Arc<Model>, Vec<Tensor>), ExecError> {
         self.restore(id, false)?;
-        let s = self.sessions.get_mut(&id).ok_or_else(|| ExecError::Internal(format!("session {id} vanished")))?;
+        let s = self.session_mut(id)?;
         s.stepping = true;
         s.io_wait = false;
         s.resume_at = None;
@@ -313,15 +308,14 @@ impl SessionTable {
         if bytes > s.charge {
             let extra = bytes - s.charge;
             let mut more = self.make_room(extra, Some(id), false)?;
-            let s = self.sessions.get_mut(&id).ok_or_else(|| ExecError::Internal(format!("session {id} vanished")))?;
+            let s = self.session_mut(id)?;
             if let Place::Device(charges) = &mut s.place {
                 charges.append(&mut more);
             }
             s.charge = bytes;
         }
-        let s = self.sessions.get_mut(&id).ok_or_else(|| ExecError::Internal(format!("session {id} vanished")))?;
+        let s = self.session_mut(id)?;
         s.state = state;
-        s.bytes = bytes;
         self.counters.steps += 1;
         Ok(())
     }
@@ -338,7 +332,7 @@ impl SessionTable {
                 if !semantic {
                     return;
                 }
-                let lead = Duration::from_secs_f64(s.bytes as f64 / rate) + RESTORE_MARGIN;
+                let lead = Duration::from_secs_f64(state_bytes(&s.state) as f64 / rate) + RESTORE_MARGIN;
                 s.resume_at =
                     resume_in_ms.map(|ms| (now + Duration::from_millis(ms.into())).checked_sub(lead).unwrap_or(now));
                 if s.resume_at.is_some()
@@ -436,6 +430,11 @@ impl SessionTable {
         );
     }
 
+    /// A session that a caller holding the table just saw.
+    fn session_mut(&mut self, id: u64) -> Result<&mut Session, ExecError> {
+        self.sessions.get_mut(&id).ok_or_else(|| ExecError::Internal(format!("session {id} vanished")))
+    }
+
     /// Brings a session's state to the device when it is in host memory. `waiting_only`: make
     /// room from sessions in IO_WAIT only.
     fn restore(&mut self, id: u64, waiting_only: bool) -> Result<(), ExecError> {
@@ -446,14 +445,14 @@ impl SessionTable {
         let reservations = self.make_room(s.charge, Some(id), waiting_only)?;
         let started = Instant::now();
         let device = self.device;
-        let s = self.sessions.get_mut(&id).ok_or_else(|| ExecError::Internal(format!("session {id} vanished")))?;
+        let s = self.session_mut(id)?;
         let state = s.state.iter().map(|t| move_to(t, device)).collect::<Result<Vec<_>, _>>()?;
         s.state = state;
         s.place = Place::Device(reservations);
-        let seconds = started.elapsed().as_secs_f64();
-        if s.bytes > 0 && seconds > 0.0 {
+        let (bytes, seconds) = (state_bytes(&s.state), started.elapsed().as_secs_f64());
+        if bytes > 0 && seconds > 0.0 {
             // A moving average: one slow copy does not set every later lead time.
-            self.restore_rate = 0.8 * self.restore_rate + 0.2 * (s.bytes as f64 / seconds);
+            self.restore_rate = 0.8 * self.restore_rate + 0.2 * (bytes as f64 / seconds);
         }
         self.counters.swaps_in += 1;
         Ok(())
@@ -466,7 +465,7 @@ impl SessionTable {
         if !matches!(s.place, Place::Device(_)) || s.stepping {
             return Ok(());
         }
-        let pool = match self.host_pool.try_reserve(s.bytes) {
+        let pool = match self.host_pool.try_reserve(state_bytes(&s.state)) {
             Ok(r) => r,
             Err(e) => {
                 self.counters.swaps_refused += 1;
@@ -544,8 +543,7 @@ fn state_bytes(state: &[Tensor]) -> u64 {
 fn move_to(t: &Tensor, device: Device) -> Result<Tensor, ExecError> {
     let copy = match (t.device(), device) {
         (Device::Cuda(_), Device::Cpu) => {
-            let host = Tensor::f_empty(t.size(), (t.kind(), Device::Cpu))?.f_pin_memory(t.device())?;
-            let mut host = host;
+            let mut host = Tensor::f_empty(t.size(), (t.kind(), Device::Cpu))?.f_pin_memory(t.device())?;
             host.f_copy_(t)?;
             host
         }

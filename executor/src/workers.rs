@@ -81,24 +81,34 @@ pub struct WorkerCounters {
     pub queued: AtomicU64,
 }
 
-/// A handle that queues session drains from outside the poller (the session clock).
+/// The way into the workers; clones of it queue work from other threads (the session clock).
 #[derive(Clone)]
-pub struct SessionQueue {
+pub struct WorkQueue {
     tx: Sender<Envelope>,
     counters: Arc<WorkerCounters>,
 }
 
-impl SessionQueue {
-    pub fn drain(&self, id: u64) {
+impl WorkQueue {
+    /// Starts draining a session's queue ([`SessionTable::enqueue`] said none was).
+    pub fn drain_session(&self, id: u64) {
+        self.send(Envelope { job: Job::Session { id }, reply: None });
+    }
+
+    fn send(&self, envelope: Envelope) {
         self.counters.queued.fetch_add(1, Ordering::Relaxed);
-        if self.tx.send(Envelope { job: Job::Session { id }, reply: None }).is_err() {
+        if let Err(e) = self.tx.send(envelope) {
             self.counters.queued.fetch_sub(1, Ordering::Relaxed);
+            // Only when every worker is gone (they stop only on shutdown).
+            if let Some((to, replier)) = e.into_inner().reply {
+                replier.send(to, Reply::error(djinn_dataplane::proto::ErrorCode::Internal, "the executor has stopped"));
+            }
         }
     }
 }
 
 pub struct Workers {
-    tx: Option<Sender<Envelope>>,
+    /// Dropped first on shutdown: the workers stop once every queue is gone.
+    queue: Option<WorkQueue>,
     threads: Vec<JoinHandle<()>>,
     pub counters: Arc<WorkerCounters>,
 }
@@ -127,40 +137,29 @@ impl Workers {
                 std::thread::Builder::new().name(format!("djinn-worker-{i}")).spawn(move || work(rx, &shared))
             })
             .collect::<Result<_, _>>()?;
-        Ok(Self { tx: Some(tx), threads, counters })
+        Ok(Self { queue: Some(WorkQueue { tx, counters: Arc::clone(&counters) }), threads, counters })
     }
 
     pub fn submit(&self, job: Job, to: ReplyTo, replier: &Replier) {
-        self.send(Envelope { job, reply: Some((to, replier.clone())) });
-    }
-
-    /// Starts draining a session's queue ([`SessionTable::enqueue`] said none was).
-    pub fn drain_session(&self, id: u64) {
-        self.send(Envelope { job: Job::Session { id }, reply: None });
-    }
-
-    pub fn session_queue(&self) -> Option<SessionQueue> {
-        let tx = self.tx.clone()?;
-        Some(SessionQueue { tx, counters: Arc::clone(&self.counters) })
-    }
-
-    fn send(&self, envelope: Envelope) {
-        self.counters.queued.fetch_add(1, Ordering::Relaxed);
-        if let Some(tx) = &self.tx
-            && let Err(e) = tx.send(envelope)
-        {
-            self.counters.queued.fetch_sub(1, Ordering::Relaxed);
-            // Only when every worker is gone (they stop only on shutdown).
-            if let Some((to, replier)) = e.into_inner().reply {
-                replier.send(to, Reply::error(djinn_dataplane::proto::ErrorCode::Internal, "the executor has stopped"));
-            }
+        if let Some(queue) = &self.queue {
+            queue.send(Envelope { job, reply: Some((to, replier.clone())) });
         }
+    }
+
+    pub fn drain_session(&self, id: u64) {
+        if let Some(queue) = &self.queue {
+            queue.drain_session(id);
+        }
+    }
+
+    pub fn queue(&self) -> Option<WorkQueue> {
+        self.queue.clone()
     }
 }
 
 impl Drop for Workers {
     fn drop(&mut self) {
-        self.tx = None;
+        self.queue = None;
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
