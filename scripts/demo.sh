@@ -30,6 +30,9 @@ for _ in $(seq 100); do "$BIN" status --control "$control" --json | grep -q '"no
 echo "== GPT-2-small-shaped model, placed by the control plane, registered once, executed remotely"
 PYTHONPATH=client-lib/python/examples .venv/bin/python client-lib/python/examples/demo_gpt2.py "http://$control"
 
+echo "== a session: greedy decoding with the KV cache kept on the node between steps"
+PYTHONPATH=client-lib/python/examples .venv/bin/python client-lib/python/examples/demo_session.py "http://$control"
+
 echo "== djinn status"
 "$BIN" status --control "$control"
 

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use djinn_dataplane::proto::{ErrorCode, Fingerprint, Handle, HandleInfo, TensorSource, Value};
+use djinn_dataplane::proto::{ErrorCode, Fingerprint, Handle, HandleInfo, Signal, TensorSource, Value};
 
 use crate::control::{BlockEstimate, ControlClient, ControlError, ModelDescription, Placed};
 use crate::{Client, ClientError, ClientOptions, ClientStats, Output, Registration, Tensor, TensorRef};
@@ -49,6 +49,14 @@ impl From<Vec<u8>> for Archive {
 pub struct RemoteTensor {
     pub node: String,
     pub info: HandleInfo,
+}
+
+/// A session open on a node: the node's address (as this client reaches it) and the session's
+/// handle there. Its state lives on that node alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteSession {
+    pub node: String,
+    pub session: Handle,
 }
 
 /// Where models run.
@@ -98,7 +106,9 @@ pub enum ClusterError {
     Unavailable { fingerprint: String, waited: Duration, last: String },
     #[error("this client is connected to a control plane, not to one node: ask the control plane for the cluster")]
     NotOneNode,
-    #[error("the node at {node} that holds the kept tensors cannot be reached ({source}): they are lost with it")]
+    #[error(
+        "the node at {node}, which holds the kept tensors or the session's state, cannot be reached ({source}): they are lost with it"
+    )]
     HandleLost {
         node: String,
         #[source]
@@ -489,6 +499,40 @@ impl ClusterClient {
         let (info, path) =
             self.at_node(&tensor.node, |client| client.push(TensorSource::Handle(tensor.info.handle), to))?;
         Ok((RemoteTensor { node: to.to_owned(), info }, path))
+    }
+
+    /// Opens a session of a registered model with its initial `state` on the node that serves
+    /// the model (placed, and the model registered again, as for a call). The session stays on
+    /// that node: its steps go there, and if the node dies its state is lost with it.
+    /// `reserve`: device bytes to hold for the state as it grows.
+    pub fn session_open(
+        &mut self,
+        fingerprint: &Fingerprint,
+        state: &[TensorRef<'_>],
+        reserve: u64,
+    ) -> Result<RemoteSession, ClusterError> {
+        let (session, node) = self.on_node(fingerprint, None, |node| node.session_open(fingerprint, state, reserve))?;
+        Ok(RemoteSession { node, session })
+    }
+
+    /// One step of a session, on its node.
+    pub fn session_step(
+        &mut self,
+        session: &RemoteSession,
+        inputs: &[Value],
+        tensors: &[TensorRef<'_>],
+    ) -> Result<Output, ClusterError> {
+        self.at_node(&session.node, |client| client.session_step(session.session, inputs, tensors))
+    }
+
+    /// Tells a session's node what its agent does next.
+    pub fn session_signal(&mut self, session: &RemoteSession, signal: Signal) -> Result<(), ClusterError> {
+        self.at_node(&session.node, |client| client.session_signal(session.session, signal))
+    }
+
+    /// Frees a session's state on its node.
+    pub fn session_close(&mut self, session: &RemoteSession) -> Result<(), ClusterError> {
+        self.at_node(&session.node, |client| client.session_close(session.session))
     }
 
     /// Unregisters a model from every node this client placed it on, and forgets it.

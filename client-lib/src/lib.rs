@@ -23,7 +23,9 @@ use djinn_dataplane::proto::{Frame, Message, Payload, payload_layout, transports
 use djinn_dataplane::tcp::ClientConn;
 pub use djinn_dataplane::tcp::{ClientError, ClientOptions, Transport};
 
-pub use cluster::{Archive, ClusterClient, ClusterError, ClusterStats, FailoverOptions, RemoteTensor, Target};
+pub use cluster::{
+    Archive, ClusterClient, ClusterError, ClusterStats, FailoverOptions, RemoteSession, RemoteTensor, Target,
+};
 pub use control::{BlockEstimate, ControlClient, ControlError, ModelDescription, Placed};
 
 /// A tensor received from a node: its descriptor and its bytes, in a buffer that goes back to

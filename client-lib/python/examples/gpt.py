@@ -4,8 +4,11 @@ LM head tied to the token embedding. `GPT(GPTConfig.small())` has GPT-2 small's 
 parameters); `GPTConfig.tiny()` is for tests.
 
 `model.blocks()` is the split Djinn registers: the embedding, each layer, the head.
+`CachedGPT(model)` is the same model one step at a time with a KV cache, the shape a Djinn
+session runs: `forward(tokens, cache, position) -> (logits, cache, position)`.
 """
 from dataclasses import dataclass
+from typing import Callable, List, Tuple
 
 import torch
 from torch import nn
@@ -54,6 +57,22 @@ class CausalSelfAttention(nn.Module):
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.proj(y.transpose(1, 2).reshape(b, t, w))
 
+    def cached(
+        self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Attention of the tokens `x` (at `positions`) over the cache, once their keys and
+        values are written into it. `keys`, `values`: [batch, heads, context, width / heads]."""
+        b, t, w = x.shape
+        q, k, v = self.qkv(x).split(w, dim=2)
+        q = q.view(b, t, self.heads, w // self.heads).transpose(1, 2)
+        k = k.view(b, t, self.heads, w // self.heads).transpose(1, 2)
+        v = v.view(b, t, self.heads, w // self.heads).transpose(1, 2)
+        keys = keys.index_copy(2, positions, k)
+        values = values.index_copy(2, positions, v)
+        visible = torch.arange(keys.size(2), device=x.device).unsqueeze(0) <= positions.unsqueeze(1)
+        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible)
+        return self.proj(y.transpose(1, 2).reshape(b, t, w)), keys, values
+
 
 class Layer(nn.Module):
     def __init__(self, c: GPTConfig):
@@ -66,6 +85,13 @@ class Layer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.ln1(x))
         return x + self.mlp(self.ln2(x))
+
+    def cached(
+        self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        a, keys, values = self.attention.cached(self.ln1(x), keys, values, positions)
+        x = x + a
+        return x + self.mlp(self.ln2(x)), keys, values
 
 
 class Head(nn.Module):
@@ -96,5 +122,72 @@ class GPT(nn.Module):
     def blocks(self) -> list:
         return [self.embedding, *self.layers, self.head]
 
+    @torch.no_grad()
+    def spread_weights(self, std: float) -> "GPT":
+        """Draws every weight matrix from N(0, std²). With the default initialisation an
+        untrained model's greedy decoding repeats one token; spread, it varies, so that a wrong
+        KV cache shows in the tokens."""
+        for p in self.parameters():
+            if p.dim() > 1:
+                p.normal_(0, std)
+        return self
+
     def parameter_count(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+class CachedGPT(nn.Module):
+    """`gpt` (its weights, not a copy) one step at a time with a KV cache.
+
+    `forward(tokens, cache, position) -> (logits, cache, position)`: `tokens` [batch, t] go at
+    positions `position` to `position + t - 1` (`position`: int64 [1]); `cache`: keys and
+    values, [layers, 2, batch, heads, context, width / heads]; `logits`: the last token's,
+    [batch, vocab]. A prompt is one step, each generated token another."""
+
+    def __init__(self, gpt: GPT):
+        super().__init__()
+        self.config = gpt.config
+        self.embedding = gpt.embedding
+        self.layers = gpt.layers
+        self.head = gpt.head
+
+    def forward(
+        self, tokens: torch.Tensor, cache: torch.Tensor, position: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        positions = position + torch.arange(tokens.size(1), device=tokens.device)
+        x = self.embedding.token(tokens) + self.embedding.position(positions)
+        layers: List[torch.Tensor] = []
+        for i, layer in enumerate(self.layers):
+            x, keys, values = layer.cached(x, cache[i, 0], cache[i, 1], positions)
+            layers.append(torch.stack([keys, values]))
+        return self.head(x[:, -1]), torch.stack(layers), position + tokens.size(1)
+
+    def empty_state(self, batch: int = 1, length: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+        """An empty cache for `length` tokens (by default the model's context) and position 0."""
+        c = self.config
+        cache = torch.zeros(c.layers, 2, batch, c.heads, length or c.context, c.width // c.heads)
+        return cache, torch.zeros(1, dtype=torch.int64)
+
+
+def greedy(step: Callable[[torch.Tensor], torch.Tensor], prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """Greedy decoding through `step(tokens) -> logits of the last token`, which keeps its own
+    KV cache (a remote session's `step`, or `CachedGPT` with its state threaded by the caller):
+    the prompt is one step, each new token another. Returns the new tokens, [batch, new_tokens]."""
+    logits = step(prompt)
+    tokens = []
+    for i in range(new_tokens):
+        token = logits.argmax(-1, keepdim=True)
+        tokens.append(token)
+        if i + 1 < new_tokens:
+            logits = step(token)
+    return torch.cat(tokens, 1)
+
+
+@torch.no_grad()
+def generate(gpt: GPT, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """Greedy decoding the plain way, with no cache: the whole sequence through `gpt` for each
+    new token. Returns the new tokens."""
+    idx = prompt
+    for _ in range(new_tokens):
+        idx = torch.cat([idx, gpt(idx)[:, -1].argmax(-1, keepdim=True)], 1)
+    return idx[:, prompt.shape[1] :]

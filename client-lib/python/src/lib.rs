@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use djinn_client::{
     Archive, BlockEstimate, ClientError, ClientOptions, ClusterClient, ClusterError, DType, ErrorCode, FailoverOptions,
-    Fingerprint, Handle, HandleInfo, ModelDescription, Output, RemoteTensor, Target, Tensor, TensorDesc, TensorRef,
-    Value,
+    Fingerprint, Handle, HandleInfo, ModelDescription, Output, RemoteSession, RemoteTensor, Signal, Target, Tensor,
+    TensorDesc, TensorRef, Value,
 };
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
@@ -48,7 +48,7 @@ create_exception!(
     _native,
     HandleLostError,
     TransportError,
-    "The node holding the kept tensor cannot be reached: the tensor is lost with it."
+    "The node holding the kept tensor or the session cannot be reached: they are lost with it."
 );
 
 fn to_py_err(e: ClusterError) -> PyErr {
@@ -177,6 +177,30 @@ impl Kept {
     }
 }
 
+/// A session open on a node: which node, and the session's handle there.
+#[pyclass(frozen, module = "djinn._native")]
+struct Session {
+    #[pyo3(get)]
+    node: String,
+    #[pyo3(get)]
+    id: u64,
+    #[pyo3(get)]
+    epoch: u64,
+}
+
+impl Session {
+    fn remote(&self) -> RemoteSession {
+        RemoteSession { node: self.node.clone(), session: Handle { id: self.id, epoch: self.epoch } }
+    }
+}
+
+#[pymethods]
+impl Session {
+    fn __repr__(&self) -> String {
+        format!("Session(node={:?}, id={})", self.node, self.id)
+    }
+}
+
 /// A tensor fetched from a node: a writable buffer over the received bytes.
 #[pyclass(module = "djinn._native")]
 struct Fetched {
@@ -286,6 +310,8 @@ struct Client {
     /// Kept tensors dropped by Python, to release with the next call (a finaliser must not
     /// wait on the network, nor on a call in progress).
     unreleased: Mutex<Vec<(String, Handle)>>,
+    /// Sessions dropped by Python without being closed, to close with the next call.
+    unclosed: Mutex<Vec<RemoteSession>>,
 }
 
 impl Client {
@@ -297,6 +323,11 @@ impl Client {
             // A failure means the node is gone, and its tensors with it: nothing is left to
             // free. (Unreleased tensors on a live node expire after its --handle-ttl.)
             let _ = client.release(&node, &handles);
+        }
+        for session in std::mem::take(&mut *self.unclosed.lock().unwrap_or_else(|e| e.into_inner())) {
+            // Likewise: a session on a live node that this misses is closed after the node's
+            // --session-idle-timeout.
+            let _ = client.session_close(&session);
         }
         client
     }
@@ -365,7 +396,7 @@ impl Client {
         };
         let failover = FailoverOptions { deadline: Duration::from_secs_f64(failover.max(0.0)), ..Default::default() };
         let client = py.detach(|| ClusterClient::open(&address, options, failover)).map_err(to_py_err)?;
-        Ok(Self { inner: Mutex::new(client), address, unreleased: Mutex::new(Vec::new()) })
+        Ok(Self { inner: Mutex::new(client), address, unreleased: Mutex::default(), unclosed: Mutex::default() })
     }
 
     /// "control" or "node".
@@ -476,6 +507,63 @@ impl Client {
         self.unreleased.lock().unwrap_or_else(|e| e.into_inner()).push((kept.node.clone(), kept.handle()));
     }
 
+    /// Opens a session of a registered model on its node. `state`: the initial state tensors
+    /// (as `tensors` for `execute`); `reserve`: device bytes to hold for the state as it grows.
+    fn session_open(
+        &self,
+        py: Python<'_>,
+        fingerprint: &str,
+        state: Vec<(String, Vec<u64>, usize, usize)>,
+        reserve: u64,
+    ) -> PyResult<Session> {
+        let fingerprint = parse_fingerprint(fingerprint)?;
+        let refs = state.iter().map(tensor_ref).collect::<PyResult<Vec<_>>>()?;
+        let opened = py.detach(|| self.lock().session_open(&fingerprint, &refs, reserve)).map_err(to_py_err)?;
+        Ok(Session { node: opened.node, id: opened.session.id, epoch: opened.session.epoch })
+    }
+
+    /// One step of a session: its model runs on `inputs` (as for `execute`) and the session's
+    /// state, which stays on the node.
+    fn session_step<'py>(
+        &self,
+        py: Python<'py>,
+        session: &Session,
+        inputs: Vec<Bound<'py, PyAny>>,
+        tensors: Vec<(String, Vec<u64>, usize, usize)>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let inputs = inputs.iter().map(value_from_py).collect::<PyResult<Vec<_>>>()?;
+        let refs = tensors.iter().map(tensor_ref).collect::<PyResult<Vec<_>>>()?;
+        let remote = session.remote();
+        let output = py.detach(|| self.lock().session_step(&remote, &inputs, &refs)).map_err(to_py_err)?;
+        let output = Arc::new(output);
+        value_to_py(py, &output.value, &output, &session.node)
+    }
+
+    /// The session's agent waits (on a tool, on a user), for about `expected_ms` when given.
+    #[pyo3(signature = (session, expected_ms = None))]
+    fn session_io_wait(&self, py: Python<'_>, session: &Session, expected_ms: Option<u32>) -> PyResult<()> {
+        let remote = session.remote();
+        let signal = Signal::IoWait { resume_in_ms: expected_ms };
+        py.detach(|| self.lock().session_signal(&remote, signal)).map_err(to_py_err)
+    }
+
+    /// The session's agent is about to compute again.
+    fn session_compute(&self, py: Python<'_>, session: &Session) -> PyResult<()> {
+        let remote = session.remote();
+        py.detach(|| self.lock().session_signal(&remote, Signal::Compute)).map_err(to_py_err)
+    }
+
+    /// Frees the session's state on its node.
+    fn session_close(&self, py: Python<'_>, session: &Session) -> PyResult<()> {
+        let remote = session.remote();
+        py.detach(|| self.lock().session_close(&remote)).map_err(to_py_err)
+    }
+
+    /// Closes a session with the next call (for finalisers: never waits).
+    fn close_later(&self, session: &Session) {
+        self.unclosed.lock().unwrap_or_else(|e| e.into_inner()).push(session.remote());
+    }
+
     fn unregister_model(&self, py: Python<'_>, fingerprint: &str) -> PyResult<()> {
         let fingerprint = parse_fingerprint(fingerprint)?;
         py.detach(|| self.lock().unregister_model(&fingerprint)).map_err(to_py_err)
@@ -550,6 +638,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<OutputTensor>()?;
     m.add_class::<Kept>()?;
     m.add_class::<Fetched>()?;
+    m.add_class::<Session>()?;
     for (name, ty) in [
         ("DjinnError", py.get_type::<DjinnError>()),
         ("TransportError", py.get_type::<TransportError>()),

@@ -136,3 +136,32 @@ def test_kept_tensors_stay_where_they_are_and_the_model_goes_to_them(cluster):
     assert client.stats()["reregistrations"] == before["reregistrations"] + 1
     assert {n["inventory"]["memory_path"] for n in client.cluster()["nodes"]} == {"staging"}
     assert client.stats()["memory_path"] == "staging"
+
+
+def test_a_session_lives_on_the_node_its_model_was_placed_on_and_is_lost_with_it(cluster):
+    from gpt import CachedGPT, generate, greedy
+    from test_sessions import NEW_TOKENS, model
+
+    client = djinn.Client(cluster.url, failover=20.0)
+    gpt = model()
+    cached = CachedGPT(gpt).eval()
+    prompt = torch.randint(0, gpt.config.vocab, (1, 8), generator=torch.Generator().manual_seed(6))
+    rm = client.register(cached, (prompt, *cached.empty_state()))
+    first = rm.placement
+    with rm.session(*cached.empty_state()) as s:
+        assert s.node == first["addr"]
+
+        def step(tokens):
+            logits = s.step(tokens)
+            s.io_wait(5)
+            return logits
+
+        assert torch.equal(greedy(step, prompt, NEW_TOKENS), generate(gpt, prompt, NEW_TOKENS))
+        cluster.nodes[first["node"]].kill()
+        with pytest.raises(djinn.HandleLostError):
+            s.step(prompt)
+        # Closing it is harmless: there is nothing left to free.
+    # The model fails over; a new session goes where it went.
+    with rm.session(*cached.empty_state()) as s:
+        assert s.node == rm.placement["addr"] != first["addr"]
+        assert torch.equal(greedy(s.step, prompt, NEW_TOKENS), generate(gpt, prompt, NEW_TOKENS))
