@@ -14,7 +14,7 @@ use tch::jit::CModule;
 use tch::{Device, Kind, Tensor, nn, nn::Module};
 
 use crate::Spawned;
-use crate::report::{Stats, append_section, measure, raw};
+use crate::report::{Stats, append_section, bytes_of, measure, raw};
 
 #[derive(Args, Debug)]
 pub struct ExecuteArgs {
@@ -41,11 +41,6 @@ fn archive(name: &str, example: &Tensor, f: &mut dyn FnMut(&[Tensor]) -> Vec<Ten
     let bytes = std::fs::read(&path)?;
     std::fs::remove_file(&path)?;
     Ok(bytes)
-}
-
-fn bytes_of(t: &Tensor) -> &[u8] {
-    // SAFETY: a contiguous CPU tensor that outlives the returned slice (borrowed from it).
-    unsafe { std::slice::from_raw_parts(t.data_ptr() as *const u8, t.numel() * t.kind().elt_size_in_bytes()) }
 }
 
 pub fn run(args: ExecuteArgs) -> Result<()> {

@@ -2,6 +2,7 @@
 //! machine, and prints p50/p99/p999 beside it with the ratio: these machines are noisy, ratios
 //! are what carry from one run to the next.
 
+mod agents;
 mod execute;
 mod placement;
 mod push;
@@ -17,6 +18,7 @@ use std::process::{Child, ChildStdout, Command, Stdio};
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 
+pub use agents::AgentsArgs;
 pub use execute::ExecuteArgs;
 pub use placement::PlacementArgs;
 pub use push::PushArgs;
@@ -44,6 +46,10 @@ pub enum BenchCommand {
     /// A node pushing a kept tensor into another node's memory, 64 KiB to 256 MiB, against raw
     /// loopback TCP and (on a GPU) the device-to-host copy.
     Push(PushArgs),
+    /// N simulated LLM agents on the tiny transformer (Poisson arrivals, bursts of decode
+    /// steps, exponential tool waits) sharing a session budget of 16: the most agents each
+    /// session policy serves within a p99 bound, semantic against LRU in the same run.
+    Agents(AgentsArgs),
 }
 
 pub fn run(command: BenchCommand) -> Result<()> {
@@ -54,6 +60,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
         BenchCommand::Stream(args) => stream::run(args),
         BenchCommand::Placement(args) => placement::run(args),
         BenchCommand::Push(args) => push::run(args),
+        BenchCommand::Agents(args) => agents::run(args),
     }
 }
 

@@ -20,10 +20,16 @@ pub struct Stats {
 }
 
 impl Stats {
-    fn of(h: &Histogram<u64>) -> Self {
+    pub fn of(h: &Histogram<u64>) -> Self {
         let us = |q| h.value_at_quantile(q) as f64 / 1000.0;
         Self { p50: us(0.5), p99: us(0.99), p999: us(0.999) }
     }
+}
+
+/// The bytes of a contiguous CPU tensor.
+pub fn bytes_of(t: &tch::Tensor) -> &[u8] {
+    // SAFETY: a contiguous CPU tensor that outlives the returned slice (borrowed from it).
+    unsafe { std::slice::from_raw_parts(t.data_ptr() as *const u8, t.numel() * t.kind().elt_size_in_bytes()) }
 }
 
 /// Runs `op` `iters` times after a tenth as many warm-up runs; latencies in nanoseconds.

@@ -8,7 +8,7 @@ parameters); `GPTConfig.tiny()` is for tests.
 session runs: `forward(tokens, cache, position) -> (logits, cache, position)`.
 """
 from dataclasses import dataclass
-from typing import Callable, List, Tuple
+from typing import Callable, Tuple
 
 import torch
 from torch import nn
@@ -59,19 +59,20 @@ class CausalSelfAttention(nn.Module):
 
     def cached(
         self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor
-    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    ) -> torch.Tensor:
         """Attention of the tokens `x` (at `positions`) over the cache, once their keys and
-        values are written into it. `keys`, `values`: [batch, heads, context, width / heads]."""
+        values are written into it, in place. `keys`, `values`: [batch, heads, context,
+        width / heads]."""
         b, t, w = x.shape
         q, k, v = self.qkv(x).split(w, dim=2)
         q = q.view(b, t, self.heads, w // self.heads).transpose(1, 2)
         k = k.view(b, t, self.heads, w // self.heads).transpose(1, 2)
         v = v.view(b, t, self.heads, w // self.heads).transpose(1, 2)
-        keys = keys.index_copy(2, positions, k)
-        values = values.index_copy(2, positions, v)
+        keys.index_copy_(2, positions, k)
+        values.index_copy_(2, positions, v)
         visible = torch.arange(keys.size(2), device=x.device).unsqueeze(0) <= positions.unsqueeze(1)
         y = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible)
-        return self.proj(y.transpose(1, 2).reshape(b, t, w)), keys, values
+        return self.proj(y.transpose(1, 2).reshape(b, t, w))
 
 
 class Layer(nn.Module):
@@ -86,12 +87,9 @@ class Layer(nn.Module):
         x = x + self.attention(self.ln1(x))
         return x + self.mlp(self.ln2(x))
 
-    def cached(
-        self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor
-    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        a, keys, values = self.attention.cached(self.ln1(x), keys, values, positions)
-        x = x + a
-        return x + self.mlp(self.ln2(x)), keys, values
+    def cached(self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention.cached(self.ln1(x), keys, values, positions)
+        return x + self.mlp(self.ln2(x))
 
 
 class Head(nn.Module):
@@ -142,7 +140,11 @@ class CachedGPT(nn.Module):
     `forward(tokens, cache, position) -> (logits, cache, position)`: `tokens` [batch, t] go at
     positions `position` to `position + t - 1` (`position`: int64 [1]); `cache`: keys and
     values, [layers, 2, batch, heads, context, width / heads]; `logits`: the last token's,
-    [batch, vocab]. A prompt is one step, each generated token another."""
+    [batch, vocab]. A prompt is one step, each generated token another.
+
+    The new tokens' keys and values are written into `cache` in place (a step reads the cache
+    but does not copy it), at positions no earlier step made visible: a step that fails
+    midway leaves the state as good as it was, since its position has not moved."""
 
     def __init__(self, gpt: GPT):
         super().__init__()
@@ -156,11 +158,9 @@ class CachedGPT(nn.Module):
     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         positions = position + torch.arange(tokens.size(1), device=tokens.device)
         x = self.embedding.token(tokens) + self.embedding.position(positions)
-        layers: List[torch.Tensor] = []
         for i, layer in enumerate(self.layers):
-            x, keys, values = layer.cached(x, cache[i, 0], cache[i, 1], positions)
-            layers.append(torch.stack([keys, values]))
-        return self.head(x[:, -1]), torch.stack(layers), position + tokens.size(1)
+            x = layer.cached(x, cache[i, 0], cache[i, 1], positions)
+        return self.head(x[:, -1]), cache, position + tokens.size(1)
 
     def empty_state(self, batch: int = 1, length: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
         """An empty cache for `length` tokens (by default the model's context) and position 0."""
