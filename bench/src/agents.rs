@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
 use clap::Args;
-use djinn_client::{Client, DType, Handle, Signal, TensorRef, Value};
+use djinn_client::{Client, DType, Handle, Output, Signal, TensorRef, Value};
 use djinn_executor::Device;
 use djinn_gpudirect::ByteSize;
 use hdrhistogram::Histogram;
@@ -134,35 +134,49 @@ struct Agent {
     token: i64,
 }
 
+/// Every session's initial state: an empty KV cache (the bytes of a zero tensor, and its
+/// shape), then position 0.
+struct EmptyState<'a> {
+    cache: &'a [u8],
+    shape: Vec<u64>,
+}
+
+impl<'a> EmptyState<'a> {
+    fn of(cache: &'a Tensor) -> Self {
+        Self { cache: bytes_of(cache), shape: cache.size().iter().map(|&d| d as u64).collect() }
+    }
+
+    /// The state's bytes on the node: the cache and the position.
+    fn bytes(&self) -> u64 {
+        self.cache.len() as u64 + 8
+    }
+}
+
 impl Agent {
-    fn open(
-        node: std::net::SocketAddr,
-        model: &djinn_client::Fingerprint,
-        cache: &[u8],
-        shape: &[u64],
-    ) -> Result<Self> {
+    fn open(node: std::net::SocketAddr, model: &djinn_client::Fingerprint, state: &EmptyState<'_>) -> Result<Self> {
         let mut client = Client::connect(node)?;
         let position = 0i64.to_le_bytes();
         let state = [
-            TensorRef { dtype: DType::F32, shape, bytes: cache },
+            TensorRef { dtype: DType::F32, shape: &state.shape, bytes: state.cache },
             TensorRef { dtype: DType::I64, shape: &[1], bytes: &position },
         ];
         let session = client.session_open(model, &state, 0)?;
         Ok(Self { client, session, token: 0 })
     }
 
-    /// One decode step; returns the logits' bytes.
-    fn step(&mut self) -> Result<Vec<u8>> {
+    /// One decode step, fed the last step's argmax; returns the output (the logits).
+    fn step(&mut self) -> Result<Output> {
         let token = self.token.to_le_bytes();
         let input = [TensorRef { dtype: DType::I64, shape: &[1, 1], bytes: &token }];
         let output = self.client.session_step(self.session, &[Value::Tensor(0)], &input)?;
         self.token = argmax(output.tensor_bytes(0));
-        Ok(output.tensor_bytes(0).to_vec())
+        Ok(output)
     }
 }
 
 /// The node for one measurement: a fresh process with the policy and the budgets.
-fn node(args: &AgentsArgs, policy: &str, state_bytes: u64, agents: usize) -> Result<Spawned> {
+fn node(args: &AgentsArgs, policy: &str, state: &EmptyState<'_>, agents: usize) -> Result<Spawned> {
+    let state_bytes = state.bytes();
     let budget = (args.budget_sessions * state_bytes + state_bytes / 2).to_string();
     let pool = ((agents as u64 + 1) * state_bytes).max(64 << 20).to_string();
     let device = djinn_executor::device_name(args.device);
@@ -206,19 +220,16 @@ impl Record {
 /// arrival.
 fn trial(
     args: &AgentsArgs,
-    (archive, cache): (&[u8], &Tensor),
+    (archive, state): (&[u8], &EmptyState<'_>),
     policy: &'static str,
     agents: usize,
     duration: f64,
 ) -> Result<Trial> {
-    let state_bytes = (cache.numel() * 4 + 8) as u64;
-    let node = node(args, policy, state_bytes, agents)?;
+    let node = node(args, policy, state, agents)?;
     let model = Client::connect(node.addr)?.register_model(&[archive], |_, _| {})?.fingerprint;
-    let shape: Vec<u64> = cache.size().iter().map(|&d| d as u64).collect();
-    let cache = bytes_of(cache);
     // The node's first runs of a model are TorchScript's profiling runs, tens of milliseconds:
     // warm-up, not load.
-    let mut warm_up = Agent::open(node.addr, &model, cache, &shape)?;
+    let mut warm_up = Agent::open(node.addr, &model, state)?;
     for _ in 0..args.burst {
         warm_up.step()?;
     }
@@ -237,12 +248,12 @@ fn trial(
     let end = start + arrivals.last().copied().unwrap_or_default() + Duration::from_secs_f64(duration);
     std::thread::scope(|s| {
         for (i, at) in arrivals.iter().enumerate() {
-            let (record, shape, model) = (&record, &shape, &model);
+            let (record, model) = (&record, &model);
             let mut rng = Rng(args.seed ^ ((i as u64 + 1) << 32));
             s.spawn(move || {
                 std::thread::sleep(at.saturating_sub(start.elapsed()));
                 let mut run = || -> Result<()> {
-                    let mut agent = Agent::open(node.addr, model, cache, shape)?;
+                    let mut agent = Agent::open(node.addr, model, state)?;
                     let mut latencies = Vec::new();
                     // An agent whose next burst would not fit in its context leaves.
                     while latencies.len() as i64 + i64::from(args.burst) <= args.context {
@@ -293,10 +304,10 @@ fn trial(
 /// that one session, its state resident and in the CPU's caches.
 fn check_and_time_hot_step(args: &AgentsArgs, archive: &[u8], cache: &Tensor) -> Result<Stats> {
     let local = CModule::load_data(&mut &archive[..]).context("the decoder does not load here")?;
-    let node = node(args, "lru", (cache.numel() * 4 + 8) as u64, 1)?;
+    let state = EmptyState::of(cache);
+    let node = node(args, "lru", &state, 1)?;
     let fingerprint = Client::connect(node.addr)?.register_model(&[archive], |_, _| {})?.fingerprint;
-    let shape: Vec<u64> = cache.size().iter().map(|&d| d as u64).collect();
-    let mut agent = Agent::open(node.addr, &fingerprint, bytes_of(cache), &shape)?;
+    let mut agent = Agent::open(node.addr, &fingerprint, &state)?;
     let (mut local_cache, mut local_position) = (cache.copy(), Tensor::from_slice(&[0i64]));
     for i in 0..4 {
         let token = Tensor::from_slice(&[agent.token]).view([1, 1]);
@@ -308,7 +319,8 @@ fn check_and_time_hot_step(args: &AgentsArgs, archive: &[u8], cache: &Tensor) ->
             anyhow::bail!("the decoder returned something else than (logits, cache, position)")
         };
         (local_cache, local_position) = (next, position);
-        ensure!(agent.step()? == bytes_of(&logits), "step {i}: the node's logits differ from this process's");
+        let remote = agent.step()?;
+        ensure!(remote.tensor_bytes(0) == bytes_of(&logits), "step {i}: the node's logits differ from this process's");
     }
     measure(args.iters, || agent.step().map(drop))
 }
@@ -330,7 +342,8 @@ pub fn run(args: AgentsArgs) -> Result<()> {
     let _no_grad = tch::no_grad_guard();
     let (archive, shape) = decoder(&args)?;
     let cache = Tensor::zeros(&shape, (Kind::Float, tch::Device::Cpu));
-    let state_bytes = (cache.numel() * 4 + 8) as u64;
+    let state = EmptyState::of(&cache);
+    let state_bytes = state.bytes();
     println!(
         "tiny transformer, context of {} tokens: a KV cache of {} per session, a budget of {} sessions",
         args.context,
@@ -343,7 +356,7 @@ pub fn run(args: AgentsArgs) -> Result<()> {
     // The unloaded agent: one agent alone, the same bursts and waits, its state resident. Its
     // p99 is what the loaded p99 is held to: the first step of a burst, after a second's wait,
     // finds the caches cold on any policy.
-    let unloaded = trial(&args, (&archive, &cache), "lru", 1, args.unloaded_duration)?;
+    let unloaded = trial(&args, (&archive, &state), "lru", 1, args.unloaded_duration)?;
     print_trial(&unloaded, " (unloaded)");
     ensure!(unloaded.failures == 0, "the unloaded agent failed");
     let bound_us = args.bound * unloaded.stats.p99;
@@ -353,7 +366,7 @@ pub fn run(args: AgentsArgs) -> Result<()> {
     let mut capacity = [0usize; 2];
     for (p, policy) in POLICIES.into_iter().enumerate() {
         for &agents in &args.agents {
-            let t = trial(&args, (&archive, &cache), policy, agents, args.duration)?;
+            let t = trial(&args, (&archive, &state), policy, agents, args.duration)?;
             let within = t.within(bound_us);
             print_trial(&t, if within { ": within the bound" } else { ": over" });
             trials.push(t);

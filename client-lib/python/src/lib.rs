@@ -179,25 +179,17 @@ impl Kept {
 
 /// A session open on a node: which node, and the session's handle there.
 #[pyclass(frozen, module = "djinn._native")]
-struct Session {
-    #[pyo3(get)]
-    node: String,
-    #[pyo3(get)]
-    id: u64,
-    #[pyo3(get)]
-    epoch: u64,
-}
-
-impl Session {
-    fn remote(&self) -> RemoteSession {
-        RemoteSession { node: self.node.clone(), session: Handle { id: self.id, epoch: self.epoch } }
-    }
-}
+struct Session(RemoteSession);
 
 #[pymethods]
 impl Session {
+    #[getter]
+    fn node(&self) -> &str {
+        &self.0.node
+    }
+
     fn __repr__(&self) -> String {
-        format!("Session(node={:?}, id={})", self.node, self.id)
+        format!("Session(node={:?}, id={})", self.0.node, self.0.session.id)
     }
 }
 
@@ -518,8 +510,7 @@ impl Client {
     ) -> PyResult<Session> {
         let fingerprint = parse_fingerprint(fingerprint)?;
         let refs = state.iter().map(tensor_ref).collect::<PyResult<Vec<_>>>()?;
-        let opened = py.detach(|| self.lock().session_open(&fingerprint, &refs, reserve)).map_err(to_py_err)?;
-        Ok(Session { node: opened.node, id: opened.session.id, epoch: opened.session.epoch })
+        py.detach(|| self.lock().session_open(&fingerprint, &refs, reserve)).map(Session).map_err(to_py_err)
     }
 
     /// One step of a session: its model runs on `inputs` (as for `execute`) and the session's
@@ -533,35 +524,31 @@ impl Client {
     ) -> PyResult<Bound<'py, PyAny>> {
         let inputs = inputs.iter().map(value_from_py).collect::<PyResult<Vec<_>>>()?;
         let refs = tensors.iter().map(tensor_ref).collect::<PyResult<Vec<_>>>()?;
-        let remote = session.remote();
-        let output = py.detach(|| self.lock().session_step(&remote, &inputs, &refs)).map_err(to_py_err)?;
+        let output = py.detach(|| self.lock().session_step(&session.0, &inputs, &refs)).map_err(to_py_err)?;
         let output = Arc::new(output);
-        value_to_py(py, &output.value, &output, &session.node)
+        value_to_py(py, &output.value, &output, &session.0.node)
     }
 
     /// The session's agent waits (on a tool, on a user), for about `expected_ms` when given.
     #[pyo3(signature = (session, expected_ms = None))]
     fn session_io_wait(&self, py: Python<'_>, session: &Session, expected_ms: Option<u32>) -> PyResult<()> {
-        let remote = session.remote();
         let signal = Signal::IoWait { resume_in_ms: expected_ms };
-        py.detach(|| self.lock().session_signal(&remote, signal)).map_err(to_py_err)
+        py.detach(|| self.lock().session_signal(&session.0, signal)).map_err(to_py_err)
     }
 
     /// The session's agent is about to compute again.
     fn session_compute(&self, py: Python<'_>, session: &Session) -> PyResult<()> {
-        let remote = session.remote();
-        py.detach(|| self.lock().session_signal(&remote, Signal::Compute)).map_err(to_py_err)
+        py.detach(|| self.lock().session_signal(&session.0, Signal::Compute)).map_err(to_py_err)
     }
 
     /// Frees the session's state on its node.
     fn session_close(&self, py: Python<'_>, session: &Session) -> PyResult<()> {
-        let remote = session.remote();
-        py.detach(|| self.lock().session_close(&remote)).map_err(to_py_err)
+        py.detach(|| self.lock().session_close(&session.0)).map_err(to_py_err)
     }
 
     /// Closes a session with the next call (for finalisers: never waits).
     fn close_later(&self, session: &Session) {
-        self.unclosed.lock().unwrap_or_else(|e| e.into_inner()).push(session.remote());
+        self.unclosed.lock().unwrap_or_else(|e| e.into_inner()).push(session.0.clone());
     }
 
     fn unregister_model(&self, py: Python<'_>, fingerprint: &str) -> PyResult<()> {
