@@ -15,10 +15,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use djinn_dataplane::proto::{ErrorCode, Fingerprint, Handle, HandleInfo, Signal, TensorSource, Value};
+use djinn_dataplane::proto::{Breakpoint, ErrorCode, Fingerprint, Handle, HandleInfo, Signal, TensorSource, Value};
 
 use crate::control::{BlockEstimate, ControlClient, ControlError, ModelDescription, Placed};
-use crate::{Client, ClientError, ClientOptions, ClientStats, Output, Registration, Tensor, TensorRef};
+use crate::{
+    Client, ClientError, ClientOptions, ClientStats, Output, Paused, Registration, Resumed, Tensor, TensorRef,
+};
 
 /// A block's TorchScript archive, shared with whoever else holds it (the Python package
 /// passes its `bytes` objects).
@@ -57,6 +59,14 @@ pub struct RemoteTensor {
 pub struct RemoteSession {
     pub node: String,
     pub session: Handle,
+}
+
+/// A request parked at a breakpoint on a node: the node's address and the request's handle
+/// there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteParked {
+    pub node: String,
+    pub parked: Handle,
 }
 
 /// Where models run.
@@ -428,23 +438,72 @@ impl ClusterClient {
         tensors: &[TensorRef<'_>],
         keep: bool,
     ) -> Result<Output, ClusterError> {
-        let run = |client: &mut Client| {
+        self.run_at(node, fingerprint, |client| {
             if keep {
                 client.execute_keep(fingerprint, inputs, tensors)
             } else {
                 client.execute(fingerprint, inputs, tensors)
             }
-        };
-        match self.at_node(node, run) {
+        })
+    }
+
+    /// Runs `op`, a call of a model, on the node at `node`, registering the model there again
+    /// (from the kept archives) when the node lacks it.
+    fn run_at<T>(
+        &mut self,
+        node: &str,
+        fingerprint: &Fingerprint,
+        mut op: impl FnMut(&mut Client) -> Result<T, ClientError>,
+    ) -> Result<T, ClusterError> {
+        match self.at_node(node, &mut op) {
             Err(ClusterError::Node(e))
                 if e.remote_code() == Some(ErrorCode::UnknownModel) && self.models.contains_key(fingerprint) =>
             {
                 self.register_on(node, fingerprint).map_err(|source| self.lost(node, source))?;
                 self.stats.replays += 1;
-                self.at_node(node, run)
+                self.at_node(node, op)
             }
             other => other,
         }
+    }
+
+    /// Runs a model up to a breakpoint, where the model is placed (or at `at`, the node of the
+    /// kept tensors among `inputs`); the request stays parked on that node, whose address is
+    /// returned with it.
+    pub fn execute_until(
+        &mut self,
+        fingerprint: &Fingerprint,
+        at: Option<&str>,
+        inputs: &[Value],
+        tensors: &[TensorRef<'_>],
+        keep: bool,
+        until: Breakpoint,
+    ) -> Result<(Paused, String), ClusterError> {
+        let run = |client: &mut Client| client.execute_until(fingerprint, inputs, tensors, keep, until);
+        match at {
+            Some(node) => self.run_at(node, fingerprint, run).map(|paused| (paused, node.to_owned())),
+            None => self.on_node(fingerprint, None, run),
+        }
+    }
+
+    /// Runs a parked request on, on its node (see [`Client::resume`]).
+    pub fn resume(
+        &mut self,
+        parked: &RemoteParked,
+        activation: Option<(&Value, &[TensorRef<'_>])>,
+        until: Option<Breakpoint>,
+    ) -> Result<Resumed, ClusterError> {
+        self.at_node(&parked.node, |client| client.resume(parked.parked, activation, until))
+    }
+
+    /// A parked request's activation.
+    pub fn inspect(&mut self, parked: &RemoteParked) -> Result<Paused, ClusterError> {
+        self.at_node(&parked.node, |client| client.inspect(parked.parked))
+    }
+
+    /// Drops a parked request.
+    pub fn abort(&mut self, parked: &RemoteParked) -> Result<(), ClusterError> {
+        self.at_node(&parked.node, |client| client.abort(parked.parked))
     }
 
     /// Runs `op` on the node at `node`, which holds kept tensors: a connection failure there
@@ -523,6 +582,17 @@ impl ClusterClient {
         tensors: &[TensorRef<'_>],
     ) -> Result<Output, ClusterError> {
         self.at_node(&session.node, |client| client.session_step(session.session, inputs, tensors))
+    }
+
+    /// A step of a session stopped at a breakpoint, parked on the session's node.
+    pub fn session_step_until(
+        &mut self,
+        session: &RemoteSession,
+        inputs: &[Value],
+        tensors: &[TensorRef<'_>],
+        until: Breakpoint,
+    ) -> Result<Paused, ClusterError> {
+        self.at_node(&session.node, |client| client.session_step_until(session.session, inputs, tensors, until))
     }
 
     /// Tells a session's node what its agent does next.

@@ -16,15 +16,16 @@ use std::net::ToSocketAddrs;
 use std::time::{Duration, Instant};
 
 pub use djinn_dataplane::proto::{
-    DType, ErrorCode, Fingerprint, Handle, HandleInfo, Hello, ListEntry, ModelInfo, Signal, TensorDesc, TensorSource,
-    Value,
+    Breakpoint, DType, ErrorCode, Fingerprint, Handle, HandleInfo, Hello, ListEntry, ModelInfo, Signal, TensorDesc,
+    TensorSource, Value,
 };
 use djinn_dataplane::proto::{Frame, Message, Payload, payload_layout, transports};
 use djinn_dataplane::tcp::ClientConn;
 pub use djinn_dataplane::tcp::{ClientError, ClientOptions, Transport};
 
 pub use cluster::{
-    Archive, ClusterClient, ClusterError, ClusterStats, FailoverOptions, RemoteSession, RemoteTensor, Target,
+    Archive, ClusterClient, ClusterError, ClusterStats, FailoverOptions, RemoteParked, RemoteSession, RemoteTensor,
+    Target,
 };
 pub use control::{BlockEstimate, ControlClient, ControlError, ModelDescription, Placed};
 
@@ -69,6 +70,23 @@ impl Output {
         let start = offset as usize;
         self.payload.as_ref().map_or(&[], |p| &p.buf.as_slice()[start..start + desc.byte_len as usize])
     }
+}
+
+/// A run stopped at a breakpoint: its handle on the node (for [`Client::resume`],
+/// [`Client::inspect`] and [`Client::abort`]), the block it stopped after, and that block's
+/// output when it was asked for.
+#[derive(Debug)]
+pub struct Paused {
+    pub parked: Handle,
+    pub block: u32,
+    pub activation: Option<Output>,
+}
+
+/// How far a resumed run went: to the end, or to a later breakpoint.
+#[derive(Debug)]
+pub enum Resumed {
+    Done(Output),
+    Paused(Paused),
 }
 
 /// What `register_model` did.
@@ -266,17 +284,86 @@ impl Client {
         keep: bool,
     ) -> Result<Output, ClientError> {
         let (descs, bytes) = describe(tensors)?;
-        let message = Message::Execute { fingerprint: *fingerprint, tensors: descs, inputs: inputs.to_vec(), keep };
+        let message =
+            Message::Execute { fingerprint: *fingerprint, tensors: descs, inputs: inputs.to_vec(), keep, until: None };
         let reply = self.call(&message, &bytes)?;
         self.output(reply)
     }
 
     fn output(&self, reply: Frame) -> Result<Output, ClientError> {
         match reply.message {
-            Message::ExecuteReply { tensors, output, kept } => {
-                let (offsets, _) = payload_layout(&tensors).map_err(ClientError::Request)?;
-                Ok(Output { value: output, tensors, kept, offsets, payload: reply.payload })
+            Message::ExecuteReply { tensors, output, kept } => output_of(tensors, output, kept, reply.payload),
+            _ => Err(unexpected(&self.conn, reply)),
+        }
+    }
+
+    fn paused(&self, reply: Frame) -> Result<Paused, ClientError> {
+        match reply.message {
+            Message::Paused { parked, block, tensors, activation } => {
+                let activation = activation.map(|v| output_of(tensors, v, Vec::new(), reply.payload)).transpose()?;
+                Ok(Paused { parked, block, activation })
             }
+            _ => Err(unexpected(&self.conn, reply)),
+        }
+    }
+
+    fn resumed(&self, reply: Frame) -> Result<Resumed, ClientError> {
+        match reply.message {
+            Message::ExecuteReply { .. } => self.output(reply).map(Resumed::Done),
+            _ => self.paused(reply).map(Resumed::Paused),
+        }
+    }
+
+    /// Runs a registered model up to the breakpoint `until` (blocks `0..=until.block`) and
+    /// parks the request on the node, its activation kept there (and sent back when
+    /// `until.send_activation`). `keep`: the outputs of the run, once resumed to its end, stay
+    /// on the node.
+    pub fn execute_until(
+        &mut self,
+        fingerprint: &Fingerprint,
+        inputs: &[Value],
+        tensors: &[TensorRef<'_>],
+        keep: bool,
+        until: Breakpoint,
+    ) -> Result<Paused, ClientError> {
+        let (descs, bytes) = describe(tensors)?;
+        let message = Message::Execute {
+            fingerprint: *fingerprint,
+            tensors: descs,
+            inputs: inputs.to_vec(),
+            keep,
+            until: Some(until),
+        };
+        let reply = self.call(&message, &bytes)?;
+        self.paused(reply)
+    }
+
+    /// Runs a parked request on from the block after its breakpoint, on its activation or on
+    /// `activation` (a value naming `tensors`, of the parked activation's structure, shapes
+    /// and dtypes), to the end or to the later breakpoint `until`.
+    pub fn resume(
+        &mut self,
+        parked: Handle,
+        activation: Option<(&Value, &[TensorRef<'_>])>,
+        until: Option<Breakpoint>,
+    ) -> Result<Resumed, ClientError> {
+        let (value, tensors) = activation.map_or((None, &[][..]), |(v, t)| (Some(v.clone()), t));
+        let (descs, bytes) = describe(tensors)?;
+        let reply = self.call(&Message::Resume { parked, tensors: descs, activation: value, until }, &bytes)?;
+        self.resumed(reply)
+    }
+
+    /// A parked request's activation.
+    pub fn inspect(&mut self, parked: Handle) -> Result<Paused, ClientError> {
+        let reply = self.call(&Message::Inspect { parked }, &[])?;
+        self.paused(reply)
+    }
+
+    /// Drops a parked request (a session step parked ends with the state it had before).
+    pub fn abort(&mut self, parked: Handle) -> Result<(), ClientError> {
+        let reply = self.call(&Message::Abort { parked }, &[])?;
+        match reply.message {
+            Message::Aborted => Ok(()),
             _ => Err(unexpected(&self.conn, reply)),
         }
     }
@@ -306,8 +393,25 @@ impl Client {
         tensors: &[TensorRef<'_>],
     ) -> Result<Output, ClientError> {
         let (descs, bytes) = describe(tensors)?;
-        let reply = self.call(&Message::SessionStep { session, tensors: descs, inputs: inputs.to_vec() }, &bytes)?;
+        let message = Message::SessionStep { session, tensors: descs, inputs: inputs.to_vec(), until: None };
+        let reply = self.call(&message, &bytes)?;
         self.output(reply)
+    }
+
+    /// A session step stopped at the breakpoint `until`: the session's later requests wait
+    /// until it is resumed to its end (the state is updated then) or aborted (it stays as it
+    /// was).
+    pub fn session_step_until(
+        &mut self,
+        session: Handle,
+        inputs: &[Value],
+        tensors: &[TensorRef<'_>],
+        until: Breakpoint,
+    ) -> Result<Paused, ClientError> {
+        let (descs, bytes) = describe(tensors)?;
+        let message = Message::SessionStep { session, tensors: descs, inputs: inputs.to_vec(), until: Some(until) };
+        let reply = self.call(&message, &bytes)?;
+        self.paused(reply)
     }
 
     /// Tells the node what the session's agent does next (it takes effect after the session's
@@ -472,6 +576,16 @@ impl Client {
             _ => Err(unexpected(&self.conn, reply)),
         }
     }
+}
+
+fn output_of(
+    tensors: Vec<TensorDesc>,
+    value: Value,
+    kept: Vec<HandleInfo>,
+    payload: Option<Payload>,
+) -> Result<Output, ClientError> {
+    let (offsets, _) = payload_layout(&tensors).map_err(ClientError::Request)?;
+    Ok(Output { value, tensors, kept, offsets, payload })
 }
 
 fn unexpected(conn: &ClientConn, reply: Frame) -> ClientError {

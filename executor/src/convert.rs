@@ -110,7 +110,7 @@ pub fn to_ivalue(value: &Value, tensors: &[Tensor], kept: &HashMap<Handle, Tenso
     })
 }
 
-fn typed_list(values: Vec<IValue>) -> IValue {
+pub(crate) fn typed_list(values: Vec<IValue>) -> IValue {
     macro_rules! all {
         ($variant:ident, $list:ident) => {
             if !values.is_empty() && values.iter().all(|v| matches!(v, IValue::$variant(_))) {

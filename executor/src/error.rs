@@ -22,6 +22,8 @@ pub enum ExecError {
     Handle(#[from] crate::handles::HandleError),
     #[error(transparent)]
     Session(#[from] crate::sessions::SessionError),
+    #[error(transparent)]
+    Breakpoint(#[from] crate::parked::BreakpointError),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -34,6 +36,7 @@ impl ExecError {
             Self::OverBudget(_) | Self::BlockTooLarge { .. } => ErrorCode::OverBudget,
             Self::Handle(e) => e.code(),
             Self::Session(e) => e.code(),
+            Self::Breakpoint(e) => e.code(),
             Self::Cuda(_) | Self::Internal(_) => ErrorCode::Internal,
         }
     }

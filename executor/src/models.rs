@@ -81,13 +81,27 @@ impl Model {
         }
     }
 
+    pub fn blocks(&self) -> usize {
+        self.blocks.len()
+    }
+
     /// Runs the blocks in order. A block's tuple output is spread over the next block's
     /// arguments (as the Python package chains blocks); the last block's output is returned.
     pub fn forward(&self, args: Vec<IValue>) -> Result<IValue, ExecError> {
+        self.forward_range(args, 0, self.blocks.len().saturating_sub(1))
+    }
+
+    /// Runs blocks `first..=last` (a part of a run stopped at a breakpoint, or resumed from
+    /// one) and returns the output of `last`.
+    pub fn forward_range(&self, args: Vec<IValue>, first: usize, last: usize) -> Result<IValue, ExecError> {
+        if first > last || last >= self.blocks.len() {
+            return Err(ExecError::Internal(format!("blocks {first}..={last} of a model of {}", self.blocks.len())));
+        }
         let _guard = tch::no_grad_guard();
+        // A run that starts past block 0 makes the streamer bring its blocks in from there.
         let mut stream = self.stream.as_ref().map(|s| s.lock().unwrap_or_else(|e| e.into_inner()));
         let mut args = args;
-        for (i, block) in self.blocks.iter().enumerate() {
+        for (i, block) in self.blocks.iter().enumerate().take(last + 1).skip(first) {
             if let Some(stream) = stream.as_mut() {
                 stream.before(i)?;
             }
@@ -95,14 +109,13 @@ impl Model {
             if let Some(stream) = stream.as_mut() {
                 out = stream.after(i, out)?;
             }
-            if i + 1 == self.blocks.len() {
-                self.executions.fetch_add(1, Ordering::Relaxed);
+            if i == last {
+                if i + 1 == self.blocks.len() {
+                    self.executions.fetch_add(1, Ordering::Relaxed);
+                }
                 return Ok(out);
             }
-            args = match out {
-                IValue::Tuple(items) => items,
-                other => vec![other],
-            };
+            args = spread(out);
         }
         Err(ExecError::Internal("a model without blocks".into()))
     }
@@ -215,6 +228,14 @@ fn load_block(mut reader: ChunkReader<'_>, i: usize, device: Device) -> Result<C
 fn log_progress(model: &Fingerprint, i: usize, count: usize, what: &'static str) {
     if count >= 10 && (i + 1).is_multiple_of(count / 10) {
         tracing::info!(%model, done = i + 1, blocks = count, "{what}");
+    }
+}
+
+/// A block's output as the next block's arguments: a tuple's items, or the one value.
+pub(crate) fn spread(out: IValue) -> Vec<IValue> {
+    match out {
+        IValue::Tuple(items) => items,
+        other => vec![other],
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use djinn_dataplane::proto::{ErrorCode, Fingerprint, Frame, Message, Payload, Refusal, TensorSource};
+use djinn_dataplane::proto::{ErrorCode, Fingerprint, Frame, Handle, Message, Payload, Refusal, TensorSource};
 use djinn_dataplane::tcp::{Replier, Reply, ReplyTo, Service};
 use djinn_gpudirect::{BufferPool, MemoryBudget};
 use tch::Device;
@@ -15,6 +15,7 @@ use tch::Device;
 use crate::handles::HandleTable;
 use crate::models::{ModelStore, Upload};
 use crate::mover::{Mover, PushSource};
+use crate::parked::{Parked, ParkedTable};
 use crate::sessions::{Op, SessionOptions, SessionTable, lock};
 use crate::store::TensorStore;
 use crate::workers::{Job, WorkQueue, Workers};
@@ -34,6 +35,8 @@ pub struct NodeOptions {
     /// Longest wait on a peer node when pushing a tensor to it.
     pub push_timeout: Duration,
     pub sessions: SessionOptions,
+    /// A request parked at a breakpoint is released after this long.
+    pub parked_ttl: Duration,
 }
 
 #[derive(Debug)]
@@ -47,6 +50,7 @@ pub struct NodeService {
     device: tch::Device,
     handles: Arc<Mutex<HandleTable>>,
     sessions: Arc<Mutex<SessionTable>>,
+    parked: Arc<Mutex<ParkedTable>>,
     mover: Mover,
     // Before the workers: the sweeper holds a queue into them, which must go first.
     _sweeper: Sweeper,
@@ -60,12 +64,14 @@ impl NodeService {
         let handles = Arc::new(Mutex::new(HandleTable::new(budget.clone(), options.handle_ttl)));
         let sessions =
             Arc::new(Mutex::new(SessionTable::new(options.sessions.clone(), budget.clone(), options.device)));
+        let parked = Arc::new(Mutex::new(ParkedTable::new(budget.clone(), options.parked_ttl)));
         let workers = Workers::start(
             options.workers,
             options.device,
             Arc::clone(&models),
             Arc::clone(&handles),
             Arc::clone(&sessions),
+            Arc::clone(&parked),
         )?;
         tracing::info!(
             epoch = format_args!("{:016x}", handles.lock().unwrap_or_else(|e| e.into_inner()).epoch()),
@@ -82,9 +88,10 @@ impl NodeService {
             pool,
             host_budget: options.host_budget,
             device: options.device,
-            _sweeper: Sweeper::start(Arc::clone(&handles), Arc::clone(&sessions), queue)?,
+            _sweeper: Sweeper::start(Arc::clone(&handles), Arc::clone(&sessions), Arc::clone(&parked), queue)?,
             handles,
             sessions,
+            parked,
             mover: Mover::start(options.push_timeout)?,
             workers,
         })
@@ -106,6 +113,23 @@ impl NodeService {
 
     fn sessions(&self) -> MutexGuard<'_, SessionTable> {
         lock(&self.sessions)
+    }
+
+    fn parked(&self) -> MutexGuard<'_, ParkedTable> {
+        self.parked.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Drops a parked request; a session step parked ends with the state it had before it.
+    fn abort(&self, parked: Handle) -> Reply {
+        match self.parked().abort(parked) {
+            Ok(request) => {
+                if let Some(id) = end_parked_step(&request, &self.sessions) {
+                    self.workers.drain_session(id);
+                }
+                Reply::message(Message::Aborted)
+            }
+            Err(e) => Reply::error(e.code(), e.to_string()),
+        }
     }
 
     /// Queues a request on its session (drained by one worker at a time, in order).
@@ -187,9 +211,10 @@ impl Service for NodeService {
             }
             // Inputs live for one request, in host memory (copied to the device when it is a GPU);
             // a session's initial state is copied out of it.
-            Message::Execute { .. } | Message::SessionStep { .. } | Message::SessionOpen { .. } => {
-                Ok(Payload { buf: self.pool.take(len)?, reservation: None })
-            }
+            Message::Execute { .. }
+            | Message::SessionStep { .. }
+            | Message::SessionOpen { .. }
+            | Message::Resume { .. } => Ok(Payload { buf: self.pool.take(len)?, reservation: None }),
             // A tensor to keep: on the CPU it stays in this buffer, which is charged to the
             // device budget; on a GPU it is copied there (and charged then), so the buffer is
             // only host memory for a while.
@@ -219,9 +244,9 @@ impl Service for NodeService {
                     None => Reply::error(ErrorCode::NotFound, format!("no upload {id} on this connection")),
                 }
             }
-            Message::Execute { fingerprint, tensors, inputs, keep } => match self.models().get(&fingerprint) {
+            Message::Execute { fingerprint, tensors, inputs, keep, until } => match self.models().get(&fingerprint) {
                 Some(model) => {
-                    let message = Message::Execute { fingerprint, tensors, inputs, keep };
+                    let message = Message::Execute { fingerprint, tensors, inputs, keep, until };
                     self.workers.submit(
                         Job::Execute { model, frame: Frame { request_id, message, payload } },
                         to,
@@ -265,8 +290,8 @@ impl Service for NodeService {
                 }
                 None => Reply::error(ErrorCode::UnknownModel, format!("no model {fingerprint} on this node")),
             },
-            Message::SessionStep { session, tensors, inputs } => {
-                let message = Message::SessionStep { session, tensors, inputs };
+            Message::SessionStep { session, tensors, inputs, until } => {
+                let message = Message::SessionStep { session, tensors, inputs, until };
                 let op = Op::Step { frame: Frame { request_id, message, payload }, to, replier: replier.clone() };
                 return self.enqueue(session, op);
             }
@@ -277,6 +302,27 @@ impl Service for NodeService {
             Message::SessionClose { session } => {
                 return self.enqueue(session, Op::Close { to, replier: replier.clone() });
             }
+            // The activation a resume replaces is checked here, before anything runs: a
+            // mismatch leaves the request parked.
+            Message::Resume { parked: handle, tensors, activation, until } => {
+                match self.parked().take_for_resume(handle, activation.as_ref(), &tensors) {
+                    Ok(parked) => {
+                        let message = Message::Resume { parked: handle, tensors, activation, until };
+                        let frame = Frame { request_id, message, payload };
+                        self.workers.submit(Job::Resume { handle, parked, frame }, to, replier);
+                        return None;
+                    }
+                    Err(e) => Reply::error(e.code(), e.to_string()),
+                }
+            }
+            Message::Inspect { parked: handle } => match self.parked().activation(handle) {
+                Ok((activation, block)) => {
+                    self.workers.submit(Job::Inspect { activation, handle, block }, to, replier);
+                    return None;
+                }
+                Err(e) => Reply::error(e.code(), e.to_string()),
+            },
+            Message::Abort { parked } => self.abort(parked),
             other => {
                 Reply::error(ErrorCode::Unexpected, format!("a node does not serve {} requests", other.kind().name()))
             }
@@ -288,6 +334,7 @@ impl Service for NodeService {
         self.models().stats(out);
         self.handles().stats(out);
         self.sessions().stats(out);
+        self.parked().stats(out);
         let c = &self.workers.counters;
         out.extend(
             [
@@ -315,8 +362,18 @@ impl Service for NodeService {
     }
 }
 
-/// Frees kept tensors and closes sessions that lie unused past their time limits (checking a
-/// few times per limit), and starts the restores of swapped-out sessions when they are due.
+/// Ends the session step a parked request stopped (its state stays as before the step);
+/// returns the session when its waiting requests must be drained.
+fn end_parked_step(request: &Parked, sessions: &Mutex<SessionTable>) -> Option<u64> {
+    let s = request.session?;
+    let mut table = lock(sessions);
+    let _ = table.end_step(s.id, None);
+    table.unpause(s.id).then_some(s.id)
+}
+
+/// Frees kept tensors, parked requests and sessions that lie unused past their time limits
+/// (checking a few times per limit), and starts the restores of swapped-out sessions when they
+/// are due.
 struct Sweeper {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
@@ -332,10 +389,17 @@ impl Sweeper {
     fn start(
         handles: Arc<Mutex<HandleTable>>,
         sessions: Arc<Mutex<SessionTable>>,
+        parked: Arc<Mutex<ParkedTable>>,
         queue: WorkQueue,
     ) -> std::io::Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
-        let ttl = handles.lock().unwrap_or_else(|e| e.into_inner()).idle_ttl().min(lock(&sessions).options().idle_ttl);
+        let parked_ttl = parked.lock().unwrap_or_else(|e| e.into_inner()).ttl();
+        let ttl = handles
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .idle_ttl()
+            .min(lock(&sessions).options().idle_ttl)
+            .min(parked_ttl);
         let period = (ttl / 4).clamp(Duration::from_millis(10), Duration::from_secs(10));
         let flag = Arc::clone(&stop);
         let table = Arc::clone(&sessions);
@@ -345,6 +409,12 @@ impl Sweeper {
                 let now = Instant::now();
                 if now >= next_sweep {
                     handles.lock().unwrap_or_else(|e| e.into_inner()).expire(now);
+                    let expired = parked.lock().unwrap_or_else(|e| e.into_inner()).expire(now);
+                    for request in expired {
+                        if let Some(id) = end_parked_step(&request, &table) {
+                            queue.drain_session(id);
+                        }
+                    }
                     lock(&table).expire(now);
                     next_sweep = now + period;
                 }

@@ -122,6 +122,18 @@ impl std::fmt::Debug for Op {
     }
 }
 
+impl Session {
+    /// Marks the queue as drained by a worker; true when none was (the caller starts one).
+    /// A session whose step is parked is not drained.
+    fn start_drain(&mut self) -> bool {
+        let start = !self.draining && !self.paused;
+        if start {
+            self.draining = true;
+        }
+        start
+    }
+}
+
 enum Place {
     /// On the device, charged to both budgets (one reservation each per growth).
     Device(Vec<Reservation>),
@@ -145,6 +157,8 @@ struct Session {
     draining: bool,
     /// A step is running on (shallow clones of) the state: it must stay where it is.
     stepping: bool,
+    /// The running step is parked at a breakpoint: later requests wait until it ends.
+    paused: bool,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -239,6 +253,7 @@ impl SessionTable {
                 ops: VecDeque::new(),
                 draining: false,
                 stepping: false,
+                paused: false,
             },
         );
         self.counters.opened += 1;
@@ -263,25 +278,47 @@ impl SessionTable {
         let s = self.sessions.get_mut(&id).ok_or(SessionError::Unknown { session, idle_ttl: self.options.idle_ttl })?;
         s.last_used = Instant::now();
         s.ops.push_back(op);
-        Ok(!std::mem::replace(&mut s.draining, true))
+        Ok(s.start_drain())
     }
 
     /// Queues a restore ahead of a resume; true when the caller must start a drain.
     pub fn enqueue_restore(&mut self, id: u64) -> bool {
         let Some(s) = self.sessions.get_mut(&id) else { return false };
         s.ops.push_back(Op::Restore);
-        !std::mem::replace(&mut s.draining, true)
+        s.start_drain()
     }
 
-    /// The session's next request, or `None` (the drain ends) when its queue is empty or the
-    /// session is gone.
+    /// The session's next request, or `None` (the drain ends) when its queue is empty, its
+    /// step is parked at a breakpoint, or the session is gone.
     pub fn next_op(&mut self, id: u64) -> Option<Op> {
         let s = self.sessions.get_mut(&id)?;
-        let op = s.ops.pop_front();
+        let op = if s.paused { None } else { s.ops.pop_front() };
         if op.is_none() {
             s.draining = false;
         }
         op
+    }
+
+    /// The running step stopped at a breakpoint: the session's later requests wait until
+    /// [`Self::unpause`].
+    pub fn pause(&mut self, id: u64) {
+        if let Some(s) = self.sessions.get_mut(&id) {
+            s.paused = true;
+        }
+    }
+
+    /// The parked step ended (after [`Self::end_step`]); true when requests wait and the
+    /// caller must start a drain.
+    pub fn unpause(&mut self, id: u64) -> bool {
+        let Some(s) = self.sessions.get_mut(&id) else { return false };
+        s.paused = false;
+        !s.ops.is_empty() && s.start_drain()
+    }
+
+    /// Where the session's state tensors are (a parked activation that passes them on shares
+    /// them, and they are charged here already).
+    pub fn state_addrs(&self, id: u64) -> Vec<usize> {
+        self.sessions.get(&id).map_or_else(Vec::new, |s| s.state.iter().map(|t| t.data_ptr() as usize).collect())
     }
 
     /// Readies a step: brings the state to the device (making room) and hands out the model

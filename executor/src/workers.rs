@@ -9,18 +9,17 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
-use djinn_dataplane::proto::{Frame, Handle, Message, Payload, SharedBytes, TensorDesc};
+use djinn_dataplane::proto::{Breakpoint, Frame, Handle, Message, Payload, SharedBytes, TensorDesc, Value};
 use djinn_dataplane::tcp::{Replier, Reply, ReplyTo};
 use tch::jit::IValue;
 use tch::{Device, Tensor};
 
-use crate::sessions::SessionError;
-
 use crate::convert::{OutputTensor, Outputs, aliases, input_tensors, kept_inputs, to_ivalue};
 use crate::error::ExecError;
 use crate::handles::HandleTable;
-use crate::models::{Model, ModelStore, Upload};
-use crate::sessions::{Op, SessionTable, lock};
+use crate::models::{Model, ModelStore, Upload, spread};
+use crate::parked::{Activation, Parked, ParkedTable, SessionStep, Stopped, check_breakpoint};
+use crate::sessions::{Op, SessionError, SessionTable, lock};
 
 pub enum Job {
     Execute {
@@ -54,6 +53,18 @@ pub enum Job {
     Session {
         id: u64,
     },
+    /// Runs a parked request on from its breakpoint (taken out of the table by the poller).
+    Resume {
+        handle: Handle,
+        parked: Parked,
+        frame: Frame,
+    },
+    /// Sends a parked request's activation back.
+    Inspect {
+        activation: Activation,
+        handle: Handle,
+        block: usize,
+    },
 }
 
 struct Envelope {
@@ -68,6 +79,7 @@ struct Shared {
     models: Arc<Mutex<ModelStore>>,
     handles: Arc<Mutex<HandleTable>>,
     sessions: Arc<Mutex<SessionTable>>,
+    parked: Arc<Mutex<ParkedTable>>,
     counters: Arc<WorkerCounters>,
 }
 
@@ -126,10 +138,11 @@ impl Workers {
         models: Arc<Mutex<ModelStore>>,
         handles: Arc<Mutex<HandleTable>>,
         sessions: Arc<Mutex<SessionTable>>,
+        parked: Arc<Mutex<ParkedTable>>,
     ) -> std::io::Result<Self> {
         let (tx, rx) = crossbeam_channel::unbounded::<Envelope>();
         let counters = Arc::new(WorkerCounters::default());
-        let shared = Arc::new(Shared { device, models, handles, sessions, counters: Arc::clone(&counters) });
+        let shared = Arc::new(Shared { device, models, handles, sessions, parked, counters: Arc::clone(&counters) });
         let threads = (0..count.max(1))
             .map(|i| {
                 let rx = rx.clone();
@@ -183,22 +196,28 @@ fn next_job(rx: &Receiver<Envelope>) -> Option<Envelope> {
 }
 
 fn work(rx: Receiver<Envelope>, shared: &Shared) {
-    let Shared { device, models, handles, sessions, counters } = shared;
+    let Shared { device, models, handles, sessions, counters, .. } = shared;
     let device = *device;
     while let Some(Envelope { job, reply }) = next_job(&rx) {
         if let Job::Session { id } = job {
-            drain_session(id, sessions, handles);
+            drain_session(id, shared);
             counters.queued.fetch_sub(1, Ordering::Relaxed);
             continue;
         }
         // What the node's stats count, by kind of job: (done, failed).
         let counted = match job {
-            Job::Execute { .. } => Some((&counters.executions, &counters.execution_errors)),
+            Job::Execute { .. } | Job::Resume { .. } => Some((&counters.executions, &counters.execution_errors)),
             Job::Load { .. } => Some((&counters.loads, &counters.load_errors)),
             _ => None,
         };
+        // A resumed session step that ended lets the session's waiting requests run.
+        let mut then_drain = None;
         let result = caught(|| match job {
-            Job::Execute { model, frame } => execute(&model, frame, handles),
+            Job::Execute { model, frame } => execute(model, frame, shared),
+            Job::Resume { handle, parked, frame } => resume(handle, parked, frame, shared, &mut then_drain),
+            Job::Inspect { activation, handle, block } => {
+                Ok(paused(handle, block, Sent::activation(Some(&activation))?))
+            }
             Job::Load { upload } => load(upload, device, models),
             Job::Free { model } => {
                 drop(model);
@@ -228,6 +247,9 @@ fn work(rx: Receiver<Envelope>, shared: &Shared) {
         if let Some((to, replier)) = reply {
             replier.send(to, result);
         }
+        if let Some(id) = then_drain {
+            drain_session(id, shared);
+        }
     }
 }
 
@@ -247,13 +269,14 @@ fn reply_of(result: Result<Reply, ExecError>) -> Reply {
     })
 }
 
-/// Runs a session's queued requests in order until its queue is empty.
-fn drain_session(id: u64, sessions: &Mutex<SessionTable>, handles: &Mutex<HandleTable>) {
+/// Runs a session's queued requests in order until its queue is empty (or a step parks).
+fn drain_session(id: u64, shared: &Shared) {
+    let sessions = &shared.sessions;
     loop {
         let Some(op) = lock(sessions).next_op(id) else { return };
         match op {
             Op::Step { frame, to, replier } => {
-                let result = caught(|| step(id, frame, sessions, handles));
+                let result = caught(|| step(id, frame, shared));
                 if result.is_err() {
                     // Whatever failed (a panic included), the session is not stepping any more.
                     let _ = lock(sessions).end_step(id, None);
@@ -278,35 +301,201 @@ fn drain_session(id: u64, sessions: &Mutex<SessionTable>, handles: &Mutex<Handle
 }
 
 /// One step: the model runs on the inputs followed by the state; the last outputs become the
-/// new state.
-fn step(
-    id: u64,
-    frame: Frame,
-    sessions: &Mutex<SessionTable>,
-    handles: &Mutex<HandleTable>,
-) -> Result<Reply, ExecError> {
-    let Message::SessionStep { tensors, inputs, .. } = frame.message else {
+/// new state. A step with a breakpoint parks (the session's later requests wait).
+fn step(id: u64, frame: Frame, shared: &Shared) -> Result<Reply, ExecError> {
+    let Message::SessionStep { tensors, inputs, until, .. } = frame.message else {
         return Err(ExecError::Internal("not a session step".into()));
     };
-    let (model, state) = lock(sessions).begin_step(id)?;
-    let n = state.len();
+    let (model, state) = lock(&shared.sessions).begin_step(id)?;
+    let session = SessionStep { id, state: state.len() };
     let payload = frame.payload.map(Arc::new);
     let tensors = input_tensors(&tensors, payload.as_ref(), model.device)?;
-    let kept = kept_inputs(&inputs, handles)?;
+    let kept = kept_inputs(&inputs, &shared.handles)?;
     let mut args = inputs.iter().map(|v| to_ivalue(v, &tensors, &kept)).collect::<Result<Vec<_>, _>>()?;
     args.extend(state.into_iter().map(IValue::Tensor));
-    let (output, new_state) = split_state(model.forward(args)?, n)?;
-    let new_state = new_state
-        .into_iter()
-        .map(|t| if aliases(&t, payload.as_ref()) { t.f_detach_copy().map_err(Into::into) } else { Ok(t) })
-        .collect::<Result<Vec<_>, ExecError>>()?;
-    lock(sessions).end_step(id, Some(new_state))?;
-    let mut outputs = Outputs::new(payload, None);
-    let output = outputs.value(output)?;
-    Ok(Reply {
-        message: Message::ExecuteReply { tensors: outputs.descs, output, kept: Vec::new() },
-        tensors: outputs.tensors.into_iter().map(|t| Arc::new(t) as SharedBytes).collect(),
-    })
+    let run = Run { model, first: 0, keep: false, session: Some(session), payload };
+    let ran = run.blocks(args, until)?;
+    run.reply(ran, shared)
+}
+
+/// A run of a model's blocks from `first`: an execute, a session step, or a resume.
+struct Run {
+    model: Arc<Model>,
+    first: usize,
+    /// The final outputs stay on the node.
+    keep: bool,
+    session: Option<SessionStep>,
+    /// The request's payload, which input tensors may be views of.
+    payload: Option<Arc<Payload>>,
+}
+
+/// How far a run went.
+enum Ran {
+    /// It stopped after `block`; `send`: the reply carries the activation.
+    Stopped {
+        activation: IValue,
+        block: usize,
+        send: bool,
+    },
+    Done(IValue),
+}
+
+impl Run {
+    /// Runs the blocks, to the breakpoint when there is one.
+    fn blocks(&self, args: Vec<IValue>, until: Option<Breakpoint>) -> Result<Ran, ExecError> {
+        let blocks = self.model.blocks();
+        Ok(match until {
+            Some(b) => {
+                let block = check_breakpoint(b.block, self.first, blocks)?;
+                let activation = self.model.forward_range(args, self.first, block)?;
+                Ran::Stopped { activation, block, send: b.send_activation }
+            }
+            None => Ran::Done(self.model.forward_range(args, self.first, blocks.saturating_sub(1))?),
+        })
+    }
+
+    /// Parks a stopped run, or answers a finished one (a session's new state taken first).
+    fn reply(self, ran: Ran, shared: &Shared) -> Result<Reply, ExecError> {
+        let output = match ran {
+            Ran::Stopped { activation, block, send } => return self.park(activation, block, send, shared),
+            Ran::Done(output) => output,
+        };
+        let output = match self.session {
+            Some(s) => {
+                let (output, new_state) = split_state(output, s.state)?;
+                let new_state = new_state
+                    .into_iter()
+                    .map(|t| owned(&t, self.payload.as_ref()))
+                    .collect::<Result<Vec<_>, ExecError>>()?;
+                lock(&shared.sessions).end_step(s.id, Some(new_state))?;
+                output
+            }
+            None => output,
+        };
+        let mut outputs = Outputs::new(self.payload, self.keep.then_some(&*shared.handles));
+        let output = outputs.value(output).inspect_err(|_| outputs.release_kept())?;
+        Ok(Reply {
+            message: Message::ExecuteReply { tensors: outputs.descs, output, kept: outputs.kept },
+            tensors: outputs.tensors.into_iter().map(|t| Arc::new(t) as SharedBytes).collect(),
+        })
+    }
+
+    fn park(self, activation: IValue, block: usize, send: bool, shared: &Shared) -> Result<Reply, ExecError> {
+        // The request's payload goes back to the pool: what the activation shares of it is copied.
+        let payload = self.payload.as_ref();
+        let activation =
+            Activation::of(activation, &mut |t| if aliases(&t, payload) { t.f_detach_copy() } else { Ok(t) })?;
+        let sent = Sent::activation(send.then_some(&activation))?;
+        let charged = self.session.map_or_else(Vec::new, |s| lock(&shared.sessions).state_addrs(s.id));
+        let stopped = Stopped { model: self.model, block, activation, keep: self.keep, session: self.session, charged };
+        let handle = shared.parked.lock().unwrap_or_else(|e| e.into_inner()).park(stopped)?;
+        if let Some(s) = self.session {
+            lock(&shared.sessions).pause(s.id);
+        }
+        Ok(paused(handle, block, sent))
+    }
+}
+
+/// An activation on its way to the client.
+struct Sent {
+    value: Option<Value>,
+    descs: Vec<TensorDesc>,
+    tensors: Vec<SharedBytes>,
+}
+
+impl Sent {
+    /// A copy of `activation` when given: a resume may run blocks that change their inputs in
+    /// place while the reply is being sent.
+    fn activation(activation: Option<&Activation>) -> Result<Self, ExecError> {
+        let mut outputs = Outputs::new(None, None);
+        let value = match activation {
+            Some(a) => {
+                let copy = a.to_ivalue(&mut |t| {
+                    if t.device() == Device::Cpu { t.f_detach_copy() } else { Ok(t.shallow_clone()) }
+                })?;
+                Some(outputs.value(copy)?)
+            }
+            None => None,
+        };
+        let tensors = outputs.tensors.into_iter().map(|t| Arc::new(t) as SharedBytes).collect();
+        Ok(Self { value, descs: outputs.descs, tensors })
+    }
+}
+
+fn paused(parked: Handle, block: usize, sent: Sent) -> Reply {
+    Reply {
+        message: Message::Paused { parked, block: block as u32, tensors: sent.descs, activation: sent.value },
+        tensors: sent.tensors,
+    }
+}
+
+/// Runs a parked request on from its breakpoint. When its blocks fail it is parked again as it
+/// was, so the client may try another activation; once they ran, it is over (a session step
+/// that ended sets `then_drain`).
+fn resume(
+    handle: Handle,
+    parked: Parked,
+    frame: Frame,
+    shared: &Shared,
+    then_drain: &mut Option<u64>,
+) -> Result<Reply, ExecError> {
+    let Message::Resume { tensors, activation, until, .. } = frame.message else {
+        return Err(ExecError::Internal("not a resume".into()));
+    };
+    let payload = frame.payload.map(Arc::new);
+    let run = Run {
+        model: Arc::clone(&parked.model),
+        first: parked.block + 1,
+        keep: parked.keep,
+        session: parked.session,
+        payload,
+    };
+    let ran = (|| {
+        let args = match replacement(&run, &tensors, activation.as_ref())? {
+            Some(args) => args,
+            None => spread(parked.activation.shallow()?),
+        };
+        run.blocks(args, until)
+    })();
+    let ran = match ran {
+        Ok(ran) => ran,
+        Err(e) => {
+            shared.parked.lock().unwrap_or_else(|e| e.into_inner()).put_back(handle, parked);
+            return Err(e);
+        }
+    };
+    let session = run.session;
+    let stopped = matches!(ran, Ran::Stopped { .. });
+    let result = run.reply(ran, shared);
+    if let Some(s) = session
+        && (!stopped || result.is_err())
+    {
+        let mut sessions = lock(&shared.sessions);
+        if result.is_err() {
+            let _ = sessions.end_step(s.id, None);
+        }
+        if sessions.unpause(s.id) {
+            *then_drain = Some(s.id);
+        }
+    }
+    result
+}
+
+/// The arguments of the block after the breakpoint from a replacement activation (checked
+/// against the parked one already), or `None` when there is none.
+fn replacement(
+    run: &Run,
+    tensors: &[TensorDesc],
+    activation: Option<&Value>,
+) -> Result<Option<Vec<IValue>>, ExecError> {
+    let Some(value) = activation else { return Ok(None) };
+    let tensors = input_tensors(tensors, run.payload.as_ref(), run.model.device)?;
+    Ok(Some(spread(to_ivalue(value, &tensors, &Default::default())?)))
+}
+
+/// `t`, copied when it is a view of the request's payload (which goes back to the pool).
+fn owned(t: &Tensor, payload: Option<&Arc<Payload>>) -> Result<Tensor, ExecError> {
+    Ok(if aliases(t, payload) { t.f_detach_copy()? } else { t.shallow_clone() })
 }
 
 /// Splits a step's output into what goes back and the `n` state tensors at its end.
@@ -357,21 +546,17 @@ fn open_session(model: Arc<Model>, frame: Frame, sessions: &Mutex<SessionTable>)
     Ok(Reply::message(Message::SessionOpened { session }))
 }
 
-fn execute(model: &Model, frame: Frame, handles: &Mutex<HandleTable>) -> Result<Reply, ExecError> {
-    let Message::Execute { tensors, inputs, keep, .. } = frame.message else {
+fn execute(model: Arc<Model>, frame: Frame, shared: &Shared) -> Result<Reply, ExecError> {
+    let Message::Execute { tensors, inputs, keep, until, .. } = frame.message else {
         return Err(ExecError::Internal("not an execute request".into()));
     };
     let payload = frame.payload.map(Arc::new);
     let tensors = input_tensors(&tensors, payload.as_ref(), model.device)?;
-    let kept = kept_inputs(&inputs, handles)?;
+    let kept = kept_inputs(&inputs, &shared.handles)?;
     let args = inputs.iter().map(|v| to_ivalue(v, &tensors, &kept)).collect::<Result<Vec<_>, _>>()?;
-    let output = model.forward(args)?;
-    let mut outputs = Outputs::new(payload, keep.then_some(handles));
-    let output = outputs.value(output).inspect_err(|_| outputs.release_kept())?;
-    Ok(Reply {
-        message: Message::ExecuteReply { tensors: outputs.descs, output, kept: outputs.kept },
-        tensors: outputs.tensors.into_iter().map(|t| Arc::new(t) as SharedBytes).collect(),
-    })
+    let run = Run { model, first: 0, keep, session: None, payload };
+    let ran = run.blocks(args, until)?;
+    run.reply(ran, shared)
 }
 
 /// A received tensor kept on `device`: on the CPU a view of the payload it arrived in (no copy),

@@ -97,3 +97,22 @@ class Counter(nn.Module):
 
 
 save(Counter(), "counter")
+
+
+class Doubler(nn.Module):
+    """Block 0 of a stateful model in two blocks: the state passes through."""
+
+    def forward(self, x: torch.Tensor, total: torch.Tensor, steps: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return x * 2, total, steps
+
+
+class Accumulator(nn.Module):
+    """Block 1: adds its input to the running total; returns the total, then the new state."""
+
+    def forward(self, y: torch.Tensor, total: torch.Tensor, steps: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        total = total + y
+        return total, total, steps + 1
+
+
+save(Doubler(), "stateful.block0")
+save(Accumulator(), "stateful.block1")

@@ -124,6 +124,10 @@ pub struct NodeArgs {
     /// is presumed gone).
     #[arg(long, default_value_t = 600.0)]
     session_idle_timeout: f64,
+    /// Seconds a request paused at a breakpoint may wait to be resumed before it is released
+    /// (its activation freed; a session's step ends with the state it had before).
+    #[arg(long, default_value_t = 300.0)]
+    parked_ttl: f64,
     /// The price of an hour of this node (any currency the cluster agrees on), for minimize_cost.
     #[arg(long, default_value_t = 1.0)]
     cost_per_hour: f64,
@@ -209,6 +213,7 @@ pub fn run(args: NodeArgs) -> Result<()> {
             host_pool: args.session_host_pool.map_or(host_limit / 4, |b| b.0),
             idle_ttl: seconds("--session-idle-timeout", args.session_idle_timeout)?,
         },
+        parked_ttl: seconds("--parked-ttl", args.parked_ttl)?,
     };
     let service = NodeService::new(budget.clone(), options).context("cannot start the executor")?;
     let config = ServerConfig {

@@ -27,6 +27,8 @@ pub enum ErrorCode {
     StaleHandle,
     /// The node could not reach the peer it was asked to push to.
     PeerUnreachable,
+    /// A breakpoint outside the run, or a replacement activation unlike the parked one.
+    BadBreakpoint,
     /// A code this build does not know (sent by a newer peer).
     Other(u16),
 }
@@ -55,6 +57,7 @@ impl ErrorCode {
             Self::Busy => 19,
             Self::StaleHandle => 20,
             Self::PeerUnreachable => 21,
+            Self::BadBreakpoint => 22,
             Self::Other(code) => code,
         }
     }
@@ -82,6 +85,7 @@ impl ErrorCode {
             19 => Self::Busy,
             20 => Self::StaleHandle,
             21 => Self::PeerUnreachable,
+            22 => Self::BadBreakpoint,
             other => Self::Other(other),
         }
     }

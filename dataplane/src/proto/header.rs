@@ -15,8 +15,9 @@ use super::error::ProtocolError;
 use super::limits::Limits;
 
 pub const MAGIC: [u8; 4] = *b"DJNN";
-/// 2: tensors kept on the node (handles, keep, fetch, release, push).
-pub const PROTOCOL_VERSION: u16 = 3;
+/// 2: tensors kept on the node (handles, keep, fetch, release, push); 3: sessions; 4:
+/// breakpoints.
+pub const PROTOCOL_VERSION: u16 = 4;
 pub const HEADER_LEN: usize = size_of::<FrameHeader>();
 
 #[repr(C)]
@@ -142,4 +143,9 @@ kinds! {
     SessionSignaled = 0x118,
     SessionClose = 0x119,
     SessionClosed = 0x11a,
+    Paused = 0x11b,
+    Resume = 0x11c,
+    Inspect = 0x11d,
+    Abort = 0x11e,
+    Aborted = 0x11f,
 }

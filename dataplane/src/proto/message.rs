@@ -139,6 +139,15 @@ pub enum Signal {
     Compute,
 }
 
+/// Where a run stops: after block `block` (blocks `0..=block` ran), with the request parked on
+/// the node until it is resumed or aborted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Breakpoint {
+    pub block: u32,
+    /// The reply carries the activation (block `block`'s output); else it stays on the node.
+    pub send_activation: bool,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListEntry {
     pub name: String,
@@ -222,12 +231,13 @@ pub enum Message {
     },
     /// Runs a model on positional `inputs`; their tensors are the payload, or handles of
     /// tensors kept on the node. With `keep`, every output tensor stays on the node and comes
-    /// back as a handle.
+    /// back as a handle. With `until`, the run stops at that breakpoint (answered by `Paused`).
     Execute {
         fingerprint: Fingerprint,
         tensors: Vec<TensorDesc>,
         inputs: Vec<Value>,
         keep: bool,
+        until: Option<Breakpoint>,
     },
     /// The output's `Value::Handle`s are described in `kept`.
     ExecuteReply {
@@ -285,11 +295,13 @@ pub enum Message {
     },
     /// Runs the session's model on `inputs` followed by its state tensors. The model returns
     /// a tuple whose last items are the new state (as many as the state has tensors); the rest
-    /// comes back in an `ExecuteReply` (one item unwrapped).
+    /// comes back in an `ExecuteReply` (one item unwrapped). With `until`, the step stops at
+    /// that breakpoint; the session's later requests wait until it is resumed or aborted.
     SessionStep {
         session: Handle,
         tensors: Vec<TensorDesc>,
         inputs: Vec<Value>,
+        until: Option<Breakpoint>,
     },
     /// Takes effect after the session's earlier steps and signals, before its later ones.
     SessionSignal {
@@ -302,6 +314,32 @@ pub enum Message {
         session: Handle,
     },
     SessionClosed,
+    /// A run stopped after `block`: `parked` names it on the node. `activation` (block
+    /// `block`'s output, its tensors the payload) when it was asked for.
+    Paused {
+        parked: Handle,
+        block: u32,
+        tensors: Vec<TensorDesc>,
+        activation: Option<Value>,
+    },
+    /// Runs a parked request on from the block after its breakpoint, on its activation or on
+    /// `activation` (its tensors the payload; the same structure, shapes and dtypes), to the
+    /// end (an `ExecuteReply`) or to a later breakpoint (a `Paused` with a new handle).
+    Resume {
+        parked: Handle,
+        tensors: Vec<TensorDesc>,
+        activation: Option<Value>,
+        until: Option<Breakpoint>,
+    },
+    /// Asks for a parked request's activation; answered by a `Paused` that carries it.
+    Inspect {
+        parked: Handle,
+    },
+    /// Drops a parked request (a session's state stays as it was before the step).
+    Abort {
+        parked: Handle,
+    },
+    Aborted,
 }
 
 impl Message {
@@ -350,6 +388,11 @@ impl Message {
             Self::SessionSignaled => Kind::SessionSignaled,
             Self::SessionClose { .. } => Kind::SessionClose,
             Self::SessionClosed => Kind::SessionClosed,
+            Self::Paused { .. } => Kind::Paused,
+            Self::Resume { .. } => Kind::Resume,
+            Self::Inspect { .. } => Kind::Inspect,
+            Self::Abort { .. } => Kind::Abort,
+            Self::Aborted => Kind::Aborted,
         }
     }
 
@@ -378,6 +421,8 @@ impl Message {
                 | Self::SessionOpened { .. }
                 | Self::SessionSignaled
                 | Self::SessionClosed
+                | Self::Paused { .. }
+                | Self::Aborted
         )
     }
 
@@ -391,7 +436,9 @@ impl Message {
             Self::Execute { tensors, .. }
             | Self::ExecuteReply { tensors, .. }
             | Self::SessionStep { tensors, .. }
-            | Self::SessionOpen { state: tensors, .. } => tensors,
+            | Self::SessionOpen { state: tensors, .. }
+            | Self::Paused { tensors, .. }
+            | Self::Resume { tensors, .. } => tensors,
             _ => &[],
         }
     }
@@ -418,7 +465,8 @@ impl Message {
             | Self::UnregisterAck
             | Self::ListModels
             | Self::SessionSignaled
-            | Self::SessionClosed => {}
+            | Self::SessionClosed
+            | Self::Aborted => {}
             Self::Put { name, tensor } => {
                 w.str(name);
                 w.tensor(tensor);
@@ -485,14 +533,12 @@ impl Message {
             }
             Self::RegisterCommit { upload } => w.u64(*upload),
             Self::Registered { model } => w.model(model),
-            Self::Execute { fingerprint, tensors, inputs, keep } => {
+            Self::Execute { fingerprint, tensors, inputs, keep, until } => {
                 w.fingerprint(fingerprint);
                 w.u8(u8::from(*keep));
                 w.tensors(tensors);
-                w.u32(inputs.len() as u32);
-                for v in inputs {
-                    v.encode(w.0);
-                }
+                w.values(inputs);
+                w.breakpoint(until);
             }
             Self::ExecuteReply { tensors, output, kept } => {
                 w.tensors(tensors);
@@ -542,14 +588,25 @@ impl Message {
                 w.u64(*reserve);
             }
             Self::SessionOpened { session } | Self::SessionClose { session } => session.encode(w.0),
-            Self::SessionStep { session, tensors, inputs } => {
+            Self::SessionStep { session, tensors, inputs, until } => {
                 session.encode(w.0);
                 w.tensors(tensors);
-                w.u32(inputs.len() as u32);
-                for v in inputs {
-                    v.encode(w.0);
-                }
+                w.values(inputs);
+                w.breakpoint(until);
             }
+            Self::Paused { parked, block, tensors, activation } => {
+                parked.encode(w.0);
+                w.u32(*block);
+                w.tensors(tensors);
+                w.value(activation);
+            }
+            Self::Resume { parked, tensors, activation, until } => {
+                parked.encode(w.0);
+                w.tensors(tensors);
+                w.value(activation);
+                w.breakpoint(until);
+            }
+            Self::Inspect { parked } | Self::Abort { parked } => parked.encode(w.0),
             Self::SessionSignal { session, signal } => {
                 session.encode(w.0);
                 match signal {
@@ -645,12 +702,8 @@ impl Message {
                 let fingerprint = r.fingerprint()?;
                 let keep = r.bool("keep")?;
                 let tensors = r.tensors()?;
-                let n = r.count("inputs", 1)?;
-                let mut inputs = Vec::with_capacity(n);
-                for _ in 0..n {
-                    inputs.push(Value::decode(&mut r.bytes, tensors.len())?);
-                }
-                Self::Execute { fingerprint, tensors, inputs, keep }
+                let inputs = r.values(tensors.len())?;
+                Self::Execute { fingerprint, tensors, inputs, keep, until: r.breakpoint()? }
             }
             Kind::ExecuteReply => {
                 let tensors = r.tensors()?;
@@ -703,12 +756,8 @@ impl Message {
             Kind::SessionStep => {
                 let session = r.handle()?;
                 let tensors = r.tensors()?;
-                let n = r.count("inputs", 1)?;
-                let mut inputs = Vec::with_capacity(n);
-                for _ in 0..n {
-                    inputs.push(Value::decode(&mut r.bytes, tensors.len())?);
-                }
-                Self::SessionStep { session, tensors, inputs }
+                let inputs = r.values(tensors.len())?;
+                Self::SessionStep { session, tensors, inputs, until: r.breakpoint()? }
             }
             Kind::SessionSignal => {
                 let session = r.handle()?;
@@ -724,6 +773,22 @@ impl Message {
             Kind::SessionSignaled => Self::SessionSignaled,
             Kind::SessionClose => Self::SessionClose { session: r.handle()? },
             Kind::SessionClosed => Self::SessionClosed,
+            Kind::Paused => {
+                let parked = r.handle()?;
+                let block = r.u32("block")?;
+                let tensors = r.tensors()?;
+                let activation = r.value(tensors.len())?;
+                Self::Paused { parked, block, tensors, activation }
+            }
+            Kind::Resume => {
+                let parked = r.handle()?;
+                let tensors = r.tensors()?;
+                let activation = r.value(tensors.len())?;
+                Self::Resume { parked, tensors, activation, until: r.breakpoint()? }
+            }
+            Kind::Inspect => Self::Inspect { parked: r.handle()? },
+            Kind::Abort => Self::Abort { parked: r.handle()? },
+            Kind::Aborted => Self::Aborted,
         };
         if !r.bytes.is_empty() {
             return Err(ProtocolError::MalformedMeta(format!(
@@ -780,6 +845,31 @@ impl Writer<'_> {
     fn kept(&mut self, k: &HandleInfo) {
         k.handle.encode(self.0);
         self.tensor(&k.tensor);
+    }
+    fn values(&mut self, values: &[Value]) {
+        self.u32(values.len() as u32);
+        for v in values {
+            v.encode(self.0);
+        }
+    }
+    fn value(&mut self, value: &Option<Value>) {
+        match value {
+            Some(v) => {
+                self.u8(1);
+                v.encode(self.0);
+            }
+            None => self.u8(0),
+        }
+    }
+    /// A tag (0: none, 1: stop, 2: stop and send the activation), then the block.
+    fn breakpoint(&mut self, until: &Option<Breakpoint>) {
+        match until {
+            Some(b) => {
+                self.u8(if b.send_activation { 2 } else { 1 });
+                self.u32(b.block);
+            }
+            None => self.u8(0),
+        }
     }
     fn tensor(&mut self, t: &TensorDesc) {
         self.u8(t.dtype.to_wire());
@@ -881,6 +971,27 @@ impl<'a> Reader<'a> {
     }
     fn kept(&mut self) -> Result<HandleInfo, ProtocolError> {
         Ok(HandleInfo { handle: self.handle()?, tensor: self.tensor()? })
+    }
+    /// Values whose tensor indices are below `tensors`.
+    fn values(&mut self, tensors: usize) -> Result<Vec<Value>, ProtocolError> {
+        let n = self.count("inputs", 1)?;
+        let mut values = Vec::with_capacity(n);
+        for _ in 0..n {
+            values.push(Value::decode(&mut self.bytes, tensors)?);
+        }
+        Ok(values)
+    }
+    fn value(&mut self, tensors: usize) -> Result<Option<Value>, ProtocolError> {
+        Ok(if self.bool("has value")? { Some(Value::decode(&mut self.bytes, tensors)?) } else { None })
+    }
+    fn breakpoint(&mut self) -> Result<Option<Breakpoint>, ProtocolError> {
+        let send_activation = match self.u8("breakpoint")? {
+            0 => return Ok(None),
+            1 => false,
+            2 => true,
+            v => return Err(ProtocolError::MalformedMeta(format!("breakpoint tag {v} is not 0, 1 or 2"))),
+        };
+        Ok(Some(Breakpoint { block: self.u32("breakpoint block")?, send_activation }))
     }
     fn tensor(&mut self) -> Result<TensorDesc, ProtocolError> {
         let code = self.u8("dtype")?;

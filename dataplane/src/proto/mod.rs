@@ -16,7 +16,8 @@ pub use error::{ErrorCode, ProtocolError};
 pub use header::{FrameHeader, HEADER_LEN, Kind, MAGIC, PROTOCOL_VERSION};
 pub use limits::Limits;
 pub use message::{
-    Fingerprint, HandleInfo, Hello, ListEntry, Message, ModelInfo, RdmaParams, Signal, TensorSource, transports,
+    Breakpoint, Fingerprint, HandleInfo, Hello, ListEntry, Message, ModelInfo, RdmaParams, Signal, TensorSource,
+    transports,
 };
 pub use tensor::{DType, TENSOR_ALIGN, TensorDesc, check_tensor_lens, paddings, payload_layout, payload_len};
 pub use value::{Handle, MAX_VALUE_DEPTH, Value};

@@ -155,13 +155,35 @@ fn session_message() -> impl Strategy<Value = Message> {
         (handle(), prop::collection::vec(tensor(), 0..4))
             .prop_flat_map(|(h, tensors)| {
                 let n = tensors.len() as u32;
-                (Just(h), Just(tensors), prop::collection::vec(value(n), 0..4))
+                (Just(h), Just(tensors), prop::collection::vec(value(n), 0..4), breakpoint())
             })
-            .prop_map(|(session, tensors, inputs)| Message::SessionStep { session, tensors, inputs }),
+            .prop_map(|(session, tensors, inputs, until)| Message::SessionStep { session, tensors, inputs, until }),
         (handle(), signal).prop_map(|(session, signal)| Message::SessionSignal { session, signal }),
         Just(Message::SessionSignaled),
         handle().prop_map(|session| Message::SessionClose { session }),
         Just(Message::SessionClosed),
+    ]
+}
+
+fn breakpoint() -> impl Strategy<Value = Option<Breakpoint>> {
+    prop::option::of(
+        (any::<u32>(), any::<bool>()).prop_map(|(block, send_activation)| Breakpoint { block, send_activation }),
+    )
+}
+
+fn breakpoint_message() -> impl Strategy<Value = Message> {
+    let with_value = |tensors: Vec<TensorDesc>| {
+        let n = tensors.len() as u32;
+        (Just(tensors), prop::option::of(value(n)))
+    };
+    prop_oneof![
+        (handle(), any::<u32>(), prop::collection::vec(tensor(), 0..4).prop_flat_map(with_value))
+            .prop_map(|(parked, block, (tensors, activation))| Message::Paused { parked, block, tensors, activation }),
+        (handle(), prop::collection::vec(tensor(), 0..4).prop_flat_map(with_value), breakpoint())
+            .prop_map(|(parked, (tensors, activation), until)| Message::Resume { parked, tensors, activation, until }),
+        handle().prop_map(|parked| Message::Inspect { parked }),
+        handle().prop_map(|parked| Message::Abort { parked }),
+        Just(Message::Aborted),
     ]
 }
 
@@ -189,9 +211,15 @@ fn model_message() -> impl Strategy<Value = Message> {
         (fingerprint(), prop::collection::vec(tensor(), 0..4))
             .prop_flat_map(|(f, tensors)| {
                 let n = tensors.len() as u32;
-                (Just(f), Just(tensors), prop::collection::vec(value(n), 0..4), any::<bool>())
+                (Just(f), Just(tensors), prop::collection::vec(value(n), 0..4), any::<bool>(), breakpoint())
             })
-            .prop_map(|(fingerprint, tensors, inputs, keep)| Message::Execute { fingerprint, tensors, inputs, keep }),
+            .prop_map(|(fingerprint, tensors, inputs, keep, until)| Message::Execute {
+                fingerprint,
+                tensors,
+                inputs,
+                keep,
+                until
+            }),
         prop::collection::vec(tensor(), 0..4)
             .prop_flat_map(|tensors| {
                 let n = tensors.len() as u32;
@@ -210,6 +238,7 @@ fn message() -> impl Strategy<Value = Message> {
         model_message(),
         kept_message(),
         session_message(),
+        breakpoint_message(),
         hello().prop_map(Message::Hello),
         hello().prop_map(Message::HelloAck),
         Just(Message::Ping),

@@ -1,0 +1,460 @@
+//! Requests parked at a breakpoint: a run stopped after block k, its activation (block k's
+//! output) kept in device memory until the client resumes it, possibly with a replacement, or
+//! aborts it. The table holds no worker: other requests are served while any number are parked.
+//!
+//! Each parked request is charged to the node's device budget for its activation and released
+//! after a time limit. A handle is used once: a resume or an abort ends it, and a handle that
+//! ended is told apart from one that never existed.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use djinn_dataplane::proto::{ErrorCode, Handle, TensorDesc, Value};
+use djinn_gpudirect::{MemoryBudget, Reservation};
+use tch::Tensor;
+use tch::jit::IValue;
+
+use crate::convert::{dtype_of, typed_list};
+use crate::error::ExecError;
+use crate::handles::fresh_epoch;
+use crate::models::{Model, tensor_bytes};
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BreakpointError {
+    #[error(
+        "parked request {parked} is from an earlier life of this node (its epoch is now {current:016x}): the node restarted and the request is gone"
+    )]
+    Stale { parked: Handle, current: u64 },
+    #[error("no parked request {parked} on this node (parked requests are released after {ttl:?})")]
+    Unknown { parked: Handle, ttl: Duration },
+    #[error("parked request {parked} was already {how}: a parked request is resumed or aborted once")]
+    Ended { parked: Handle, how: Ended },
+    #[error("the replacement activation does not match the parked one: {0}")]
+    Mismatch(String),
+    #[error("cannot stop after block {block}: {why}")]
+    BadBlock { block: u32, why: String },
+}
+
+impl BreakpointError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Self::Stale { .. } => ErrorCode::StaleHandle,
+            Self::Unknown { .. } | Self::Ended { .. } => ErrorCode::NotFound,
+            Self::Mismatch(_) | Self::BadBlock { .. } => ErrorCode::BadBreakpoint,
+        }
+    }
+}
+
+/// How a parked request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    Resumed,
+    Aborted,
+    Expired,
+}
+
+impl std::fmt::Display for Ended {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Resumed => "resumed",
+            Self::Aborted => "aborted",
+            Self::Expired => "released after its time limit",
+        })
+    }
+}
+
+/// Checks that a run over blocks `first..` of a model of `blocks` blocks may stop after `block`:
+/// at `first` or later, and before the last block (after it, the run is over).
+pub fn check_breakpoint(block: u32, first: usize, blocks: usize) -> Result<usize, BreakpointError> {
+    let b = block as usize;
+    let why = if blocks < 2 {
+        "a model of one block has no breakpoints".to_owned()
+    } else if b + 1 >= blocks {
+        format!("the model has {blocks} blocks and stopping after the last is the end of the run")
+    } else if b < first {
+        format!("this run starts at block {first}")
+    } else {
+        return Ok(b);
+    };
+    Err(BreakpointError::BadBlock { block, why })
+}
+
+/// A session step stopped at a breakpoint: its session, and how many state tensors its model's
+/// last outputs are.
+#[derive(Debug, Clone, Copy)]
+pub struct SessionStep {
+    pub id: u64,
+    pub state: usize,
+}
+
+/// What a stopped run leaves on the node.
+pub struct Parked {
+    pub model: Arc<Model>,
+    /// The block that ran last; a resume starts at the next one.
+    pub block: usize,
+    pub activation: Activation,
+    /// Whether the run's final outputs stay on the node (the execute asked to keep them).
+    pub keep: bool,
+    pub session: Option<SessionStep>,
+    charge: Reservation,
+    expires: Instant,
+}
+
+impl std::fmt::Debug for Parked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Parked").field("model", &self.model.fingerprint).field("block", &self.block).finish()
+    }
+}
+
+/// A run stopped after `block`, to be parked.
+pub struct Stopped {
+    pub model: Arc<Model>,
+    pub block: usize,
+    pub activation: Activation,
+    pub keep: bool,
+    pub session: Option<SessionStep>,
+    /// Tensors the activation may share that are charged elsewhere (a session's state, passed
+    /// through the blocks): not charged again.
+    pub charged: Vec<usize>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Counters {
+    parked: u64,
+    resumed: u64,
+    aborted: u64,
+    expired: u64,
+}
+
+/// Ended handles remembered, so that a second resume is told "already resumed".
+const ENDED_REMEMBERED: usize = 4096;
+
+pub struct ParkedTable {
+    epoch: u64,
+    next_id: u64,
+    parked: HashMap<u64, Parked>,
+    ended: HashMap<u64, Ended>,
+    ended_order: VecDeque<u64>,
+    budget: MemoryBudget,
+    ttl: Duration,
+    counters: Counters,
+}
+
+impl std::fmt::Debug for ParkedTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ParkedTable").field("parked", &self.parked.len()).finish()
+    }
+}
+
+impl ParkedTable {
+    /// `budget`: the node's device budget, which activations are charged to.
+    pub fn new(budget: MemoryBudget, ttl: Duration) -> Self {
+        Self {
+            epoch: fresh_epoch(),
+            next_id: 1,
+            parked: HashMap::new(),
+            ended: HashMap::new(),
+            ended_order: VecDeque::new(),
+            budget,
+            ttl,
+            counters: Counters::default(),
+        }
+    }
+
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// Parks a stopped run, charging its activation to the device budget.
+    pub fn park(&mut self, stopped: Stopped) -> Result<Handle, ExecError> {
+        let mut bytes = 0;
+        stopped.activation.for_each_tensor(&mut |t| {
+            if !stopped.charged.contains(&(t.data_ptr() as usize)) {
+                bytes += tensor_bytes(t);
+            }
+        });
+        let charge = self.budget.try_reserve(bytes)?;
+        let id = self.next_id;
+        self.next_id += 1;
+        let Stopped { model, block, activation, keep, session, .. } = stopped;
+        let expires = Instant::now() + self.ttl;
+        self.parked.insert(id, Parked { model, block, activation, keep, session, charge, expires });
+        self.counters.parked += 1;
+        Ok(Handle { id, epoch: self.epoch })
+    }
+
+    fn id_of(&self, parked: Handle) -> Result<u64, BreakpointError> {
+        if parked.epoch != self.epoch {
+            return Err(BreakpointError::Stale { parked, current: self.epoch });
+        }
+        if self.parked.contains_key(&parked.id) {
+            return Ok(parked.id);
+        }
+        match self.ended.get(&parked.id) {
+            Some(&how) => Err(BreakpointError::Ended { parked, how }),
+            None => Err(BreakpointError::Unknown { parked, ttl: self.ttl }),
+        }
+    }
+
+    /// Takes a parked request out to resume it, after checking that `activation` (its tensors
+    /// described by `tensors`), when given, matches the parked one; a mismatch leaves it parked.
+    pub fn take_for_resume(
+        &mut self,
+        parked: Handle,
+        activation: Option<&Value>,
+        tensors: &[TensorDesc],
+    ) -> Result<Parked, BreakpointError> {
+        let id = self.id_of(parked)?;
+        if let (Some(value), Some(p)) = (activation, self.parked.get(&id)) {
+            p.activation.check(value, tensors, &mut String::from("activation"))?;
+        }
+        self.end(id, Ended::Resumed).ok_or(BreakpointError::Unknown { parked, ttl: self.ttl })
+    }
+
+    /// Parks again, under its old handle, a request whose resume failed.
+    pub fn put_back(&mut self, parked: Handle, request: Parked) {
+        if self.ended.remove(&parked.id).is_some() {
+            self.ended_order.retain(|&id| id != parked.id);
+        }
+        self.counters.resumed = self.counters.resumed.saturating_sub(1);
+        self.parked.insert(parked.id, request);
+    }
+
+    pub fn abort(&mut self, parked: Handle) -> Result<Parked, BreakpointError> {
+        let id = self.id_of(parked)?;
+        self.end(id, Ended::Aborted).ok_or(BreakpointError::Unknown { parked, ttl: self.ttl })
+    }
+
+    /// A copy of the parked activation, and the block it is the output of.
+    pub fn activation(&self, parked: Handle) -> Result<(Activation, usize), ExecError> {
+        let id = self.id_of(parked)?;
+        let p = self.parked.get(&id).ok_or(BreakpointError::Unknown { parked, ttl: self.ttl })?;
+        Ok((Activation::of(p.activation.shallow()?, &mut |t| Ok(t))?, p.block))
+    }
+
+    /// Releases the requests parked past the time limit and returns them (a session's step
+    /// must end).
+    pub fn expire(&mut self, now: Instant) -> Vec<Parked> {
+        let ids: Vec<u64> = self.parked.iter().filter(|(_, p)| p.expires <= now).map(|(&id, _)| id).collect();
+        let expired: Vec<Parked> = ids.into_iter().filter_map(|id| self.end(id, Ended::Expired)).collect();
+        if !expired.is_empty() {
+            tracing::info!(expired = expired.len(), "parked requests released after {:?}", self.ttl);
+        }
+        expired
+    }
+
+    fn end(&mut self, id: u64, how: Ended) -> Option<Parked> {
+        let parked = self.parked.remove(&id)?;
+        match how {
+            Ended::Resumed => self.counters.resumed += 1,
+            Ended::Aborted => self.counters.aborted += 1,
+            Ended::Expired => self.counters.expired += 1,
+        }
+        self.ended.insert(id, how);
+        self.ended_order.push_back(id);
+        while self.ended_order.len() > ENDED_REMEMBERED {
+            if let Some(old) = self.ended_order.pop_front() {
+                self.ended.remove(&old);
+            }
+        }
+        Some(parked)
+    }
+
+    pub fn stats(&self, out: &mut Vec<(String, u64)>) {
+        let c = &self.counters;
+        let bytes = self.parked.values().map(|p| p.charge.bytes()).sum();
+        out.extend(
+            [
+                ("parked", self.parked.len() as u64),
+                ("parked_bytes", bytes),
+                ("parked_total", c.parked),
+                ("parked_resumed", c.resumed),
+                ("parked_aborted", c.aborted),
+                ("parked_expired", c.expired),
+            ]
+            .map(|(k, v)| (k.to_owned(), v)),
+        );
+    }
+}
+
+/// A block's output parked between blocks: tensors, scalars, and tuples and lists of them. (A
+/// libtorch `IValue` cannot be sent to another thread.)
+#[derive(Debug)]
+pub enum Activation {
+    Tensor(Tensor),
+    Tuple(Vec<Activation>),
+    List(Vec<Activation>),
+    Int(i64),
+    Float(f64),
+    Bool(bool),
+    Str(String),
+    None,
+}
+
+impl Activation {
+    /// `v`, each tensor passed through `f` (to copy what must not be shared).
+    pub fn of(v: IValue, f: &mut impl FnMut(Tensor) -> Result<Tensor, tch::TchError>) -> Result<Self, ExecError> {
+        let mut list = |items: Vec<IValue>| items.into_iter().map(|v| Self::of(v, f)).collect::<Result<Vec<_>, _>>();
+        Ok(match v {
+            IValue::Tensor(t) => Self::Tensor(f(t)?),
+            IValue::Tuple(items) => Self::Tuple(list(items)?),
+            IValue::GenericList(items) => Self::List(list(items)?),
+            IValue::TensorList(ts) => Self::List(list(ts.into_iter().map(IValue::Tensor).collect())?),
+            IValue::IntList(v) => Self::List(v.into_iter().map(Self::Int).collect()),
+            IValue::DoubleList(v) => Self::List(v.into_iter().map(Self::Float).collect()),
+            IValue::BoolList(v) => Self::List(v.into_iter().map(Self::Bool).collect()),
+            IValue::StringList(v) => Self::List(v.into_iter().map(Self::Str).collect()),
+            IValue::Int(v) => Self::Int(v),
+            IValue::Double(v) => Self::Float(v),
+            IValue::Bool(v) => Self::Bool(v),
+            IValue::String(s) => Self::Str(s),
+            IValue::None => Self::None,
+            other => return Err(ExecError::Unsupported(format!("a block output of {other:?} cannot be parked"))),
+        })
+    }
+
+    /// The libtorch value, each tensor passed through `f` (a shallow clone, or a copy).
+    pub fn to_ivalue(&self, f: &mut impl FnMut(&Tensor) -> Result<Tensor, tch::TchError>) -> Result<IValue, ExecError> {
+        let mut list = |items: &[Activation]| items.iter().map(|a| a.to_ivalue(f)).collect::<Result<Vec<_>, _>>();
+        Ok(match self {
+            Self::Tensor(t) => IValue::Tensor(f(t)?),
+            Self::Tuple(items) => IValue::Tuple(list(items)?),
+            Self::List(items) => typed_list(list(items)?),
+            Self::Int(v) => IValue::Int(*v),
+            Self::Float(v) => IValue::Double(*v),
+            Self::Bool(v) => IValue::Bool(*v),
+            Self::Str(s) => IValue::String(s.clone()),
+            Self::None => IValue::None,
+        })
+    }
+
+    /// A value sharing the tensors' memory.
+    pub fn shallow(&self) -> Result<IValue, ExecError> {
+        self.to_ivalue(&mut |t| Ok(t.shallow_clone()))
+    }
+
+    fn for_each_tensor(&self, f: &mut impl FnMut(&Tensor)) {
+        match self {
+            Self::Tensor(t) => f(t),
+            Self::Tuple(items) | Self::List(items) => items.iter().for_each(|a| a.for_each_tensor(f)),
+            _ => {}
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Self::Tensor(t) => match dtype_of(t.kind()) {
+                Ok(dtype) => format!("a {}{:?} tensor", dtype.name(), t.size()),
+                Err(_) => format!("a {:?}{:?} tensor", t.kind(), t.size()),
+            },
+            Self::Tuple(items) => format!("a tuple of {}", items.len()),
+            Self::List(items) => format!("a list of {}", items.len()),
+            Self::Int(_) => "an int".into(),
+            Self::Float(_) => "a float".into(),
+            Self::Bool(_) => "a bool".into(),
+            Self::Str(_) => "a string".into(),
+            Self::None => "None".into(),
+        }
+    }
+
+    /// Checks that `value` (a replacement, its tensors described by `tensors`) has this
+    /// activation's structure, dtypes and shapes; `path` names the part being checked.
+    fn check(&self, value: &Value, tensors: &[TensorDesc], path: &mut String) -> Result<(), BreakpointError> {
+        let mismatch = |got: String, path: &str| {
+            BreakpointError::Mismatch(format!("{path} is {got} where {} was parked", self.describe()))
+        };
+        let items = |parked: &[Activation], values: &[Value], path: &mut String| {
+            if parked.len() != values.len() {
+                return Err(mismatch(format!("{} of {}", value_kind(value), values.len()), path));
+            }
+            for (i, (a, v)) in parked.iter().zip(values).enumerate() {
+                let len = path.len();
+                path.push_str(&format!("[{i}]"));
+                a.check(v, tensors, path)?;
+                path.truncate(len);
+            }
+            Ok(())
+        };
+        match (self, value) {
+            (Self::Tensor(t), Value::Tensor(i)) => {
+                let shape: Vec<u64> = t.size().iter().map(|&d| d as u64).collect();
+                match tensors.get(*i as usize) {
+                    Some(d) if dtype_of(t.kind()).is_ok_and(|k| k == d.dtype) && d.shape == shape => Ok(()),
+                    Some(d) => Err(mismatch(format!("a {}{:?} tensor", d.dtype.name(), d.shape), path)),
+                    None => Err(mismatch(format!("tensor {i}, which the request does not carry"), path)),
+                }
+            }
+            (Self::Tensor(_), Value::Handle(_)) => {
+                Err(mismatch("a kept tensor (a replacement's tensors travel with the resume)".into(), path))
+            }
+            (Self::Tuple(parked), Value::Tuple(values)) | (Self::List(parked), Value::List(values)) => {
+                items(parked, values, path)
+            }
+            (Self::Int(_), Value::Int(_))
+            | (Self::Float(_), Value::Float(_))
+            | (Self::Bool(_), Value::Bool(_))
+            | (Self::Str(_), Value::Str(_))
+            | (Self::None, Value::None) => Ok(()),
+            (_, other) => Err(mismatch(value_kind(other).into(), path)),
+        }
+    }
+}
+
+fn value_kind(v: &Value) -> &'static str {
+    match v {
+        Value::None => "None",
+        Value::Tensor(_) | Value::Handle(_) => "a tensor",
+        Value::Int(_) => "an int",
+        Value::Float(_) => "a float",
+        Value::Bool(_) => "a bool",
+        Value::Str(_) => "a string",
+        Value::Tuple(_) => "a tuple",
+        Value::List(_) => "a list",
+        Value::Dict(_) => "a dict",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use djinn_dataplane::proto::DType;
+
+    fn desc(dtype: DType, shape: &[u64]) -> TensorDesc {
+        TensorDesc::new(dtype, shape.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn breakpoints_lie_between_the_first_block_run_and_the_last() {
+        assert_eq!(check_breakpoint(0, 0, 4).unwrap(), 0);
+        assert_eq!(check_breakpoint(2, 0, 4).unwrap(), 2);
+        assert!(check_breakpoint(3, 0, 4).unwrap_err().to_string().contains("the last"));
+        assert!(check_breakpoint(1, 2, 4).unwrap_err().to_string().contains("starts at block 2"));
+        assert!(check_breakpoint(0, 0, 1).unwrap_err().to_string().contains("one block"));
+    }
+
+    #[test]
+    fn a_replacement_must_have_the_parked_structure_shapes_and_dtypes() {
+        let parked = IValue::Tuple(vec![
+            IValue::Tensor(Tensor::zeros([2, 3], (tch::Kind::Float, tch::Device::Cpu))),
+            IValue::Int(4),
+        ]);
+        let parked = Activation::of(parked, &mut |t| Ok(t)).unwrap();
+        let check = |value: &Value, tensors: &[TensorDesc]| parked.check(value, tensors, &mut "activation".into());
+        let good = Value::Tuple(vec![Value::Tensor(0), Value::Int(9)]);
+        check(&good, &[desc(DType::F32, &[2, 3])]).unwrap();
+        let e = check(&good, &[desc(DType::F32, &[3, 2])]).unwrap_err().to_string();
+        assert!(e.contains("activation[0] is a f32[3, 2] tensor where a f32[2, 3] tensor was parked"), "{e}");
+        let e = check(&good, &[desc(DType::F16, &[2, 3])]).unwrap_err().to_string();
+        assert!(e.contains("f16"), "{e}");
+        let e = check(&Value::Tensor(0), &[desc(DType::F32, &[2, 3])]).unwrap_err().to_string();
+        assert!(e.contains("activation is a tensor where a tuple of 2 was parked"), "{e}");
+        let e = check(&Value::Tuple(vec![Value::Tensor(0)]), &[desc(DType::F32, &[2, 3])]).unwrap_err().to_string();
+        assert!(e.contains("activation is a tuple of 1 where a tuple of 2 was parked"), "{e}");
+        let e = check(&Value::Tuple(vec![Value::Tensor(0), Value::Float(1.0)]), &[desc(DType::F32, &[2, 3])])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("activation[1] is a float where an int was parked"), "{e}");
+    }
+}
