@@ -6,6 +6,7 @@
     y = rm(x)                                     # sends only the fingerprint and x
     h = rm(x, keep=True)                          # the output stays on the node: a RemoteTensor
     z = rm2(h).cpu()                              # h is used where it is, without crossing the network
+    p = rm.run_until(2, x)                        # stop after block 2: p.activation, p.resume(...), p.abort()
 
 A model is an ordered list of TorchScript blocks: `nn.Sequential` becomes one block per
 layer, and any model can be split with `blocks=[...]` (submodules or callables, in execution
@@ -29,6 +30,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from . import _native
 from ._native import (
     BadArchiveError,
+    BreakpointError,
     ControlPlaneError,
     DjinnError,
     ExecutionError,
@@ -44,6 +46,7 @@ from ._native import (
 __all__ = [
     "BadArchiveError",
     "BlockMismatchError",
+    "BreakpointError",
     "Client",
     "ControlPlaneError",
     "DjinnError",
@@ -51,6 +54,7 @@ __all__ = [
     "HandleLostError",
     "NotFoundError",
     "OverBudgetError",
+    "Paused",
     "RemoteError",
     "RemoteModel",
     "RemoteTensor",
@@ -346,6 +350,24 @@ class RemoteModel:
         lists and dicts of them). RemoteTensor inputs are used where they are kept: the call
         runs on their node (which gets the model if it lacks it). With `keep=True` the output
         tensors stay on the node and come back as RemoteTensors."""
+        wire_inputs, specs, at = self._inputs(inputs)
+        out = self._client._native.execute(self.fingerprint, wire_inputs, specs, keep, at)
+        return _unflatten(out, self._client)
+
+    def run_until(self, block: int, *inputs, keep: bool = False, fetch: bool = True) -> "Paused":
+        """Runs blocks 0..`block` of the model on `inputs` (as a call does) and stops there:
+        the request waits on the node, with block `block`'s output (the activation) kept in its
+        device memory. `fetch=False` leaves the activation there until `.activation` is read.
+        See `Paused`."""
+        wire_inputs, specs, at = self._inputs(inputs)
+        parked, activation = self._client._native.execute_until(
+            self.fingerprint, wire_inputs, specs, int(block), fetch, keep, at
+        )
+        return Paused(self._client, parked, int(block), activation, fetch)
+
+    def _inputs(self, inputs: tuple) -> tuple:
+        """The wire form of `inputs`, the specs of their tensors, and the node of their
+        RemoteTensors (None when there are none)."""
         tensors: list[torch.Tensor] = []
         nodes: list[str] = []
         wire_inputs = [_flatten(v, tensors, nodes) for v in inputs]
@@ -353,9 +375,7 @@ class RemoteModel:
             raise DjinnError(
                 f"the RemoteTensor inputs are on several nodes ({', '.join(sorted(set(nodes)))}): push them to one first"
             )
-        at = nodes[0] if nodes else None
-        out = self._client._native.execute(self.fingerprint, wire_inputs, [_spec(t) for t in tensors], keep, at)
-        return _unflatten(out, self._client)
+        return wire_inputs, [_spec(t) for t in tensors], nodes[0] if nodes else None
 
     def session(self, *state: torch.Tensor, reserve: int = 0) -> "Session":
         """Opens a session of this model on its node, with `state` as its initial state. See
@@ -409,14 +429,29 @@ class Session:
 
     def step(self, *inputs):
         """Runs the model on `inputs` and the session's state; returns the outputs."""
+        wire_inputs, specs = self._inputs(inputs)
+        out = self._client._native.session_step(self._native, wire_inputs, specs)
+        return _unflatten(out, self._client)
+
+    def step_until(self, block: int, *inputs, fetch: bool = True) -> "Paused":
+        """A step stopped after block `block` (see `Paused`): its activation includes the
+        state as the blocks pass it on. Resumed to its end, the step returns its outputs and
+        the new state stays on the node; aborted, the state stays as it was. The session's
+        later steps and signals wait until then."""
+        wire_inputs, specs = self._inputs(inputs)
+        parked, activation = self._client._native.session_step_until(
+            self._native, wire_inputs, specs, int(block), fetch
+        )
+        return Paused(self._client, parked, int(block), activation, fetch)
+
+    def _inputs(self, inputs: tuple) -> tuple:
         self._check()
         tensors: list[torch.Tensor] = []
         nodes: list[str] = []
         wire_inputs = [_flatten(v, tensors, nodes) for v in inputs]
         if any(n != self.node for n in nodes):
             raise DjinnError(f"RemoteTensor inputs of a session must be on its node ({self.node})")
-        out = self._client._native.session_step(self._native, wire_inputs, [_spec(t) for t in tensors])
-        return _unflatten(out, self._client)
+        return wire_inputs, [_spec(t) for t in tensors]
 
     def io_wait(self, expected_ms: Optional[int] = None) -> None:
         """The agent waits on something else (a tool, a user), for about `expected_ms` when
@@ -458,6 +493,94 @@ class Session:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"on {self.node}"
         return f"Session({self.model.fingerprint[:16]}…, {state})"
+
+
+class Paused:
+    """A run of a remote model stopped after block `block`: the request waits on its node,
+    holding no worker, with that block's output (the activation) kept in device memory.
+
+        p = rm.run_until(2, x)     # blocks 0, 1, 2 run
+        a = p.activation           # block 2's output: a tensor, or a tuple if the block returns several
+        y = p.resume()             # blocks 3.. run on the kept activation; y is what rm(x) returns
+        y = p.resume(a + delta)    # ... or on a replacement of the same structure, shapes and dtypes
+        q = p.resume(until=5)      # ... or stop again after block 5 (a new Paused)
+        p.abort()                  # ... or drop it
+
+    A Paused is resumed or aborted once; a resume whose blocks fail (ExecutionError) or whose
+    replacement does not match (BreakpointError) leaves it parked, to try again. The node
+    releases a request parked longer than its `--parked-ttl`, and one dropped here unresumed
+    is aborted with the client's next call."""
+
+    __slots__ = ("block", "_client", "_native", "_activation", "_fetched", "_done")
+
+    def __init__(self, client: Client, native, block: int, activation, fetched: bool):
+        self.block = block
+        self._client = client
+        self._native = native
+        self._activation = _unflatten(activation, client) if fetched else None
+        self._fetched = fetched
+        self._done = False
+
+    @property
+    def node(self) -> str:
+        """The address of the node the request is parked on."""
+        return self._native.node
+
+    @property
+    def activation(self):
+        """Block `block`'s output, as the next block receives it (fetched from the node on
+        first use when `run_until(..., fetch=False)`)."""
+        if not self._fetched:
+            self._check()
+            self._activation = _unflatten(self._client._native.inspect(self._native), self._client)
+            self._fetched = True
+        return self._activation
+
+    def resume(self, activation=None, until: Optional[int] = None, fetch: bool = True):
+        """Runs the remaining blocks, on the kept activation or on `activation`, and returns
+        the model's output; with `until`, stops again after that block and returns a new
+        Paused (`fetch` as for `run_until`)."""
+        self._check()
+        tensors: list[torch.Tensor] = []
+        nodes: list[str] = []
+        wire = None if activation is None else _flatten(activation, tensors, nodes)
+        if nodes:
+            raise DjinnError("a replacement activation is made of tensors sent with the resume, not RemoteTensors")
+        try:
+            parked, out = self._client._native.resume(
+                self._native, wire, [_spec(t) for t in tensors], None if until is None else int(until), fetch
+            )
+        except (NotFoundError, StaleHandleError, HandleLostError):
+            self._done = True
+            raise
+        self._done = True
+        if parked is None:
+            return _unflatten(out, self._client)
+        return Paused(self._client, parked, int(until), out, fetch)
+
+    def abort(self) -> None:
+        """Drops the request (a session step's state stays as it was before the step)."""
+        if not self._done:
+            self._done = True
+            try:
+                self._client._native.abort(self._native)
+            except (NotFoundError, HandleLostError):
+                pass
+
+    def _check(self) -> None:
+        if self._done:
+            raise DjinnError(f"{self!r} was resumed or aborted already")
+
+    def __del__(self):
+        if not getattr(self, "_done", True):
+            try:
+                self._client._native.abort_later(self._native)
+            except Exception:  # interpreter shutdown: the node's --parked-ttl releases it
+                pass
+
+    def __repr__(self) -> str:
+        state = "done" if self._done else f"parked on {self.node}"
+        return f"Paused(after block {self.block}, {state})"
 
 
 def _spec(t: torch.Tensor) -> tuple:

@@ -162,11 +162,60 @@ class CachedGPT(nn.Module):
             x = layer.cached(x, cache[i, 0], cache[i, 1], positions)
         return self.head(x[:, -1]), cache, position + tokens.size(1)
 
+    def blocks(self) -> list:
+        """The same computation as blocks (embedding, each layer, head), each taking and
+        returning `(x, cache, position)`, so that a session step can stop between them."""
+        return [
+            CachedEmbedding(self.embedding),
+            *(CachedLayer(layer, i) for i, layer in enumerate(self.layers)),
+            CachedHead(self.head),
+        ]
+
     def empty_state(self, batch: int = 1, length: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
         """An empty cache for `length` tokens (by default the model's context) and position 0."""
         c = self.config
         cache = torch.zeros(c.layers, 2, batch, c.heads, length or c.context, c.width // c.heads)
         return cache, torch.zeros(1, dtype=torch.int64)
+
+
+def _positions(x: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    return position + torch.arange(x.size(1), device=x.device)
+
+
+class CachedEmbedding(nn.Module):
+    def __init__(self, embedding: Embedding):
+        super().__init__()
+        self.embedding = embedding
+
+    def forward(
+        self, tokens: torch.Tensor, cache: torch.Tensor, position: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        x = self.embedding.token(tokens) + self.embedding.position(_positions(tokens, position))
+        return x, cache, position
+
+
+class CachedLayer(nn.Module):
+    def __init__(self, layer: Layer, index: int):
+        super().__init__()
+        self.layer = layer
+        self.index = index
+
+    def forward(
+        self, x: torch.Tensor, cache: torch.Tensor, position: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        kv = cache[self.index]
+        return self.layer.cached(x, kv[0], kv[1], _positions(x, position)), cache, position
+
+
+class CachedHead(nn.Module):
+    def __init__(self, head: Head):
+        super().__init__()
+        self.head = head
+
+    def forward(
+        self, x: torch.Tensor, cache: torch.Tensor, position: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.head(x[:, -1]), cache, position + x.size(1)
 
 
 def greedy(step: Callable[[torch.Tensor], torch.Tensor], prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:

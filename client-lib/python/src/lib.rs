@@ -8,9 +8,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use djinn_client::{
-    Archive, BlockEstimate, ClientError, ClientOptions, ClusterClient, ClusterError, DType, ErrorCode, FailoverOptions,
-    Fingerprint, Handle, HandleInfo, ModelDescription, Output, RemoteSession, RemoteTensor, Signal, Target, Tensor,
-    TensorDesc, TensorRef, Value,
+    Archive, BlockEstimate, Breakpoint, ClientError, ClientOptions, ClusterClient, ClusterError, DType, ErrorCode,
+    FailoverOptions, Fingerprint, Handle, HandleInfo, ModelDescription, Output, Paused, RemoteParked, RemoteSession,
+    RemoteTensor, Resumed, Signal, Target, Tensor, TensorDesc, TensorRef, Value,
 };
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
@@ -46,6 +46,12 @@ create_exception!(
 );
 create_exception!(
     _native,
+    BreakpointError,
+    RemoteError,
+    "A breakpoint outside the run, or a replacement activation unlike the parked one (the request stays parked)."
+);
+create_exception!(
+    _native,
     HandleLostError,
     TransportError,
     "The node holding the kept tensor or the session cannot be reached: they are lost with it."
@@ -69,6 +75,7 @@ fn to_py_err(e: ClusterError) -> PyErr {
                 ErrorCode::OverBudget => OverBudgetError::new_err(message),
                 ErrorCode::NotFound => NotFoundError::new_err(message),
                 ErrorCode::StaleHandle => StaleHandleError::new_err(message),
+                ErrorCode::BadBreakpoint => BreakpointError::new_err(message),
                 _ => RemoteError::new_err(e.to_string()),
             }
         }
@@ -193,6 +200,42 @@ impl Session {
     }
 }
 
+/// A request parked at a breakpoint on a node: which node, and its handle there.
+#[pyclass(frozen, module = "djinn._native")]
+struct Parked(RemoteParked);
+
+#[pymethods]
+impl Parked {
+    #[getter]
+    fn node(&self) -> &str {
+        &self.0.node
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Parked(node={:?}, id={})", self.0.node, self.0.parked.id)
+    }
+}
+
+/// A parked request and its activation (None when it was not asked for), for Python.
+fn paused_to_py<'py>(py: Python<'py>, paused: Paused, node: &str) -> PyResult<(Parked, Bound<'py, PyAny>)> {
+    let parked = Parked(RemoteParked { node: node.to_owned(), parked: paused.parked });
+    Ok((parked, activation_to_py(py, paused.activation, node)?))
+}
+
+fn activation_to_py<'py>(py: Python<'py>, activation: Option<Output>, node: &str) -> PyResult<Bound<'py, PyAny>> {
+    match activation {
+        Some(output) => {
+            let output = Arc::new(output);
+            value_to_py(py, &output.value, &output, node)
+        }
+        None => Ok(py.None().into_bound(py)),
+    }
+}
+
+fn breakpoint(block: u32, send_activation: bool) -> Breakpoint {
+    Breakpoint { block, send_activation }
+}
+
 /// A tensor fetched from a node: a writable buffer over the received bytes.
 #[pyclass(module = "djinn._native")]
 struct Fetched {
@@ -304,6 +347,8 @@ struct Client {
     unreleased: Mutex<Vec<(String, Handle)>>,
     /// Sessions dropped by Python without being closed, to close with the next call.
     unclosed: Mutex<Vec<RemoteSession>>,
+    /// Parked requests dropped by Python without being resumed, to abort with the next call.
+    unaborted: Mutex<Vec<RemoteParked>>,
 }
 
 impl Client {
@@ -320,6 +365,10 @@ impl Client {
             // Likewise: a session on a live node that this misses is closed after the node's
             // --session-idle-timeout.
             let _ = client.session_close(&session);
+        }
+        for parked in std::mem::take(&mut *self.unaborted.lock().unwrap_or_else(|e| e.into_inner())) {
+            // Likewise: the node releases it after its --parked-ttl.
+            let _ = client.abort(&parked);
         }
         client
     }
@@ -388,7 +437,13 @@ impl Client {
         };
         let failover = FailoverOptions { deadline: Duration::from_secs_f64(failover.max(0.0)), ..Default::default() };
         let client = py.detach(|| ClusterClient::open(&address, options, failover)).map_err(to_py_err)?;
-        Ok(Self { inner: Mutex::new(client), address, unreleased: Mutex::default(), unclosed: Mutex::default() })
+        Ok(Self {
+            inner: Mutex::new(client),
+            address,
+            unreleased: Mutex::default(),
+            unclosed: Mutex::default(),
+            unaborted: Mutex::default(),
+        })
     }
 
     /// "control" or "node".
@@ -458,6 +513,97 @@ impl Client {
             .map_err(to_py_err)?;
         let output = Arc::new(output);
         value_to_py(py, &output.value, &output, &node)
+    }
+
+    /// Runs a model (as `execute`) up to block `block` and parks the request on the node.
+    /// Returns the parked request and the activation (block `block`'s output) when
+    /// `send_activation`, else None.
+    #[pyo3(signature = (fingerprint, inputs, tensors, block, send_activation = true, keep = false, at = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn execute_until<'py>(
+        &self,
+        py: Python<'py>,
+        fingerprint: &str,
+        inputs: Vec<Bound<'py, PyAny>>,
+        tensors: Vec<(String, Vec<u64>, usize, usize)>,
+        block: u32,
+        send_activation: bool,
+        keep: bool,
+        at: Option<String>,
+    ) -> PyResult<(Parked, Bound<'py, PyAny>)> {
+        let fingerprint = parse_fingerprint(fingerprint)?;
+        let inputs = inputs.iter().map(value_from_py).collect::<PyResult<Vec<_>>>()?;
+        let refs = tensors.iter().map(tensor_ref).collect::<PyResult<Vec<_>>>()?;
+        let until = breakpoint(block, send_activation);
+        let (paused, node) = py
+            .detach(|| self.lock().execute_until(&fingerprint, at.as_deref(), &inputs, &refs, keep, until))
+            .map_err(to_py_err)?;
+        paused_to_py(py, paused, &node)
+    }
+
+    /// A session step (as `session_step`) stopped after block `block`; the session's later
+    /// requests wait until it is resumed to its end or aborted.
+    #[pyo3(signature = (session, inputs, tensors, block, send_activation = true))]
+    fn session_step_until<'py>(
+        &self,
+        py: Python<'py>,
+        session: &Session,
+        inputs: Vec<Bound<'py, PyAny>>,
+        tensors: Vec<(String, Vec<u64>, usize, usize)>,
+        block: u32,
+        send_activation: bool,
+    ) -> PyResult<(Parked, Bound<'py, PyAny>)> {
+        let inputs = inputs.iter().map(value_from_py).collect::<PyResult<Vec<_>>>()?;
+        let refs = tensors.iter().map(tensor_ref).collect::<PyResult<Vec<_>>>()?;
+        let until = breakpoint(block, send_activation);
+        let paused =
+            py.detach(|| self.lock().session_step_until(&session.0, &inputs, &refs, until)).map_err(to_py_err)?;
+        paused_to_py(py, paused, &session.0.node)
+    }
+
+    /// Runs a parked request on, on its activation or on `activation` (nested, with
+    /// `TensorSlot(i)` for `tensors[i]`), to the end or, with `until`, to a later breakpoint.
+    /// Returns (None, output) at the end, or (the new parked request, its activation or None).
+    #[pyo3(signature = (parked, activation = None, tensors = Vec::new(), until = None, send_activation = true))]
+    fn resume<'py>(
+        &self,
+        py: Python<'py>,
+        parked: &Parked,
+        activation: Option<Bound<'py, PyAny>>,
+        tensors: Vec<(String, Vec<u64>, usize, usize)>,
+        until: Option<u32>,
+        send_activation: bool,
+    ) -> PyResult<(Option<Parked>, Bound<'py, PyAny>)> {
+        let value = activation.as_ref().map(value_from_py).transpose()?;
+        let refs = tensors.iter().map(tensor_ref).collect::<PyResult<Vec<_>>>()?;
+        let until = until.map(|block| breakpoint(block, send_activation));
+        let resumed = py
+            .detach(|| self.lock().resume(&parked.0, value.as_ref().map(|v| (v, &refs[..])), until))
+            .map_err(to_py_err)?;
+        let node = &parked.0.node;
+        match resumed {
+            Resumed::Done(output) => Ok((None, activation_to_py(py, Some(output), node)?)),
+            Resumed::Paused(paused) => {
+                let (parked, activation) = paused_to_py(py, paused, node)?;
+                Ok((Some(parked), activation))
+            }
+        }
+    }
+
+    /// A parked request's activation.
+    fn inspect<'py>(&self, py: Python<'py>, parked: &Parked) -> PyResult<Bound<'py, PyAny>> {
+        let paused = py.detach(|| self.lock().inspect(&parked.0)).map_err(to_py_err)?;
+        activation_to_py(py, paused.activation, &parked.0.node)
+    }
+
+    /// Drops a parked request.
+    fn abort(&self, py: Python<'_>, parked: &Parked) -> PyResult<()> {
+        py.detach(|| self.lock().abort(&parked.0)).map_err(to_py_err)
+    }
+
+    /// Aborts a parked request with the next call (for finalisers: never waits).
+    fn abort_later(&self, parked: &Parked) {
+        self.unaborted.lock().unwrap_or_else(|e| e.into_inner()).push(parked.0.clone());
     }
 
     /// Uploads a tensor (dtype, shape, data pointer, byte length, as for `execute`) to be kept
@@ -626,6 +772,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Kept>()?;
     m.add_class::<Fetched>()?;
     m.add_class::<Session>()?;
+    m.add_class::<Parked>()?;
     for (name, ty) in [
         ("DjinnError", py.get_type::<DjinnError>()),
         ("TransportError", py.get_type::<TransportError>()),
@@ -637,6 +784,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         ("NotFoundError", py.get_type::<NotFoundError>()),
         ("StaleHandleError", py.get_type::<StaleHandleError>()),
         ("HandleLostError", py.get_type::<HandleLostError>()),
+        ("BreakpointError", py.get_type::<BreakpointError>()),
         ("ControlPlaneError", py.get_type::<ControlPlaneError>()),
     ] {
         m.add(name, ty)?;
