@@ -33,7 +33,7 @@ pub struct ExecuteArgs {
 }
 
 /// A TorchScript archive made by tracing `f` on `example`.
-fn archive(name: &str, example: &Tensor, f: &mut dyn FnMut(&[Tensor]) -> Vec<Tensor>) -> Result<Vec<u8>> {
+pub(crate) fn archive(name: &str, example: &Tensor, f: &mut dyn FnMut(&[Tensor]) -> Vec<Tensor>) -> Result<Vec<u8>> {
     let module =
         CModule::create_by_tracing(name, "forward", std::slice::from_ref(example), &mut |xs: &[Tensor]| f(xs))?;
     let path = std::env::temp_dir().join(format!("djinn-bench-{name}-{}.pt", std::process::id()));

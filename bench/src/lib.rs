@@ -8,6 +8,7 @@ mod placement;
 mod push;
 mod rdma;
 mod report;
+mod resume;
 mod stream;
 mod tcp;
 
@@ -23,6 +24,7 @@ pub use execute::ExecuteArgs;
 pub use placement::PlacementArgs;
 pub use push::PushArgs;
 pub use rdma::RdmaArgs;
+pub use resume::ResumeArgs;
 pub use stream::StreamArgs;
 pub use tcp::TcpArgs;
 
@@ -50,6 +52,9 @@ pub enum BenchCommand {
     /// steps, exponential tool waits) sharing a session budget of 16: the most agents each
     /// session policy serves within a p99 bound, semantic against LRU in the same run.
     Agents(AgentsArgs),
+    /// Resuming a request parked at a breakpoint (its activation kept on the node) against a
+    /// plain execute of the remaining blocks with the activation sent.
+    Resume(ResumeArgs),
 }
 
 pub fn run(command: BenchCommand) -> Result<()> {
@@ -61,6 +66,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
         BenchCommand::Placement(args) => placement::run(args),
         BenchCommand::Push(args) => push::run(args),
         BenchCommand::Agents(args) => agents::run(args),
+        BenchCommand::Resume(args) => resume::run(args),
     }
 }
 
