@@ -320,6 +320,28 @@ fn bad_input_gets_clear_errors(backing: &Backing) {
     error("PUT", &format!("/v1/models/{}", fingerprint(1)), Some("{\"blocks\": []}"), 400, "no_blocks");
     error("PUT", "/v1/models/xyz", Some("{\"blocks\": [{\"weight_bytes\": 1, \"flops\": 1}]}"), 400, "bad_request");
     error("GET", &format!("/v1/models/{}", fingerprint(2)), None, 404, "unknown_model");
+    // A captured graph's annotations are typed: an unknown phase or a negative FLOP count is
+    // refused; good ones are kept with the record.
+    let graph = |phase: &str, flops: f64| {
+        json!({
+            "blocks": [{"weight_bytes": 0, "flops": 1}],
+            "graph": {"phase": phase, "modality": "text", "operations": 3, "attention": 1, "flops": flops,
+                      "weight_bytes": 1, "kv_cache_bytes": 2, "activation_bytes": 3}
+        })
+        .to_string()
+    };
+    error("PUT", &format!("/v1/models/{}", fingerprint(5)), Some(&graph("warmup", 1.0)), 400, "bad_request");
+    error("PUT", &format!("/v1/models/{}", fingerprint(5)), Some(&graph("decode", -1.0)), 400, "bad_request");
+    control.ok(
+        "PUT",
+        &format!("/v1/models/{}", fingerprint(5)),
+        Some(serde_json::from_str(&graph("decode", 2.0)).unwrap()),
+    );
+    let record = control.ok("GET", &format!("/v1/models/{}", fingerprint(5)), None);
+    assert_eq!(
+        (record["graph"]["phase"].as_str(), record["graph"]["kv_cache_bytes"].as_u64()),
+        (Some("decode"), Some(2))
+    );
     let place = |fp: String, policy: &str| json!({ "fingerprint": fp, "policy": policy }).to_string();
     error("POST", "/v1/placements", Some(&place(fingerprint(2), "minimize_latency")), 404, "unknown_model");
     control.describe(&fingerprint(3), 1, 4096, 1.0);

@@ -380,6 +380,7 @@ impl ClusterClient {
                 .collect(),
             io_bytes: 0,
             phase: None,
+            graph: None,
         });
         if let Target::Control(control) = &self.target {
             control.describe_model(&fingerprint, &description)?;

@@ -27,6 +27,26 @@ pub struct ModelDescription {
     /// `prefill` (compute-bound) or `decode` (bound by reading the weights), when known.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
+    /// For a graph captured by the Python package: what its semantic graph says of it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub graph: Option<GraphAnnotations>,
+}
+
+/// A captured graph's annotations, found by pattern recognition on its operations.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GraphAnnotations {
+    /// `prefill`, `decode`, `vision` or `forward`.
+    pub phase: String,
+    /// `text`, `vision`, `multimodal` or `tensor`.
+    pub modality: String,
+    pub operations: u64,
+    /// Attention blocks recognised.
+    pub attention: u64,
+    pub flops: f64,
+    /// Bytes of the graph's inputs by residency.
+    pub weight_bytes: u64,
+    pub kv_cache_bytes: u64,
+    pub activation_bytes: u64,
 }
 
 /// Where the control plane put a model (or a session), and its explanation.

@@ -19,4 +19,7 @@ pub mod store;
 pub use cluster::{Cluster, Decision, PlaceError, PlaceRequest, Rule};
 pub use membership::{Inventory, LeaseId, Member, Membership, MembershipError, NodeId};
 pub use placement::{Block, Bound, Cost, Demand, Fit, Phase, Policy};
-pub use service::{ClusterStatus, ControlConfig, ControlError, ControlPlane, ModelRecord, Placement, Registered};
+pub use service::{
+    ClusterStatus, ControlConfig, ControlError, ControlPlane, GraphAnnotations, GraphPhase, Modality, ModelRecord,
+    Placement, Registered,
+};

@@ -40,6 +40,44 @@ pub struct ModelRecord {
     pub io_bytes: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<Phase>,
+    /// For a graph captured by the Python package: its semantic graph's annotations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graph: Option<GraphAnnotations>,
+}
+
+/// What a captured graph's semantic graph says of it, as the client found it by pattern
+/// recognition: kept with the model's record and shown by `GET /v1/models/{fingerprint}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GraphAnnotations {
+    pub phase: GraphPhase,
+    pub modality: Modality,
+    pub operations: u64,
+    /// Attention blocks recognised.
+    pub attention: u64,
+    pub flops: f64,
+    /// Bytes of the graph's inputs by residency.
+    pub weight_bytes: u64,
+    pub kv_cache_bytes: u64,
+    pub activation_bytes: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GraphPhase {
+    Prefill,
+    Decode,
+    Vision,
+    Forward,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Modality {
+    Text,
+    Vision,
+    Multimodal,
+    Tensor,
 }
 
 /// A request for a place to run a described model.
@@ -171,6 +209,9 @@ fn check_model(record: &ModelRecord) -> Result<(), ControlError> {
     }
     if record.blocks.iter().try_fold(0u64, |sum, b| sum.checked_add(b.weight_bytes)).is_none() {
         return Err(ControlError::BadRequest("the blocks' weight bytes overflow".into()));
+    }
+    if record.graph.as_ref().is_some_and(|g| !g.flops.is_finite() || g.flops < 0.0) {
+        return Err(ControlError::BadRequest("a graph's flops must be a finite number ≥ 0".into()));
     }
     Ok(())
 }

@@ -62,6 +62,10 @@ __all__ = [
     "StaleHandleError",
     "TransportError",
     "UnknownModelError",
+    "UnsupportedOperationError",
+    "LazyTensor",
+    "capture",
+    "get_graph",
     "init",
     "register",
     "remote",
@@ -128,8 +132,12 @@ class Client:
     def stats(self) -> dict:
         """Transports in use, how the nodes' device memory meets the network (`memory_path`:
         "staging", through host memory), bytes sent and received, request counts, and failover
-        counts (placements asked, node failures, re-registrations, replays)."""
-        return self._native.stats()
+        counts (placements asked, node failures, re-registrations, replays), and under
+        `capture` what transparent capture did in this process (operations recorded, graphs
+        built, graph cache hits, graph executions, uploads)."""
+        stats = self._native.stats()
+        stats["capture"] = capture_stats()
+        return stats
 
     def keep(self, tensor: torch.Tensor, node: Optional[str] = None) -> "RemoteTensor":
         """Uploads `tensor` once to be kept in a node's device memory (`node`, by default the
@@ -718,3 +726,7 @@ def remote(model, client: Optional[Client] = None) -> Callable:
     """A callable that registers `model` on its first call (with that call's inputs as the
     example) and runs it remotely from then on."""
     return _LazyRemote(model, client)
+
+
+from .capture import LazyTensor, UnsupportedOperationError, capture, get_graph  # noqa: E402
+from .capture import _copy_stats as capture_stats  # noqa: E402

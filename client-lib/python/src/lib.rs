@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use djinn_client::{
     Archive, BlockEstimate, Breakpoint, ClientError, ClientOptions, ClusterClient, ClusterError, DType, ErrorCode,
-    FailoverOptions, Fingerprint, Handle, HandleInfo, ModelDescription, Output, Paused, RemoteParked, RemoteSession,
-    RemoteTensor, Resumed, Signal, Target, Tensor, TensorDesc, TensorRef, Value,
+    FailoverOptions, Fingerprint, GraphAnnotations, Handle, HandleInfo, ModelDescription, Output, Paused, RemoteParked,
+    RemoteSession, RemoteTensor, Resumed, Signal, Target, Tensor, TensorDesc, TensorRef, Value,
 };
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
@@ -415,10 +415,36 @@ fn description_from_py(d: &Bound<'_, PyDict>) -> PyResult<ModelDescription> {
     let blocks: Vec<(u64, f64)> = d.get_item("blocks")?.ok_or_else(|| PyValueError::new_err("no blocks"))?.extract()?;
     let io_bytes: u64 = d.get_item("io_bytes")?.map(|v| v.extract()).transpose()?.unwrap_or(0);
     let phase: Option<String> = d.get_item("phase")?.map(|v| v.extract()).transpose()?.flatten();
+    let graph = match d.get_item("graph")? {
+        Some(g) if !g.is_none() => Some(graph_from_py(g.cast::<PyDict>()?)?),
+        _ => None,
+    };
     Ok(ModelDescription {
         blocks: blocks.into_iter().map(|(weight_bytes, flops)| BlockEstimate { weight_bytes, flops }).collect(),
         io_bytes,
         phase,
+        graph,
+    })
+}
+
+/// A captured graph's annotations (`SemanticGraph.summary()` in the Python package).
+fn graph_from_py(g: &Bound<'_, PyDict>) -> PyResult<GraphAnnotations> {
+    macro_rules! field {
+        ($name:literal) => {
+            g.get_item($name)?
+                .ok_or_else(|| PyValueError::new_err(concat!("graph annotations without ", $name)))?
+                .extract()?
+        };
+    }
+    Ok(GraphAnnotations {
+        phase: field!("phase"),
+        modality: field!("modality"),
+        operations: field!("operations"),
+        attention: field!("attention"),
+        flops: field!("flops"),
+        weight_bytes: field!("weight_bytes"),
+        kv_cache_bytes: field!("kv_cache_bytes"),
+        activation_bytes: field!("activation_bytes"),
     })
 }
 

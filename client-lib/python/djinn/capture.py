@@ -1,0 +1,800 @@
+"""Transparent capture: tensors on `remote_accelerator:N` record aten operations instead of
+running them, and reading one (`.cpu()`, `.item()`, printing, comparing with a local tensor)
+runs the recorded graph on node N.
+
+    model.to("remote_accelerator:0")            # the weights are uploaded once, kept on the node
+    y = model(x)                                 # recorded: a LazyTensor, nothing has run
+    y.cpu()                                      # the graph that makes y runs on the node
+
+How it works, in order:
+- `remote_accelerator` is PyTorch's PrivateUse1 backend, renamed. Factory functions with that
+  device reach kernels registered here for it; every other operation on a LazyTensor reaches
+  `LazyTensor.__torch_dispatch__`, below autograd, as an aten operation.
+- Each operation runs on the meta device to learn its outputs' shapes, dtypes and strides (no
+  data), and is recorded: its function, its arguments with values in place of tensors, and the
+  storage it writes. Views share their base's storage; an in-place operation is appended to
+  its storage's writes. A local tensor operand is copied (as it is now) and becomes an input.
+- Reading a tensor gathers the operations it depends on (their inputs', recursively, and every
+  write to a storage they read), in recording order, and writes them out as a TorchScript
+  function of the inputs. The source text is the graph's structure: a graph seen before is a
+  dictionary look-up away from its fingerprint on the node; a new one is compiled, checked
+  (each aten call must have resolved to the overload recorded) and registered once.
+- Copying a local tensor into a fresh remote one (`.to("remote_accelerator:0")`, which is what
+  `module.to` does to each weight) uploads it at once; it stays on the node and graphs take it
+  by handle. Random operations run at once too and their result is kept on the node, so that
+  every later read sees the same numbers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+import linecache
+import threading
+import warnings
+import weakref
+from typing import Any, List, Optional
+
+import torch
+
+from . import (
+    DjinnError,
+    RemoteModel,
+    RemoteTensor,
+    _archive,
+    _client,
+    _flatten,
+    _native,
+    _spec,
+    _unflatten,
+)
+from .srg import SemanticGraph, annotate
+
+DEVICE_TYPE = "remote_accelerator"
+
+aten = torch.ops.aten
+
+
+class UnsupportedOperationError(DjinnError, NotImplementedError):
+    """An operation on remote tensors that capture cannot record or the node cannot run."""
+
+
+class _Storage:
+    """The memory behind a base tensor and its views, as the recording sees it: the writes
+    made to it, in order, and the live LazyTensors that view it."""
+
+    __slots__ = ("index", "writes", "tensors", "__weakref__")
+
+    def __init__(self, index: int):
+        self.index = index
+        self.writes: list[_Op] = []
+        self.tensors: weakref.WeakSet = weakref.WeakSet()
+
+
+class _Value:
+    """A tensor of the recording: output `path` of `op`, or a leaf (`op` None) whose data is
+    `leaf`, a local tensor sent with the graph or a RemoteTensor kept on the node."""
+
+    __slots__ = ("op", "path", "meta", "storage", "leaf")
+
+    def __init__(self, op, path, meta: torch.Tensor, storage: _Storage, leaf=None):
+        self.op = op
+        self.path = path
+        self.meta = meta
+        self.storage = storage
+        self.leaf = leaf
+
+
+class _Op:
+    """One recorded aten call. `args`/`kwargs` hold _Values where tensors were and `_DEVICE`
+    where the remote device was."""
+
+    __slots__ = ("seq", "func", "args", "kwargs", "inputs", "out")
+
+    def __init__(self, seq: int, func, args, kwargs, inputs: list, out):
+        self.seq = seq
+        self.func = func
+        self.args = args
+        self.kwargs = kwargs
+        self.inputs = inputs
+        # What the call returned on the meta device.
+        self.out = out
+
+
+class _DeviceArg:
+    def __repr__(self) -> str:
+        return "dev"
+
+
+_DEVICE = _DeviceArg()
+
+_lock = threading.RLock()
+_seq = itertools.count()
+_counters = {
+    "ops_captured": 0,
+    "graphs_built": 0,
+    "graph_cache_hits": 0,
+    "graph_executions": 0,
+    "uploads": 0,
+    "random_results_kept": 0,
+    "state_kept": 0,
+}
+_last_graph: Optional[SemanticGraph] = None
+# A storage written this many times is computed and kept on the node, so that graphs stay short
+# however often a buffer is updated in place.
+_MAX_WRITES = 64
+
+# Results that are read from the data, not computed: the graph that makes their operands runs
+# on the node, then these run on the fetched values.
+_READS = {
+    aten._local_scalar_dense.default,
+    aten.equal.default,
+    aten.is_nonzero.default,
+    aten.allclose.default,
+}
+_EMPTY = {aten.empty, aten.empty_strided}
+_RANDOM_WORDS = ("rand", "normal", "bernoulli", "dropout", "uniform", "exponential", "cauchy", "geometric",
+                 "multinomial", "poisson", "rrelu", "random", "binomial", "gamma", "dirichlet")
+
+
+def _is_random(func) -> bool:
+    """Draws random numbers. (PyTorch also tags attention kernels that take a dropout
+    probability as seeded; recomputed, they give the same result.)"""
+    name = func.overloadpacket.__name__
+    return torch.Tag.nondeterministic_seeded in func.tags and any(w in name for w in _RANDOM_WORDS)
+
+
+def _copy_stats() -> dict:
+    with _lock:
+        return dict(_counters)
+
+
+# ---------------------------------------------------------------------------------------------
+# The tensor
+
+
+class LazyTensor(torch.Tensor):
+    """A tensor on `remote_accelerator:N`: its value is the recorded graph that makes it.
+    Reading it (`.cpu()`, `.item()`, `.tolist()`, `.numpy()`, printing, comparing it with a
+    local tensor) runs that graph on node N."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @staticmethod
+    def __new__(cls, value: _Value):
+        meta = value.meta
+        t = torch.Tensor._make_wrapper_subclass(
+            cls,
+            meta.shape,
+            strides=meta.stride(),
+            storage_offset=meta.storage_offset(),
+            dtype=meta.dtype,
+            device=torch.device(DEVICE_TYPE, value.storage.index),
+            requires_grad=False,
+        )
+        t._value = value
+        value.storage.tensors.add(t)
+        return t
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        with _lock:
+            return _dispatch(func, args, kwargs or {})
+
+    def __repr__(self, *, tensor_contents=None) -> str:
+        text = repr(self.cpu().detach())
+        return f"{text[:-1]}, device='{self.device}')"
+
+    def tolist(self):
+        return self.cpu().tolist()
+
+    def numpy(self, *, force: bool = False):
+        return self.cpu().detach().numpy()
+
+
+def _walk(value, fn):
+    """`value` with `fn` applied to every leaf of its tuples, lists and dicts."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(_walk(v, fn) for v in value)
+    if isinstance(value, dict):
+        return {k: _walk(v, fn) for k, v in value.items()}
+    return fn(value)
+
+
+def _leaves(value, out: list) -> list:
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            _leaves(v, out)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _leaves(v, out)
+    else:
+        out.append(value)
+    return out
+
+
+def _is_remote(device) -> bool:
+    return device is not None and torch.device(device).type == DEVICE_TYPE
+
+
+def _device_index(args, kwargs) -> int:
+    """The one remote device the operands are on (as eager PyTorch refuses mixed devices)."""
+    indices = {t.device.index or 0 for t in _leaves((args, kwargs), []) if isinstance(t, LazyTensor)}
+    device = kwargs.get("device")
+    if _is_remote(device):
+        indices.add(torch.device(device).index or 0)
+    if len(indices) > 1:
+        raise DjinnError(f"operands on several remote devices ({', '.join(f'{DEVICE_TYPE}:{i}' for i in sorted(indices))})")
+    return indices.pop() if indices else 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Recording
+
+
+def _dispatch(func, args: tuple, kwargs: dict):
+    if func in _READS:
+        return func(*_read(args), **_read(kwargs))
+    if func is aten._to_copy.default and not _is_remote(kwargs.get("device", DEVICE_TYPE)):
+        (source,) = _read(args[:1])
+        return aten._to_copy.default(source, **kwargs)
+    if func is aten.copy_.default:
+        dest, source = args[0], args[1]
+        if not isinstance(dest, LazyTensor):
+            return dest.copy_(*_read((source,)), *args[2:])
+        if not isinstance(source, LazyTensor) and _upload(dest, source):
+            return dest
+    return _record(func, args, kwargs)
+
+
+def _read(values):
+    """`values` with every LazyTensor replaced by its data, computed on its node."""
+    lazies = [v for v in _leaves(values, []) if isinstance(v, LazyTensor)]
+    data = dict(zip(map(id, lazies), _materialize(lazies))) if lazies else {}
+    return _walk(values, lambda v: data[id(v)] if isinstance(v, LazyTensor) else v)
+
+
+def _local_leaf(t: torch.Tensor, index: int) -> _Value:
+    """A local operand as it is now: a contiguous CPU copy, sent with the graph."""
+    data = t.detach().to("cpu", copy=True).contiguous()
+    return _Value(None, (), torch.empty(data.shape, dtype=data.dtype, device="meta"), _Storage(index), data)
+
+
+def _record(func, args: tuple, kwargs: dict):
+    index = _device_index(args, kwargs)
+    schema = func._schema
+    for a in schema.arguments:
+        if a.alias_info is not None and a.alias_info.is_write:
+            target = args[schema.arguments.index(a)] if not a.kwarg_only else kwargs.get(a.name)
+            if isinstance(target, torch.Tensor) and not isinstance(target, LazyTensor):
+                raise UnsupportedOperationError(
+                    f"{func} writes into a local tensor with remote operands: move it to {DEVICE_TYPE}:{index} first"
+                )
+
+    def to_value(v):
+        if isinstance(v, LazyTensor):
+            return v._value
+        if isinstance(v, torch.Tensor):
+            return _local_leaf(v, index)
+        if isinstance(v, torch.device):
+            if _is_remote(v):
+                return _DEVICE
+            raise UnsupportedOperationError(f"{func}: a device argument {v} in a remote graph")
+        if isinstance(v, torch.Generator):
+            raise UnsupportedOperationError(f"{func}: an explicit generator in a remote graph")
+        if isinstance(v, complex):
+            raise UnsupportedOperationError(f"{func}: complex numbers in a remote graph")
+        return v
+
+    rec_args = _walk(args, to_value)
+    rec_kwargs = {k: _walk(v, to_value) for k, v in kwargs.items()}
+    inputs = [v for v in _leaves((rec_args, rec_kwargs), []) if isinstance(v, _Value)]
+
+    meta_args, meta_kwargs = _meta_args_of(rec_args, rec_kwargs)
+    written = _written(func, rec_args, rec_kwargs)
+    layouts = [(m.shape, m.stride(), m.storage_offset()) for m in (w.meta for w in written)]
+    try:
+        out = func(*meta_args, **meta_kwargs)
+    except Exception as e:  # noqa: BLE001 - whatever the meta kernel raised, named and typed
+        raise UnsupportedOperationError(f"{func} cannot be captured: {str(e).splitlines()[0]}") from e
+    for w, (shape, stride, offset) in zip(written, layouts):
+        if (w.meta.shape, w.meta.stride(), w.meta.storage_offset()) != (shape, stride, offset):
+            w.meta.as_strided_(shape, stride, offset)
+            raise UnsupportedOperationError(f"{func} changes the shape of a remote tensor in place")
+
+    returns = schema.returns
+    op = _Op(next(_seq), func, rec_args, rec_kwargs, inputs, out)
+    for w in written:
+        w.storage.writes.append(op)
+    _counters["ops_captured"] += 1
+
+    created: list[_Storage] = []
+
+    def wrap(meta, path, ret):
+        if not isinstance(meta, torch.Tensor):
+            return meta
+        alias = ret.alias_info
+        if alias is not None:
+            source = _aliased(schema, alias, args, kwargs)
+            if alias.is_write and isinstance(source, LazyTensor):
+                return source
+            if isinstance(source, LazyTensor):
+                return LazyTensor(_Value(op, path, meta, source._value.storage))
+        storage = _Storage(index)
+        created.append(storage)
+        return LazyTensor(_Value(op, path, meta, storage))
+
+    if len(returns) == 1:
+        result = out
+        if isinstance(out, (list, tuple)):
+            result = type(out)(wrap(m, (i,), returns[0]) for i, m in enumerate(out))
+        else:
+            result = wrap(out, (), returns[0])
+    else:
+        result = tuple(
+            type(m)(wrap(x, (i, j), r) for j, x in enumerate(m)) if isinstance(m, (list, tuple)) else wrap(m, (i,), r)
+            for i, (m, r) in enumerate(zip(out, returns))
+        )
+
+    if _is_random(func):
+        for storage in {id(x): x for x in [w.storage for w in written] + created}.values():
+            _keep_on_node(storage)
+    else:
+        for w in written:
+            if len(w.storage.writes) > _MAX_WRITES:
+                _keep_on_node(w.storage)
+    return result
+
+
+def _to_meta(v):
+    if isinstance(v, _Value):
+        return v.meta
+    if v is _DEVICE:
+        return torch.device("meta")
+    return v
+
+
+def _meta_args_of(args, kwargs) -> tuple:
+    return _walk(args, _to_meta), {k: _walk(v, _to_meta) for k, v in kwargs.items()}
+
+
+def _meta_args(op: _Op) -> tuple:
+    """An operation's arguments with meta tensors for its values (for cost formulas)."""
+    return _meta_args_of(op.args, op.kwargs)
+
+
+def _written(func, rec_args, rec_kwargs) -> list[_Value]:
+    """The values an operation writes into (its `Tensor(a!)` arguments)."""
+    out = []
+    for i, a in enumerate(func._schema.arguments):
+        if a.alias_info is None or not a.alias_info.is_write:
+            continue
+        v = rec_kwargs.get(a.name) if a.kwarg_only or i >= len(rec_args) else rec_args[i]
+        out.extend(x for x in _leaves(v, []) if isinstance(x, _Value))
+    return out
+
+
+def _aliased(schema, alias, args, kwargs):
+    """The argument an output aliases (the one of its alias set)."""
+    for i, a in enumerate(schema.arguments):
+        if a.alias_info is not None and a.alias_info.before_set & alias.before_set:
+            return kwargs.get(a.name) if a.kwarg_only or i >= len(args) else args[i]
+    return None
+
+
+def _upload(dest: LazyTensor, source: torch.Tensor) -> bool:
+    """`dest.copy_(source)` where `dest` is a fresh remote tensor, the whole of its storage
+    (what `.to("remote_accelerator:N")` does): uploads `source` now, kept on the node."""
+    value = dest._value
+    fresh = (
+        value.op is not None
+        and value.op.func.overloadpacket in _EMPTY
+        and not value.storage.writes
+        and value.path == ()
+        and dest.shape == source.shape
+    )
+    if not fresh:
+        return False
+    data = source.detach().to(dest.dtype).to("cpu").contiguous()
+    kept = _client(None).keep(data, _node_of(value.storage.index))
+    value.op = None
+    value.leaf = kept
+    value.meta = torch.empty(data.shape, dtype=data.dtype, device="meta")
+    _counters["uploads"] += 1
+    return True
+
+
+def _keep_on_node(storage: _Storage) -> None:
+    """Computes `storage` on its node and keeps it there (see `_rebind`)."""
+    tensors = list(storage.tensors)
+    if tensors:
+        flat = _flat(storage, tensors)
+        (kept,) = _run([flat], keep=True)
+        _rebind(storage, tensors, kept)
+        _counters["random_results_kept"] += 1
+
+
+def _flat(storage: _Storage, tensors: list) -> _Value:
+    """The whole of `storage`, as one flat value."""
+    base = tensors[0]._value
+    meta = torch.empty(_extent(tensors), dtype=base.meta.dtype, device="meta")
+    op = _Op(next(_seq), aten.as_strided.default, (base, [meta.numel()], [1], 0), {}, [base], meta)
+    return _Value(op, (), meta, storage)
+
+
+def _rebind(storage: _Storage, tensors: list, kept: RemoteTensor) -> None:
+    """Re-points the live tensors viewing `storage` at `kept`, its contents computed and kept
+    on the node, so that later graphs start from there. The recorded history stays for what
+    read the storage before."""
+    fresh = _Storage(storage.index)
+    leaf = _Value(None, (), torch.empty(kept.shape, dtype=kept.dtype, device="meta"), fresh, kept)
+    for t in tensors:
+        m = t._value.meta
+        size, stride, offset = list(m.shape), list(m.stride()), m.storage_offset()
+        meta = leaf.meta.as_strided(size, stride, offset)
+        op = _Op(next(_seq), aten.as_strided.default, (leaf, size, stride, offset), {}, [leaf], meta)
+        t._value = _Value(op, (), meta, fresh)
+        fresh.tensors.add(t)
+    storage.tensors = weakref.WeakSet()
+
+
+def _extent(tensors) -> int:
+    """Elements of storage that the tensors viewing it reach."""
+    end = 1
+    for t in tensors:
+        m = t._value.meta
+        if m.numel() > 0:
+            end = max(end, m.storage_offset() + 1 + sum((s - 1) * st for s, st in zip(m.shape, m.stride())))
+    return end
+
+
+# ---------------------------------------------------------------------------------------------
+# Factories with device="remote_accelerator:N"
+
+
+def _factory(func):
+    def kernel(*args, **kwargs):
+        with _lock:
+            return _record(func, args, kwargs)
+
+    return kernel
+
+
+_FACTORIES = [
+    aten.empty.memory_format,
+    aten.empty_strided.default,
+    aten.zeros.default,
+    aten.ones.default,
+    aten.full.default,
+    aten.scalar_tensor.default,
+    aten.arange.default,
+    aten.arange.start,
+    aten.arange.start_step,
+    aten.linspace.default,
+    aten.logspace.default,
+    aten.eye.default,
+    aten.eye.m,
+    aten.rand.default,
+    aten.randn.default,
+    aten.randint.default,
+    aten.randint.low,
+    aten.randperm.default,
+]
+
+
+class _DeviceModule:
+    """What PyTorch asks of a backend's module (`torch.remote_accelerator`)."""
+
+    @staticmethod
+    def is_available() -> bool:
+        return True
+
+    @staticmethod
+    def is_initialized() -> bool:
+        return True
+
+    @staticmethod
+    def _is_in_bad_fork() -> bool:
+        return False
+
+    @staticmethod
+    def current_device() -> int:
+        return 0
+
+    @staticmethod
+    def device_count() -> int:
+        return 1
+
+    @staticmethod
+    def manual_seed_all(seed: int) -> None:
+        pass
+
+
+_library = None
+_backend_error: Optional[str] = None
+
+
+def _install_backend() -> None:
+    global _library, _backend_error
+    from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+
+    try:
+        _setup_privateuseone_for_python_backend(rename=DEVICE_TYPE, backend_module=_DeviceModule())
+    except RuntimeError as e:  # another backend took PrivateUse1 first
+        _backend_error = str(e)
+        return
+    _library = torch.library.Library("aten", "IMPL")
+    for func in _FACTORIES:
+        _library.impl(func, _factory(func), "PrivateUse1")
+    _library.impl(aten._copy_from.default, _copy_from, "PrivateUse1")
+
+
+def _copy_from(source: torch.Tensor, dest: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    """A copy into a remote tensor where PyTorch bypasses `__torch_dispatch__` (`torch.tensor(...,
+    device=...)` does)."""
+    with _lock:
+        return _dispatch(aten.copy_.default, (dest, source), {})
+
+
+# ---------------------------------------------------------------------------------------------
+# Running a graph
+
+
+_nodes_of: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _node_of(index: int) -> Optional[str]:
+    """The data-plane address of `remote_accelerator:index`: with a node alone, that node
+    (index 0); with a control plane, its live nodes by name."""
+    client = _client(None)
+    if client.mode == "node":
+        if index != 0:
+            raise DjinnError(f"{DEVICE_TYPE}:{index}: this client reaches one node, {DEVICE_TYPE}:0")
+        return None
+    nodes = _nodes_of.get(client)
+    if nodes is None:
+        nodes = [n["inventory"]["addr"] for n in sorted(client.cluster()["nodes"], key=lambda n: n["name"])]
+        _nodes_of[client] = nodes
+    if index >= len(nodes):
+        raise DjinnError(f"{DEVICE_TYPE}:{index}: the cluster has {len(nodes)} nodes")
+    return nodes[index]
+
+
+class _Plan:
+    """The operations that make `targets`, in recording order, and the leaves they read."""
+
+    def __init__(self, targets: list[_Value]):
+        ops: dict[int, _Op] = {}
+        leaves: dict[int, _Value] = {}
+        seen_values: set[int] = set()
+        seen_storages: set[int] = set()
+        stack = list(targets)
+        while stack:
+            v = stack.pop()
+            if id(v) in seen_values:
+                continue
+            seen_values.add(id(v))
+            if v.op is None:
+                leaves[id(v)] = v
+            elif id(v.op) not in ops:
+                ops[id(v.op)] = v.op
+                stack.extend(v.op.inputs)
+            if id(v.storage) not in seen_storages:
+                seen_storages.add(id(v.storage))
+                for w in v.storage.writes:
+                    if id(w) not in ops:
+                        ops[id(w)] = w
+                        stack.extend(w.inputs)
+        self.ops = sorted(ops.values(), key=lambda op: op.seq)
+        self.targets = targets
+        # Leaves in order of first use, so that the source text does not depend on the walk.
+        order: dict[int, _Value] = {}
+        for op in self.ops:
+            for v in op.inputs:
+                if v.op is None:
+                    order.setdefault(id(v), v)
+        for v in targets:
+            if v.op is None:
+                order.setdefault(id(v), v)
+        self.leaves = list(order.values())
+        self.written_leaves = {id(v) for v in self.leaves if v.storage.writes}
+
+
+def _type_text(t) -> str:
+    return str(t).replace("SymInt", "int").replace("Tensor", "torch.Tensor")
+
+
+def _literal(v, arg_type, name) -> str:
+    """`v` as TorchScript source; `arg_type`, the schema's type for it (lists are annotated
+    with it, so that `[]` or `[t]` get the element type the overload wants)."""
+    if isinstance(v, _Value):
+        return name(v)
+    if v is _DEVICE:
+        return "dev"
+    if isinstance(v, (list, tuple)):
+        is_list = isinstance(arg_type, torch._C.ListType)
+        inner = ", ".join(_literal(x, arg_type.getElementType() if is_list else None, name) for x in v)
+        return f"torch.jit.annotate({_type_text(arg_type)}, [{inner}])" if is_list else f"[{inner}]"
+    if v is None or isinstance(v, (bool, int, str)):
+        return repr(v)
+    if isinstance(v, float):
+        return repr(v) if v == v and abs(v) != float("inf") else f'float("{v}")'
+    if isinstance(v, (torch.dtype, torch.layout, torch.memory_format)):
+        return str(v)
+    raise UnsupportedOperationError(f"cannot write a {type(v).__name__} ({v!r}) into a remote graph")
+
+
+def _unwrap_optional(t):
+    return t.getElementType() if isinstance(t, torch._C.OptionalType) else t
+
+
+def _write(plan: _Plan) -> tuple[str, list]:
+    """The plan as the source of a TorchScript `forward`, and the schemas its aten calls must
+    resolve to, in order."""
+    inputs = {id(v): f"i{i}" for i, v in enumerate(plan.leaves)}
+    params = list(inputs.values()) or ["anchor"]
+    lines = [f"    dev = {params[0]}.device"]
+    schemas = []
+    for v in plan.leaves:
+        if id(v) in plan.written_leaves and isinstance(v.leaf, RemoteTensor):
+            # Kept on the node for later graphs too: this one writes into a copy.
+            lines.append(f"    {inputs[id(v)]} = torch.ops.aten.clone({inputs[id(v)]})")
+            schemas.append((aten.clone.default._schema, False))
+    results: dict[int, str] = {}
+
+    def name(v: _Value) -> str:
+        if v.op is None:
+            return inputs[id(v)]
+        return results[id(v.op)] + "".join(f"[{i}]" for i in v.path)
+
+    for n, op in enumerate(plan.ops):
+        schema = op.func._schema
+        positional = [a for a in schema.arguments if not a.kwarg_only]
+        by_name = {a.name: a for a in schema.arguments}
+
+        def text(x, arg):
+            return _literal(x, None if arg is None else _unwrap_optional(arg.type), name)
+
+        rendered = [text(x, positional[i] if i < len(positional) else None) for i, x in enumerate(op.args)]
+        rendered += [f"{k}={text(x, by_name.get(k))}" for k, x in op.kwargs.items()]
+        results[id(op)] = f"r{n}"
+        lines.append(f"    r{n} = torch.ops.aten.{schema.name.split('::')[1]}({', '.join(rendered)})")
+        # A number where the schema has a Tensor (`x + 1` dispatches as add.Tensor with a wrapped
+        # number) makes TorchScript choose the Scalar overload, which means the same.
+        numbers = any(
+            isinstance(x, (int, float)) and a.type.isSubtypeOf(torch._C.TensorType.get())
+            for a, x in zip(positional, op.args)
+        )
+        schemas.append((schema, numbers))
+    outputs = [name(v) for v in plan.targets]
+    lines.append(f"    return {outputs[0] if len(outputs) == 1 else '(' + ', '.join(outputs) + ',)'}")
+    signature = ", ".join(f"{p}: torch.Tensor" for p in params)
+    return f"def forward(self, {signature}):\n" + "\n".join(lines) + "\n", schemas
+
+
+class _Graph:
+    """A compiled graph: its TorchScript archive, its semantic graph, and the RemoteModel it is
+    registered as, per client."""
+
+    __slots__ = ("archive", "srg", "registered")
+
+    def __init__(self, archive: bytes, srg: SemanticGraph):
+        self.archive = archive
+        self.srg = srg
+        self.registered: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+_graphs: dict[str, _Graph] = {}
+
+
+def _compile(source: str, schemas: list) -> bytes:
+    """`source` as a TorchScript module's archive; raises unless every aten call resolved to
+    the overload that was recorded (TorchScript picks overloads by argument types)."""
+    filename = f"<djinn-graph-{hashlib.sha256(source.encode()).hexdigest()[:16]}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    namespace = {"torch": torch, "List": List, "Optional": Optional}
+    exec(compile(source, filename, "exec"), namespace)
+    module = type("CapturedGraph", (torch.nn.Module,), {"forward": namespace["forward"]})()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            script = torch.jit.script(module)
+        except Exception as e:  # noqa: BLE001
+            raise UnsupportedOperationError(f"the captured graph does not compile to TorchScript: {e}") from e
+    called = [n for n in script.graph.nodes() if n.kind().startswith("aten::") and n.kind() != "aten::__getitem__"]
+    if len(called) != len(schemas):
+        raise UnsupportedOperationError(f"the TorchScript graph has {len(called)} aten calls where {len(schemas)} were recorded")
+    for node, (schema, numbers) in zip(called, schemas):
+        if node.schema() != str(schema) and not (numbers and node.kind() == schema.name):
+            raise UnsupportedOperationError(f"TorchScript calls {node.schema()} where {schema} was recorded")
+    return _archive(script)
+
+
+def _run(targets: list[_Value], keep: bool = False, plan: Optional[_Plan] = None) -> list:
+    """Runs the graph that makes `targets` on their node: their data (CPU tensors), or with
+    `keep`, RemoteTensors kept there."""
+    global _last_graph
+    plan = plan or _Plan(targets)
+    source, schemas = _write(plan)
+    graph = _graphs.get(source)
+    if graph is None:
+        archive = _compile(source, schemas)
+        graph = _Graph(archive, annotate(plan))
+        _graphs[source] = graph
+        _counters["graphs_built"] += 1
+    else:
+        _counters["graph_cache_hits"] += 1
+    client = _client(None)
+    model = graph.registered.get(client)
+    if model is None:
+        model = RemoteModel(client, [graph.archive], None, graph.srg.description(), None)
+        graph.registered[client] = model
+        graph.srg.fingerprint = model.fingerprint
+    tensors: list[torch.Tensor] = []
+    nodes: list[str] = []
+    leaves = [v.leaf for v in plan.leaves] or [torch.empty(0, dtype=torch.int8)]
+    wire = [_flatten(leaf, tensors, nodes) for leaf in leaves]
+    at = _node_of(targets[0].storage.index)
+    if at is None and nodes:
+        at = nodes[0]
+    out = client._native.execute(model.fingerprint, wire, [_spec(t) for t in tensors], keep, at)
+    _counters["graph_executions"] += 1
+    _last_graph = graph.srg
+    out = _unflatten(out, client)
+    return list(out) if len(targets) > 1 else [out]
+
+
+def _materialize(tensors: list) -> list[torch.Tensor]:
+    """The data of `tensors`, computed on their node. Storages the graph writes that other
+    live tensors view (a KV cache updated in place) are kept there as they are afterwards, so
+    that the next graph starts from them instead of replaying their history: the graph then
+    keeps its outputs too, and the targets are fetched."""
+    with _lock:
+        targets = [t._value for t in tensors]
+        plan = _Plan(targets)
+        wanted = {id(t) for t in tensors}
+        written = {id(w.storage): w.storage for op in plan.ops for w in _written(op.func, op.args, op.kwargs)}
+        state = [(s, live) for s in written.values() if (live := list(s.tensors)) and any(id(t) not in wanted for t in live)]
+        if not state:
+            outputs = _run(targets, plan=plan)
+        else:
+            kept = _run(targets + [_flat(s, live) for s, live in state], keep=True)
+            for (storage, live), k in zip(state, kept[len(targets) :]):
+                _rebind(storage, live, k)
+            outputs = [k.cpu() for k in kept[: len(targets)]]
+            _counters["state_kept"] += 1
+    for t, o in zip(tensors, outputs):
+        if o.shape != t.shape or o.dtype != t.dtype:
+            raise DjinnError(f"the node returned {o.dtype}{list(o.shape)} for a {t.dtype}{list(t.shape)} tensor")
+    return outputs
+
+
+# ---------------------------------------------------------------------------------------------
+# The API
+
+
+def get_graph(*tensors: torch.Tensor) -> Optional[SemanticGraph]:
+    """The semantic graph that makes `tensors` (nothing runs), or with no arguments that of
+    the last graph run on a node (None before any)."""
+    if not tensors:
+        return _last_graph
+    for t in tensors:
+        if not isinstance(t, LazyTensor):
+            raise TypeError(f"get_graph takes tensors on {DEVICE_TYPE}, not {type(t).__name__}")
+    with _lock:
+        return annotate(_Plan([t._value for t in tensors]))
+
+
+@contextlib.contextmanager
+def capture(device: int = 0):
+    """Inside, tensors created without a device are created on `remote_accelerator:device`
+    (and so are the weights of modules built inside): operations on them are recorded, and run
+    on the node when a result is read."""
+    if _backend_error is not None:
+        raise DjinnError(f"capture is unavailable: {_backend_error}")
+    with torch.device(DEVICE_TYPE, device):
+        yield
+
+
+_install_backend()
