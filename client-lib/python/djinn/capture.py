@@ -76,23 +76,28 @@ class _Value:
     """A tensor of the recording: output `path` of `op`, or a leaf (`op` None) whose data is
     `leaf`, a local tensor sent with the graph or a RemoteTensor kept on the node."""
 
-    __slots__ = ("op", "path", "meta", "storage", "leaf")
+    __slots__ = ("op", "path", "meta", "storage", "leaf", "sig")
 
     def __init__(self, op, path, meta: torch.Tensor, storage: _Storage, leaf=None):
         self.op = op
         self.path = path
-        self.meta = meta
         self.storage = storage
         self.leaf = leaf
+        self.set_meta(meta)
+
+    def set_meta(self, meta: torch.Tensor) -> None:
+        self.meta = meta
+        # What shape inference depends on.
+        self.sig = (tuple(meta.shape), meta.stride(), meta.storage_offset(), meta.dtype)
 
 
 class _Op:
     """One recorded aten call. `args`/`kwargs` hold _Values where tensors were and `_DEVICE`
     where the remote device was."""
 
-    __slots__ = ("seq", "func", "args", "kwargs", "inputs", "out")
+    __slots__ = ("seq", "func", "args", "kwargs", "inputs", "out", "call")
 
-    def __init__(self, seq: int, func, args, kwargs, inputs: list, out):
+    def __init__(self, seq: int, func, args, kwargs, inputs: list, out, call=None):
         self.seq = seq
         self.func = func
         self.args = args
@@ -100,6 +105,8 @@ class _Op:
         self.inputs = inputs
         # What the call returned on the meta device.
         self.out = out
+        # (source template, a number where a Tensor is expected), as `_template` writes it.
+        self.call = call
 
 
 class _DeviceArg:
@@ -261,16 +268,84 @@ def _local_leaf(t: torch.Tensor, index: int) -> _Value:
     return _Value(None, (), torch.empty(data.shape, dtype=data.dtype, device="meta"), _Storage(index), data)
 
 
+class _Info:
+    """What recording needs of an operation's schema, worked out once per operation."""
+
+    __slots__ = ("schema", "positional", "by_name", "writes", "returns", "random")
+
+    def __init__(self, func):
+        schema = func._schema
+        self.schema = schema
+        self.positional = [a for a in schema.arguments if not a.kwarg_only]
+        self.by_name = {a.name: a for a in schema.arguments}
+        # The arguments it writes into: (position, name).
+        self.writes = [
+            (i, a.name) for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write
+        ]
+        # Per return: None, or (writes, position, name) of the argument it aliases.
+        self.returns = []
+        for r in schema.returns:
+            source = None
+            if r.alias_info is not None:
+                for i, a in enumerate(schema.arguments):
+                    if a.alias_info is not None and a.alias_info.before_set & r.alias_info.before_set:
+                        source = (r.alias_info.is_write, i, a.name)
+                        break
+            self.returns.append(source)
+        self.random = _is_random(func)
+
+    def argument(self, args, kwargs, position: int, name: str):
+        return args[position] if position < len(args) else kwargs.get(name)
+
+
+_infos: dict = {}
+# (operation, its arguments' signature) -> (its outputs' description, its call's source
+# template): shape inference and source writing are done once per distinct call.
+_calls: dict = {}
+_MAX_CALLS = 1 << 16
+
+
+def _signature(v):
+    if isinstance(v, _Value):
+        return v.sig
+    if isinstance(v, (list, tuple)):
+        return tuple(_signature(x) for x in v)
+    return (type(v), v)
+
+
+def _describe(out):
+    if isinstance(out, torch.Tensor):
+        return (out.shape, out.stride(), out.storage_offset(), out.dtype)
+    if isinstance(out, (list, tuple)):
+        return type(out)(_describe(x) for x in out)
+    return out
+
+
+def _rebuild(desc):
+    """Meta tensors as `_describe` described them."""
+    if isinstance(desc, tuple) and len(desc) == 4 and isinstance(desc[3], torch.dtype):
+        shape, stride, offset, dtype = desc
+        if offset == 0:
+            return torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+        return torch.empty(offset + _span(shape, stride), dtype=dtype, device="meta").as_strided(shape, stride, offset)
+    if isinstance(desc, (list, tuple)):
+        return type(desc)(_rebuild(x) for x in desc)
+    return desc
+
+
+def _span(shape, stride) -> int:
+    return 1 + sum((n - 1) * st for n, st in zip(shape, stride)) if all(shape) else 0
+
+
 def _record(func, args: tuple, kwargs: dict):
+    info = _info(func)
     index = _device_index(args, kwargs)
-    schema = func._schema
-    for a in schema.arguments:
-        if a.alias_info is not None and a.alias_info.is_write:
-            target = args[schema.arguments.index(a)] if not a.kwarg_only else kwargs.get(a.name)
-            if isinstance(target, torch.Tensor) and not isinstance(target, LazyTensor):
-                raise UnsupportedOperationError(
-                    f"{func} writes into a local tensor with remote operands: move it to {DEVICE_TYPE}:{index} first"
-                )
+    for position, name in info.writes:
+        target = info.argument(args, kwargs, position, name)
+        if isinstance(target, torch.Tensor) and not isinstance(target, LazyTensor):
+            raise UnsupportedOperationError(
+                f"{func} writes into a local tensor with remote operands: move it to {DEVICE_TYPE}:{index} first"
+            )
 
     def to_value(v):
         if isinstance(v, LazyTensor):
@@ -290,10 +365,66 @@ def _record(func, args: tuple, kwargs: dict):
     rec_args = _walk(args, to_value)
     rec_kwargs = {k: _walk(v, to_value) for k, v in kwargs.items()}
     inputs = [v for v in _leaves((rec_args, rec_kwargs), []) if isinstance(v, _Value)]
+    written = [
+        v for p, n in info.writes for v in _leaves(info.argument(rec_args, rec_kwargs, p, n), []) if isinstance(v, _Value)
+    ]
 
+    key = (func, _signature(rec_args), _signature(tuple(rec_kwargs.items())))
+    call = _calls.get(key)
+    if call is None:
+        out = _infer(func, rec_args, rec_kwargs, written)
+        call = (_describe(out), _template(info, rec_args, rec_kwargs))
+        if len(_calls) >= _MAX_CALLS:
+            _calls.clear()
+        _calls[key] = call
+    else:
+        out = _rebuild(call[0])
+
+    op = _Op(next(_seq), func, rec_args, rec_kwargs, inputs, out, call[1])
+    for w in written:
+        w.storage.writes.append(op)
+    _counters["ops_captured"] += 1
+
+    created: list[_Storage] = []
+
+    def wrap(meta, path, source):
+        if not isinstance(meta, torch.Tensor):
+            return meta
+        if source is not None:
+            writes, position, name = source
+            aliased = info.argument(args, kwargs, position, name)
+            if isinstance(aliased, LazyTensor):
+                return aliased if writes else LazyTensor(_Value(op, path, meta, aliased._value.storage))
+        storage = _Storage(index)
+        created.append(storage)
+        return LazyTensor(_Value(op, path, meta, storage))
+
+    if len(info.returns) == 1:
+        source = info.returns[0]
+        if isinstance(out, (list, tuple)):
+            result = type(out)(wrap(m, (i,), source) for i, m in enumerate(out))
+        else:
+            result = wrap(out, (), source)
+    else:
+        result = tuple(
+            type(m)(wrap(x, (i, j), r) for j, x in enumerate(m)) if isinstance(m, (list, tuple)) else wrap(m, (i,), r)
+            for i, (m, r) in enumerate(zip(out, info.returns))
+        )
+
+    if info.random:
+        for storage in {id(x): x for x in [w.storage for w in written] + created}.values():
+            _keep_on_node(storage)
+    else:
+        for w in written:
+            if len(w.storage.writes) > _MAX_WRITES:
+                _keep_on_node(w.storage)
+    return result
+
+
+def _infer(func, rec_args, rec_kwargs, written: list):
+    """The operation run on the meta device: its outputs' shapes, strides and dtypes."""
     meta_args, meta_kwargs = _meta_args_of(rec_args, rec_kwargs)
-    written = _written(func, rec_args, rec_kwargs)
-    layouts = [(m.shape, m.stride(), m.storage_offset()) for m in (w.meta for w in written)]
+    layouts = [(w.meta.shape, w.meta.stride(), w.meta.storage_offset()) for w in written]
     try:
         out = func(*meta_args, **meta_kwargs)
     except Exception as e:  # noqa: BLE001 - whatever the meta kernel raised, named and typed
@@ -302,49 +433,25 @@ def _record(func, args: tuple, kwargs: dict):
         if (w.meta.shape, w.meta.stride(), w.meta.storage_offset()) != (shape, stride, offset):
             w.meta.as_strided_(shape, stride, offset)
             raise UnsupportedOperationError(f"{func} changes the shape of a remote tensor in place")
+    return out
 
-    returns = schema.returns
-    op = _Op(next(_seq), func, rec_args, rec_kwargs, inputs, out)
-    for w in written:
-        w.storage.writes.append(op)
-    _counters["ops_captured"] += 1
 
-    created: list[_Storage] = []
+def _template(info: _Info, rec_args, rec_kwargs) -> tuple:
+    """The call as TorchScript source, with `{}` where its values go (in the order of the
+    op's inputs), and whether a number stands where the schema has a Tensor (`x + 1`
+    dispatches as add.Tensor with a wrapped number; TorchScript then picks the Scalar overload,
+    which means the same)."""
 
-    def wrap(meta, path, ret):
-        if not isinstance(meta, torch.Tensor):
-            return meta
-        alias = ret.alias_info
-        if alias is not None:
-            source = _aliased(schema, alias, args, kwargs)
-            if alias.is_write and isinstance(source, LazyTensor):
-                return source
-            if isinstance(source, LazyTensor):
-                return LazyTensor(_Value(op, path, meta, source._value.storage))
-        storage = _Storage(index)
-        created.append(storage)
-        return LazyTensor(_Value(op, path, meta, storage))
+    def text(x, arg):
+        return _literal(x, None if arg is None else _unwrap_optional(arg.type))
 
-    if len(returns) == 1:
-        result = out
-        if isinstance(out, (list, tuple)):
-            result = type(out)(wrap(m, (i,), returns[0]) for i, m in enumerate(out))
-        else:
-            result = wrap(out, (), returns[0])
-    else:
-        result = tuple(
-            type(m)(wrap(x, (i, j), r) for j, x in enumerate(m)) if isinstance(m, (list, tuple)) else wrap(m, (i,), r)
-            for i, (m, r) in enumerate(zip(out, returns))
-        )
-
-    if _is_random(func):
-        for storage in {id(x): x for x in [w.storage for w in written] + created}.values():
-            _keep_on_node(storage)
-    else:
-        for w in written:
-            if len(w.storage.writes) > _MAX_WRITES:
-                _keep_on_node(w.storage)
-    return result
+    positional = info.positional
+    rendered = [text(x, positional[i] if i < len(positional) else None) for i, x in enumerate(rec_args)]
+    rendered += [f"{k}={text(x, info.by_name.get(k))}" for k, x in rec_kwargs.items()]
+    numbers = any(
+        isinstance(x, (int, float)) and a.type.isSubtypeOf(torch._C.TensorType.get()) for a, x in zip(positional, rec_args)
+    )
+    return f"torch.ops.aten.{info.schema.name.split('::')[1]}({', '.join(rendered)})", numbers
 
 
 def _to_meta(v):
@@ -364,23 +471,26 @@ def _meta_args(op: _Op) -> tuple:
     return _meta_args_of(op.args, op.kwargs)
 
 
-def _written(func, rec_args, rec_kwargs) -> list[_Value]:
+def _info(func) -> _Info:
+    info = _infos.get(func)
+    if info is None:
+        info = _infos[func] = _Info(func)
+    return info
+
+
+def _written(op: _Op) -> list[_Value]:
     """The values an operation writes into (its `Tensor(a!)` arguments)."""
-    out = []
-    for i, a in enumerate(func._schema.arguments):
-        if a.alias_info is None or not a.alias_info.is_write:
-            continue
-        v = rec_kwargs.get(a.name) if a.kwarg_only or i >= len(rec_args) else rec_args[i]
-        out.extend(x for x in _leaves(v, []) if isinstance(x, _Value))
-    return out
+    info = _info(op.func)
+    return [
+        v for p, n in info.writes for v in _leaves(info.argument(op.args, op.kwargs, p, n), []) if isinstance(v, _Value)
+    ]
 
 
-def _aliased(schema, alias, args, kwargs):
-    """The argument an output aliases (the one of its alias set)."""
-    for i, a in enumerate(schema.arguments):
-        if a.alias_info is not None and a.alias_info.before_set & alias.before_set:
-            return kwargs.get(a.name) if a.kwarg_only or i >= len(args) else args[i]
-    return None
+def _view_op(base: _Value, size, stride, offset: int) -> _Op:
+    """`as_strided(base, size, stride, offset)`, recorded."""
+    args = (base, size, stride, offset)
+    meta = base.meta.as_strided(size, stride, offset)
+    return _Op(next(_seq), aten.as_strided.default, args, {}, [base], meta, _template(_info(aten.as_strided.default), args, {}))
 
 
 def _upload(dest: LazyTensor, source: torch.Tensor) -> bool:
@@ -400,7 +510,7 @@ def _upload(dest: LazyTensor, source: torch.Tensor) -> bool:
     kept = _client(None).keep(data, _node_of(value.storage.index))
     value.op = None
     value.leaf = kept
-    value.meta = torch.empty(data.shape, dtype=data.dtype, device="meta")
+    value.set_meta(torch.empty(data.shape, dtype=data.dtype, device="meta"))
     _counters["uploads"] += 1
     return True
 
@@ -418,9 +528,8 @@ def _keep_on_node(storage: _Storage) -> None:
 def _flat(storage: _Storage, tensors: list) -> _Value:
     """The whole of `storage`, as one flat value."""
     base = tensors[0]._value
-    meta = torch.empty(_extent(tensors), dtype=base.meta.dtype, device="meta")
-    op = _Op(next(_seq), aten.as_strided.default, (base, [meta.numel()], [1], 0), {}, [base], meta)
-    return _Value(op, (), meta, storage)
+    op = _view_op(base, [_extent(tensors)], [1], 0)
+    return _Value(op, (), op.out, storage)
 
 
 def _rebind(storage: _Storage, tensors: list, kept: RemoteTensor) -> None:
@@ -431,10 +540,8 @@ def _rebind(storage: _Storage, tensors: list, kept: RemoteTensor) -> None:
     leaf = _Value(None, (), torch.empty(kept.shape, dtype=kept.dtype, device="meta"), fresh, kept)
     for t in tensors:
         m = t._value.meta
-        size, stride, offset = list(m.shape), list(m.stride()), m.storage_offset()
-        meta = leaf.meta.as_strided(size, stride, offset)
-        op = _Op(next(_seq), aten.as_strided.default, (leaf, size, stride, offset), {}, [leaf], meta)
-        t._value = _Value(op, (), meta, fresh)
+        op = _view_op(leaf, list(m.shape), list(m.stride()), m.storage_offset())
+        t._value = _Value(op, (), op.out, fresh)
         fresh.tensors.add(t)
     storage.tensors = weakref.WeakSet()
 
@@ -605,18 +712,21 @@ def _type_text(t) -> str:
     return str(t).replace("SymInt", "int").replace("Tensor", "torch.Tensor")
 
 
-def _literal(v, arg_type, name) -> str:
-    """`v` as TorchScript source; `arg_type`, the schema's type for it (lists are annotated
-    with it, so that `[]` or `[t]` get the element type the overload wants)."""
+def _literal(v, arg_type) -> str:
+    """`v` as TorchScript source, `{}` for a value; `arg_type`, the schema's type for it
+    (lists are annotated with it, so that `[]` or `[t]` get the element type the overload
+    wants)."""
     if isinstance(v, _Value):
-        return name(v)
+        return "{}"
     if v is _DEVICE:
         return "dev"
     if isinstance(v, (list, tuple)):
         is_list = isinstance(arg_type, torch._C.ListType)
-        inner = ", ".join(_literal(x, arg_type.getElementType() if is_list else None, name) for x in v)
+        inner = ", ".join(_literal(x, arg_type.getElementType() if is_list else None) for x in v)
         return f"torch.jit.annotate({_type_text(arg_type)}, [{inner}])" if is_list else f"[{inner}]"
-    if v is None or isinstance(v, (bool, int, str)):
+    if isinstance(v, str):
+        return repr(v).replace("{", "{{").replace("}", "}}")
+    if v is None or isinstance(v, (bool, int)):
         return repr(v)
     if isinstance(v, float):
         return repr(v) if v == v and abs(v) != float("inf") else f'float("{v}")'
@@ -649,24 +759,10 @@ def _write(plan: _Plan) -> tuple[str, list]:
         return results[id(v.op)] + "".join(f"[{i}]" for i in v.path)
 
     for n, op in enumerate(plan.ops):
-        schema = op.func._schema
-        positional = [a for a in schema.arguments if not a.kwarg_only]
-        by_name = {a.name: a for a in schema.arguments}
-
-        def text(x, arg):
-            return _literal(x, None if arg is None else _unwrap_optional(arg.type), name)
-
-        rendered = [text(x, positional[i] if i < len(positional) else None) for i, x in enumerate(op.args)]
-        rendered += [f"{k}={text(x, by_name.get(k))}" for k, x in op.kwargs.items()]
+        template, numbers = op.call
         results[id(op)] = f"r{n}"
-        lines.append(f"    r{n} = torch.ops.aten.{schema.name.split('::')[1]}({', '.join(rendered)})")
-        # A number where the schema has a Tensor (`x + 1` dispatches as add.Tensor with a wrapped
-        # number) makes TorchScript choose the Scalar overload, which means the same.
-        numbers = any(
-            isinstance(x, (int, float)) and a.type.isSubtypeOf(torch._C.TensorType.get())
-            for a, x in zip(positional, op.args)
-        )
-        schemas.append((schema, numbers))
+        lines.append(f"    r{n} = " + template.format(*map(name, op.inputs)))
+        schemas.append((_info(op.func).schema, numbers))
     outputs = [name(v) for v in plan.targets]
     lines.append(f"    return {outputs[0] if len(outputs) == 1 else '(' + ', '.join(outputs) + ',)'}")
     signature = ", ".join(f"{p}: torch.Tensor" for p in params)
@@ -754,7 +850,7 @@ def _materialize(tensors: list) -> list[torch.Tensor]:
         targets = [t._value for t in tensors]
         plan = _Plan(targets)
         wanted = {id(t) for t in tensors}
-        written = {id(w.storage): w.storage for op in plan.ops for w in _written(op.func, op.args, op.kwargs)}
+        written = {id(w.storage): w.storage for op in plan.ops for w in _written(op)}
         state = [(s, live) for s in written.values() if (live := list(s.tensors)) and any(id(t) not in wanted for t in live)]
         if not state:
             outputs = _run(targets, plan=plan)
