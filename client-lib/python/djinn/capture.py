@@ -34,7 +34,7 @@ import linecache
 import threading
 import warnings
 import weakref
-from typing import Any, List, Optional
+from typing import List, Optional
 
 import torch
 
@@ -45,7 +45,6 @@ from . import (
     _archive,
     _client,
     _flatten,
-    _native,
     _spec,
     _unflatten,
 )

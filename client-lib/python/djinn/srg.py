@@ -219,21 +219,16 @@ def annotate(plan) -> SemanticGraph:
             consumers.setdefault(id(v), []).append(n)
     outputs = [op.out for op in ops]
 
-    def output_values(n: int) -> list:
-        """The values op n made (its results' _Values live in the tensors; found through the
-        consumers' inputs and the targets)."""
-        return made.get(n, [])
-
+    # The values each operation made that the graph uses (operations do not hold their
+    # outputs' values; the values that read them, and the targets, do).
     made: dict[int, list] = {}
-    for op in ops:
-        for v in op.inputs:
-            p = producer(v)
-            if p is not None and all(v is not w for w in made.get(p, [])):
-                made.setdefault(p, []).append(v)
-    for v in plan.targets:
+    for v in [v for op in ops for v in op.inputs] + list(plan.targets):
         p = producer(v)
-        if p is not None:
+        if p is not None and all(v is not w for w in made.get(p, [])):
             made.setdefault(p, []).append(v)
+
+    def output_values(n: int) -> list:
+        return made.get(n, [])
 
     def first_tensor(op):
         return next((v for v in op.inputs if isinstance(v, _Value) and v.meta.dim() > 0), None)
