@@ -13,35 +13,16 @@ import datetime
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
 from torch import nn
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "client-lib" / "python" / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from python_client import ROOT, timed  # noqa: E402  (also puts the examples on the path)
+
 import djinn  # noqa: E402
 from gpt import GPT, GPTConfig  # noqa: E402
-
-torch.set_num_threads(1)  # as the node computes
-
-
-def percentiles(samples):
-    s = sorted(samples)
-    pick = lambda q: s[min(len(s) - 1, int(q * len(s)))] * 1e6  # noqa: E731
-    return pick(0.5), pick(0.99), pick(0.999)
-
-
-def timed(fn, iters, warmup, per=1):
-    for _ in range(warmup):
-        fn()
-    out = []
-    for _ in range(iters):
-        t = time.perf_counter()
-        fn()
-        out.append((time.perf_counter() - t) / per)
-    return percentiles(out)
 
 
 def ops_of(forward) -> int:

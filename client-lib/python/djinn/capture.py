@@ -55,7 +55,7 @@ DEVICE_TYPE = "remote_accelerator"
 aten = torch.ops.aten
 
 
-class UnsupportedOperationError(DjinnError, NotImplementedError):
+class UnsupportedOperationError(DjinnError):
     """An operation on remote tensors that capture cannot record or the node cannot run."""
 
 
