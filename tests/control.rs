@@ -441,9 +441,9 @@ fn a_workload_survives_a_killed_node(backing: &Backing) {
     let mut client = ClusterClient::open(control.addr(), options, failover).expect("the control plane");
     assert!(matches!(client.target(), Target::Control(_)));
 
-    let halves = client.register_model(vec![support::archive("halves").into()], None, None, |_, _| {}).unwrap();
+    let halves = client.register_model(vec![support::archive("halves").into()], None, None, false, |_, _| {}).unwrap();
     let halves = halves.fingerprint;
-    let mlp = client.register_model(vec![support::archive("mlp").into()], None, None, |_, _| {}).unwrap();
+    let mlp = client.register_model(vec![support::archive("mlp").into()], None, None, false, |_, _| {}).unwrap();
     let mlp = mlp.fingerprint;
     let victim = client.placement(&halves, None).expect("placed").clone();
     // The MLP's outputs for four inputs, computed once; every node runs the same libtorch.
@@ -529,7 +529,7 @@ fn djinn_up_serves_a_cluster_of_one() {
     assert_eq!(control.cluster()["nodes"][0]["inventory"]["addr"], json!(addrs[1]));
 
     let mut client = ClusterClient::open(&control.url, ClientOptions::default(), FailoverOptions::default()).unwrap();
-    let halves = client.register_model(vec![support::archive("halves").into()], None, None, |_, _| {}).unwrap();
+    let halves = client.register_model(vec![support::archive("halves").into()], None, None, false, |_, _| {}).unwrap();
     let x = f32_bytes([1.5f32, -2.0].into_iter());
     let idx = i64_bytes(&[41]);
     let tensors = [

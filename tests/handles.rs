@@ -7,19 +7,10 @@ mod support;
 use std::time::Duration;
 
 use djinn_client::{
-    Client, ClientOptions, ClusterClient, ClusterError, DType, ErrorCode, FailoverOptions, Fingerprint, Handle,
-    TensorRef, TensorSource, Value,
+    Client, ClientOptions, ClusterClient, ClusterError, DType, ErrorCode, FailoverOptions, Handle, TensorRef,
+    TensorSource, Value,
 };
-use support::{Node, archive, pattern};
-
-fn register(client: &mut Client, names: &[&str]) -> Fingerprint {
-    let blocks: Vec<Vec<u8>> = names.iter().map(|n| archive(n)).collect();
-    client.register_model(&blocks, |_, _| {}).expect("register").fingerprint
-}
-
-fn f32_bytes(n: usize, seed: u64) -> Vec<u8> {
-    pattern(n, seed).iter().flat_map(|&b| ((b as f32 - 128.0) / 128.0).to_le_bytes()).collect()
-}
+use support::{Node, f32_bytes, pattern, register};
 
 /// Bytes sent and received by `client` while `f` runs.
 fn moved<T>(client: &mut Client, f: impl FnOnce(&mut Client) -> T) -> (T, u64, u64) {

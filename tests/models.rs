@@ -7,8 +7,8 @@ mod support;
 use std::sync::Arc;
 use std::thread;
 
-use djinn_client::{Client, DType, ErrorCode, Fingerprint, TensorRef, Value};
-use support::{Node, archive, models_dir, pattern};
+use djinn_client::{DType, ErrorCode, Fingerprint, TensorRef, Value};
+use support::{Node, archive, f32_bytes, models_dir, pattern, register};
 use tch::jit::{CModule, IValue};
 use tch::{Kind, Tensor};
 
@@ -24,16 +24,6 @@ fn local(name: &str) -> CModule {
     let mut m = CModule::load(models_dir().join(format!("{name}.pt"))).expect("local load");
     m.set_eval();
     m
-}
-
-/// Deterministic floats in [-1, 1) as f32 bytes.
-fn f32_bytes(n: usize, seed: u64) -> Vec<u8> {
-    pattern(n, seed).iter().flat_map(|&b| ((b as f32 - 128.0) / 128.0).to_le_bytes()).collect()
-}
-
-fn register(client: &mut Client, names: &[&str]) -> Fingerprint {
-    let blocks: Vec<Vec<u8>> = names.iter().map(|n| archive(n)).collect();
-    client.register_model(&blocks, |_, _| {}).expect("register").fingerprint
 }
 
 #[test]

@@ -94,7 +94,7 @@ pub fn run(args: ExecuteArgs) -> Result<()> {
     // Placed once (the node joins the control plane within a moment: placement is retried
     // until it has), then every call goes by the cached placement.
     let mut cluster = ClusterClient::open(&control_url, ClientOptions::default(), FailoverOptions::default())?;
-    let placed_fp = cluster.register_model(vec![tiny_mlp.clone().into()], None, None, |_, _| {})?.fingerprint;
+    let placed_fp = cluster.register_model(vec![tiny_mlp.clone().into()], None, None, false, |_, _| {})?.fingerprint;
     anyhow::ensure!(placed_fp == mlp_fp, "the cluster client registered another model");
     let placed =
         measure(n, || cluster.execute(&mlp_fp, None, &[Value::Tensor(0)], &input).map(drop).map_err(Into::into))?;

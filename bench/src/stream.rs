@@ -75,7 +75,8 @@ fn make_blocks(args: &StreamArgs) -> Result<Vec<Vec<u8>>> {
 /// The model, loaded by the node's code path under a device budget of `budget` bytes.
 fn load(archives: &[Vec<u8>], device: Device, budget: u64) -> Result<(Arc<Model>, Mutex<ModelStore>)> {
     let lens = archives.iter().map(|a| a.len() as u64).collect();
-    let mut upload = Upload::new(Fingerprint::of_blocks(archives), lens, 0).map_err(anyhow::Error::msg)?;
+    let mut upload = Upload::new(Fingerprint::of_blocks(archives), lens, (Default::default(), false), 0)
+        .map_err(anyhow::Error::msg)?;
     let mut offset = 0;
     for archive in archives {
         upload

@@ -131,6 +131,7 @@ struct Kept {
     archives: Vec<Archive>,
     description: ModelDescription,
     policy: Option<String>,
+    public: bool,
 }
 
 #[derive(Debug)]
@@ -156,8 +157,8 @@ impl ClusterClient {
     pub fn open(address: &str, options: ClientOptions, failover: FailoverOptions) -> Result<Self, ClusterError> {
         let timeout = options.timeout.unwrap_or(Duration::from_secs(60));
         let target = if address.contains("://") {
-            let control = ControlClient::new(address, timeout);
-            control.cluster()?;
+            let control = ControlClient::new(address, timeout).with_token(&options.token);
+            control.whoami()?;
             Target::Control(control)
         } else {
             match Client::connect_with(address, options.clone()) {
@@ -168,8 +169,8 @@ impl ClusterClient {
                 }
                 // An HTTP server answers a hello with an HTTP error, or hangs up.
                 Err(e @ (ClientError::Protocol { .. } | ClientError::Closed { .. })) => {
-                    let control = ControlClient::new(address, timeout);
-                    control.cluster().map_err(|_| e)?;
+                    let control = ControlClient::new(address, timeout).with_token(&options.token);
+                    control.whoami().map_err(|_| e)?;
                     Target::Control(control)
                 }
                 Err(e) => return Err(e.into()),
@@ -291,11 +292,11 @@ impl ClusterClient {
 
     /// Sends the kept archives of a model to the node at `addr`.
     fn register_on(&mut self, addr: &str, fingerprint: &Fingerprint) -> Result<(), ClientError> {
-        let Some(archives) = self.models.get(fingerprint).map(|k| k.archives.clone()) else {
+        let Some((archives, public)) = self.models.get(fingerprint).map(|k| (k.archives.clone(), k.public)) else {
             return Ok(());
         };
         let started = Instant::now();
-        self.connection(addr)?.register_model_as(*fingerprint, &archives, |_, _| {})?;
+        self.connection(addr)?.register_model_as(*fingerprint, &archives, public, |_, _| {})?;
         self.stats.reregistrations += 1;
         tracing::info!(model = %fingerprint, node = addr, took = ?started.elapsed(), "model registered again");
         Ok(())
@@ -365,11 +366,14 @@ impl ClusterClient {
     /// control plane (when there is one), places it and uploads it there unless the node holds
     /// it. `description` defaults to the archives' sizes with no FLOPs; `policy` (the control
     /// plane's names) applies to this model's placements. The archives are kept for failover.
+    /// `public` weights are held once per node for every tenant that registers them as public;
+    /// else the model is this tenant's alone.
     pub fn register_model(
         &mut self,
         archives: Vec<Archive>,
         description: Option<ModelDescription>,
         policy: Option<String>,
+        public: bool,
         mut progress: impl FnMut(u64, u64),
     ) -> Result<Registration, ClusterError> {
         let fingerprint = Fingerprint::of_blocks(&archives);
@@ -385,14 +389,14 @@ impl ClusterClient {
         if let Target::Control(control) = &self.target {
             control.describe_model(&fingerprint, &description)?;
         }
-        let kept = Kept { archives: archives.clone(), description, policy };
+        let kept = Kept { archives: archives.clone(), description, policy, public };
         let earlier = self.models.insert(fingerprint, kept);
         if earlier.is_some() {
             // Described again, perhaps with another policy: place again on the next call.
             self.placed.retain(|(fp, _), _| *fp != fingerprint);
         }
         let registered = self
-            .on_node(&fingerprint, None, |node| node.register_model_as(fingerprint, &archives, &mut progress))
+            .on_node(&fingerprint, None, |node| node.register_model_as(fingerprint, &archives, public, &mut progress))
             .map(|(registration, _)| registration);
         if registered.is_err() {
             // The caller has no model to call: keep what was kept before, or nothing.

@@ -113,6 +113,8 @@ struct DecisionFields {
 pub struct ControlClient {
     http: ureq::Agent,
     url: String,
+    /// `Bearer TOKEN`, when the client has a token.
+    authorization: Option<String>,
 }
 
 impl ControlClient {
@@ -121,7 +123,21 @@ impl ControlClient {
         let url = url.trim_end_matches('/');
         let url = if url.contains("://") { url.to_owned() } else { format!("http://{url}") };
         let http = ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(timeout)).build();
-        Self { http: http.into(), url }
+        Self { http: http.into(), url, authorization: None }
+    }
+
+    /// Presents `token` with every request (none when empty).
+    pub fn with_token(mut self, token: &str) -> Self {
+        self.authorization = (!token.is_empty()).then(|| format!("Bearer {token}"));
+        self
+    }
+
+    /// `request` with the token, when there is one.
+    fn authorized<B>(&self, request: ureq::RequestBuilder<B>) -> ureq::RequestBuilder<B> {
+        match &self.authorization {
+            Some(a) => request.header("Authorization", a),
+            None => request,
+        }
     }
 
     pub fn url(&self) -> &str {
@@ -155,7 +171,7 @@ impl ControlClient {
 
     pub fn describe_model(&self, fingerprint: &Fingerprint, model: &ModelDescription) -> Result<(), ControlError> {
         let url = format!("{}/v1/models/{}", self.url, fingerprint.to_hex());
-        self.send(self.http.put(url).send_json(model)).map(drop)
+        self.send(self.authorized(self.http.put(url)).send_json(model)).map(drop)
     }
 
     /// Asks where to run a described model (for `session`, when given) under `policy` (the
@@ -173,7 +189,8 @@ impl ControlClient {
         if let Some(policy) = policy {
             body["policy"] = policy.into();
         }
-        let decision = self.send(self.http.post(format!("{}/v1/placements", self.url)).send_json(body))?;
+        let decision =
+            self.send(self.authorized(self.http.post(format!("{}/v1/placements", self.url))).send_json(body))?;
         let fields: DecisionFields = self.parse(&decision)?;
         Ok(Placed { node: fields.node, addr: fields.addr, rule: fields.rule, decision })
     }
@@ -185,23 +202,31 @@ impl ControlClient {
         inventory: &impl Serialize,
     ) -> Result<T, ControlError> {
         let body = serde_json::json!({ "name": name, "inventory": inventory });
-        let answer = self.send(self.http.post(format!("{}/v1/nodes", self.url)).send_json(body))?;
+        let answer = self.send(self.authorized(self.http.post(format!("{}/v1/nodes", self.url))).send_json(body))?;
         self.parse(&answer)
     }
 
     /// Renews node `name`'s lease, with its inventory now.
     pub fn renew_lease(&self, name: &str, lease: u64, inventory: &impl Serialize) -> Result<(), ControlError> {
         let body = serde_json::json!({ "lease": lease, "inventory": inventory });
-        self.send(self.http.put(format!("{}/v1/nodes/{name}/lease", self.url)).send_json(body)).map(drop)
+        self.send(self.authorized(self.http.put(format!("{}/v1/nodes/{name}/lease", self.url))).send_json(body))
+            .map(drop)
     }
 
     /// Ends node `name`'s lease now.
     pub fn leave(&self, name: &str, lease: u64) -> Result<(), ControlError> {
-        self.send(self.http.delete(format!("{}/v1/nodes/{name}?lease={lease}", self.url)).call()).map(drop)
+        self.send(self.authorized(self.http.delete(format!("{}/v1/nodes/{name}?lease={lease}", self.url))).call())
+            .map(drop)
+    }
+
+    /// Whom the token names: `{"name", "role"}` (the anonymous operator where no token is
+    /// needed). A cheap check that the control plane is there and takes the token.
+    pub fn whoami(&self) -> Result<String, ControlError> {
+        self.send(self.authorized(self.http.get(format!("{}/v1/whoami", self.url))).call())
     }
 
     /// The cluster's nodes, models and sessions, as JSON.
     pub fn cluster(&self) -> Result<String, ControlError> {
-        self.send(self.http.get(format!("{}/v1/cluster", self.url)).call())
+        self.send(self.authorized(self.http.get(format!("{}/v1/cluster", self.url))).call())
     }
 }

@@ -147,7 +147,10 @@ impl Client {
             Transport::Auto | Transport::Rdma => djinn_dataplane::rdma::find_port(options.rdma_device.as_deref()),
         };
         let ours = if port.is_ok() { transports::TCP | transports::RDMA } else { transports::TCP };
-        let hello = Hello::new(&limits, ours, concat!("djinn-client/", env!("CARGO_PKG_VERSION")));
+        let hello = Hello {
+            token: options.token.clone(),
+            ..Hello::new(&limits, ours, concat!("djinn-client/", env!("CARGO_PKG_VERSION")))
+        };
         let node = conn.hello(hello)?;
         let offered = node.transports & transports::RDMA != 0;
         match (options.transport, port, offered) {
@@ -209,14 +212,25 @@ impl Client {
         (self.stats, self.conn.bytes_sent(), self.conn.bytes_received())
     }
 
-    /// Uploads a model (its blocks' TorchScript archives, in execution order) unless the node
-    /// already holds one with the same fingerprint; `progress(sent, total)` follows the upload.
+    /// Uploads a model (its blocks' TorchScript archives, in execution order) unless this
+    /// tenant already holds one with the same fingerprint on the node; `progress(sent, total)`
+    /// follows the upload. The model is the tenant's alone.
     pub fn register_model<B: AsRef<[u8]>>(
         &mut self,
         blocks: &[B],
         progress: impl FnMut(u64, u64),
     ) -> Result<Registration, ClientError> {
-        self.register_model_as(Fingerprint::of_blocks(blocks), blocks, progress)
+        self.register_model_as(Fingerprint::of_blocks(blocks), blocks, false, progress)
+    }
+
+    /// Registers public weights: held once on the node for every tenant that registers the same
+    /// bytes as public (nothing is uploaded when another already did).
+    pub fn register_public_model<B: AsRef<[u8]>>(
+        &mut self,
+        blocks: &[B],
+        progress: impl FnMut(u64, u64),
+    ) -> Result<Registration, ClientError> {
+        self.register_model_as(Fingerprint::of_blocks(blocks), blocks, true, progress)
     }
 
     /// [`Self::register_model`] with the blocks' fingerprint computed already.
@@ -224,10 +238,11 @@ impl Client {
         &mut self,
         fingerprint: Fingerprint,
         blocks: &[B],
+        public: bool,
         mut progress: impl FnMut(u64, u64),
     ) -> Result<Registration, ClientError> {
         let lens: Vec<u64> = blocks.iter().map(|b| b.as_ref().len() as u64).collect();
-        let reply = self.call(&Message::RegisterBegin { fingerprint, blocks: lens.clone() }, &[])?;
+        let reply = self.call(&Message::RegisterBegin { fingerprint, blocks: lens.clone(), public }, &[])?;
         let upload = match reply.message {
             Message::RegisterReady { registered: true, .. } => return Ok(Registration { fingerprint, uploaded: None }),
             Message::RegisterReady { upload, .. } => upload,

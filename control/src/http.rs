@@ -9,20 +9,29 @@
 //! | `GET /v1/models/{fingerprint}` | | the description; 404 unknown |
 //! | `POST /v1/placements` | `{"fingerprint", "session"?, "policy"?}` | the decision and its cost breakdown |
 //! | `GET /v1/cluster` | | nodes, models, sessions |
+//! | `GET /v1/whoami` | | `{"name", "role"}`: whom the token names |
 //! | `GET /metrics` | | Prometheus text |
 //!
 //! Errors are `{"error": {"kind", "message"}}` with a status that says whose fault it is.
+//!
+//! With a token file, every request carries `Authorization: Bearer TOKEN`: a missing or unknown
+//! token gets 401, a role without the right 403. Nodes (and operators) manage memberships;
+//! operators read the whole cluster (`/v1/cluster`, `/metrics`); every principal describes
+//! models, asks for placements and asks `whoami`. A tenant's session ids are its own: two
+//! tenants may both name a session `s1`.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Extension, Path, Query, Request, State};
 use axum::http::{StatusCode, header};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
+use axum::{Router, middleware};
+use djinn_auth::{AuthError, Authenticator, Principal, Role};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
@@ -130,8 +139,18 @@ async fn model<S: Store>(
     control.model(&fingerprint).map(axum::Json)
 }
 
-async fn place<S: Store>(State(control): Control<S>, bytes: Bytes) -> Result<Response, ControlError> {
-    let placement: Placement = body(&bytes)?;
+async fn place<S: Store>(
+    State(control): Control<S>,
+    Extension(caller): Extension<Principal>,
+    bytes: Bytes,
+) -> Result<Response, ControlError> {
+    let mut placement: Placement = body(&bytes)?;
+    // A tenant's session ids are its own.
+    if caller.role == Role::Tenant
+        && let Some(session) = &mut placement.session
+    {
+        *session = format!("{}/{session}", caller.name);
+    }
     let decision = control.place(placement).await?;
     Ok(axum::Json(decision).into_response())
 }
@@ -196,12 +215,74 @@ async fn metrics<S: Store>(State(control): Control<S>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }
 
+async fn whoami(Extension(caller): Extension<Principal>) -> Response {
+    axum::Json(serde_json::json!({ "name": &*caller.name, "role": caller.role.name() })).into_response()
+}
+
+/// The role a request needs: memberships are the nodes' business, the whole cluster the
+/// operators'; the rest is every principal's.
+fn needs(method: &axum::http::Method, path: &str) -> &'static [Role] {
+    const NODES: &[Role] = &[Role::Node, Role::Admin];
+    const OPERATORS: &[Role] = &[Role::Admin];
+    const ANYONE: &[Role] = &[Role::Tenant, Role::Node, Role::Admin];
+    match (method, path) {
+        (_, p) if p.starts_with("/v1/nodes") => NODES,
+        (_, "/v1/cluster" | "/metrics") => OPERATORS,
+        _ => ANYONE,
+    }
+}
+
+fn refusal(status: StatusCode, kind: &str, message: String) -> Response {
+    let body = serde_json::json!({ "error": { "kind": kind, "message": message } });
+    let mut response = (status, axum::Json(body)).into_response();
+    if status == StatusCode::UNAUTHORIZED {
+        response.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+    }
+    response
+}
+
+/// Checks the bearer token and the role, and hands the principal to the handler. Without a
+/// token file everyone is the anonymous operator.
+async fn authenticate(auth: State<Option<Arc<Authenticator>>>, mut request: Request, next: Next) -> Response {
+    let principal = match &*auth {
+        None => Principal::anonymous(),
+        Some(auth) => {
+            let token = request
+                .headers()
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .unwrap_or("");
+            match auth.verify(token) {
+                Ok(p) => p,
+                Err(e @ (AuthError::Missing | AuthError::Invalid)) => {
+                    return refusal(StatusCode::UNAUTHORIZED, "unauthenticated", e.to_string());
+                }
+                Err(e) => return refusal(StatusCode::FORBIDDEN, "forbidden", e.to_string()),
+            }
+        }
+    };
+    if !needs(request.method(), request.uri().path()).contains(&principal.role) {
+        let message = format!(
+            "{} (a {}) may not {} {}",
+            principal.name,
+            principal.role.name(),
+            request.method(),
+            request.uri().path()
+        );
+        return refusal(StatusCode::FORBIDDEN, "forbidden", message);
+    }
+    request.extensions_mut().insert(principal);
+    next.run(request).await
+}
+
 async fn not_found(uri: axum::http::Uri) -> Response {
     let body = serde_json::json!({ "error": { "kind": "no_endpoint", "message": format!("no endpoint {uri}") } });
     (StatusCode::NOT_FOUND, axum::Json(body)).into_response()
 }
 
-pub fn router<S: Store>(control: Arc<ControlPlane<S>>) -> Router {
+/// The API; with `auth`, only for the principals of its token file.
+pub fn router<S: Store>(control: Arc<ControlPlane<S>>, auth: Option<Arc<Authenticator>>) -> Router {
     Router::new()
         .route("/v1/nodes", post(register::<S>))
         .route("/v1/nodes/{name}/lease", put(renew::<S>))
@@ -209,7 +290,9 @@ pub fn router<S: Store>(control: Arc<ControlPlane<S>>) -> Router {
         .route("/v1/models/{fingerprint}", put(describe_model::<S>).get(model::<S>))
         .route("/v1/placements", post(place::<S>))
         .route("/v1/cluster", get(cluster::<S>))
+        .route("/v1/whoami", get(whoami))
         .route("/metrics", get(metrics::<S>))
         .fallback(not_found)
         .with_state(control)
+        .layer(middleware::from_fn_with_state(auth, authenticate))
 }

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use djinn_auth::TenantId;
 use djinn_dataplane::proto::{DType, Handle, HandleInfo, Payload, TensorDesc, Value, payload_layout};
 use tch::jit::IValue;
 use tch::{Device, Kind, Tensor};
@@ -69,8 +70,12 @@ pub fn input_tensors(
         .collect()
 }
 
-/// The tensors an execute's inputs name by handle, looked up once.
-pub fn kept_inputs(inputs: &[Value], table: &Mutex<HandleTable>) -> Result<HashMap<Handle, Tensor>, ExecError> {
+/// The tensors an execute's inputs name by handle (`tenant`'s handles), looked up once.
+pub fn kept_inputs(
+    tenant: TenantId,
+    inputs: &[Value],
+    table: &Mutex<HandleTable>,
+) -> Result<HashMap<Handle, Tensor>, ExecError> {
     let mut found = HashMap::new();
     let mut handles = Vec::new();
     inputs.iter().for_each(|v| v.for_each_handle(&mut |h| handles.push(*h)));
@@ -80,7 +85,7 @@ pub fn kept_inputs(inputs: &[Value], table: &Mutex<HandleTable>) -> Result<HashM
     let mut table = table.lock().unwrap_or_else(|e| e.into_inner());
     for h in handles {
         if let std::collections::hash_map::Entry::Vacant(slot) = found.entry(h) {
-            slot.insert(table.get(h)?.0);
+            slot.insert(table.get(tenant, h)?.0);
         }
     }
     Ok(found)
@@ -174,19 +179,20 @@ pub struct Outputs<'a> {
     pub tensors: Vec<OutputTensor>,
     pub kept: Vec<HandleInfo>,
     inputs: Option<Arc<Payload>>,
-    keep: Option<&'a Mutex<HandleTable>>,
+    /// Where output tensors are kept, and for whom; `None`: they are sent.
+    keep: Option<(&'a Mutex<HandleTable>, TenantId)>,
 }
 
 impl<'a> Outputs<'a> {
-    pub fn new(inputs: Option<Arc<Payload>>, keep: Option<&'a Mutex<HandleTable>>) -> Self {
+    pub fn new(inputs: Option<Arc<Payload>>, keep: Option<(&'a Mutex<HandleTable>, TenantId)>) -> Self {
         Self { descs: Vec::new(), tensors: Vec::new(), kept: Vec::new(), inputs, keep }
     }
 
     /// Frees what was kept so far (the output could not be built whole).
     pub fn release_kept(&mut self) {
-        if let Some(table) = self.keep {
+        if let Some((table, tenant)) = self.keep {
             let handles: Vec<Handle> = self.kept.drain(..).map(|k| k.handle).collect();
-            table.lock().unwrap_or_else(|e| e.into_inner()).release(&handles);
+            table.lock().unwrap_or_else(|e| e.into_inner()).release(tenant, &handles);
         }
     }
 
@@ -222,8 +228,8 @@ impl<'a> Outputs<'a> {
     }
 
     fn tensor(&mut self, t: Tensor) -> Result<Value, ExecError> {
-        if let Some(table) = self.keep {
-            return self.kept_tensor(t, table);
+        if let Some((table, tenant)) = self.keep {
+            return self.kept_tensor(t, table, tenant);
         }
         let (bytes, desc) = OutputTensor::new(t, self.inputs.clone())?;
         let index = self.descs.len() as u32;
@@ -234,13 +240,13 @@ impl<'a> Outputs<'a> {
 
     /// Keeps `t` where it is; a CPU output that is a view of the request's payload (a model
     /// returning its input) is copied first, as the payload goes back to the pool.
-    fn kept_tensor(&mut self, t: Tensor, table: &Mutex<HandleTable>) -> Result<Value, ExecError> {
+    fn kept_tensor(&mut self, t: Tensor, table: &Mutex<HandleTable>, tenant: TenantId) -> Result<Value, ExecError> {
         let t = match (aliases(&t, self.inputs.as_ref()), t.is_contiguous()) {
             (true, _) => t.f_contiguous()?.f_detach_copy()?,
             (false, false) => t.f_contiguous()?,
             (false, true) => t,
         };
-        let info = table.lock().unwrap_or_else(|e| e.into_inner()).keep(t)?;
+        let info = table.lock().unwrap_or_else(|e| e.into_inner()).keep(tenant, t)?;
         let value = Value::Handle(info.handle);
         self.kept.push(info);
         Ok(value)

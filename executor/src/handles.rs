@@ -1,11 +1,13 @@
 //! Tensors kept on the node between requests, named by handles: a model's outputs kept for the
 //! next call, tensors uploaded once, tensors pushed here by another node. Each is charged to the
 //! node's device-memory budget until it is released or lies unused for the idle time limit.
+//! A handle names a tensor only for the tenant that kept it: to anyone else it is unknown.
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::time::{Duration, Instant};
 
+use djinn_auth::TenantId;
 use djinn_dataplane::proto::{ErrorCode, Handle, HandleInfo, Payload, TensorDesc};
 use djinn_gpudirect::{MemoryBudget, Reservation};
 use tch::Tensor;
@@ -36,6 +38,7 @@ impl HandleError {
 }
 
 struct Entry {
+    tenant: TenantId,
     tensor: Tensor,
     desc: TensorDesc,
     last_used: Instant,
@@ -86,21 +89,22 @@ impl HandleTable {
         self.epoch
     }
 
-    /// Keeps `tensor`, charging its bytes to the budget.
-    pub fn keep(&mut self, tensor: Tensor) -> Result<HandleInfo, ExecError> {
+    /// Keeps `tensor` for `tenant`, charging its bytes to the budget.
+    pub fn keep(&mut self, tenant: TenantId, tensor: Tensor) -> Result<HandleInfo, ExecError> {
         let desc = describe(&tensor)?;
         let reservation = self.budget.try_reserve(desc.byte_len)?;
-        Ok(self.insert(tensor, desc, Some(reservation), None))
+        Ok(self.insert(tenant, tensor, desc, Some(reservation), None))
     }
 
     /// Keeps a CPU tensor that is a view of `payload`; the payload's reservation pays for it.
-    pub fn keep_view(&mut self, tensor: Tensor, payload: Payload) -> Result<HandleInfo, ExecError> {
+    pub fn keep_view(&mut self, tenant: TenantId, tensor: Tensor, payload: Payload) -> Result<HandleInfo, ExecError> {
         let desc = describe(&tensor)?;
-        Ok(self.insert(tensor, desc, None, Some(payload)))
+        Ok(self.insert(tenant, tensor, desc, None, Some(payload)))
     }
 
     fn insert(
         &mut self,
+        tenant: TenantId,
         tensor: Tensor,
         desc: TensorDesc,
         reservation: Option<Reservation>,
@@ -111,6 +115,7 @@ impl HandleTable {
         self.bytes += desc.byte_len;
         self.counters.kept += 1;
         let entry = Entry {
+            tenant,
             tensor,
             desc: desc.clone(),
             last_used: Instant::now(),
@@ -121,21 +126,28 @@ impl HandleTable {
         HandleInfo { handle, tensor: desc }
     }
 
-    /// The kept tensor (sharing its memory) and its descriptor.
-    pub fn get(&mut self, handle: Handle) -> Result<(Tensor, TensorDesc), HandleError> {
+    /// The kept tensor (sharing its memory) and its descriptor, when `tenant` kept it.
+    pub fn get(&mut self, tenant: TenantId, handle: Handle) -> Result<(Tensor, TensorDesc), HandleError> {
         if handle.epoch != self.epoch {
             return Err(HandleError::Stale { handle, current: self.epoch });
         }
-        let entry = self.entries.get_mut(&handle.id).ok_or(HandleError::Unknown { handle, idle_ttl: self.idle_ttl })?;
+        let entry = self
+            .entries
+            .get_mut(&handle.id)
+            .filter(|e| e.tenant == tenant)
+            .ok_or(HandleError::Unknown { handle, idle_ttl: self.idle_ttl })?;
         entry.last_used = Instant::now();
         Ok((entry.tensor.shallow_clone(), entry.desc.clone()))
     }
 
-    /// Frees the handles this table holds; returns how many. Others (stale, unknown, repeated)
-    /// are skipped: releasing is idempotent.
-    pub fn release(&mut self, handles: &[Handle]) -> u32 {
+    /// Frees the handles this table holds for `tenant`; returns how many. Others (stale,
+    /// unknown, another tenant's, repeated) are skipped: releasing is idempotent.
+    pub fn release(&mut self, tenant: TenantId, handles: &[Handle]) -> u32 {
         let mut released = 0;
         for h in handles.iter().filter(|h| h.epoch == self.epoch) {
+            if self.entries.get(&h.id).is_none_or(|e| e.tenant != tenant) {
+                continue;
+            }
             if let Some(entry) = self.entries.remove(&h.id) {
                 self.bytes -= entry.desc.byte_len;
                 released += 1;
@@ -205,6 +217,8 @@ mod tests {
     use super::*;
     use tch::{Device, Kind};
 
+    const T: TenantId = TenantId(1);
+
     fn table(limit: u64, ttl: Duration) -> HandleTable {
         HandleTable::with_epoch(7, MemoryBudget::new(limit), ttl)
     }
@@ -212,33 +226,44 @@ mod tests {
     #[test]
     fn kept_tensors_are_charged_until_released() {
         let mut t = table(1 << 20, Duration::from_secs(60));
-        let info = t.keep(Tensor::ones([256], (Kind::Float, Device::Cpu))).unwrap();
+        let info = t.keep(T, Tensor::ones([256], (Kind::Float, Device::Cpu))).unwrap();
         assert_eq!(info.tensor.byte_len, 1024);
         assert_eq!(t.budget.used(), 1024);
-        let (tensor, desc) = t.get(info.handle).unwrap();
+        let (tensor, desc) = t.get(T, info.handle).unwrap();
         assert_eq!(desc, info.tensor);
         assert_eq!(tensor.sum(Kind::Float).double_value(&[]), 256.0);
-        assert_eq!(t.release(&[info.handle, info.handle]), 1, "a second release is a no-op");
+        assert_eq!(t.release(T, &[info.handle, info.handle]), 1, "a second release is a no-op");
         assert_eq!(t.budget.used(), 0);
-        assert!(matches!(t.get(info.handle), Err(HandleError::Unknown { .. })));
+        assert!(matches!(t.get(T, info.handle), Err(HandleError::Unknown { .. })));
+    }
+
+    #[test]
+    fn another_tenants_handle_is_unknown_to_it() {
+        let mut t = table(1 << 20, Duration::from_secs(60));
+        let info = t.keep(T, Tensor::ones([4], (Kind::Float, Device::Cpu))).unwrap();
+        let other = TenantId(2);
+        let e = t.get(other, info.handle).unwrap_err();
+        assert_eq!(e, HandleError::Unknown { handle: info.handle, idle_ttl: Duration::from_secs(60) });
+        assert_eq!(t.release(other, &[info.handle]), 0);
+        assert!(t.get(T, info.handle).is_ok(), "another tenant's release left it kept");
     }
 
     #[test]
     fn a_handle_of_another_epoch_is_stale_not_unknown() {
         let mut t = table(1 << 20, Duration::from_secs(60));
-        let info = t.keep(Tensor::ones([4], (Kind::Float, Device::Cpu))).unwrap();
+        let info = t.keep(T, Tensor::ones([4], (Kind::Float, Device::Cpu))).unwrap();
         let old = Handle { epoch: 6, ..info.handle };
-        let e = t.get(old).unwrap_err();
+        let e = t.get(T, old).unwrap_err();
         assert_eq!(e.code(), ErrorCode::StaleHandle);
         assert!(e.to_string().contains("earlier life"), "{e}");
-        assert_eq!(t.release(&[old]), 0, "a stale handle frees nothing of this life");
-        assert!(t.get(info.handle).is_ok());
+        assert_eq!(t.release(T, &[old]), 0, "a stale handle frees nothing of this life");
+        assert!(t.get(T, info.handle).is_ok());
     }
 
     #[test]
     fn over_the_budget_is_refused_and_nothing_is_kept() {
         let mut t = table(1000, Duration::from_secs(60));
-        let e = t.keep(Tensor::ones([256], (Kind::Float, Device::Cpu))).unwrap_err();
+        let e = t.keep(T, Tensor::ones([256], (Kind::Float, Device::Cpu))).unwrap_err();
         assert_eq!(e.code(), ErrorCode::OverBudget);
         assert_eq!((t.entries.len(), t.budget.used(), t.bytes), (0, 0, 0));
     }
@@ -246,14 +271,14 @@ mod tests {
     #[test]
     fn unused_tensors_expire_and_used_ones_stay() {
         let mut t = table(1 << 20, Duration::from_millis(100));
-        let a = t.keep(Tensor::ones([4], (Kind::Float, Device::Cpu))).unwrap();
-        let b = t.keep(Tensor::ones([4], (Kind::Float, Device::Cpu))).unwrap();
+        let a = t.keep(T, Tensor::ones([4], (Kind::Float, Device::Cpu))).unwrap();
+        let b = t.keep(T, Tensor::ones([4], (Kind::Float, Device::Cpu))).unwrap();
         let later = Instant::now() + Duration::from_millis(60);
         assert_eq!(t.expire(later), 0);
         t.entries.get_mut(&b.handle.id).unwrap().last_used = later;
         assert_eq!(t.expire(later + Duration::from_millis(60)), 1);
-        assert!(matches!(t.get(a.handle), Err(HandleError::Unknown { .. })));
-        assert!(t.get(b.handle).is_ok());
+        assert!(matches!(t.get(T, a.handle), Err(HandleError::Unknown { .. })));
+        assert!(t.get(T, b.handle).is_ok());
         assert_eq!(t.budget.used(), 16);
     }
 }

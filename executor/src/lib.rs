@@ -17,7 +17,7 @@ mod workers;
 
 pub use error::ExecError;
 pub use handles::{HandleError, HandleTable};
-pub use models::{Model, ModelStore, Upload, device_name, load, parse_device};
+pub use models::{Model, ModelStore, Scope, Unregistered, Upload, device_name, load, parse_device};
 pub use parked::{BreakpointError, Ended};
 pub use service::{NodeOptions, NodeService};
 pub use sessions::{Policy, SessionError, SessionOptions, SessionTable};

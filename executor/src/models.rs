@@ -1,11 +1,16 @@
-//! Registered models: uploads in progress, loading, the fingerprint → model map shared by every
-//! client, and LRU eviction of idle models under the node's memory budget.
+//! Registered models: uploads in progress, loading, the (scope, fingerprint) → model map, and
+//! LRU eviction of idle models under the node's memory budget.
+//!
+//! A model is private to the tenant that registered it (another tenant registering the same
+//! bytes gets a copy of its own: sharing would tell one tenant what another holds), or public:
+//! held once, and usable by every tenant that registered those bytes as public.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::io::Read;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use djinn_auth::TenantId;
 use djinn_dataplane::proto::{Fingerprint, ModelInfo, Payload};
 use djinn_gpudirect::{MemoryBudget, OverBudget, Reservation};
 use tch::jit::{CModule, IValue};
@@ -63,11 +68,12 @@ pub fn parse_device(s: &str) -> Result<Device, String> {
 /// reserved, then published. The store is locked between the steps, never while loading.
 pub fn load(upload: Upload, device: Device, models: &Mutex<ModelStore>) -> Result<Arc<Model>, ExecError> {
     let lock = || models.lock().unwrap_or_else(|e| e.into_inner());
+    let (scope, tenant) = (upload.scope, upload.tenant);
     let available = lock().available();
     let loaded = upload.load(device, available)?;
     let (plan, reservation) = lock().reserve_for(&loaded)?;
     let model = loaded.into_model(&plan, reservation)?;
-    Ok(lock().publish(model))
+    Ok(lock().publish(model, scope, tenant))
 }
 
 impl Model {
@@ -131,6 +137,9 @@ impl Model {
 #[derive(Debug)]
 pub struct Upload {
     pub fingerprint: Fingerprint,
+    pub scope: Scope,
+    /// The tenant registering it.
+    pub tenant: TenantId,
     pub block_lens: Vec<u64>,
     pub total: u64,
     pub received: u64,
@@ -139,12 +148,18 @@ pub struct Upload {
 }
 
 impl Upload {
-    pub fn new(fingerprint: Fingerprint, block_lens: Vec<u64>, connection: u64) -> Result<Self, String> {
+    pub fn new(
+        fingerprint: Fingerprint,
+        block_lens: Vec<u64>,
+        (tenant, public): (TenantId, bool),
+        connection: u64,
+    ) -> Result<Self, String> {
         if block_lens.is_empty() {
             return Err("a model needs at least one block".into());
         }
         let total = block_lens.iter().try_fold(0u64, |a, &b| a.checked_add(b)).ok_or("block lengths overflow")?;
-        Ok(Self { fingerprint, block_lens, total, received: 0, connection, chunks: Vec::new() })
+        let scope = if public { Scope::Public } else { Scope::Private(tenant) };
+        Ok(Self { fingerprint, scope, tenant, block_lens, total, received: 0, connection, chunks: Vec::new() })
     }
 
     /// Appends the chunk that starts at `offset`; chunks come in order.
@@ -383,17 +398,42 @@ pub struct Reservations {
     _host: Reservation,
 }
 
+/// Whose a model is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Scope {
+    Private(TenantId),
+    /// Shared by the tenants that registered it as public.
+    Public,
+}
+
+type Key = (Scope, Fingerprint);
+
 struct Entry {
     model: Arc<Model>,
     last_used: u64,
+    /// The tenants that registered it (one, for a private model): it is theirs to use until
+    /// the last one unregisters it.
+    owners: BTreeSet<TenantId>,
 }
 
-/// Fingerprint → model, shared by the poller (look-ups) and the workers (inserts after loads).
+/// What an unregistration did.
+#[derive(Debug)]
+pub enum Unregistered {
+    /// The tenant's last hold on the model: it goes once no request runs it.
+    Freed(Arc<Model>),
+    /// A public model other tenants still hold: only this tenant's hold went.
+    StillShared,
+    /// The tenant holds no such model.
+    Unknown,
+}
+
+/// (scope, fingerprint) → model, shared by the poller (look-ups) and the workers (inserts
+/// after loads).
 pub struct ModelStore {
     budget: MemoryBudget,
     /// Host memory for streamed blocks' weights.
     host_budget: MemoryBudget,
-    models: HashMap<Fingerprint, Entry>,
+    models: HashMap<Key, Entry>,
     clock: u64,
     evictions: u64,
 }
@@ -409,16 +449,42 @@ impl ModelStore {
         Self { budget, host_budget, models: HashMap::new(), clock: 0, evictions: 0 }
     }
 
-    /// The model, marked as just used.
-    pub fn get(&mut self, fingerprint: &Fingerprint) -> Option<Arc<Model>> {
+    /// Where `tenant`'s model of this fingerprint is: its private one first, else a public one
+    /// it registered.
+    fn key_of(&self, tenant: TenantId, fingerprint: &Fingerprint) -> Option<Key> {
+        let private = (Scope::Private(tenant), *fingerprint);
+        if self.models.contains_key(&private) {
+            return Some(private);
+        }
+        let public = (Scope::Public, *fingerprint);
+        self.models.get(&public).filter(|e| e.owners.contains(&tenant)).map(|_| public)
+    }
+
+    /// `tenant`'s model, marked as just used.
+    pub fn get(&mut self, tenant: TenantId, fingerprint: &Fingerprint) -> Option<Arc<Model>> {
         self.clock += 1;
-        let entry = self.models.get_mut(fingerprint)?;
+        let key = self.key_of(tenant, fingerprint)?;
+        let entry = self.models.get_mut(&key)?;
         entry.last_used = self.clock;
         Some(Arc::clone(&entry.model))
     }
 
-    pub fn contains(&self, fingerprint: &Fingerprint) -> bool {
-        self.models.contains_key(fingerprint)
+    pub fn contains(&self, tenant: TenantId, fingerprint: &Fingerprint) -> bool {
+        self.key_of(tenant, fingerprint).is_some()
+    }
+
+    /// True when a registration needs no upload: the tenant holds the model in that scope, or
+    /// (public) another tenant registered the same bytes as public, which `tenant` now holds
+    /// too.
+    pub fn claim(&mut self, tenant: TenantId, fingerprint: &Fingerprint, public: bool) -> bool {
+        let scope = if public { Scope::Public } else { Scope::Private(tenant) };
+        match self.models.get_mut(&(scope, *fingerprint)) {
+            Some(entry) => {
+                entry.owners.insert(tenant);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Plans where a loaded model's blocks live and takes that much device memory from the
@@ -441,15 +507,19 @@ impl ModelStore {
         self.budget.limit().saturating_sub(self.budget.used()) + idle
     }
 
-    /// Makes a model visible. If its fingerprint is already here (two clients uploaded it at
-    /// once), the copy already serving is kept and this one dropped.
-    fn publish(&mut self, model: Model) -> Arc<Model> {
-        if let Some(existing) = self.get(&model.fingerprint) {
-            return existing;
-        }
+    /// Makes a model visible to `tenant`. If it is already here in that scope (two clients
+    /// uploaded it at once), the copy already serving is kept and this one dropped.
+    fn publish(&mut self, model: Model, scope: Scope, tenant: TenantId) -> Arc<Model> {
         self.clock += 1;
+        let key = (scope, model.fingerprint);
+        if let Some(entry) = self.models.get_mut(&key) {
+            entry.owners.insert(tenant);
+            entry.last_used = self.clock;
+            return Arc::clone(&entry.model);
+        }
         let model = Arc::new(model);
-        self.models.insert(model.fingerprint, Entry { model: Arc::clone(&model), last_used: self.clock });
+        let entry = Entry { model: Arc::clone(&model), last_used: self.clock, owners: BTreeSet::from([tenant]) };
+        self.models.insert(key, entry);
         model
     }
 
@@ -464,23 +534,35 @@ impl ModelStore {
                         .iter()
                         .filter(|(_, e)| Arc::strong_count(&e.model) == 1)
                         .min_by_key(|(_, e)| e.last_used)
-                        .map(|(f, _)| *f);
+                        .map(|(k, _)| *k);
                     let Some(victim) = idle else { return Err(over) };
                     let entry = self.models.remove(&victim);
                     self.evictions += 1;
-                    tracing::info!(model = %victim, bytes = entry.map_or(0, |e| e.model.weight_bytes), "evicted an idle model");
+                    tracing::info!(model = %victim.1, bytes = entry.map_or(0, |e| e.model.weight_bytes), "evicted an idle model");
                 }
             }
         }
     }
 
-    /// Forgets a model; it is freed when the caller drops it and no request uses it.
-    pub fn remove(&mut self, fingerprint: &Fingerprint) -> Option<Arc<Model>> {
-        self.models.remove(fingerprint).map(|e| e.model)
+    /// Drops `tenant`'s hold on a model; the model is forgotten with its last holder, and
+    /// freed when the caller drops it and no request uses it.
+    pub fn remove(&mut self, tenant: TenantId, fingerprint: &Fingerprint) -> Unregistered {
+        let Some(key) = self.key_of(tenant, fingerprint) else { return Unregistered::Unknown };
+        let Some(entry) = self.models.get_mut(&key) else { return Unregistered::Unknown };
+        entry.owners.remove(&tenant);
+        if !entry.owners.is_empty() {
+            return Unregistered::StillShared;
+        }
+        match self.models.remove(&key) {
+            Some(entry) => Unregistered::Freed(entry.model),
+            None => Unregistered::Unknown,
+        }
     }
 
-    pub fn list(&self) -> Vec<ModelInfo> {
-        let mut infos: Vec<ModelInfo> = self.models.values().map(|e| e.model.info()).collect();
+    /// The models `tenant` holds.
+    pub fn list(&self, tenant: TenantId) -> Vec<ModelInfo> {
+        let mut infos: Vec<ModelInfo> =
+            self.models.values().filter(|e| e.owners.contains(&tenant)).map(|e| e.model.info()).collect();
         infos.sort_by_key(|m| m.fingerprint);
         infos
     }
@@ -505,6 +587,7 @@ mod tests {
 
     /// A multiple of the ring's slot alignment, so sizes are what they say.
     const K: u64 = 256;
+    const T: TenantId = TenantId(1);
 
     fn loaded(tag: u8, weight_bytes: u64) -> LoadedModel {
         LoadedModel {
@@ -524,7 +607,7 @@ mod tests {
 
     fn insert(store: &mut ModelStore, loaded: LoadedModel) -> Result<Arc<Model>, ExecError> {
         let (plan, reservation) = store.reserve_for(&loaded)?;
-        Ok(store.publish(loaded.into_model(&plan, reservation)?))
+        Ok(store.publish(loaded.into_model(&plan, reservation)?, Scope::Private(T), T))
     }
 
     #[test]
@@ -534,10 +617,10 @@ mod tests {
         let a = insert(&mut store, loaded(1, 60 * K)).unwrap();
         // `a` is held, as a running request holds its model: no room for b.
         assert!(insert(&mut store, loaded(2, 60 * K)).is_err());
-        assert!(store.contains(&Fingerprint([1; 32])));
+        assert!(store.contains(T, &Fingerprint([1; 32])));
         drop(a);
         insert(&mut store, loaded(2, 60 * K)).unwrap();
-        assert!(!store.contains(&Fingerprint([1; 32])));
+        assert!(!store.contains(T, &Fingerprint([1; 32])));
         assert_eq!(budget.used(), 60 * K);
     }
 
@@ -546,16 +629,48 @@ mod tests {
         let mut store = ModelStore::new(MemoryBudget::new(100 * K), MemoryBudget::new(100 * K));
         insert(&mut store, loaded(1, 40 * K)).unwrap();
         insert(&mut store, loaded(2, 40 * K)).unwrap();
-        store.get(&Fingerprint([1; 32]));
+        store.get(T, &Fingerprint([1; 32]));
         insert(&mut store, loaded(3, 40 * K)).unwrap();
-        assert!(store.contains(&Fingerprint([1; 32])) && !store.contains(&Fingerprint([2; 32])));
+        assert!(store.contains(T, &Fingerprint([1; 32])) && !store.contains(T, &Fingerprint([2; 32])));
+    }
+
+    #[test]
+    fn private_models_are_per_tenant_and_public_ones_shared() {
+        let budget = MemoryBudget::new(100 * K);
+        let mut store = ModelStore::new(budget.clone(), MemoryBudget::new(100 * K));
+        let (a, b) = (TenantId(1), TenantId(2));
+        let fp = Fingerprint([7; 32]);
+        let publish = |store: &mut ModelStore, scope, tenant| {
+            let loaded = loaded(7, 10 * K);
+            let (plan, reservation) = store.reserve_for(&loaded).unwrap();
+            store.publish(loaded.into_model(&plan, reservation).unwrap(), scope, tenant)
+        };
+        // Private: a's model is unknown to b, and b's registration of the same bytes loads a copy.
+        publish(&mut store, Scope::Private(a), a);
+        assert!(store.get(b, &fp).is_none() && !store.claim(b, &fp, false));
+        assert!(matches!(store.remove(b, &fp), Unregistered::Unknown));
+        publish(&mut store, Scope::Private(b), b);
+        assert_eq!(budget.used(), 20 * K);
+        assert_eq!(store.list(a).len(), 1);
+        // Public: one copy; a second tenant claims it without an upload; it goes with its last holder.
+        assert!(!store.claim(a, &fp, true));
+        publish(&mut store, Scope::Public, a);
+        assert!(store.claim(b, &fp, true));
+        assert_eq!(budget.used(), 30 * K);
+        assert!(matches!(store.remove(a, &fp), Unregistered::Freed(_)), "a's private copy goes first");
+        assert!(matches!(store.remove(a, &fp), Unregistered::StillShared), "then a's hold on the public one");
+        assert!(store.get(a, &fp).is_none() && store.get(b, &fp).is_some());
+        assert!(matches!(store.remove(b, &fp), Unregistered::Freed(_)));
+        assert!(matches!(store.remove(b, &fp), Unregistered::Freed(_)));
+        assert!(matches!(store.remove(b, &fp), Unregistered::Unknown));
+        assert_eq!(budget.used(), 0);
     }
 
     #[test]
     fn chunks_are_read_back_across_their_boundaries() {
         let chunk =
             |bytes: &[u8]| Payload { buf: djinn_gpudirect::HostBuf::copy_from(bytes).unwrap(), reservation: None };
-        let mut upload = Upload::new(Fingerprint([0; 32]), vec![3, 4], 1).unwrap();
+        let mut upload = Upload::new(Fingerprint([0; 32]), vec![3, 4], (T, false), 1).unwrap();
         upload.add(0, chunk(b"ab")).unwrap();
         upload.add(2, chunk(b"cdef")).unwrap();
         assert!(upload.add(5, chunk(b"g")).is_err(), "out of order");

@@ -1,7 +1,8 @@
 //! Node-to-node moves: a thread that pushes this node's tensors into other nodes' device memory.
 //! It holds one connection per peer (opened on first use, opened again after a failure) and
 //! speaks the ordinary protocol to it: the bytes go as a `Keep` request, and the peer answers
-//! with a handle of its own.
+//! with a handle of its own. Where the peer needs a token, the mover presents the node's and
+//! acts for the tenant whose tensor it is, so the handle on the peer is that tenant's.
 //!
 //! The path built so far is staging: the tensor's bytes leave from host memory (copied there
 //! first from a GPU) over TCP, and the peer copies them to its device.
@@ -30,6 +31,8 @@ pub enum PushSource {
 struct PushJob {
     source: PushSource,
     to: String,
+    /// The tenant the tensor belongs to, by name (empty where nodes need no token).
+    tenant: String,
     reply_to: ReplyTo,
     replier: Replier,
 }
@@ -46,15 +49,16 @@ impl std::fmt::Debug for Mover {
 }
 
 impl Mover {
-    /// `timeout` bounds each push's wait on its peer.
-    pub fn start(timeout: Duration) -> std::io::Result<Self> {
+    /// `timeout` bounds each push's wait on its peer; `token` is this node's, for peers that
+    /// need one.
+    pub fn start(timeout: Duration, token: String) -> std::io::Result<Self> {
         let (tx, rx) = crossbeam_channel::unbounded();
-        let thread = std::thread::Builder::new().name("djinn-mover".into()).spawn(move || run(rx, timeout))?;
+        let thread = std::thread::Builder::new().name("djinn-mover".into()).spawn(move || run(rx, timeout, token))?;
         Ok(Self { tx: Some(tx), thread: Some(thread) })
     }
 
-    pub fn push(&self, source: PushSource, to: String, reply_to: ReplyTo, replier: &Replier) {
-        let job = PushJob { source, to, reply_to, replier: replier.clone() };
+    pub fn push(&self, source: PushSource, to: String, tenant: String, reply_to: ReplyTo, replier: &Replier) {
+        let job = PushJob { source, to, tenant, reply_to, replier: replier.clone() };
         if let Some(tx) = &self.tx
             && let Err(e) = tx.send(job)
         {
@@ -73,9 +77,13 @@ impl Drop for Mover {
     }
 }
 
-fn run(rx: Receiver<PushJob>, timeout: Duration) {
-    let mut peers: HashMap<String, ClientConn> = HashMap::new();
+/// A connection to a peer, for one tenant.
+type PeerKey = (String, String);
+
+fn run(rx: Receiver<PushJob>, timeout: Duration, token: String) {
+    let mut peers: HashMap<PeerKey, ClientConn> = HashMap::new();
     let options = ClientOptions {
+        token,
         transport: Transport::Tcp,
         timeout: Some(timeout),
         connect_timeout: timeout.min(Duration::from_secs(5)),
@@ -83,9 +91,9 @@ fn run(rx: Receiver<PushJob>, timeout: Duration) {
         pool_bytes: 0,
         ..ClientOptions::default()
     };
-    while let Ok(PushJob { source, to, reply_to, replier }) = rx.recv() {
+    while let Ok(PushJob { source, to, tenant, reply_to, replier }) = rx.recv() {
         let started = std::time::Instant::now();
-        let result = push(&mut peers, &options, source, &to);
+        let result = push(&mut peers, &options, source, (to.clone(), tenant));
         let reply = match result {
             Ok(kept) => {
                 tracing::debug!(peer = %to, bytes = kept.tensor.byte_len, seconds = started.elapsed().as_secs_f64(), "pushed");
@@ -101,10 +109,10 @@ fn run(rx: Receiver<PushJob>, timeout: Duration) {
 }
 
 fn push(
-    peers: &mut HashMap<String, ClientConn>,
+    peers: &mut HashMap<PeerKey, ClientConn>,
     options: &ClientOptions,
     source: PushSource,
-    to: &str,
+    key: PeerKey,
 ) -> Result<djinn_dataplane::proto::HandleInfo, (ErrorCode, String)> {
     let (desc, bytes): (TensorDesc, SharedBytes) = match source {
         PushSource::Bytes { desc, bytes } => (desc, bytes),
@@ -114,14 +122,15 @@ fn push(
         }
     };
     let message = Message::Keep { tensor: desc };
+    let (to, tenant) = (key.0.as_str(), key.1.as_str());
     // A cached connection found broken is opened again once: the peer may have restarted since.
     let mut retried = false;
     loop {
-        let conn = match peers.get_mut(to).filter(|c| c.is_usable()) {
+        let conn = match peers.get_mut(&key).filter(|c| c.is_usable()) {
             Some(conn) => conn,
             None => {
-                let conn = connect(to, options).map_err(|e| (ErrorCode::PeerUnreachable, e))?;
-                peers.entry(to.to_owned()).insert_entry(conn).into_mut()
+                let conn = connect(to, tenant, options)?;
+                peers.entry(key.clone()).insert_entry(conn).into_mut()
             }
         };
         let result = conn.request(&message, &[bytes.as_ref().as_ref()]);
@@ -137,7 +146,7 @@ fn push(
                 return Err((code, format!("the peer at {to} refused the tensor: {message}")));
             }
             Err(e) => {
-                peers.remove(to);
+                peers.remove(&key);
                 if retried || !broken {
                     return Err((ErrorCode::PeerUnreachable, format!("pushing to {to} failed: {e}")));
                 }
@@ -148,10 +157,24 @@ fn push(
     }
 }
 
-fn connect(to: &str, options: &ClientOptions) -> Result<ClientConn, String> {
-    let addrs: Vec<_> = to.to_socket_addrs().map_err(|e| format!("{to:?} is not a reachable address: {e}"))?.collect();
-    let mut conn = ClientConn::connect(&addrs[..], options.clone()).map_err(|e| format!("cannot reach {to}: {e}"))?;
-    let hello = Hello::new(&Limits::default(), transports::TCP, concat!("djinn-node/", env!("CARGO_PKG_VERSION")));
-    conn.hello(hello).map_err(|e| format!("hello to {to} failed: {e}"))?;
-    Ok(conn)
+/// Opens a connection to the peer at `to`, for `tenant`. A peer that refuses the node's token
+/// says so in its own code (a misconfiguration, not an unreachable peer).
+fn connect(to: &str, tenant: &str, options: &ClientOptions) -> Result<ClientConn, (ErrorCode, String)> {
+    let unreachable = |e: String| (ErrorCode::PeerUnreachable, e);
+    let addrs: Vec<_> =
+        to.to_socket_addrs().map_err(|e| unreachable(format!("{to:?} is not a reachable address: {e}")))?.collect();
+    let mut conn =
+        ClientConn::connect(&addrs[..], options.clone()).map_err(|e| unreachable(format!("cannot reach {to}: {e}")))?;
+    let hello = Hello {
+        token: options.token.clone(),
+        tenant: tenant.to_owned(),
+        ..Hello::new(&Limits::default(), transports::TCP, concat!("djinn-node/", env!("CARGO_PKG_VERSION")))
+    };
+    match conn.hello(hello) {
+        Ok(_) => Ok(conn),
+        Err(ClientError::Remote { code, message, .. }) => {
+            Err((code, format!("the peer at {to} refused this node's hello: {message}")))
+        }
+        Err(e) => Err(unreachable(format!("hello to {to} failed: {e}"))),
+    }
 }

@@ -10,6 +10,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use djinn_auth::TenantId;
 use djinn_dataplane::proto::{ErrorCode, Handle, TensorDesc, Value};
 use djinn_gpudirect::{MemoryBudget, Reservation};
 use tch::Tensor;
@@ -91,6 +92,8 @@ pub struct SessionStep {
 
 /// What a stopped run leaves on the node.
 pub struct Parked {
+    /// Whose run it is: only that tenant may resume, inspect or abort it.
+    pub tenant: TenantId,
     pub model: Arc<Model>,
     /// The block that ran last; a resume starts at the next one.
     pub block: usize,
@@ -110,6 +113,7 @@ impl std::fmt::Debug for Parked {
 
 /// A run stopped after `block`, to be parked.
 pub struct Stopped {
+    pub tenant: TenantId,
     pub model: Arc<Model>,
     pub block: usize,
     pub activation: Activation,
@@ -135,7 +139,7 @@ pub struct ParkedTable {
     epoch: u64,
     next_id: u64,
     parked: HashMap<u64, Parked>,
-    ended: HashMap<u64, Ended>,
+    ended: HashMap<u64, (Ended, TenantId)>,
     ended_order: VecDeque<u64>,
     budget: MemoryBudget,
     ttl: Duration,
@@ -178,23 +182,24 @@ impl ParkedTable {
         let charge = self.budget.try_reserve(bytes)?;
         let id = self.next_id;
         self.next_id += 1;
-        let Stopped { model, block, activation, keep, session, .. } = stopped;
+        let Stopped { tenant, model, block, activation, keep, session, .. } = stopped;
         let expires = Instant::now() + self.ttl;
-        self.parked.insert(id, Parked { model, block, activation, keep, session, charge, expires });
+        self.parked.insert(id, Parked { tenant, model, block, activation, keep, session, charge, expires });
         self.counters.parked += 1;
         Ok(Handle { id, epoch: self.epoch })
     }
 
-    fn id_of(&self, parked: Handle) -> Result<u64, BreakpointError> {
+    /// The id of `tenant`'s parked request; another tenant's is unknown to it.
+    fn id_of(&self, tenant: TenantId, parked: Handle) -> Result<u64, BreakpointError> {
         if parked.epoch != self.epoch {
             return Err(BreakpointError::Stale { parked, current: self.epoch });
         }
-        if self.parked.contains_key(&parked.id) {
+        if self.parked.get(&parked.id).is_some_and(|p| p.tenant == tenant) {
             return Ok(parked.id);
         }
         match self.ended.get(&parked.id) {
-            Some(&how) => Err(BreakpointError::Ended { parked, how }),
-            None => Err(BreakpointError::Unknown { parked, ttl: self.ttl }),
+            Some(&(how, owner)) if owner == tenant => Err(BreakpointError::Ended { parked, how }),
+            _ => Err(BreakpointError::Unknown { parked, ttl: self.ttl }),
         }
     }
 
@@ -202,11 +207,12 @@ impl ParkedTable {
     /// described by `tensors`), when given, matches the parked one; a mismatch leaves it parked.
     pub fn take_for_resume(
         &mut self,
+        tenant: TenantId,
         parked: Handle,
         activation: Option<&Value>,
         tensors: &[TensorDesc],
     ) -> Result<Parked, BreakpointError> {
-        let id = self.id_of(parked)?;
+        let id = self.id_of(tenant, parked)?;
         if let (Some(value), Some(p)) = (activation, self.parked.get(&id)) {
             p.activation.check(value, tensors, &mut String::from("activation"))?;
         }
@@ -222,14 +228,14 @@ impl ParkedTable {
         self.parked.insert(parked.id, request);
     }
 
-    pub fn abort(&mut self, parked: Handle) -> Result<Parked, BreakpointError> {
-        let id = self.id_of(parked)?;
+    pub fn abort(&mut self, tenant: TenantId, parked: Handle) -> Result<Parked, BreakpointError> {
+        let id = self.id_of(tenant, parked)?;
         self.end(id, Ended::Aborted).ok_or(BreakpointError::Unknown { parked, ttl: self.ttl })
     }
 
     /// A copy of the parked activation, and the block it is the output of.
-    pub fn activation(&self, parked: Handle) -> Result<(Activation, usize), ExecError> {
-        let id = self.id_of(parked)?;
+    pub fn activation(&self, tenant: TenantId, parked: Handle) -> Result<(Activation, usize), ExecError> {
+        let id = self.id_of(tenant, parked)?;
         let p = self.parked.get(&id).ok_or(BreakpointError::Unknown { parked, ttl: self.ttl })?;
         Ok((Activation::of(p.activation.shallow()?, &mut |t| Ok(t))?, p.block))
     }
@@ -247,12 +253,13 @@ impl ParkedTable {
 
     fn end(&mut self, id: u64, how: Ended) -> Option<Parked> {
         let parked = self.parked.remove(&id)?;
+        let tenant = parked.tenant;
         match how {
             Ended::Resumed => self.counters.resumed += 1,
             Ended::Aborted => self.counters.aborted += 1,
             Ended::Expired => self.counters.expired += 1,
         }
-        self.ended.insert(id, how);
+        self.ended.insert(id, (how, tenant));
         self.ended_order.push_back(id);
         while self.ended_order.len() > ENDED_REMEMBERED {
             if let Some(old) = self.ended_order.pop_front() {

@@ -7,13 +7,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use djinn_auth::{Authenticator, TenantId};
 use djinn_dataplane::proto::{ErrorCode, Fingerprint, Frame, Handle, Message, Payload, Refusal, TensorSource};
 use djinn_dataplane::tcp::{Replier, Reply, ReplyTo, Service};
 use djinn_gpudirect::{BufferPool, MemoryBudget};
 use tch::Device;
 
 use crate::handles::HandleTable;
-use crate::models::{ModelStore, Upload};
+use crate::models::{ModelStore, Unregistered, Upload};
 use crate::mover::{Mover, PushSource};
 use crate::parked::{Parked, ParkedTable};
 use crate::sessions::{Op, SessionOptions, SessionTable, lock};
@@ -37,6 +38,10 @@ pub struct NodeOptions {
     pub sessions: SessionOptions,
     /// A request parked at a breakpoint is released after this long.
     pub parked_ttl: Duration,
+    /// The node's principals, when clients need tokens: what a push names the tenant by.
+    pub auth: Option<Arc<Authenticator>>,
+    /// This node's token, presented to the nodes it pushes to.
+    pub token: String,
 }
 
 #[derive(Debug)]
@@ -52,6 +57,7 @@ pub struct NodeService {
     sessions: Arc<Mutex<SessionTable>>,
     parked: Arc<Mutex<ParkedTable>>,
     mover: Mover,
+    auth: Option<Arc<Authenticator>>,
     // Before the workers: the sweeper holds a queue into them, which must go first.
     _sweeper: Sweeper,
     workers: Workers,
@@ -92,7 +98,8 @@ impl NodeService {
             handles,
             sessions,
             parked,
-            mover: Mover::start(options.push_timeout)?,
+            mover: Mover::start(options.push_timeout, options.token)?,
+            auth: options.auth,
             workers,
         })
     }
@@ -120,8 +127,8 @@ impl NodeService {
     }
 
     /// Drops a parked request; a session step parked ends with the state it had before it.
-    fn abort(&self, parked: Handle) -> Reply {
-        match self.parked().abort(parked) {
+    fn abort(&self, tenant: TenantId, parked: Handle) -> Reply {
+        match self.parked().abort(tenant, parked) {
             Ok(request) => {
                 if let Some(id) = end_parked_step(&request, &self.sessions) {
                     self.workers.drain_session(id);
@@ -133,8 +140,8 @@ impl NodeService {
     }
 
     /// Queues a request on its session (drained by one worker at a time, in order).
-    fn enqueue(&self, session: djinn_dataplane::proto::Handle, op: Op) -> Option<Reply> {
-        match self.sessions().enqueue(session, op) {
+    fn enqueue(&self, tenant: TenantId, session: Handle, op: Op) -> Option<Reply> {
+        match self.sessions().enqueue(tenant, session, op) {
             Ok(start) => {
                 if start {
                     self.workers.drain_session(session.id);
@@ -146,25 +153,28 @@ impl NodeService {
     }
 
     fn push(&mut self, source: TensorSource, to: String, reply_to: ReplyTo, replier: &Replier) -> Option<Reply> {
+        let tenant = reply_to.tenant;
         let source = match source {
-            TensorSource::Named(name) => match self.tensors.shared(&name) {
+            TensorSource::Named(name) => match self.tensors.shared(tenant, &name) {
                 Some((desc, bytes)) => PushSource::Bytes { desc, bytes },
                 None => return Some(Reply::error(ErrorCode::NotFound, format!("no tensor named {name:?}"))),
             },
-            TensorSource::Handle(handle) => match self.handles().get(handle) {
+            TensorSource::Handle(handle) => match self.handles().get(tenant, handle) {
                 Ok((tensor, _)) => PushSource::Tensor(tensor),
                 Err(e) => return Some(Reply::error(e.code(), e.to_string())),
             },
         };
-        self.mover.push(source, to, reply_to, replier);
+        // On the peer, the tensor is the same tenant's.
+        let name = self.auth.as_ref().and_then(|a| a.name(tenant)).map_or_else(String::new, |n| n.to_string());
+        self.mover.push(source, to, name, reply_to, replier);
         None
     }
 
-    fn register_begin(&mut self, fingerprint: Fingerprint, blocks: Vec<u64>, to: ReplyTo) -> Reply {
-        if self.models().contains(&fingerprint) {
+    fn register_begin(&mut self, fingerprint: Fingerprint, blocks: Vec<u64>, public: bool, to: ReplyTo) -> Reply {
+        if self.models().claim(to.tenant, &fingerprint, public) {
             return Reply::message(Message::RegisterReady { upload: 0, registered: true });
         }
-        match Upload::new(fingerprint, blocks, to.connection()) {
+        match Upload::new(fingerprint, blocks, (to.tenant, public), to.connection()) {
             Ok(upload) => {
                 let id = self.next_upload;
                 self.next_upload += 1;
@@ -229,11 +239,14 @@ impl Service for NodeService {
 
     fn handle(&mut self, frame: Frame, to: ReplyTo, replier: &Replier) -> Option<Reply> {
         let Frame { message, payload, request_id } = frame;
+        let tenant = to.tenant;
         Some(match message {
             message @ (Message::Put { .. } | Message::Get { .. } | Message::Delete { .. } | Message::List { .. }) => {
-                self.tensors.handle(message, payload)
+                self.tensors.handle(tenant, message, payload)
             }
-            Message::RegisterBegin { fingerprint, blocks } => self.register_begin(fingerprint, blocks, to),
+            Message::RegisterBegin { fingerprint, blocks, public } => {
+                self.register_begin(fingerprint, blocks, public, to)
+            }
             Message::RegisterChunk { upload, offset, .. } => self.register_chunk(upload, offset, payload, to),
             Message::RegisterCommit { upload: id } => {
                 match self.uploads.remove(&id).filter(|u| u.connection == to.connection()) {
@@ -244,31 +257,36 @@ impl Service for NodeService {
                     None => Reply::error(ErrorCode::NotFound, format!("no upload {id} on this connection")),
                 }
             }
-            Message::Execute { fingerprint, tensors, inputs, keep, until } => match self.models().get(&fingerprint) {
-                Some(model) => {
-                    let message = Message::Execute { fingerprint, tensors, inputs, keep, until };
-                    self.workers.submit(
-                        Job::Execute { model, frame: Frame { request_id, message, payload } },
-                        to,
-                        replier,
-                    );
-                    return None;
-                }
-                None => Reply::error(ErrorCode::UnknownModel, format!("no model {fingerprint} on this node")),
-            },
-            Message::Unregister { fingerprint } => {
-                let removed = self.models().remove(&fingerprint);
-                match removed {
-                    // Freeing gigabytes of weights (and a streamer's pinned memory) is a
-                    // worker's job, not the poller's.
+            Message::Execute { fingerprint, tensors, inputs, keep, until } => {
+                match self.models().get(tenant, &fingerprint) {
                     Some(model) => {
-                        self.workers.submit(Job::Free { model }, to, replier);
+                        let message = Message::Execute { fingerprint, tensors, inputs, keep, until };
+                        self.workers.submit(
+                            Job::Execute { model, frame: Frame { request_id, message, payload } },
+                            to,
+                            replier,
+                        );
                         return None;
                     }
                     None => Reply::error(ErrorCode::UnknownModel, format!("no model {fingerprint} on this node")),
                 }
             }
-            Message::ListModels => Reply::message(Message::ModelList { models: self.models().list() }),
+            Message::Unregister { fingerprint } => {
+                let removed = self.models().remove(tenant, &fingerprint);
+                match removed {
+                    // Freeing gigabytes of weights (and a streamer's pinned memory) is a
+                    // worker's job, not the poller's.
+                    Unregistered::Freed(model) => {
+                        self.workers.submit(Job::Free { model }, to, replier);
+                        return None;
+                    }
+                    Unregistered::StillShared => Reply::message(Message::UnregisterAck),
+                    Unregistered::Unknown => {
+                        Reply::error(ErrorCode::UnknownModel, format!("no model {fingerprint} on this node"))
+                    }
+                }
+            }
+            Message::ListModels => Reply::message(Message::ModelList { models: self.models().list(tenant) }),
             Message::Keep { tensor } => {
                 self.workers.submit(Job::Keep { tensor, payload }, to, replier);
                 return None;
@@ -278,10 +296,10 @@ impl Service for NodeService {
                 return None;
             }
             Message::Release { handles } => {
-                Reply::message(Message::Released { released: self.handles().release(&handles) })
+                Reply::message(Message::Released { released: self.handles().release(tenant, &handles) })
             }
             Message::Push { source, to: peer } => return self.push(source, peer, to, replier),
-            Message::SessionOpen { fingerprint, state, reserve } => match self.models().get(&fingerprint) {
+            Message::SessionOpen { fingerprint, state, reserve } => match self.models().get(tenant, &fingerprint) {
                 Some(model) => {
                     let message = Message::SessionOpen { fingerprint, state, reserve };
                     let frame = Frame { request_id, message, payload };
@@ -293,19 +311,19 @@ impl Service for NodeService {
             Message::SessionStep { session, tensors, inputs, until } => {
                 let message = Message::SessionStep { session, tensors, inputs, until };
                 let op = Op::Step { frame: Frame { request_id, message, payload }, to, replier: replier.clone() };
-                return self.enqueue(session, op);
+                return self.enqueue(tenant, session, op);
             }
             // Acknowledged at once: the signal takes effect in its turn, in the background.
             Message::SessionSignal { session, signal } => {
-                self.enqueue(session, Op::Signal(signal)).unwrap_or(Reply::message(Message::SessionSignaled))
+                self.enqueue(tenant, session, Op::Signal(signal)).unwrap_or(Reply::message(Message::SessionSignaled))
             }
             Message::SessionClose { session } => {
-                return self.enqueue(session, Op::Close { to, replier: replier.clone() });
+                return self.enqueue(tenant, session, Op::Close { to, replier: replier.clone() });
             }
             // The activation a resume replaces is checked here, before anything runs: a
             // mismatch leaves the request parked.
             Message::Resume { parked: handle, tensors, activation, until } => {
-                match self.parked().take_for_resume(handle, activation.as_ref(), &tensors) {
+                match self.parked().take_for_resume(tenant, handle, activation.as_ref(), &tensors) {
                     Ok(parked) => {
                         let message = Message::Resume { parked: handle, tensors, activation, until };
                         let frame = Frame { request_id, message, payload };
@@ -315,14 +333,14 @@ impl Service for NodeService {
                     Err(e) => Reply::error(e.code(), e.to_string()),
                 }
             }
-            Message::Inspect { parked: handle } => match self.parked().activation(handle) {
+            Message::Inspect { parked: handle } => match self.parked().activation(tenant, handle) {
                 Ok((activation, block)) => {
                     self.workers.submit(Job::Inspect { activation, handle, block }, to, replier);
                     return None;
                 }
                 Err(e) => Reply::error(e.code(), e.to_string()),
             },
-            Message::Abort { parked } => self.abort(parked),
+            Message::Abort { parked } => self.abort(tenant, parked),
             other => {
                 Reply::error(ErrorCode::Unexpected, format!("a node does not serve {} requests", other.kind().name()))
             }

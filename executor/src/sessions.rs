@@ -17,6 +17,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use djinn_auth::TenantId;
 use djinn_dataplane::proto::{ErrorCode, Frame, Handle, Signal};
 use djinn_dataplane::tcp::{Replier, ReplyTo};
 use djinn_gpudirect::{MemoryBudget, Reservation};
@@ -143,6 +144,8 @@ enum Place {
 }
 
 struct Session {
+    /// Whose session it is: only that tenant may step, signal or close it.
+    tenant: TenantId,
     model: Arc<Model>,
     state: Vec<Tensor>,
     /// What the state is charged on the device: at least the size announced at open, and the
@@ -233,7 +236,13 @@ impl SessionTable {
     }
 
     /// Opens a session whose initial state (already on the device) is `state`.
-    pub fn open(&mut self, model: Arc<Model>, state: Vec<Tensor>, reserve: u64) -> Result<Handle, ExecError> {
+    pub fn open(
+        &mut self,
+        tenant: TenantId,
+        model: Arc<Model>,
+        state: Vec<Tensor>,
+        reserve: u64,
+    ) -> Result<Handle, ExecError> {
         let bytes = state_bytes(&state);
         let charge = reserve.max(bytes);
         let reservations = self.make_room(charge, None, false)?;
@@ -243,6 +252,7 @@ impl SessionTable {
         self.sessions.insert(
             id,
             Session {
+                tenant,
                 model,
                 state,
                 charge,
@@ -260,11 +270,12 @@ impl SessionTable {
         Ok(Handle { id, epoch: self.epoch })
     }
 
-    fn id_of(&self, session: Handle) -> Result<u64, SessionError> {
+    /// The id of `tenant`'s session; another tenant's is unknown to it.
+    fn id_of(&self, tenant: TenantId, session: Handle) -> Result<u64, SessionError> {
         if session.epoch != self.epoch {
             return Err(SessionError::Stale { session, current: self.epoch });
         }
-        if self.sessions.contains_key(&session.id) {
+        if self.sessions.get(&session.id).is_some_and(|s| s.tenant == tenant) {
             Ok(session.id)
         } else {
             Err(SessionError::Unknown { session, idle_ttl: self.options.idle_ttl })
@@ -273,8 +284,8 @@ impl SessionTable {
 
     /// Queues `op` on the session; true when no worker drains its queue yet (the caller starts
     /// one, which calls [`Self::next_op`] until it returns `None`).
-    pub fn enqueue(&mut self, session: Handle, op: Op) -> Result<bool, SessionError> {
-        let id = self.id_of(session)?;
+    pub fn enqueue(&mut self, tenant: TenantId, session: Handle, op: Op) -> Result<bool, SessionError> {
+        let id = self.id_of(tenant, session)?;
         let s = self.sessions.get_mut(&id).ok_or(SessionError::Unknown { session, idle_ttl: self.options.idle_ttl })?;
         s.last_used = Instant::now();
         s.ops.push_back(op);

@@ -1,9 +1,11 @@
-//! Named tensors kept in node memory, under the node's memory budget.
+//! Named tensors kept in node memory, under the node's memory budget. Names are per tenant: a
+//! tenant sees, lists and replaces only its own.
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::sync::Arc;
 
+use djinn_auth::TenantId;
 use djinn_dataplane::proto::{ErrorCode, ListEntry, Message, Payload, Refusal, TensorDesc};
 use djinn_dataplane::tcp::Reply;
 use djinn_gpudirect::{BufferPool, HostBuf, MemoryBudget};
@@ -35,7 +37,7 @@ struct StoreStats {
 pub struct TensorStore {
     budget: MemoryBudget,
     pool: BufferPool,
-    tensors: BTreeMap<String, Arc<StoredTensor>>,
+    tensors: BTreeMap<(TenantId, String), Arc<StoredTensor>>,
     stats: StoreStats,
     /// Bound on a list reply's encoded entries, so it fits the peer's metadata limit.
     max_list_meta: usize,
@@ -55,9 +57,9 @@ impl TensorStore {
         }
     }
 
-    fn put(&mut self, name: String, desc: TensorDesc, data: Payload) -> Reply {
+    fn put(&mut self, tenant: TenantId, name: String, desc: TensorDesc, data: Payload) -> Reply {
         let bytes = desc.byte_len;
-        let old = self.tensors.insert(name, Arc::new(StoredTensor { desc, data }));
+        let old = self.tensors.insert((tenant, name), Arc::new(StoredTensor { desc, data }));
         self.stats.tensors += 1;
         self.stats.stored_bytes += bytes;
         if let Some(old) = &old {
@@ -71,15 +73,19 @@ impl TensorStore {
         self.stats.stored_bytes -= tensor.desc.byte_len;
     }
 
-    fn list(&self, after: Option<String>, limit: u32) -> Reply {
-        let start = match &after {
-            Some(name) => Bound::Excluded(name.as_str()),
+    fn list(&self, tenant: TenantId, after: Option<String>, limit: u32) -> Reply {
+        let start = match after {
+            Some(name) => Bound::Excluded((tenant, name)),
+            None => Bound::Included((tenant, String::new())),
+        };
+        let end = match tenant.0.checked_add(1) {
+            Some(next) => Bound::Excluded((TenantId(next), String::new())),
             None => Bound::Unbounded,
         };
         let mut entries = Vec::new();
         let mut size = 0;
         let mut more = false;
-        for (name, tensor) in self.tensors.range::<str, _>((start, Bound::Unbounded)) {
+        for ((_, name), tensor) in self.tensors.range((start, end)) {
             let entry_size = 2 + name.len() + 10 + 8 * tensor.desc.shape.len();
             if entries.len() as u32 >= limit.min(MAX_LIST) || size + entry_size > self.max_list_meta {
                 more = true;
@@ -93,9 +99,10 @@ impl TensorStore {
 }
 
 impl TensorStore {
-    /// A named tensor's descriptor and its bytes, shared with the store.
-    pub fn shared(&self, name: &str) -> Option<(TensorDesc, djinn_dataplane::proto::SharedBytes)> {
-        self.tensors.get(name).map(|t| (t.desc.clone(), Arc::clone(t) as _))
+    /// `tenant`'s named tensor: its descriptor and its bytes, shared with the store.
+    pub fn shared(&self, tenant: TenantId, name: &str) -> Option<(TensorDesc, djinn_dataplane::proto::SharedBytes)> {
+        // The key is owned; a look-up by borrowed parts would need a custom Borrow.
+        self.tensors.get(&(tenant, name.to_owned())).map(|t| (t.desc.clone(), Arc::clone(t) as _))
     }
 
     /// Memory for a put's payload: reserved from the budget, then taken from the pool.
@@ -105,29 +112,35 @@ impl TensorStore {
         Ok(Payload { buf, reservation: Some(reservation) })
     }
 
-    /// Answers put, get, delete and list.
-    pub fn handle(&mut self, message: Message, payload: Option<Payload>) -> Reply {
+    /// Answers `tenant`'s put, get, delete and list.
+    pub fn handle(&mut self, tenant: TenantId, message: Message, payload: Option<Payload>) -> Reply {
         match (message, payload) {
-            (Message::Put { name, tensor }, Some(data)) => self.put(name, tensor, data),
+            (Message::Put { name, tensor }, Some(data)) => self.put(tenant, name, tensor, data),
             // An empty tensor has no payload bytes.
             (Message::Put { name, tensor }, None) => {
-                self.put(name, tensor, Payload { buf: HostBuf::empty(), reservation: None })
+                self.put(tenant, name, tensor, Payload { buf: HostBuf::empty(), reservation: None })
             }
-            (Message::Get { name }, _) => match self.tensors.get(&name) {
-                Some(tensor) => Reply {
-                    message: Message::GetReply { tensor: tensor.desc.clone() },
-                    tensors: vec![Arc::clone(tensor) as _],
-                },
-                None => Reply::error(ErrorCode::NotFound, format!("no tensor named {name:?}")),
-            },
-            (Message::Delete { name }, _) => match self.tensors.remove(&name) {
-                Some(old) => {
-                    self.forget(&old);
-                    Reply::message(Message::DeleteAck)
+            (Message::Get { name }, _) => {
+                let key = (tenant, name);
+                match self.tensors.get(&key) {
+                    Some(tensor) => Reply {
+                        message: Message::GetReply { tensor: tensor.desc.clone() },
+                        tensors: vec![Arc::clone(tensor) as _],
+                    },
+                    None => Reply::error(ErrorCode::NotFound, format!("no tensor named {:?}", key.1)),
                 }
-                None => Reply::error(ErrorCode::NotFound, format!("no tensor named {name:?}")),
-            },
-            (Message::List { after, limit }, _) => self.list(after, limit),
+            }
+            (Message::Delete { name }, _) => {
+                let key = (tenant, name);
+                match self.tensors.remove(&key) {
+                    Some(old) => {
+                        self.forget(&old);
+                        Reply::message(Message::DeleteAck)
+                    }
+                    None => Reply::error(ErrorCode::NotFound, format!("no tensor named {:?}", key.1)),
+                }
+            }
+            (Message::List { after, limit }, _) => self.list(tenant, after, limit),
             (message, _) => Reply::error(
                 ErrorCode::Unexpected,
                 format!("the tensor store does not serve {} requests", message.kind().name()),

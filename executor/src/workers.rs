@@ -9,6 +9,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
+use djinn_auth::TenantId;
 use djinn_dataplane::proto::{Breakpoint, Frame, Handle, Message, Payload, SharedBytes, TensorDesc, Value};
 use djinn_dataplane::tcp::{Replier, Reply, ReplyTo};
 use tch::jit::IValue;
@@ -199,6 +200,7 @@ fn work(rx: Receiver<Envelope>, shared: &Shared) {
     let Shared { device, models, handles, sessions, counters, .. } = shared;
     let device = *device;
     while let Some(Envelope { job, reply }) = next_job(&rx) {
+        let tenant = reply.as_ref().map_or(TenantId::DEFAULT, |(to, _)| to.tenant);
         if let Job::Session { id } = job {
             drain_session(id, shared);
             counters.queued.fetch_sub(1, Ordering::Relaxed);
@@ -213,7 +215,7 @@ fn work(rx: Receiver<Envelope>, shared: &Shared) {
         // A resumed session step that ended lets the session's waiting requests run.
         let mut then_drain = None;
         let result = caught(|| match job {
-            Job::Execute { model, frame } => execute(model, frame, shared),
+            Job::Execute { model, frame } => execute(tenant, model, frame, shared),
             Job::Resume { handle, parked, frame } => resume(handle, parked, frame, shared, &mut then_drain),
             Job::Inspect { activation, handle, block } => {
                 Ok(paused(handle, block, Sent::activation(Some(&activation))?))
@@ -223,9 +225,9 @@ fn work(rx: Receiver<Envelope>, shared: &Shared) {
                 drop(model);
                 Ok(Reply::message(Message::UnregisterAck))
             }
-            Job::Keep { tensor, payload } => keep(&tensor, payload, device, handles),
-            Job::Fetch { handle } => fetch(handle, handles),
-            Job::SessionOpen { model, frame } => open_session(model, frame, sessions),
+            Job::Keep { tensor, payload } => keep(tenant, &tensor, payload, device, handles),
+            Job::Fetch { handle } => fetch(tenant, handle, handles),
+            Job::SessionOpen { model, frame } => open_session(tenant, model, frame, sessions),
             Job::Session { .. } => Err(ExecError::Internal("a session drain with a reply".into())),
         });
         let result = match result {
@@ -276,7 +278,7 @@ fn drain_session(id: u64, shared: &Shared) {
         let Some(op) = lock(sessions).next_op(id) else { return };
         match op {
             Op::Step { frame, to, replier } => {
-                let result = caught(|| step(id, frame, shared));
+                let result = caught(|| step(to.tenant, id, frame, shared));
                 if result.is_err() {
                     // Whatever failed (a panic included), the session is not stepping any more.
                     let _ = lock(sessions).end_step(id, None);
@@ -302,7 +304,7 @@ fn drain_session(id: u64, shared: &Shared) {
 
 /// One step: the model runs on the inputs followed by the state; the last outputs become the
 /// new state. A step with a breakpoint parks (the session's later requests wait).
-fn step(id: u64, frame: Frame, shared: &Shared) -> Result<Reply, ExecError> {
+fn step(tenant: TenantId, id: u64, frame: Frame, shared: &Shared) -> Result<Reply, ExecError> {
     let Message::SessionStep { tensors, inputs, until, .. } = frame.message else {
         return Err(ExecError::Internal("not a session step".into()));
     };
@@ -310,16 +312,17 @@ fn step(id: u64, frame: Frame, shared: &Shared) -> Result<Reply, ExecError> {
     let session = SessionStep { id, state: state.len() };
     let payload = frame.payload.map(Arc::new);
     let tensors = input_tensors(&tensors, payload.as_ref(), model.device)?;
-    let kept = kept_inputs(&inputs, &shared.handles)?;
+    let kept = kept_inputs(tenant, &inputs, &shared.handles)?;
     let mut args = inputs.iter().map(|v| to_ivalue(v, &tensors, &kept)).collect::<Result<Vec<_>, _>>()?;
     args.extend(state.into_iter().map(IValue::Tensor));
-    let run = Run { model, first: 0, keep: false, session: Some(session), payload };
+    let run = Run { tenant, model, first: 0, keep: false, session: Some(session), payload };
     let ran = run.blocks(args, until)?;
     run.reply(ran, shared)
 }
 
 /// A run of a model's blocks from `first`: an execute, a session step, or a resume.
 struct Run {
+    tenant: TenantId,
     model: Arc<Model>,
     first: usize,
     /// The final outputs stay on the node.
@@ -372,7 +375,7 @@ impl Run {
             }
             None => output,
         };
-        let mut outputs = Outputs::new(self.payload, self.keep.then_some(&*shared.handles));
+        let mut outputs = Outputs::new(self.payload, self.keep.then_some((&*shared.handles, self.tenant)));
         let output = outputs.value(output).inspect_err(|_| outputs.release_kept())?;
         Ok(Reply {
             message: Message::ExecuteReply { tensors: outputs.descs, output, kept: outputs.kept },
@@ -387,7 +390,15 @@ impl Run {
             Activation::of(activation, &mut |t| if aliases(&t, payload) { t.f_detach_copy() } else { Ok(t) })?;
         let sent = Sent::activation(send.then_some(&activation))?;
         let charged = self.session.map_or_else(Vec::new, |s| lock(&shared.sessions).state_addrs(s.id));
-        let stopped = Stopped { model: self.model, block, activation, keep: self.keep, session: self.session, charged };
+        let stopped = Stopped {
+            tenant: self.tenant,
+            model: self.model,
+            block,
+            activation,
+            keep: self.keep,
+            session: self.session,
+            charged,
+        };
         let handle = shared.parked.lock().unwrap_or_else(|e| e.into_inner()).park(stopped)?;
         if let Some(s) = self.session {
             lock(&shared.sessions).pause(s.id);
@@ -444,6 +455,7 @@ fn resume(
     };
     let payload = frame.payload.map(Arc::new);
     let run = Run {
+        tenant: parked.tenant,
         model: Arc::clone(&parked.model),
         first: parked.block + 1,
         keep: parked.keep,
@@ -532,7 +544,12 @@ fn ivalue_kind(v: &IValue) -> &'static str {
     }
 }
 
-fn open_session(model: Arc<Model>, frame: Frame, sessions: &Mutex<SessionTable>) -> Result<Reply, ExecError> {
+fn open_session(
+    tenant: TenantId,
+    model: Arc<Model>,
+    frame: Frame,
+    sessions: &Mutex<SessionTable>,
+) -> Result<Reply, ExecError> {
     let Message::SessionOpen { state, reserve, .. } = frame.message else {
         return Err(ExecError::Internal("not a session open".into()));
     };
@@ -542,19 +559,19 @@ fn open_session(model: Arc<Model>, frame: Frame, sessions: &Mutex<SessionTable>)
         .into_iter()
         .map(|t| if aliases(&t, payload.as_ref()) { t.f_detach_copy().map_err(Into::into) } else { Ok(t) })
         .collect::<Result<Vec<_>, ExecError>>()?;
-    let session = lock(sessions).open(model, state, reserve)?;
+    let session = lock(sessions).open(tenant, model, state, reserve)?;
     Ok(Reply::message(Message::SessionOpened { session }))
 }
 
-fn execute(model: Arc<Model>, frame: Frame, shared: &Shared) -> Result<Reply, ExecError> {
+fn execute(tenant: TenantId, model: Arc<Model>, frame: Frame, shared: &Shared) -> Result<Reply, ExecError> {
     let Message::Execute { tensors, inputs, keep, until, .. } = frame.message else {
         return Err(ExecError::Internal("not an execute request".into()));
     };
     let payload = frame.payload.map(Arc::new);
     let tensors = input_tensors(&tensors, payload.as_ref(), model.device)?;
-    let kept = kept_inputs(&inputs, &shared.handles)?;
+    let kept = kept_inputs(tenant, &inputs, &shared.handles)?;
     let args = inputs.iter().map(|v| to_ivalue(v, &tensors, &kept)).collect::<Result<Vec<_>, _>>()?;
-    let run = Run { model, first: 0, keep, session: None, payload };
+    let run = Run { tenant, model, first: 0, keep, session: None, payload };
     let ran = run.blocks(args, until)?;
     run.reply(ran, shared)
 }
@@ -562,6 +579,7 @@ fn execute(model: Arc<Model>, frame: Frame, shared: &Shared) -> Result<Reply, Ex
 /// A received tensor kept on `device`: on the CPU a view of the payload it arrived in (no copy),
 /// on a GPU a copy there.
 fn keep(
+    tenant: TenantId,
     desc: &TensorDesc,
     payload: Option<Payload>,
     device: Device,
@@ -576,15 +594,15 @@ fn keep(
         // The tensor is a view of the payload: the payload goes into the table with it.
         Some(payload) if device == Device::Cpu => {
             let payload = Arc::try_unwrap(payload).map_err(|_| ExecError::Internal("payload still shared".into()))?;
-            table.keep_view(tensor, payload)?
+            table.keep_view(tenant, tensor, payload)?
         }
-        _ => table.keep(tensor)?,
+        _ => table.keep(tenant, tensor)?,
     };
     Ok(Reply::message(Message::Kept { kept }))
 }
 
-fn fetch(handle: Handle, handles: &Mutex<HandleTable>) -> Result<Reply, ExecError> {
-    let (tensor, _) = handles.lock().unwrap_or_else(|e| e.into_inner()).get(handle)?;
+fn fetch(tenant: TenantId, handle: Handle, handles: &Mutex<HandleTable>) -> Result<Reply, ExecError> {
+    let (tensor, _) = handles.lock().unwrap_or_else(|e| e.into_inner()).get(tenant, handle)?;
     let (bytes, desc) = OutputTensor::new(tensor, None)?;
     Ok(Reply { message: Message::GetReply { tensor: desc }, tensors: vec![Arc::new(bytes) as SharedBytes] })
 }

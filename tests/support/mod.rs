@@ -114,11 +114,32 @@ impl Node {
     }
 }
 
+/// A child process killed (and reaped) on drop.
+pub struct Killed(pub Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 impl Drop for Node {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Deterministic floats in [-1, 1) as f32 bytes.
+pub fn f32_bytes(n: usize, seed: u64) -> Vec<u8> {
+    pattern(n, seed).iter().flat_map(|&b| ((b as f32 - 128.0) / 128.0).to_le_bytes()).collect()
+}
+
+/// Registers the model whose blocks are the named archives of `tests/models`.
+pub fn register(client: &mut Client, names: &[&str]) -> djinn_client::Fingerprint {
+    let blocks: Vec<Vec<u8>> = names.iter().map(|n| archive(n)).collect();
+    client.register_model(&blocks, |_, _| {}).expect("register").fingerprint
 }
 
 /// `len` bytes that differ with `seed` and with position (a period that is no power of two).

@@ -103,11 +103,13 @@ impl Membership {
 impl Agent {
     /// Starts the agent for the node serving on `node_addr` (it connects once the node's
     /// poller runs).
-    pub fn start(control: &str, me: Static, node_addr: SocketAddr) -> Result<Self> {
-        let control = ControlClient::new(control, Duration::from_secs(5));
+    /// `token` is the node's, for the control plane and its own data plane.
+    pub fn start(control: &str, token: &str, me: Static, node_addr: SocketAddr) -> Result<Self> {
+        let control = ControlClient::new(control, Duration::from_secs(5)).with_token(token);
+        let token = token.to_owned();
         let (stop, stopped) = mpsc::channel();
         let thread = std::thread::Builder::new().name("djinn-membership".into()).spawn(move || {
-            let options = ClientOptions { transport: Transport::Tcp, ..ClientOptions::default() };
+            let options = ClientOptions { transport: Transport::Tcp, token, ..ClientOptions::default() };
             let joined = Client::connect_with(node_addr, options)
                 .context("the membership agent cannot reach its own node")
                 .and_then(|node| Membership { control, me, node }.run(&stopped));

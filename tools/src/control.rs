@@ -4,12 +4,16 @@
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use djinn_auth::Authenticator;
 use djinn_control::store::{EmbeddedStore, EtcdStore, Store};
 use djinn_control::{ControlConfig, ControlPlane};
+
+use crate::auth::AuthArgs;
 
 #[derive(Args, Debug, Clone)]
 pub struct ControlArgs {
@@ -30,6 +34,10 @@ pub struct ControlArgs {
     /// gone from placement this long after its last renewal, at most.
     #[arg(long, default_value = "3s", value_parser = parse_duration)]
     pub lease_ttl: Duration,
+    /// Require tokens: the principals and their tokens, as JSON (see the README); read again
+    /// when it changes.
+    #[arg(long)]
+    pub auth_file: Option<PathBuf>,
 }
 
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -45,15 +53,17 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 /// Serves until SIGINT or SIGTERM.
 pub fn run(args: ControlArgs) -> Result<()> {
     let config = config(args.lease_ttl, &args.prefix)?;
+    let auth = AuthArgs { auth_file: args.auth_file.clone(), token_file: None }.authenticator()?;
+    let authenticator = auth.as_ref().map(|(a, _)| Arc::clone(a));
     runtime()?.block_on(async {
         let api = if args.etcd.is_empty() {
             let store = EmbeddedStore::open(&args.store)?;
             tracing::info!(store = %args.store.display(), "embedded store");
-            Api::bind(store, config, &args.listen).await?
+            Api::bind(store, config, authenticator, &args.listen).await?
         } else {
             let store = EtcdStore::connect(&args.etcd).await?;
             tracing::info!(endpoints = ?args.etcd, "etcd store");
-            Api::bind(store, config, &args.listen).await?
+            Api::bind(store, config, authenticator, &args.listen).await?
         };
         api.serve(shutdown()).await
     })
@@ -84,7 +94,13 @@ pub struct Api {
 
 impl Api {
     /// Loads the cluster state, binds `listen` and prints the bound address.
-    pub async fn bind<S: Store>(store: S, config: ControlConfig, listen: &str) -> Result<Self> {
+    /// With `auth`, requests need a token of its file.
+    pub async fn bind<S: Store>(
+        store: S,
+        config: ControlConfig,
+        auth: Option<Arc<Authenticator>>,
+        listen: &str,
+    ) -> Result<Self> {
         let control = ControlPlane::start(store, config).await.context("cannot load the cluster state")?;
         let listener =
             tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
@@ -92,7 +108,7 @@ impl Api {
         // The first line of stdout is the bound address: scripts and tests read it.
         println!("djinn control listening on {addr}");
         std::io::stdout().flush()?;
-        Ok(Self { listener, router: djinn_control::http::router(control), addr })
+        Ok(Self { listener, router: djinn_control::http::router(control, auth), addr })
     }
 
     pub fn addr(&self) -> SocketAddr {

@@ -1,6 +1,7 @@
 //! `djinn`: run a node, talk to one, benchmark the data plane.
 
 mod agent;
+mod auth;
 mod control;
 mod metrics;
 mod node;

@@ -17,6 +17,7 @@ use signal_hook::iterator::Signals;
 use djinn_gpudirect::ByteSize;
 
 use crate::agent;
+use crate::auth::AuthArgs;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum TcpBackend {
@@ -131,6 +132,8 @@ pub struct NodeArgs {
     /// The price of an hour of this node (any currency the cluster agrees on), for minimize_cost.
     #[arg(long, default_value_t = 1.0)]
     cost_per_hour: f64,
+    #[command(flatten)]
+    pub auth: AuthArgs,
 }
 
 /// Completion queue entries of the node's RDMA context (shared by every RDMA connection).
@@ -199,6 +202,9 @@ pub fn run(args: NodeArgs) -> Result<()> {
     tch::set_num_threads(args.intra_op_threads.max(1));
     let host_budget = MemoryBudget::new(args.host_memory_budget.map_or(physical_memory() / 2, |b| b.0));
     let host_limit = host_budget.limit();
+    let authenticator = args.auth.authenticator()?;
+    let auth = authenticator.as_ref().map(|(a, _)| Arc::clone(a));
+    let token = args.auth.token()?;
     let options = NodeOptions {
         device,
         workers: args.workers,
@@ -214,6 +220,8 @@ pub fn run(args: NodeArgs) -> Result<()> {
             idle_ttl: seconds("--session-idle-timeout", args.session_idle_timeout)?,
         },
         parked_ttl: seconds("--parked-ttl", args.parked_ttl)?,
+        auth: auth.clone(),
+        token: token.clone(),
     };
     let service = NodeService::new(budget.clone(), options).context("cannot start the executor")?;
     let config = ServerConfig {
@@ -226,6 +234,7 @@ pub fn run(args: NodeArgs) -> Result<()> {
         },
         rdma_connections: (RDMA_CQE / RdmaChannel::completion_entries(&SessionConfig::default())) as usize,
         rdma,
+        auth,
         ..ServerConfig::default()
     };
     let agent = concat!("djinn-node/", env!("CARGO_PKG_VERSION"));
@@ -252,7 +261,7 @@ pub fn run(args: NodeArgs) -> Result<()> {
             if addr.ip().is_unspecified() && args.advertise.is_none() {
                 tracing::warn!(%addr, "listening on every interface: give --advertise HOST:PORT so clients can reach the node");
             }
-            Some(agent::Agent::start(control, me, addr)?)
+            Some(agent::Agent::start(control, &token, me, addr)?)
         }
         None => None,
     };

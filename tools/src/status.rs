@@ -20,7 +20,7 @@ pub struct StatusArgs {
 }
 
 pub fn run(args: StatusArgs) -> Result<()> {
-    let control = ControlClient::new(&args.control, Duration::from_secs(5));
+    let control = ControlClient::new(&args.control, Duration::from_secs(5)).with_token(&crate::auth::token(None)?);
     let body = control.cluster()?;
     if args.json {
         println!("{body}");

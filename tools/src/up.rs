@@ -37,12 +37,18 @@ pub fn run(mut args: UpArgs) -> Result<()> {
         bail!("`djinn up` runs its own control plane: --control is for `djinn node`");
     }
     let config = control::config(args.lease_ttl, "/djinn/")?;
+    // The control plane and the node read the same token file, each watching it.
+    let auth = args.node.auth.authenticator()?;
+    if auth.is_some() && args.node.auth.token()?.is_empty() {
+        bail!("with --auth-file, the node needs a node's token to join its control plane: --token-file or DJINN_TOKEN");
+    }
+    let authenticator = auth.as_ref().map(|(a, _)| std::sync::Arc::clone(a));
     let (bound, addr) = mpsc::channel();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let (listen, store) = (args.control_listen, args.store);
     let thread = std::thread::Builder::new().name("djinn-control".into()).spawn(move || {
         control::runtime()?.block_on(async {
-            let api = Api::bind(EmbeddedStore::open(&store)?, config, &listen).await?;
+            let api = Api::bind(EmbeddedStore::open(&store)?, config, authenticator, &listen).await?;
             let _ = bound.send(api.addr());
             // The node's own signal handler stops the node; the control plane waits for it.
             api.serve(async {

@@ -19,6 +19,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 import threading
 import warnings
 from typing import Any, Callable, Iterable, Optional, Sequence
@@ -29,6 +30,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from . import _native
 from ._native import (
+    AuthenticationError,
     BadArchiveError,
     BreakpointError,
     ControlPlaneError,
@@ -44,6 +46,7 @@ from ._native import (
 )
 
 __all__ = [
+    "AuthenticationError",
     "BadArchiveError",
     "BlockMismatchError",
     "BreakpointError",
@@ -98,13 +101,24 @@ class Client:
     """A cluster reached through its control plane, or one node alone. `djinn.init` makes the
     default one."""
 
-    def __init__(self, address: str, timeout: float = 60.0, transport: str = "auto", failover: float = 30.0):
+    def __init__(
+        self,
+        address: str,
+        timeout: float = 60.0,
+        transport: str = "auto",
+        failover: float = 30.0,
+        token: Optional[str] = None,
+    ):
         """`address`: the control plane's "http://HOST:PORT" (models go where it places them,
         and move to another node when theirs dies), or a node's "HOST:PORT" (a bare HOST:PORT
         that serves HTTP is taken as a control plane). `transport`: "auto" (RDMA when both ends
         have it, else TCP), "rdma" or "tcp". `failover`: seconds a call may spend finding a
-        live node when its node dies."""
-        self._native = _native.Client(address, timeout, transport, failover)
+        live node when its node dies. `token`: the tenant's token, where the cluster needs
+        one (default: the DJINN_TOKEN environment variable); models, tensors and sessions are
+        then the tenant's own."""
+        if token is None:
+            token = os.environ.get("DJINN_TOKEN", "")
+        self._native = _native.Client(address, timeout, transport, failover, token)
         self.address = address
 
     @property
@@ -112,9 +126,18 @@ class Client:
         """"control" (placed by a control plane) or "node" (one node alone)."""
         return self._native.mode
 
-    def register(self, model, example_inputs, blocks=None, progress=None, policy=None, phase=None) -> "RemoteModel":
+    def register(
+        self, model, example_inputs, blocks=None, progress=None, policy=None, phase=None, public=False
+    ) -> "RemoteModel":
         return register(
-            model, example_inputs, blocks=blocks, progress=progress, client=self, policy=policy, phase=phase
+            model,
+            example_inputs,
+            blocks=blocks,
+            progress=progress,
+            client=self,
+            policy=policy,
+            phase=phase,
+            public=public,
         )
 
     def cluster(self) -> dict:
@@ -156,11 +179,17 @@ _default: Optional[Client] = None
 _default_lock = threading.Lock()
 
 
-def init(address: str, timeout: float = 60.0, transport: str = "auto", failover: float = 30.0) -> Client:
+def init(
+    address: str,
+    timeout: float = 60.0,
+    transport: str = "auto",
+    failover: float = 30.0,
+    token: Optional[str] = None,
+) -> Client:
     """Connects to a control plane ("http://host:port") or to one node ("host:port") and
     makes it the default. See `Client`."""
     global _default
-    client = Client(address, timeout, transport, failover)
+    client = Client(address, timeout, transport, failover, token)
     with _default_lock:
         _default = client
     return client
@@ -280,9 +309,11 @@ def register(
     client: Optional[Client] = None,
     policy: Optional[str] = None,
     phase: Optional[str] = None,
+    public: bool = False,
 ) -> "RemoteModel":
-    """Turns `model` into TorchScript blocks, uploads them (once per node: identical bytes are
-    shared) and returns a RemoteModel to call.
+    """Turns `model` into TorchScript blocks, uploads them (once per node and tenant) and
+    returns a RemoteModel to call. `public` weights are held once per node for every tenant
+    that registers the same bytes as public; else the model is the tenant's alone.
 
     `example_inputs`: one input, or a tuple of positional inputs. `blocks`: submodules or
     callables in execution order whose chained application reproduces `model`; by default an
@@ -325,7 +356,7 @@ def register(
         raise BlockMismatchError(f"the {len(blocks)} blocks, chained, do not reproduce the model: {where}")
     archives = [_archive(s) for s in scripts]
     description = {"blocks": estimates, "io_bytes": _tensor_bytes(args) + _tensor_bytes(expected), "phase": phase}
-    return RemoteModel(client, archives, progress, description, policy)
+    return RemoteModel(client, archives, progress, description, policy, public)
 
 
 class RemoteModel:
@@ -333,12 +364,14 @@ class RemoteModel:
     structure the local model returns. The client keeps the archives: a node that lost the
     model (a restart, eviction, or a new node after a failover) gets it again by itself."""
 
-    def __init__(self, client: Client, archives: list[bytes], progress=None, description=None, policy=None):
+    def __init__(
+        self, client: Client, archives: list[bytes], progress=None, description=None, policy=None, public=False
+    ):
         self._client = client
         # The same bytes objects the client keeps: another client can register them as they are.
         self._archives = archives
         self.fingerprint, self.uploaded, self.weight_bytes = client._native.register_model(
-            archives, progress, description, policy
+            archives, progress, description, policy, public
         )
         self.blocks = len(archives)
         self.description = description

@@ -52,6 +52,12 @@ create_exception!(
 );
 create_exception!(
     _native,
+    AuthenticationError,
+    DjinnError,
+    "The node or the control plane refused the token: none was given, it is unknown or revoked, or it does not allow this."
+);
+create_exception!(
+    _native,
     HandleLostError,
     TransportError,
     "The node holding the kept tensor or the session cannot be reached: they are lost with it."
@@ -60,6 +66,9 @@ create_exception!(
 fn to_py_err(e: ClusterError) -> PyErr {
     let e = match e {
         ClusterError::Node(e) => e,
+        ClusterError::Control(e @ djinn_client::ControlError::Refused { status: 401 | 403, .. }) => {
+            return AuthenticationError::new_err(e.to_string());
+        }
         ClusterError::Control(e) => return ControlPlaneError::new_err(e.to_string()),
         ClusterError::Unavailable { .. } => return TransportError::new_err(e.to_string()),
         ClusterError::NotOneNode => return DjinnError::new_err(e.to_string()),
@@ -76,6 +85,7 @@ fn to_py_err(e: ClusterError) -> PyErr {
                 ErrorCode::NotFound => NotFoundError::new_err(message),
                 ErrorCode::StaleHandle => StaleHandleError::new_err(message),
                 ErrorCode::BadBreakpoint => BreakpointError::new_err(message),
+                ErrorCode::Unauthenticated | ErrorCode::Forbidden => AuthenticationError::new_err(message),
                 _ => RemoteError::new_err(e.to_string()),
             }
         }
@@ -453,12 +463,21 @@ impl Client {
     /// `address`: a node's `HOST:PORT`, or a control plane's `http://HOST:PORT` (a bare
     /// `HOST:PORT` serving HTTP is taken as a control plane). `failover`: seconds one request
     /// may spend finding a live node when its node fails.
+    /// `token`: the tenant's token, where the cluster needs one.
     #[new]
-    #[pyo3(signature = (address, timeout = 60.0, transport = "auto", failover = 30.0))]
-    fn new(py: Python<'_>, address: String, timeout: f64, transport: &str, failover: f64) -> PyResult<Self> {
+    #[pyo3(signature = (address, timeout = 60.0, transport = "auto", failover = 30.0, token = String::new()))]
+    fn new(
+        py: Python<'_>,
+        address: String,
+        timeout: f64,
+        transport: &str,
+        failover: f64,
+        token: String,
+    ) -> PyResult<Self> {
         let options = ClientOptions {
             timeout: (timeout > 0.0).then(|| Duration::from_secs_f64(timeout)),
             transport: transport.parse().map_err(PyValueError::new_err)?,
+            token,
             ..ClientOptions::default()
         };
         let failover = FailoverOptions { deadline: Duration::from_secs_f64(failover.max(0.0)), ..Default::default() };
@@ -488,8 +507,9 @@ impl Client {
 
     /// Describes the model to the control plane (when there is one), places it and uploads the
     /// blocks (TorchScript archives, in execution order) unless the node holds them already.
+    /// `public`: weights shared with every tenant that registers the same bytes as public.
     /// Returns (fingerprint, uploaded, weight bytes or None).
-    #[pyo3(signature = (blocks, progress = None, description = None, policy = None))]
+    #[pyo3(signature = (blocks, progress = None, description = None, policy = None, public = false))]
     fn register_model(
         &self,
         py: Python<'_>,
@@ -497,11 +517,12 @@ impl Client {
         progress: Option<Py<PyAny>>,
         description: Option<Bound<'_, PyDict>>,
         policy: Option<String>,
+        public: bool,
     ) -> PyResult<(String, bool, Option<u64>)> {
         let description = description.as_ref().map(description_from_py).transpose()?;
         let archives: Vec<Archive> = blocks.into_iter().map(|b| Archive(Arc::new(b))).collect();
         let registration = py
-            .detach(|| self.lock().register_model(archives, description, policy, progress_callback(&progress)))
+            .detach(|| self.lock().register_model(archives, description, policy, public, progress_callback(&progress)))
             .map_err(to_py_err)?;
         let weight_bytes = registration.uploaded.as_ref().map(|m| m.weight_bytes);
         Ok((registration.fingerprint.to_hex(), registration.uploaded.is_some(), weight_bytes))
@@ -801,6 +822,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Parked>()?;
     for (name, ty) in [
         ("DjinnError", py.get_type::<DjinnError>()),
+        ("AuthenticationError", py.get_type::<AuthenticationError>()),
         ("TransportError", py.get_type::<TransportError>()),
         ("RemoteError", py.get_type::<RemoteError>()),
         ("UnknownModelError", py.get_type::<UnknownModelError>()),

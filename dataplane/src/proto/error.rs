@@ -29,6 +29,10 @@ pub enum ErrorCode {
     PeerUnreachable,
     /// A breakpoint outside the run, or a replacement activation unlike the parked one.
     BadBreakpoint,
+    /// No valid token: the hello presented none, or one the node does not know.
+    Unauthenticated,
+    /// The token is valid but does not allow this.
+    Forbidden,
     /// A code this build does not know (sent by a newer peer).
     Other(u16),
 }
@@ -58,6 +62,8 @@ impl ErrorCode {
             Self::StaleHandle => 20,
             Self::PeerUnreachable => 21,
             Self::BadBreakpoint => 22,
+            Self::Unauthenticated => 23,
+            Self::Forbidden => 24,
             Self::Other(code) => code,
         }
     }
@@ -86,6 +92,8 @@ impl ErrorCode {
             20 => Self::StaleHandle,
             21 => Self::PeerUnreachable,
             22 => Self::BadBreakpoint,
+            23 => Self::Unauthenticated,
+            24 => Self::Forbidden,
             other => Self::Other(other),
         }
     }

@@ -87,7 +87,7 @@ pub mod transports {
     pub const RDMA: u32 = 1 << 1;
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct Hello {
     pub protocol_version: u16,
     /// Bit set of [`transports`].
@@ -100,6 +100,26 @@ pub struct Hello {
     /// How the sender's device memory meets the network (a node's: `staging`, through host
     /// memory); empty from a client.
     pub memory_path: String,
+    /// The client's token (empty from a node, and where the node needs none).
+    pub token: String,
+    /// The tenant a node acts for when it moves that tenant's tensor to another node (empty
+    /// otherwise); only a node's token may act for someone else.
+    pub tenant: String,
+}
+
+impl std::fmt::Debug for Hello {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hello")
+            .field("protocol_version", &self.protocol_version)
+            .field("transports", &self.transports)
+            .field("max_meta", &self.max_meta)
+            .field("max_payload", &self.max_payload)
+            .field("agent", &self.agent)
+            .field("memory_path", &self.memory_path)
+            .field("token", &if self.token.is_empty() { "" } else { "<redacted>" })
+            .field("tenant", &self.tenant)
+            .finish()
+    }
 }
 
 impl Hello {
@@ -111,6 +131,8 @@ impl Hello {
             max_payload: limits.max_payload,
             agent: agent.into(),
             memory_path: String::new(),
+            token: String::new(),
+            tenant: String::new(),
         }
     }
 }
@@ -202,9 +224,12 @@ pub enum Message {
     /// The node's side; after it, frames go over the queue pairs.
     RdmaAccept(RdmaParams),
     /// Starts uploading a model: the lengths of its blocks' archives, in execution order.
+    /// A private model is the tenant's alone; a `public` one is held once on the node for
+    /// every tenant that registers the same bytes as public.
     RegisterBegin {
         fingerprint: Fingerprint,
         blocks: Vec<u64>,
+        public: bool,
     },
     /// `registered`: the node already holds this model and nothing needs uploading.
     RegisterReady {
@@ -457,6 +482,8 @@ impl Message {
                 w.u64(h.max_payload);
                 w.str(&h.agent);
                 w.str(&h.memory_path);
+                w.str(&h.token);
+                w.str(&h.tenant);
             }
             Self::Ping
             | Self::Pong
@@ -511,12 +538,13 @@ impl Message {
                 w.u32(p.slots);
                 w.u32(p.slot_size);
             }
-            Self::RegisterBegin { fingerprint, blocks } => {
+            Self::RegisterBegin { fingerprint, blocks, public } => {
                 w.fingerprint(fingerprint);
                 w.u32(blocks.len() as u32);
                 for &b in blocks {
                     w.u64(b);
                 }
+                w.u8(u8::from(*public));
             }
             Self::RegisterReady { upload, registered } => {
                 w.u64(*upload);
@@ -637,6 +665,8 @@ impl Message {
                     max_payload: r.u64("max payload")?,
                     agent: r.string("agent")?,
                     memory_path: r.string("memory path")?,
+                    token: r.string("token")?,
+                    tenant: r.string("tenant")?,
                 };
                 if kind == Kind::Hello { Self::Hello(hello) } else { Self::HelloAck(hello) }
             }
@@ -689,7 +719,7 @@ impl Message {
                 for _ in 0..n {
                     blocks.push(r.u64("block length")?);
                 }
-                Self::RegisterBegin { fingerprint, blocks }
+                Self::RegisterBegin { fingerprint, blocks, public: r.bool("public")? }
             }
             Kind::RegisterReady => Self::RegisterReady { upload: r.u64("upload")?, registered: r.bool("registered")? },
             Kind::RegisterChunk => {

@@ -72,14 +72,16 @@ fn name() -> impl Strategy<Value = String> {
 }
 
 fn hello() -> impl Strategy<Value = Hello> {
-    (any::<u32>(), any::<u32>(), any::<u64>(), name(), "(staging|)").prop_map(
-        |(transports, max_meta, max_payload, agent, memory_path)| Hello {
+    (any::<u32>(), any::<u32>(), any::<u64>(), name(), "(staging|)", name(), name()).prop_map(
+        |(transports, max_meta, max_payload, agent, memory_path, token, tenant)| Hello {
             protocol_version: PROTOCOL_VERSION,
             transports,
             max_meta,
             max_payload,
             agent,
             memory_path,
+            token,
+            tenant,
         },
     )
 }
@@ -197,8 +199,8 @@ fn model_message() -> impl Strategy<Value = Message> {
     prop_oneof![
         rdma_params().prop_map(Message::RdmaConnect),
         rdma_params().prop_map(Message::RdmaAccept),
-        (fingerprint(), prop::collection::vec(any::<u64>(), 0..5))
-            .prop_map(|(fingerprint, blocks)| Message::RegisterBegin { fingerprint, blocks }),
+        (fingerprint(), prop::collection::vec(any::<u64>(), 0..5), any::<bool>())
+            .prop_map(|(fingerprint, blocks, public)| Message::RegisterBegin { fingerprint, blocks, public }),
         (any::<u64>(), any::<bool>()).prop_map(|(upload, registered)| Message::RegisterReady { upload, registered }),
         (any::<u64>(), any::<u64>(), 0u64..300).prop_map(|(upload, offset, n)| Message::RegisterChunk {
             upload,

@@ -103,6 +103,8 @@ pub struct ClientOptions {
     pub limits: Limits,
     /// Free reply buffers kept for reuse, bytes.
     pub pool_bytes: u64,
+    /// The token the hello presents (empty: none, for a node that needs none).
+    pub token: String,
 }
 
 impl Default for ClientOptions {
@@ -116,6 +118,7 @@ impl Default for ClientOptions {
             connect_timeout: Duration::from_secs(5),
             limits: Limits::default(),
             pool_bytes: 1 << 30,
+            token: String::new(),
         }
     }
 }

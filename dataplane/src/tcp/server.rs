@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
+use djinn_auth::{Authenticator, TenantId};
 
 use crate::rdma::{ChannelError, Completion, RdmaChannel, RdmaContext, RdmaError, SessionConfig};
 
@@ -47,6 +48,8 @@ pub struct ReplyTo {
     slot: usize,
     conn_id: u64,
     pub request_id: u64,
+    /// Whose request it is: what the service namespaces its answer by.
+    pub tenant: TenantId,
 }
 
 impl ReplyTo {
@@ -126,6 +129,9 @@ pub struct ServerConfig {
     pub rdma_connections: usize,
     /// How the node's device memory meets the network, announced in the hello.
     pub memory_path: String,
+    /// When set, a connection is served only after a hello with a valid token, and its
+    /// requests are namespaced by the token's tenant; else everyone shares one namespace.
+    pub auth: Option<Arc<Authenticator>>,
 }
 
 impl Default for ServerConfig {
@@ -142,6 +148,7 @@ impl Default for ServerConfig {
             rdma: None,
             rdma_connections: 16,
             memory_path: djinn_gpudirect::MEMORY_PATH.into(),
+            auth: None,
         }
     }
 }
@@ -158,6 +165,8 @@ pub struct ServerCounters {
     pub bytes_out: u64,
     pub requests_refused: u64,
     pub protocol_failures: u64,
+    /// Hellos refused for their token (each closes its connection).
+    pub auth_failures: u64,
 }
 
 /// Stops a running server from another thread (a signal handler thread, a test).
@@ -198,6 +207,8 @@ pub(crate) struct Conn {
     pub closing: bool,
     /// Set once the client moved this connection's frames to RDMA.
     pub rdma: Option<RdmaChannel>,
+    /// Whose connection it is; `None` until a hello with a valid token, where one is needed.
+    tenant: Option<TenantId>,
 }
 
 impl Conn {
@@ -236,12 +247,24 @@ pub(crate) struct Core<S> {
     replies: Receiver<(ReplyTo, Reply)>,
 }
 
-struct Alloc<'a, S>(&'a mut S);
+/// The service's payload memory, for a connection that said who it is (else nothing is
+/// allocated: the payload is skipped and the request refused).
+struct Alloc<'a, S> {
+    service: &'a mut S,
+    authenticated: bool,
+}
 
 impl<S: Service> PayloadAlloc for Alloc<'_, S> {
     fn alloc(&mut self, message: &Message, len: usize) -> Result<Payload, Refusal> {
-        self.0.alloc(message, len)
+        if !self.authenticated {
+            return Err(unauthenticated());
+        }
+        self.service.alloc(message, len)
     }
+}
+
+fn unauthenticated() -> Refusal {
+    Refusal { code: ErrorCode::Unauthenticated, message: "this node needs a hello with a valid token first".into() }
 }
 
 impl<S: Service> Core<S> {
@@ -276,6 +299,7 @@ impl<S: Service> Core<S> {
             in_flight: 0,
             closing: false,
             rdma: None,
+            tenant: if self.config.auth.is_some() { None } else { Some(TenantId::DEFAULT) },
         }
     }
 
@@ -326,7 +350,8 @@ impl<S: Service> Core<S> {
     /// RDMA), while the connection's replies stay under the back-pressure limits.
     pub fn process(&mut self, conn: &mut Conn) {
         while !conn.closing && conn.under_limits(&self.config) {
-            let event = match conn.reader.next_event(&mut Alloc(&mut self.service)) {
+            let mut alloc = Alloc { service: &mut self.service, authenticated: conn.tenant.is_some() };
+            let event = match conn.reader.next_event(&mut alloc) {
                 Some(event) => event,
                 None => match conn.rdma.as_mut().and_then(RdmaChannel::poll_event) {
                     Some(event) => event,
@@ -334,6 +359,19 @@ impl<S: Service> Core<S> {
                 },
             };
             match event {
+                RecvEvent::Frame(Frame { request_id, message: Message::Hello(peer), .. }) => {
+                    self.counters.frames_in += 1;
+                    let reply = self.hello(conn, &peer);
+                    self.send(conn, request_id, reply);
+                }
+                RecvEvent::Frame(Frame { request_id, message, .. })
+                    if conn.tenant.is_none() && !matches!(message, Message::Ping) =>
+                {
+                    self.counters.frames_in += 1;
+                    self.counters.requests_refused += 1;
+                    let Refusal { code, message } = unauthenticated();
+                    self.send(conn, request_id, Reply::error(code, message));
+                }
                 RecvEvent::Frame(Frame { request_id, message: Message::RdmaConnect(params), .. }) => {
                     self.counters.frames_in += 1;
                     // Answered over TCP: the RDMA path exists only once the client has this.
@@ -343,7 +381,12 @@ impl<S: Service> Core<S> {
                 }
                 RecvEvent::Frame(frame) => {
                     self.counters.frames_in += 1;
-                    let to = ReplyTo { slot: conn.slot, conn_id: conn.id, request_id: frame.request_id };
+                    let to = ReplyTo {
+                        slot: conn.slot,
+                        conn_id: conn.id,
+                        request_id: frame.request_id,
+                        tenant: conn.tenant.unwrap_or_default(),
+                    };
                     match self.dispatch(frame, to) {
                         Some(reply) => self.send(conn, to.request_id, reply),
                         None => {
@@ -361,6 +404,41 @@ impl<S: Service> Core<S> {
                 RecvEvent::Fatal(error) => self.fail(conn, error),
             }
         }
+    }
+
+    /// Answers a hello: the versions must match and, where the node needs one, the token must
+    /// be valid (a refused token closes the connection). The connection then belongs to the
+    /// token's tenant, or to the tenant a node's token acts for.
+    fn hello(&mut self, conn: &mut Conn, peer: &Hello) -> Reply {
+        if peer.protocol_version != PROTOCOL_VERSION {
+            let e = ProtocolError::VersionMismatch { ours: PROTOCOL_VERSION, theirs: peer.protocol_version };
+            return Reply::error(e.code(), e.to_string());
+        }
+        if let Some(auth) = &self.config.auth {
+            let principal = auth
+                .verify(&peer.token)
+                .and_then(|p| if peer.tenant.is_empty() { Ok(p) } else { auth.act_for(&p, &peer.tenant) });
+            match principal {
+                Ok(p) => {
+                    tracing::debug!(peer = %conn.peer, agent = %peer.agent, tenant = %p.name, "hello");
+                    conn.tenant = Some(p.tenant);
+                }
+                Err(e) => {
+                    self.counters.auth_failures += 1;
+                    tracing::info!(peer = %conn.peer, agent = %peer.agent, error = %e, "hello refused");
+                    conn.tenant = None;
+                    conn.closing = true;
+                    let code = match e {
+                        djinn_auth::AuthError::Forbidden { .. } => ErrorCode::Forbidden,
+                        _ => ErrorCode::Unauthenticated,
+                    };
+                    return Reply::error(code, e.to_string());
+                }
+            }
+        } else {
+            tracing::debug!(peer = %conn.peer, agent = %peer.agent, "hello");
+        }
+        Reply::message(Message::HelloAck(self.hello.clone()))
     }
 
     /// Sets up this connection's RDMA channel; the reply carries the node's side.
@@ -397,7 +475,7 @@ impl<S: Service> Core<S> {
         let Some(channel) = conn.rdma.as_mut() else { return };
         let result = completion
             .map_err(ChannelError::from)
-            .and_then(|c| channel.on_completion(c, &mut Alloc(&mut self.service)));
+            .and_then(|c| channel.on_completion(c, &mut Alloc { service: &mut self.service, authenticated: true }));
         match result {
             Ok(()) => self.process(conn),
             Err(e) => self.fail_rdma(conn, e),
@@ -464,14 +542,6 @@ impl<S: Service> Core<S> {
 
     fn dispatch(&mut self, frame: Frame, to: ReplyTo) -> Option<Reply> {
         let reply = match &frame.message {
-            Message::Hello(peer) => {
-                if peer.protocol_version != PROTOCOL_VERSION {
-                    let e = ProtocolError::VersionMismatch { ours: PROTOCOL_VERSION, theirs: peer.protocol_version };
-                    return Some(Reply::error(e.code(), e.to_string()));
-                }
-                tracing::debug!(agent = %peer.agent, "hello");
-                Reply::message(Message::HelloAck(self.hello.clone()))
-            }
             Message::Ping => Reply::message(Message::Pong),
             Message::Stats => {
                 let c = &self.counters;
@@ -485,6 +555,7 @@ impl<S: Service> Core<S> {
                     ("bytes_out", c.bytes_out),
                     ("requests_refused", c.requests_refused),
                     ("protocol_failures", c.protocol_failures),
+                    ("auth_failures", c.auth_failures),
                 ]
                 .into_iter()
                 .map(|(k, v)| (k.to_owned(), v))

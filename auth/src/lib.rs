@@ -1,0 +1,450 @@
+//! Who may use a Djinn cluster: principals (tenants, nodes, operators) and their tokens, read
+//! from a JSON file that can change while the processes run (tokens are rotated by editing it).
+//!
+//! ```json
+//! {"principals": [
+//!   {"name": "alice", "tokens": ["a-long-random-secret-1", "a-long-random-secret-2"]},
+//!   {"name": "nodes", "role": "node", "tokens": ["another-long-random-secret"]},
+//!   {"name": "ops", "role": "admin", "tokens": ["yet-another-long-random-secret"]}
+//! ]}
+//! ```
+//!
+//! A presented token is hashed and compared with every configured token's hash, all of them,
+//! in constant time: neither the time taken nor the order of the file tells which bytes of a
+//! guess were right. Two tokens per principal let a rotation overlap: add the new one, move the
+//! clients, remove the old one.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// A tenant's number in this process: what models, tensors, handles and sessions are
+/// namespaced by. Stable while the process lives (a reload never renumbers a name), never
+/// sent over the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct TenantId(pub u32);
+
+impl TenantId {
+    /// Everyone's, when no token file is configured.
+    pub const DEFAULT: Self = Self(0);
+}
+
+impl fmt::Display for TenantId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "tenant#{}", self.0)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// A client: uses the cluster in its own namespace.
+    #[default]
+    Tenant,
+    /// A node: joins the control plane, and moves tensors to other nodes for a tenant.
+    Node,
+    /// An operator: sees the whole cluster (its status, its metrics).
+    Admin,
+}
+
+impl Role {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Tenant => "tenant",
+            Self::Node => "node",
+            Self::Admin => "admin",
+        }
+    }
+}
+
+/// Who a verified token belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    pub tenant: TenantId,
+    pub name: Arc<str>,
+    pub role: Role,
+}
+
+impl Principal {
+    /// Everyone, when no token file is configured: one namespace, every right.
+    pub fn anonymous() -> Self {
+        Self { tenant: TenantId::DEFAULT, name: Arc::from(""), role: Role::Admin }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AuthError {
+    #[error("no token was presented, and this cluster requires one")]
+    Missing,
+    #[error("the token is not valid here (unknown, or revoked)")]
+    Invalid,
+    #[error("{name} (a {}) may not {action}", role.name())]
+    Forbidden { name: Arc<str>, role: Role, action: &'static str },
+    #[error("no tenant is named {0:?}")]
+    UnknownTenant(String),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("cannot read the token file {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("the token file {path} is not valid: {why}")]
+    Invalid { path: PathBuf, why: String },
+}
+
+/// Tokens shorter than this are refused when the file is read: they could be guessed.
+pub const MIN_TOKEN_LEN: usize = 16;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenFile {
+    principals: Vec<PrincipalEntry>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PrincipalEntry {
+    name: String,
+    #[serde(default)]
+    role: Role,
+    tokens: Vec<String>,
+}
+
+/// One version of the file: token hashes and whom they name.
+#[derive(Default)]
+struct Registry {
+    tokens: Vec<(blake3::Hash, usize)>,
+    principals: Vec<Principal>,
+}
+
+/// Tenant numbers by name, kept across reloads.
+#[derive(Default)]
+struct Names {
+    ids: HashMap<Arc<str>, TenantId>,
+    names: Vec<Arc<str>>,
+}
+
+impl Names {
+    fn intern(&mut self, name: &str) -> (TenantId, Arc<str>) {
+        if let Some((name, &id)) = self.ids.get_key_value(name) {
+            return (id, Arc::clone(name));
+        }
+        // Numbers start at 1: 0 is the namespace of a node without a token file.
+        let id = TenantId(self.names.len() as u32 + 1);
+        let name: Arc<str> = Arc::from(name);
+        self.ids.insert(Arc::clone(&name), id);
+        self.names.push(Arc::clone(&name));
+        (id, name)
+    }
+}
+
+/// The principals of a token file, reloaded when it changes (see [`Authenticator::watch`]).
+pub struct Authenticator {
+    path: PathBuf,
+    registry: RwLock<Arc<Registry>>,
+    names: Mutex<Names>,
+    /// The hash of the file's bytes last loaded, so an unchanged file is not parsed again.
+    loaded: Mutex<blake3::Hash>,
+}
+
+impl fmt::Debug for Authenticator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let registry = self.registry();
+        f.debug_struct("Authenticator")
+            .field("path", &self.path)
+            .field("principals", &registry.principals.len())
+            .field("tokens", &registry.tokens.len())
+            .finish()
+    }
+}
+
+impl Authenticator {
+    /// Reads the token file; an unreadable or invalid file is an error.
+    pub fn load(path: impl Into<PathBuf>) -> Result<Arc<Self>, LoadError> {
+        let path = path.into();
+        let bytes = read(&path)?;
+        let auth = Self {
+            registry: RwLock::new(Arc::default()),
+            names: Mutex::default(),
+            loaded: Mutex::new(blake3::hash(&bytes)),
+            path,
+        };
+        let registry = auth.parse(&bytes)?;
+        *auth.registry.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(registry);
+        Ok(Arc::new(auth))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn registry(&self) -> Arc<Registry> {
+        Arc::clone(&self.registry.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    fn parse(&self, bytes: &[u8]) -> Result<Registry, LoadError> {
+        let invalid = |why: String| LoadError::Invalid { path: self.path.clone(), why };
+        let file: TokenFile = serde_json::from_slice(bytes).map_err(|e| invalid(e.to_string()))?;
+        let mut registry = Registry::default();
+        let mut names = self.names.lock().unwrap_or_else(|e| e.into_inner());
+        for entry in file.principals {
+            if entry.name.is_empty() || entry.name.len() > 128 || entry.name.chars().any(char::is_control) {
+                return Err(invalid(format!(
+                    "{:?} is not a principal's name (1 to 128 printable characters)",
+                    entry.name
+                )));
+            }
+            if registry.principals.iter().any(|p| *p.name == *entry.name) {
+                return Err(invalid(format!("{:?} is named twice", entry.name)));
+            }
+            if entry.tokens.is_empty() {
+                return Err(invalid(format!("{:?} has no token", entry.name)));
+            }
+            let (tenant, name) = names.intern(&entry.name);
+            let index = registry.principals.len();
+            for token in &entry.tokens {
+                if token.len() < MIN_TOKEN_LEN {
+                    return Err(invalid(format!("a token of {:?} is shorter than {MIN_TOKEN_LEN} bytes", entry.name)));
+                }
+                let hash = blake3::hash(token.as_bytes());
+                if registry.tokens.iter().any(|(h, _)| *h == hash) {
+                    return Err(invalid(format!("a token of {:?} is given twice", entry.name)));
+                }
+                registry.tokens.push((hash, index));
+            }
+            registry.principals.push(Principal { tenant, name, role: entry.role });
+        }
+        Ok(registry)
+    }
+
+    /// Reads the file again; a change takes effect for every later verification. An invalid
+    /// file is an error and the principals stay as they were. True when something changed.
+    pub fn reload(&self) -> Result<bool, LoadError> {
+        let bytes = read(&self.path)?;
+        let hash = blake3::hash(&bytes);
+        let mut loaded = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
+        if *loaded == hash {
+            return Ok(false);
+        }
+        let registry = self.parse(&bytes)?;
+        *self.registry.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(registry);
+        *loaded = hash;
+        Ok(true)
+    }
+
+    /// Reloads the file every `every` on a thread of its own, until the watcher is dropped.
+    pub fn watch(self: &Arc<Self>, every: Duration) -> std::io::Result<Watcher> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let auth = Arc::clone(self);
+        let thread = std::thread::Builder::new().name("djinn-auth-reload".into()).spawn(move || {
+            while !flag.load(Ordering::Acquire) {
+                std::thread::park_timeout(every);
+                if flag.load(Ordering::Acquire) {
+                    break;
+                }
+                match auth.reload() {
+                    Ok(true) => tracing::info!(path = %auth.path.display(), "token file reloaded"),
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!(error = %e, "token file not reloaded: the previous principals stay"),
+                }
+            }
+        })?;
+        Ok(Watcher { stop, thread: Some(thread) })
+    }
+
+    /// The principal `token` names. Every configured token is compared, in constant time.
+    pub fn verify(&self, token: &str) -> Result<Principal, AuthError> {
+        if token.is_empty() {
+            return Err(AuthError::Missing);
+        }
+        let presented = blake3::hash(token.as_bytes());
+        let registry = self.registry();
+        let mut found = None;
+        for (hash, index) in &registry.tokens {
+            // `blake3::Hash`'s equality is constant-time; no early exit either.
+            if presented == *hash {
+                found = Some(*index);
+            }
+        }
+        found.and_then(|i| registry.principals.get(i)).cloned().ok_or(AuthError::Invalid)
+    }
+
+    /// The tenant a node acts for when it moves a tenant's tensor: only nodes (and operators)
+    /// may act for someone else, and only for a tenant of the file.
+    pub fn act_for(&self, principal: &Principal, tenant: &str) -> Result<Principal, AuthError> {
+        if principal.role == Role::Tenant {
+            return Err(AuthError::Forbidden {
+                name: Arc::clone(&principal.name),
+                role: principal.role,
+                action: "act for another tenant",
+            });
+        }
+        self.registry()
+            .principals
+            .iter()
+            .find(|p| *p.name == *tenant && p.role == Role::Tenant)
+            .cloned()
+            .ok_or_else(|| AuthError::UnknownTenant(tenant.to_owned()))
+    }
+
+    /// A tenant's name (for logs, and for a node acting for it), also after it left the file.
+    pub fn name(&self, tenant: TenantId) -> Option<Arc<str>> {
+        let names = self.names.lock().unwrap_or_else(|e| e.into_inner());
+        tenant.0.checked_sub(1).and_then(|i| names.names.get(i as usize)).cloned()
+    }
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, LoadError> {
+    std::fs::read(path).map_err(|source| LoadError::Io { path: path.to_owned(), source })
+}
+
+/// Stops the reloading thread when dropped.
+pub struct Watcher {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl fmt::Debug for Watcher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Watcher").finish_non_exhaustive()
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(json: &str) -> tempfile::NamedTempFile {
+        let f = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(f.path(), json).unwrap();
+        f
+    }
+
+    const FILE: &str = r#"{"principals": [
+        {"name": "alice", "tokens": ["alice-secret-0001", "alice-secret-0002"]},
+        {"name": "bob", "tokens": ["bob-secret-000001"]},
+        {"name": "nodes", "role": "node", "tokens": ["node-secret-00001"]}
+    ]}"#;
+
+    #[test]
+    fn tokens_name_their_principals() {
+        let f = file(FILE);
+        let auth = Authenticator::load(f.path()).unwrap();
+        let a1 = auth.verify("alice-secret-0001").unwrap();
+        let a2 = auth.verify("alice-secret-0002").unwrap();
+        let b = auth.verify("bob-secret-000001").unwrap();
+        assert_eq!(a1, a2);
+        assert_eq!((&*a1.name, a1.role), ("alice", Role::Tenant));
+        assert_ne!(a1.tenant, b.tenant);
+        assert_ne!(a1.tenant, TenantId::DEFAULT);
+        assert_eq!(auth.verify("alice-secret-0003"), Err(AuthError::Invalid));
+        assert_eq!(auth.verify(""), Err(AuthError::Missing));
+        assert_eq!(auth.name(b.tenant).as_deref(), Some("bob"));
+    }
+
+    #[test]
+    fn only_nodes_act_for_a_tenant_and_only_for_a_known_one() {
+        let f = file(FILE);
+        let auth = Authenticator::load(f.path()).unwrap();
+        let node = auth.verify("node-secret-00001").unwrap();
+        let alice = auth.verify("alice-secret-0001").unwrap();
+        assert_eq!(auth.act_for(&node, "alice").unwrap(), alice);
+        assert!(matches!(auth.act_for(&alice, "bob"), Err(AuthError::Forbidden { .. })));
+        assert_eq!(auth.act_for(&node, "carol"), Err(AuthError::UnknownTenant("carol".into())));
+        assert_eq!(auth.act_for(&node, "nodes"), Err(AuthError::UnknownTenant("nodes".into())));
+    }
+
+    #[test]
+    fn a_reload_rotates_tokens_and_keeps_tenant_numbers() {
+        let f = file(FILE);
+        let auth = Authenticator::load(f.path()).unwrap();
+        let alice = auth.verify("alice-secret-0001").unwrap().tenant;
+        assert!(!auth.reload().unwrap(), "nothing changed");
+        std::fs::write(
+            f.path(),
+            r#"{"principals": [{"name": "carol", "tokens": ["carol-secret-0001"]},
+                {"name": "alice", "tokens": ["alice-secret-0003"]}]}"#,
+        )
+        .unwrap();
+        assert!(auth.reload().unwrap());
+        assert_eq!(auth.verify("alice-secret-0001"), Err(AuthError::Invalid));
+        assert_eq!(auth.verify("bob-secret-000001"), Err(AuthError::Invalid));
+        assert_eq!(auth.verify("alice-secret-0003").unwrap().tenant, alice);
+        // An invalid file leaves the principals as they were.
+        std::fs::write(f.path(), r#"{"principals": [{"name": "alice", "tokens": ["short"]}]}"#).unwrap();
+        assert!(matches!(auth.reload(), Err(LoadError::Invalid { .. })));
+        assert_eq!(auth.verify("alice-secret-0003").unwrap().tenant, alice);
+    }
+
+    #[test]
+    fn the_watcher_picks_up_a_change() {
+        let f = file(FILE);
+        let auth = Authenticator::load(f.path()).unwrap();
+        let _watcher = auth.watch(Duration::from_millis(10)).unwrap();
+        std::fs::write(f.path(), r#"{"principals": [{"name": "alice", "tokens": ["alice-secret-0009"]}]}"#).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while auth.verify("alice-secret-0009").is_err() {
+            assert!(std::time::Instant::now() < deadline, "the change was not picked up");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(auth.verify("alice-secret-0001"), Err(AuthError::Invalid));
+    }
+
+    #[test]
+    fn bad_files_are_refused_with_the_reason() {
+        let cases = [
+            (r#"{"principals": [{"name": "a", "tokens": ["short"]}]}"#, "shorter than"),
+            (r#"{"principals": [{"name": "", "tokens": ["0123456789abcdef"]}]}"#, "not a principal's name"),
+            (r#"{"principals": [{"name": "a", "tokens": []}]}"#, "has no token"),
+            (
+                r#"{"principals": [{"name": "a", "tokens": ["0123456789abcdef"]},
+                    {"name": "a", "tokens": ["0123456789abcdeg"]}]}"#,
+                "named twice",
+            ),
+            (
+                r#"{"principals": [{"name": "a", "tokens": ["0123456789abcdef"]},
+                    {"name": "b", "tokens": ["0123456789abcdef"]}]}"#,
+                "given twice",
+            ),
+            (r#"{"principals": [{"name": "a", "role": "root", "tokens": ["0123456789abcdef"]}]}"#, "unknown variant"),
+            (r#"{"principals": [{"name": "a", "tokens": ["0123456789abcdef"], "quota": 1}]}"#, "unknown field"),
+            ("not json", "expected"),
+        ];
+        for (json, why) in cases {
+            let f = file(json);
+            let e = Authenticator::load(f.path()).unwrap_err().to_string();
+            assert!(e.contains(why), "{json}: {e}");
+        }
+        let missing = Authenticator::load("/nonexistent/tokens.json").unwrap_err();
+        assert!(matches!(missing, LoadError::Io { .. }));
+    }
+
+    proptest::proptest! {
+        /// Only a configured token verifies, whatever the guess.
+        #[test]
+        fn no_other_string_verifies(guess in ".{0,40}") {
+            let f = file(FILE);
+            let auth = Authenticator::load(f.path()).unwrap();
+            let configured = ["alice-secret-0001", "alice-secret-0002", "bob-secret-000001", "node-secret-00001"];
+            proptest::prop_assert_eq!(auth.verify(&guess).is_ok(), configured.contains(&guess.as_str()));
+        }
+    }
+}

@@ -1,0 +1,53 @@
+"""Tokens and tenants from Python: a node with a token file lets in only its tokens, and one
+tenant's models and kept tensors are unknown to another."""
+import json
+
+import pytest
+import torch
+from torch import nn
+
+import djinn
+from conftest import NodeProcess
+
+ALICE = "alice-token-0123456789"
+BOB = "bob-token-0123456789ab"
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory):
+    tokens = tmp_path_factory.mktemp("auth") / "tokens.json"
+    tokens.write_text(
+        json.dumps({"principals": [{"name": "alice", "tokens": [ALICE]}, {"name": "bob", "tokens": [BOB]}]})
+    )
+    n = NodeProcess("--auth-file", str(tokens))
+    yield n
+    n.stop()
+
+
+def test_a_client_needs_a_known_token(secured, monkeypatch):
+    monkeypatch.delenv("DJINN_TOKEN", raising=False)
+    with pytest.raises(djinn.AuthenticationError, match="token"):
+        djinn.Client(secured.address)
+    with pytest.raises(djinn.AuthenticationError):
+        djinn.Client(secured.address, token="alice-token-0123456788")
+    monkeypatch.setenv("DJINN_TOKEN", ALICE)
+    assert djinn.Client(secured.address).ping() > 0
+
+
+def test_a_tenant_cannot_use_another_tenants_model_or_tensors(secured):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 4), nn.ReLU()).eval()
+    x = torch.randn(2, 8)
+    alice = djinn.Client(secured.address, token=ALICE)
+    bob = djinn.Client(secured.address, token=BOB)
+    remote = alice.register(model, x)
+    assert torch.equal(remote(x), model(x))
+    with pytest.raises(djinn.UnknownModelError):
+        bob._native.execute(remote.fingerprint, [djinn._native.TensorSlot(0)], [djinn._spec(x)])
+    assert bob.models() == []
+
+    # Public weights: bob registers the same bytes and nothing is uploaded.
+    shared = alice.register(model, x, public=True)
+    again = bob.register(model, x, public=True)
+    assert shared.uploaded and not again.uploaded
+    assert torch.equal(again(x), model(x))

@@ -1,0 +1,302 @@
+//! Authenticated clients and isolated tenants: a node or control plane with a token file lets in
+//! only the tokens it names, rotates them without a restart, and keeps each tenant's models,
+//! tensors, handles, sessions and parked requests out of every other tenant's reach.
+
+mod support;
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use djinn_client::{Breakpoint, Client, ClientError, ClientOptions, DType, ErrorCode, TensorRef, TensorSource, Value};
+use djinn_dataplane::proto::{Hello, Limits, Message, TensorDesc, encode_head, transports};
+use support::{Node, archive, f32_bytes, read_reply, register, spawn_listening};
+
+const ALICE: &str = "alice-token-0123456789";
+const BOB: &str = "bob-token-0123456789ab";
+const NODES: &str = "node-token-0123456789a";
+const OPS: &str = "ops-token-0123456789ab";
+
+fn token_file(dir: &Path, alice: &str) -> std::path::PathBuf {
+    let path = dir.join("tokens.json");
+    let json = serde_json::json!({ "principals": [
+        { "name": "alice", "tokens": [alice] },
+        { "name": "bob", "tokens": [BOB] },
+        { "name": "nodes", "role": "node", "tokens": [NODES] },
+        { "name": "ops", "role": "admin", "tokens": [OPS] },
+    ]});
+    // Written whole and renamed: the watcher never reads half a file.
+    let tmp = dir.join("tokens.json.tmp");
+    std::fs::write(&tmp, json.to_string()).expect("write the token file");
+    std::fs::rename(&tmp, &path).expect("install the token file");
+    path
+}
+
+fn node_with_auth(file: &Path) -> Node {
+    Node::start("mio", &["--auth-file", file.to_str().expect("utf-8 path")])
+}
+
+fn connect(node: &Node, token: &str) -> Result<Client, ClientError> {
+    let options =
+        ClientOptions { token: token.to_owned(), timeout: Some(Duration::from_secs(10)), ..Default::default() };
+    Client::connect_with(node.addr, options)
+}
+
+fn code<T: std::fmt::Debug>(result: Result<T, ClientError>) -> ErrorCode {
+    result.expect_err("refused").remote_code().expect("a typed refusal from the node")
+}
+
+#[test]
+fn only_known_tokens_get_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = node_with_auth(&token_file(dir.path(), ALICE));
+    assert_eq!(code(connect(&node, "")), ErrorCode::Unauthenticated);
+    assert_eq!(code(connect(&node, "alice-token-0123456788")), ErrorCode::Unauthenticated);
+    let mut alice = connect(&node, ALICE).expect("alice's token");
+    alice.put("x", DType::U8, &[3], &[1, 2, 3]).expect("put");
+
+    // Before a hello, a request is refused and its payload never allocated; the connection
+    // stays, and a hello with a valid token opens it.
+    let mut raw = TcpStream::connect(node.addr).unwrap();
+    let frame = |id, message: &Message, payload: &[u8]| {
+        let mut wire = Vec::new();
+        encode_head(&mut wire, id, message).unwrap();
+        wire.extend_from_slice(payload);
+        wire
+    };
+    let desc = TensorDesc::new(DType::U8, vec![1 << 20]).unwrap();
+    raw.write_all(&frame(7, &Message::Put { name: "y".into(), tensor: desc }, &vec![0u8; 1 << 20])).unwrap();
+    let (header, reply, _) = read_reply(&mut raw);
+    assert_eq!(header.request_id.get(), 7);
+    assert!(matches!(reply, Message::Error { code: ErrorCode::Unauthenticated, .. }), "{reply:?}");
+    let hello = Hello { token: BOB.into(), ..Hello::new(&Limits::default(), transports::TCP, "raw") };
+    raw.write_all(&frame(8, &Message::Hello(hello), &[])).unwrap();
+    assert!(matches!(read_reply(&mut raw).1, Message::HelloAck(_)));
+    raw.write_all(&frame(9, &Message::Get { name: "x".into() }, &[])).unwrap();
+    assert!(
+        matches!(read_reply(&mut raw).1, Message::Error { code: ErrorCode::NotFound, .. }),
+        "bob does not see alice's tensor"
+    );
+
+    assert_eq!(node.stat(&mut alice, "auth_failures"), 2);
+    assert_eq!(node.stat(&mut alice, "store_tensors"), 1, "the refused put stored nothing");
+    assert_eq!(alice.get("x").expect("still served").bytes(), &[1, 2, 3]);
+}
+
+#[test]
+fn a_tenant_cannot_reach_another_tenants_entries() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = node_with_auth(&token_file(dir.path(), ALICE));
+    let mut alice = connect(&node, ALICE).unwrap();
+    let mut bob = connect(&node, BOB).unwrap();
+
+    // Named tensors: the same name is two tensors.
+    alice.put("w", DType::U8, &[2], &[1, 2]).unwrap();
+    assert_eq!(code(bob.get("w")), ErrorCode::NotFound);
+    assert!(bob.list().unwrap().is_empty());
+    assert_eq!(code(bob.delete("w")), ErrorCode::NotFound);
+    bob.put("w", DType::U8, &[1], &[9]).unwrap();
+    assert_eq!(alice.get("w").unwrap().bytes(), &[1, 2]);
+    assert_eq!(alice.list().unwrap().len(), 1);
+
+    // Models, by fingerprint.
+    let mlp = register(&mut alice, &["mlp.block0", "mlp.block1", "mlp.block2"]);
+    let x = f32_bytes(4 * 256, 1);
+    let input = [TensorRef { dtype: DType::F32, shape: &[4, 256], bytes: &x }];
+    assert_eq!(code(bob.execute(&mlp, &[Value::Tensor(0)], &input)), ErrorCode::UnknownModel);
+    assert_eq!(code(bob.unregister_model(&mlp)), ErrorCode::UnknownModel);
+    assert!(bob.list_models().unwrap().is_empty());
+    assert_eq!(code(bob.session_open(&mlp, &[], 0)), ErrorCode::UnknownModel);
+
+    // Kept tensors, by handle: fetch, release, use as an input, push.
+    let kept = alice.execute_keep(&mlp, &[Value::Tensor(0)], &input).unwrap().kept[0].handle;
+    assert_eq!(code(bob.fetch(kept)), ErrorCode::NotFound);
+    assert_eq!(bob.release(&[kept]).unwrap(), 0);
+    let _bob_model = register(&mut bob, &["mlp.block0", "mlp.block1", "mlp.block2"]);
+    assert_eq!(code(bob.execute(&mlp, &[Value::Handle(kept)], &[])), ErrorCode::NotFound);
+    assert_eq!(code(bob.push(TensorSource::Handle(kept), &node.addr.to_string())), ErrorCode::NotFound);
+    assert_eq!(code(bob.push(TensorSource::Named("w".into()), "127.0.0.1:1")), ErrorCode::PeerUnreachable);
+    assert_eq!(alice.fetch(kept).unwrap().desc.shape, vec![4, 256]);
+
+    // Parked requests, by handle.
+    let until = Breakpoint { block: 0, send_activation: false };
+    let paused = alice.execute_until(&mlp, &[Value::Tensor(0)], &input, false, until).unwrap();
+    assert_eq!(code(bob.inspect(paused.parked)), ErrorCode::NotFound);
+    assert_eq!(code(bob.abort(paused.parked)), ErrorCode::NotFound);
+    assert_eq!(code(bob.resume(paused.parked, None, None)), ErrorCode::NotFound);
+    alice.abort(paused.parked).expect("alice's own parked request");
+
+    // Sessions, by handle.
+    let counter = register(&mut alice, &["counter"]);
+    let zero = 0i64.to_le_bytes();
+    let state = [
+        TensorRef { dtype: DType::F32, shape: &[3], bytes: &[0u8; 12] },
+        TensorRef { dtype: DType::I64, shape: &[], bytes: &zero },
+    ];
+    let session = alice.session_open(&counter, &state, 0).unwrap();
+    let step = [TensorRef { dtype: DType::F32, shape: &[3], bytes: &[0u8; 12] }];
+    assert_eq!(code(bob.session_step(session, &[Value::Tensor(0)], &step)), ErrorCode::NotFound);
+    assert_eq!(code(bob.session_close(session)), ErrorCode::NotFound);
+    alice.session_step(session, &[Value::Tensor(0)], &step).expect("alice's own session");
+    alice.session_close(session).unwrap();
+}
+
+#[test]
+fn public_weights_are_held_once_and_private_ones_once_per_tenant() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = node_with_auth(&token_file(dir.path(), ALICE));
+    let mut alice = connect(&node, ALICE).unwrap();
+    let mut bob = connect(&node, BOB).unwrap();
+    let mlp = vec![archive("mlp")];
+
+    let a = alice.register_model(&mlp, |_, _| {}).unwrap();
+    let b = bob.register_model(&mlp, |_, _| {}).unwrap();
+    assert!(a.uploaded.is_some() && b.uploaded.is_some(), "a private registration never finds another tenant's");
+    let weight_bytes = a.uploaded.as_ref().unwrap().weight_bytes;
+    assert_eq!(node.stat(&mut alice, "models"), 2);
+    assert_eq!(node.stat(&mut alice, "model_bytes"), 2 * weight_bytes);
+
+    let shared = vec![archive("mlp.block0")];
+    let a = alice.register_public_model(&shared, |_, _| {}).unwrap();
+    let b = bob.register_public_model(&shared, |_, _| {}).unwrap();
+    assert!(a.uploaded.is_some());
+    assert!(b.uploaded.is_none(), "bob's public registration finds alice's public copy: nothing is sent");
+    assert_eq!(node.stat(&mut alice, "models"), 3);
+    let x = f32_bytes(4 * 256, 2);
+    let input = [TensorRef { dtype: DType::F32, shape: &[4, 256], bytes: &x }];
+    let from_alice = alice.execute(&a.fingerprint, &[Value::Tensor(0)], &input).unwrap();
+    let from_bob = bob.execute(&a.fingerprint, &[Value::Tensor(0)], &input).unwrap();
+    assert_eq!(from_alice.tensor_bytes(0), from_bob.tensor_bytes(0));
+
+    // The copy stays while a tenant holds it.
+    alice.unregister_model(&a.fingerprint).unwrap();
+    assert_eq!(code(alice.execute(&a.fingerprint, &[Value::Tensor(0)], &input)), ErrorCode::UnknownModel);
+    bob.execute(&a.fingerprint, &[Value::Tensor(0)], &input).expect("bob still holds it");
+    assert_eq!(node.stat(&mut alice, "models"), 3);
+    bob.unregister_model(&a.fingerprint).unwrap();
+    node.wait_for_stat(&mut alice, "models", 2);
+}
+
+#[test]
+fn tokens_rotate_without_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = token_file(dir.path(), ALICE);
+    let node = node_with_auth(&file);
+    let mut before = connect(&node, ALICE).unwrap();
+    before.put("t", DType::U8, &[1], &[5]).unwrap();
+
+    let rotated = "alice-token-rotated-000";
+    token_file(dir.path(), rotated);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut after = loop {
+        match connect(&node, rotated) {
+            Ok(client) => break client,
+            Err(e) => {
+                assert_eq!(e.remote_code(), Some(ErrorCode::Unauthenticated), "{e}");
+                assert!(Instant::now() < deadline, "the new token was not taken within 10 s");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    };
+    assert_eq!(code(connect(&node, ALICE)), ErrorCode::Unauthenticated, "the old token is revoked");
+    assert_eq!(after.get("t").unwrap().bytes(), &[5], "the same tenant under its new token");
+    // A connection opened under the old token keeps its tenant until it closes.
+    assert_eq!(before.get("t").unwrap().bytes(), &[5]);
+
+    // A broken file leaves the tokens as they were.
+    std::fs::write(&file, "{ not json").unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    connect(&node, rotated).expect("the last good tokens stay");
+}
+
+#[test]
+fn a_push_lands_in_the_same_tenants_namespace_on_the_peer() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = token_file(dir.path(), ALICE);
+    let start = |token: Option<&str>| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_djinn"));
+        command.args(["node", "--listen", "127.0.0.1:0", "--log", "error", "--auth-file"]).arg(&file);
+        match token {
+            Some(t) => command.env("DJINN_TOKEN", t),
+            None => command.env_remove("DJINN_TOKEN"),
+        };
+        let (child, addr) = spawn_listening(command, "djinn node listening on ");
+        (support::Killed(child), addr)
+    };
+    let (_a, a_addr) = start(Some(NODES));
+    let (_b, b_addr) = start(None);
+    let options = |token: &str| ClientOptions { token: token.to_owned(), ..Default::default() };
+    let mut alice_a = Client::connect_with(a_addr.as_str(), options(ALICE)).unwrap();
+    let mut alice_b = Client::connect_with(b_addr.as_str(), options(ALICE)).unwrap();
+    let mut bob_b = Client::connect_with(b_addr.as_str(), options(BOB)).unwrap();
+
+    let bytes = f32_bytes(64, 3);
+    let kept = alice_a.keep(TensorRef { dtype: DType::F32, shape: &[64], bytes: &bytes }).unwrap();
+    let (on_b, _path) = alice_a.push(TensorSource::Handle(kept.handle), &b_addr).expect("push");
+    assert_eq!(alice_b.fetch(on_b.handle).unwrap().bytes(), &bytes[..]);
+    assert_eq!(code(bob_b.fetch(on_b.handle)), ErrorCode::NotFound);
+
+    // A node without a node's token is refused by the peer, in the peer's words.
+    let mut alice_on_b = Client::connect_with(b_addr.as_str(), options(ALICE)).unwrap();
+    let kept = alice_on_b.keep(TensorRef { dtype: DType::F32, shape: &[64], bytes: &bytes }).unwrap();
+    assert_eq!(code(alice_on_b.push(TensorSource::Handle(kept.handle), &a_addr)), ErrorCode::Unauthenticated);
+}
+
+#[test]
+fn the_control_plane_needs_tokens_and_the_right_role() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = token_file(dir.path(), ALICE);
+    let mut command = Command::new(env!("CARGO_BIN_EXE_djinn"));
+    command
+        .args(["control", "--listen", "127.0.0.1:0", "--log", "error", "--store"])
+        .arg(dir.path().join("control.redb"))
+        .arg("--auth-file")
+        .arg(&file);
+    let (control, addr) = spawn_listening(command, "djinn control listening on ");
+    let _control = support::Killed(control);
+    let url = format!("http://{addr}");
+    let http = ureq::Agent::config_builder().http_status_as_error(false).build().new_agent();
+    let status = |method: &str, path: &str, token: Option<&str>| {
+        let uri = format!("{url}{path}");
+        let mut request = ureq::http::Request::builder().method(method).uri(uri);
+        if let Some(t) = token {
+            request = request.header("Authorization", format!("Bearer {t}"));
+        }
+        let body = if method == "GET" { String::new() } else { "{}".into() };
+        let response = http.run(request.body(body).unwrap()).expect("the control plane answers");
+        response.status().as_u16()
+    };
+    assert_eq!(status("GET", "/v1/whoami", None), 401);
+    assert_eq!(status("GET", "/v1/whoami", Some("not-a-token-at-all")), 401);
+    assert_eq!(status("GET", "/v1/whoami", Some(ALICE)), 200);
+    assert_eq!(status("GET", "/v1/cluster", Some(ALICE)), 403, "a tenant does not see the whole cluster");
+    assert_eq!(status("GET", "/metrics", Some(NODES)), 403);
+    assert_eq!(status("GET", "/v1/cluster", Some(OPS)), 200);
+    assert_eq!(status("POST", "/v1/nodes", Some(ALICE)), 403, "a tenant cannot join as a node");
+    assert_eq!(status("POST", "/v1/nodes", Some(NODES)), 400, "a node may (this body is empty)");
+
+    // A node with a node's token joins; the client reaches it through the control plane.
+    let mut node = Command::new(env!("CARGO_BIN_EXE_djinn"));
+    node.args(["node", "--listen", "127.0.0.1:0", "--log", "error", "--control", &url, "--flops", "1e12"])
+        .args(["--memory-bandwidth", "1e11", "--host-to-device", "1e10", "--auth-file"])
+        .arg(&file)
+        .env("DJINN_TOKEN", NODES);
+    let (node, _) = spawn_listening(node, "djinn node listening on ");
+    let _node = support::Killed(node);
+    let ops = djinn_client::ControlClient::new(&url, Duration::from_secs(5)).with_token(OPS);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !ops.cluster().unwrap().contains("\"addr\"") {
+        assert!(Instant::now() < deadline, "the node did not join");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let options = ClientOptions { token: ALICE.into(), ..Default::default() };
+    let failover = djinn_client::FailoverOptions::default();
+    let mut cluster = djinn_client::ClusterClient::open(&url, options, failover).expect("alice through the control");
+    let registered = cluster.register_model(vec![archive("halves").into()], None, None, false, |_, _| {}).unwrap();
+    assert!(registered.uploaded.is_some());
+    let options = ClientOptions { token: "wrong-token-0123456789".into(), ..Default::default() };
+    let refused = djinn_client::ClusterClient::open(&url, options, djinn_client::FailoverOptions::default());
+    assert!(refused.unwrap_err().to_string().contains("401"));
+}
