@@ -64,9 +64,18 @@ impl IntoResponse for ControlError {
         if status.is_server_error() {
             tracing::warn!(error = %self, "request failed");
         }
-        let body = serde_json::json!({ "error": { "kind": kind, "message": self.to_string() } });
-        (status, axum::Json(body)).into_response()
+        error_response(status, kind, self.to_string())
     }
+}
+
+/// `{"error": {"kind", "message"}}` with `status`; a 401 names the scheme it wants.
+fn error_response(status: StatusCode, kind: &str, message: String) -> Response {
+    let body = serde_json::json!({ "error": { "kind": kind, "message": message } });
+    let mut response = (status, axum::Json(body)).into_response();
+    if status == StatusCode::UNAUTHORIZED {
+        response.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+    }
+    response
 }
 
 /// The body as JSON, or a 400 that says what is wrong with it (serde's line and column).
@@ -221,24 +230,15 @@ async fn whoami(Extension(caller): Extension<Principal>) -> Response {
 
 /// The role a request needs: memberships are the nodes' business, the whole cluster the
 /// operators'; the rest is every principal's.
-fn needs(method: &axum::http::Method, path: &str) -> &'static [Role] {
+fn needs(path: &str) -> &'static [Role] {
     const NODES: &[Role] = &[Role::Node, Role::Admin];
     const OPERATORS: &[Role] = &[Role::Admin];
     const ANYONE: &[Role] = &[Role::Tenant, Role::Node, Role::Admin];
-    match (method, path) {
-        (_, p) if p.starts_with("/v1/nodes") => NODES,
-        (_, "/v1/cluster" | "/metrics") => OPERATORS,
+    match path {
+        p if p.starts_with("/v1/nodes") => NODES,
+        "/v1/cluster" | "/metrics" => OPERATORS,
         _ => ANYONE,
     }
-}
-
-fn refusal(status: StatusCode, kind: &str, message: String) -> Response {
-    let body = serde_json::json!({ "error": { "kind": kind, "message": message } });
-    let mut response = (status, axum::Json(body)).into_response();
-    if status == StatusCode::UNAUTHORIZED {
-        response.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
-    }
-    response
 }
 
 /// Checks the bearer token and the role, and hands the principal to the handler. Without a
@@ -256,13 +256,13 @@ async fn authenticate(auth: State<Option<Arc<Authenticator>>>, mut request: Requ
             match auth.verify(token) {
                 Ok(p) => p,
                 Err(e @ (AuthError::Missing | AuthError::Invalid)) => {
-                    return refusal(StatusCode::UNAUTHORIZED, "unauthenticated", e.to_string());
+                    return error_response(StatusCode::UNAUTHORIZED, "unauthenticated", e.to_string());
                 }
-                Err(e) => return refusal(StatusCode::FORBIDDEN, "forbidden", e.to_string()),
+                Err(e) => return error_response(StatusCode::FORBIDDEN, "forbidden", e.to_string()),
             }
         }
     };
-    if !needs(request.method(), request.uri().path()).contains(&principal.role) {
+    if !needs(request.uri().path()).contains(&principal.role) {
         let message = format!(
             "{} (a {}) may not {} {}",
             principal.name,
@@ -270,15 +270,14 @@ async fn authenticate(auth: State<Option<Arc<Authenticator>>>, mut request: Requ
             request.method(),
             request.uri().path()
         );
-        return refusal(StatusCode::FORBIDDEN, "forbidden", message);
+        return error_response(StatusCode::FORBIDDEN, "forbidden", message);
     }
     request.extensions_mut().insert(principal);
     next.run(request).await
 }
 
 async fn not_found(uri: axum::http::Uri) -> Response {
-    let body = serde_json::json!({ "error": { "kind": "no_endpoint", "message": format!("no endpoint {uri}") } });
-    (StatusCode::NOT_FOUND, axum::Json(body)).into_response()
+    error_response(StatusCode::NOT_FOUND, "no_endpoint", format!("no endpoint {uri}"))
 }
 
 /// The API; with `auth`, only for the principals of its token file.

@@ -4,6 +4,7 @@
 //! A handle names a tensor only for the tenant that kept it: to anyone else it is unknown.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry as Slot;
 use std::hash::BuildHasher;
 use std::time::{Duration, Instant};
 
@@ -145,10 +146,10 @@ impl HandleTable {
     pub fn release(&mut self, tenant: TenantId, handles: &[Handle]) -> u32 {
         let mut released = 0;
         for h in handles.iter().filter(|h| h.epoch == self.epoch) {
-            if self.entries.get(&h.id).is_none_or(|e| e.tenant != tenant) {
-                continue;
-            }
-            if let Some(entry) = self.entries.remove(&h.id) {
+            if let Slot::Occupied(slot) = self.entries.entry(h.id)
+                && slot.get().tenant == tenant
+            {
+                let entry = slot.remove();
                 self.bytes -= entry.desc.byte_len;
                 released += 1;
             }

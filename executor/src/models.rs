@@ -469,10 +469,6 @@ impl ModelStore {
         Some(Arc::clone(&entry.model))
     }
 
-    pub fn contains(&self, tenant: TenantId, fingerprint: &Fingerprint) -> bool {
-        self.key_of(tenant, fingerprint).is_some()
-    }
-
     /// True when a registration needs no upload: the tenant holds the model in that scope, or
     /// (public) another tenant registered the same bytes as public, which `tenant` now holds
     /// too.
@@ -605,6 +601,10 @@ mod tests {
         CModule::create_by_tracing("identity", "forward", &[example], &mut |xs| vec![xs[0].shallow_clone()]).unwrap()
     }
 
+    fn contains(store: &ModelStore, fingerprint: &Fingerprint) -> bool {
+        store.key_of(T, fingerprint).is_some()
+    }
+
     fn insert(store: &mut ModelStore, loaded: LoadedModel) -> Result<Arc<Model>, ExecError> {
         let (plan, reservation) = store.reserve_for(&loaded)?;
         Ok(store.publish(loaded.into_model(&plan, reservation)?, Scope::Private(T), T))
@@ -617,10 +617,10 @@ mod tests {
         let a = insert(&mut store, loaded(1, 60 * K)).unwrap();
         // `a` is held, as a running request holds its model: no room for b.
         assert!(insert(&mut store, loaded(2, 60 * K)).is_err());
-        assert!(store.contains(T, &Fingerprint([1; 32])));
+        assert!(contains(&store, &Fingerprint([1; 32])));
         drop(a);
         insert(&mut store, loaded(2, 60 * K)).unwrap();
-        assert!(!store.contains(T, &Fingerprint([1; 32])));
+        assert!(!contains(&store, &Fingerprint([1; 32])));
         assert_eq!(budget.used(), 60 * K);
     }
 
@@ -631,7 +631,7 @@ mod tests {
         insert(&mut store, loaded(2, 40 * K)).unwrap();
         store.get(T, &Fingerprint([1; 32]));
         insert(&mut store, loaded(3, 40 * K)).unwrap();
-        assert!(store.contains(T, &Fingerprint([1; 32])) && !store.contains(T, &Fingerprint([2; 32])));
+        assert!(contains(&store, &Fingerprint([1; 32])) && !contains(&store, &Fingerprint([2; 32])));
     }
 
     #[test]

@@ -103,7 +103,11 @@ fn main() -> Result<()> {
         Client::connect_with(addr, options).with_context(|| format!("cannot reach {addr}"))
     };
     match cli.command {
-        Command::Node(args) => node::run(args),
+        Command::Node(args) => {
+            // Watched while the node runs.
+            let auth = args.auth.authenticator()?;
+            node::run(args, auth.as_ref().map(|(a, _)| std::sync::Arc::clone(a)))
+        }
         Command::Up(args) => up::run(args),
         Command::Control(args) => control::run(args),
         Command::Status(args) => status::run(args),

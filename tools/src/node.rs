@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
+use djinn_auth::Authenticator;
 use djinn_dataplane::proto::Limits;
 use djinn_dataplane::rdma::{RdmaChannel, RdmaContext, SessionConfig};
 use djinn_dataplane::tcp::{Backend, Server, ServerConfig, Transport};
@@ -178,7 +179,8 @@ fn physical_memory() -> u64 {
     (pages.max(0) as u64).saturating_mul(page.max(0) as u64)
 }
 
-pub fn run(args: NodeArgs) -> Result<()> {
+/// Serves until SIGINT or SIGTERM; with `auth` (the principals of `--auth-file`), only for them.
+pub fn run(args: NodeArgs, auth: Option<Arc<Authenticator>>) -> Result<()> {
     let max_meta = u32::try_from(args.max_meta.0).context("--max-meta must be under 4 GiB")?;
     let limits = Limits { max_meta, max_payload: args.max_payload.0, ..Limits::default() };
     let budget = MemoryBudget::new(args.device_memory_budget.map_or(physical_memory() / 2, |b| b.0));
@@ -202,8 +204,6 @@ pub fn run(args: NodeArgs) -> Result<()> {
     tch::set_num_threads(args.intra_op_threads.max(1));
     let host_budget = MemoryBudget::new(args.host_memory_budget.map_or(physical_memory() / 2, |b| b.0));
     let host_limit = host_budget.limit();
-    let authenticator = args.auth.authenticator()?;
-    let auth = authenticator.as_ref().map(|(a, _)| Arc::clone(a));
     let token = args.auth.token()?;
     let options = NodeOptions {
         device,

@@ -3,7 +3,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -37,12 +37,13 @@ pub fn run(mut args: UpArgs) -> Result<()> {
         bail!("`djinn up` runs its own control plane: --control is for `djinn node`");
     }
     let config = control::config(args.lease_ttl, "/djinn/")?;
-    // The control plane and the node read the same token file, each watching it.
+    // The control plane and the node share the principals of one token file.
     let auth = args.node.auth.authenticator()?;
     if auth.is_some() && args.node.auth.token()?.is_empty() {
         bail!("with --auth-file, the node needs a node's token to join its control plane: --token-file or DJINN_TOKEN");
     }
-    let authenticator = auth.as_ref().map(|(a, _)| std::sync::Arc::clone(a));
+    let authenticator = auth.as_ref().map(|(a, _)| Arc::clone(a));
+    let node_auth = authenticator.clone();
     let (bound, addr) = mpsc::channel();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let (listen, store) = (args.control_listen, args.store);
@@ -68,7 +69,7 @@ pub fn run(mut args: UpArgs) -> Result<()> {
         ip => ip,
     };
     args.node.control = Some(format!("http://{}", SocketAddr::new(ip, addr.port())));
-    let node = node::run(args.node);
+    let node = node::run(args.node, node_auth);
     let _ = stop.send(());
     let control = join(thread);
     node.and(control)
