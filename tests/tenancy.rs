@@ -180,6 +180,103 @@ fn public_weights_are_held_once_and_private_ones_once_per_tenant() {
 }
 
 #[test]
+fn quotas_hold_each_tenant_to_its_own() {
+    const CAROL: &str = "carol-token-0123456789";
+    const DAVE: &str = "dave-token-0123456789a";
+    const ERIN: &str = "erin-token-0123456789a";
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tokens.json");
+    let json = serde_json::json!({ "principals": [
+        { "name": "alice", "tokens": [ALICE], "quota": { "device_memory": 1 << 20 } },
+        { "name": "bob", "tokens": [BOB] },
+        { "name": "carol", "tokens": [CAROL], "quota": { "requests_per_second": 0.1, "burst": 3 } },
+        { "name": "dave", "tokens": [DAVE], "quota": { "concurrent_requests": 1 } },
+        { "name": "erin", "tokens": [ERIN], "quota": { "host_swap": 64 } },
+    ]});
+    std::fs::write(&file, json.to_string()).unwrap();
+    let node = Node::start("mio", &["--auth-file", file.to_str().unwrap(), "--session-policy", "semantic"]);
+    let mut alice = connect(&node, ALICE).unwrap();
+    let mut bob = connect(&node, BOB).unwrap();
+
+    // Device memory: alice's second tensor does not fit her quota, and is refused before its
+    // bytes are stored; bob, without a quota, stores more than that on the same node.
+    let k768 = vec![7u8; 768 << 10];
+    alice.put("a", DType::U8, &[k768.len() as u64], &k768).unwrap();
+    assert_eq!(code(alice.put("b", DType::U8, &[512 << 10], &[0u8; 512 << 10])), ErrorCode::QuotaExceeded);
+    // A model's weights count too.
+    let refused = alice.register_model(&[archive("mlp")], |_, _| {});
+    assert_eq!(code(refused), ErrorCode::QuotaExceeded);
+    bob.put("a", DType::U8, &[k768.len() as u64], &k768).unwrap();
+    bob.put("b", DType::U8, &[k768.len() as u64], &k768).unwrap();
+    register(&mut bob, &["mlp.block0", "mlp.block1", "mlp.block2"]);
+    alice.delete("a").unwrap();
+    alice.put("b", DType::U8, &[512 << 10], &[0u8; 512 << 10]).expect("room again once her tensor is gone");
+
+    // Request rate: a burst of 3, then one request per 10 s.
+    let mut carol = connect(&node, CAROL).unwrap();
+    for _ in 0..2 {
+        carol.list().expect("within the burst (the hello took none of it)");
+    }
+    carol.put("c", DType::U8, &[4], &[1, 2, 3, 4]).expect("within the burst");
+    assert_eq!(code(carol.list()), ErrorCode::QuotaExceeded);
+    assert_eq!(code(carol.put("d", DType::U8, &[4], &[1, 2, 3, 4])), ErrorCode::QuotaExceeded);
+    bob.list().expect("another tenant's rate is its own");
+
+    // Requests at once: three fetches written together; the first goes to a worker, the two
+    // others find dave's one request in flight.
+    let mut raw = TcpStream::connect(node.addr).unwrap();
+    let frame = |id, message: &Message| {
+        let mut wire = Vec::new();
+        encode_head(&mut wire, id, message).unwrap();
+        wire
+    };
+    let hello = Hello { token: DAVE.into(), ..Hello::new(&Limits::default(), transports::TCP, "raw") };
+    raw.write_all(&frame(1, &Message::Hello(hello))).unwrap();
+    assert!(matches!(read_reply(&mut raw).1, Message::HelloAck(_)));
+    let fetch = Message::Fetch { handle: djinn_dataplane::proto::Handle { id: 1, epoch: 1 } };
+    raw.write_all(&[frame(2, &fetch), frame(3, &fetch), frame(4, &fetch)].concat()).unwrap();
+    let mut replies: Vec<(u64, Message)> = (0..3)
+        .map(|_| {
+            let (header, reply, _) = read_reply(&mut raw);
+            (header.request_id.get(), reply)
+        })
+        .collect();
+    replies.sort_by_key(|r| r.0);
+    assert!(matches!(replies[0].1, Message::Error { code: ErrorCode::StaleHandle | ErrorCode::NotFound, .. }));
+    for (_, reply) in &replies[1..] {
+        assert!(matches!(reply, Message::Error { code: ErrorCode::QuotaExceeded, .. }), "{reply:?}");
+    }
+    raw.write_all(&frame(5, &fetch)).unwrap();
+    assert!(
+        !matches!(read_reply(&mut raw).1, Message::Error { code: ErrorCode::QuotaExceeded, .. }),
+        "answered: the next one is let in"
+    );
+    assert_eq!(node.stat(&mut bob, "quota_refusals"), 4);
+
+    // Host swap: erin's 128 bytes of session state do not fit her 64 in the host pool, so
+    // IO_WAIT leaves them on the device; bob's go out.
+    let mut erin = connect(&node, ERIN).unwrap();
+    let rows = f32_bytes(8 * 4, 4);
+    for (client, swapped) in [(&mut erin, 0), (&mut bob, 1)] {
+        let cache = register(client, &["growing_cache"]);
+        let empty = [TensorRef { dtype: DType::F32, shape: &[0, 4], bytes: &[] }];
+        let session = client.session_open(&cache, &empty, 0).unwrap();
+        let x = [TensorRef { dtype: DType::F32, shape: &[8, 4], bytes: &rows }];
+        client.session_step(session, &[Value::Tensor(0)], &x).unwrap();
+        client.session_signal(session, djinn_client::Signal::IoWait { resume_in_ms: None }).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while node.stat(client, "session_swaps_out") + node.stat(client, "session_swaps_refused") < 1 + swapped {
+            assert!(Instant::now() < deadline, "the signal was not applied");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(node.stat(client, "session_swaps_out"), swapped);
+        assert_eq!(node.stat(client, "session_swaps_refused"), 1);
+        // Either way the session goes on.
+        client.session_step(session, &[Value::Tensor(0)], &x).unwrap();
+    }
+}
+
+#[test]
 fn tokens_rotate_without_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let file = token_file(dir.path(), ALICE);

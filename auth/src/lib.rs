@@ -3,7 +3,9 @@
 //!
 //! ```json
 //! {"principals": [
-//!   {"name": "alice", "tokens": ["a-long-random-secret-1", "a-long-random-secret-2"]},
+//!   {"name": "alice", "tokens": ["a-long-random-secret-1", "a-long-random-secret-2"],
+//!    "quota": {"device_memory": 8589934592, "host_swap": 17179869184,
+//!              "concurrent_requests": 64, "requests_per_second": 1000, "burst": 200}},
 //!   {"name": "nodes", "role": "node", "tokens": ["another-long-random-secret"]},
 //!   {"name": "ops", "role": "admin", "tokens": ["yet-another-long-random-secret"]}
 //! ]}
@@ -13,11 +15,17 @@
 //! in constant time: neither the time taken nor the order of the file tells which bytes of a
 //! guess were right. Two tokens per principal let a rotation overlap: add the new one, move the
 //! clients, remove the old one.
+//!
+//! A tenant's `quota` bounds what it may take of each node (every field is optional, and a
+//! missing one is no bound): device memory in bytes (its tensors, kept tensors, session state,
+//! parked requests and the weights of its models, public ones included), bytes of session
+//! state swapped to the host pool, requests being worked on at once, and requests per second
+//! (a token bucket of `burst` requests, by default one second's worth).
 
 use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -99,6 +107,33 @@ pub enum LoadError {
     Invalid { path: PathBuf, why: String },
 }
 
+/// What one tenant may take of each node; `None` is no bound.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Quota {
+    /// Bytes of device memory.
+    pub device_memory: Option<u64>,
+    /// Bytes of session state swapped out to the host pool.
+    pub host_swap: Option<u64>,
+    /// Requests being answered at once.
+    pub concurrent_requests: Option<u32>,
+    /// Requests per second, on average.
+    pub requests_per_second: Option<f64>,
+    /// Requests that may come at once after a quiet spell (default: one second's worth).
+    pub burst: Option<u32>,
+}
+
+impl Quota {
+    /// No bound at all.
+    pub const NONE: Self = Self {
+        device_memory: None,
+        host_swap: None,
+        concurrent_requests: None,
+        requests_per_second: None,
+        burst: None,
+    };
+}
+
 /// Tokens shorter than this are refused when the file is read: they could be guessed.
 pub const MIN_TOKEN_LEN: usize = 16;
 
@@ -115,6 +150,8 @@ struct PrincipalEntry {
     #[serde(default)]
     role: Role,
     tokens: Vec<String>,
+    #[serde(default)]
+    quota: Quota,
 }
 
 /// One version of the file: token hashes and whom they name.
@@ -122,6 +159,7 @@ struct PrincipalEntry {
 struct Registry {
     tokens: Vec<(blake3::Hash, usize)>,
     principals: Vec<Principal>,
+    quotas: HashMap<TenantId, Quota>,
 }
 
 /// Tenant numbers by name, kept across reloads.
@@ -152,6 +190,8 @@ pub struct Authenticator {
     names: Mutex<Names>,
     /// The hash of the file's bytes last loaded, so an unchanged file is not parsed again.
     loaded: Mutex<blake3::Hash>,
+    /// Counts reloads that changed something, so callers can cache what they read.
+    generation: AtomicU64,
 }
 
 impl fmt::Debug for Authenticator {
@@ -174,6 +214,7 @@ impl Authenticator {
             registry: RwLock::new(Arc::default()),
             names: Mutex::default(),
             loaded: Mutex::new(blake3::hash(&bytes)),
+            generation: AtomicU64::new(0),
             path,
         };
         let registry = auth.parse(&bytes)?;
@@ -207,7 +248,16 @@ impl Authenticator {
             if entry.tokens.is_empty() {
                 return Err(invalid(format!("{:?} has no token", entry.name)));
             }
+            if let Some(rate) = entry.quota.requests_per_second
+                && !(rate.is_finite() && rate > 0.0)
+            {
+                return Err(invalid(format!("{:?}: requests_per_second must be a positive number", entry.name)));
+            }
+            if entry.quota.burst == Some(0) || entry.quota.concurrent_requests == Some(0) {
+                return Err(invalid(format!("{:?}: a quota of zero requests lets none through", entry.name)));
+            }
             let (tenant, name) = names.intern(&entry.name);
+            registry.quotas.insert(tenant, entry.quota);
             let index = registry.principals.len();
             for token in &entry.tokens {
                 if token.len() < MIN_TOKEN_LEN {
@@ -236,6 +286,7 @@ impl Authenticator {
         let registry = self.parse(&bytes)?;
         *self.registry.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(registry);
         *loaded = hash;
+        self.generation.fetch_add(1, Ordering::AcqRel);
         Ok(true)
     }
 
@@ -293,6 +344,18 @@ impl Authenticator {
             .find(|p| *p.name == *tenant && p.role == Role::Tenant)
             .cloned()
             .ok_or_else(|| AuthError::UnknownTenant(tenant.to_owned()))
+    }
+
+    /// `tenant`'s quota; a tenant that left the file has none left (it cannot present a token
+    /// any more, and what it holds is freed as it expires).
+    pub fn quota(&self, tenant: TenantId) -> Quota {
+        self.registry().quotas.get(&tenant).copied().unwrap_or(Quota::NONE)
+    }
+
+    /// Changes with every reload that changed the file: what was read from an older
+    /// generation (a quota) may be stale.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
     }
 
     /// A tenant's name (for logs, and for a node acting for it), also after it left the file.
@@ -395,6 +458,29 @@ mod tests {
     }
 
     #[test]
+    fn quotas_are_per_tenant_and_follow_reloads() {
+        let f = file(
+            r#"{"principals": [
+                {"name": "alice", "tokens": ["alice-secret-0001"],
+                 "quota": {"device_memory": 1024, "concurrent_requests": 2, "requests_per_second": 0.5}},
+                {"name": "bob", "tokens": ["bob-secret-000001"]}]}"#,
+        );
+        let auth = Authenticator::load(f.path()).unwrap();
+        let alice = auth.verify("alice-secret-0001").unwrap().tenant;
+        let bob = auth.verify("bob-secret-000001").unwrap().tenant;
+        let q = auth.quota(alice);
+        assert_eq!((q.device_memory, q.host_swap, q.concurrent_requests), (Some(1024), None, Some(2)));
+        assert_eq!(q.requests_per_second, Some(0.5));
+        assert_eq!(auth.quota(bob), Quota::NONE);
+        assert_eq!(auth.quota(TenantId::DEFAULT), Quota::NONE);
+        let generation = auth.generation();
+        std::fs::write(f.path(), r#"{"principals": [{"name": "alice", "tokens": ["alice-secret-0001"]}]}"#).unwrap();
+        assert!(auth.reload().unwrap());
+        assert_ne!(auth.generation(), generation);
+        assert_eq!(auth.quota(alice), Quota::NONE);
+    }
+
+    #[test]
     fn the_watcher_picks_up_a_change() {
         let f = file(FILE);
         let auth = Authenticator::load(f.path()).unwrap();
@@ -425,7 +511,20 @@ mod tests {
                 "given twice",
             ),
             (r#"{"principals": [{"name": "a", "role": "root", "tokens": ["0123456789abcdef"]}]}"#, "unknown variant"),
-            (r#"{"principals": [{"name": "a", "tokens": ["0123456789abcdef"], "quota": 1}]}"#, "unknown field"),
+            (r#"{"principals": [{"name": "a", "tokens": ["0123456789abcdef"], "quotas": {}}]}"#, "unknown field"),
+            (
+                r#"{"principals": [{"name": "a", "tokens": ["0123456789abcdef"], "quota": {"gpu": 1}}]}"#,
+                "unknown field",
+            ),
+            (
+                r#"{"principals": [{"name": "a", "tokens": ["0123456789abcdef"],
+                    "quota": {"requests_per_second": 0}}]}"#,
+                "positive number",
+            ),
+            (
+                r#"{"principals": [{"name": "a", "tokens": ["0123456789abcdef"], "quota": {"burst": 0}}]}"#,
+                "lets none through",
+            ),
             ("not json", "expected"),
         ];
         for (json, why) in cases {

@@ -10,7 +10,7 @@ pub enum ExecError {
     BadArchive(String),
     #[error("{0}")]
     Unsupported(String),
-    #[error("over the device-memory budget: {0}")]
+    #[error("{0}")]
     OverBudget(#[from] djinn_gpudirect::OverBudget),
     #[error(
         "block {block} needs {len} bytes of device memory and only {available} are available: it cannot run even streamed"
@@ -33,6 +33,7 @@ impl ExecError {
         match self {
             Self::Torch(_) | Self::Unsupported(_) => ErrorCode::ExecutionFailed,
             Self::BadArchive(_) => ErrorCode::BadArchive,
+            Self::OverBudget(e) if e.tenant.is_some() => ErrorCode::QuotaExceeded,
             Self::OverBudget(_) | Self::BlockTooLarge { .. } => ErrorCode::OverBudget,
             Self::Handle(e) => e.code(),
             Self::Session(e) => e.code(),

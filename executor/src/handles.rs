@@ -93,7 +93,7 @@ impl HandleTable {
     /// Keeps `tensor` for `tenant`, charging its bytes to the budget.
     pub fn keep(&mut self, tenant: TenantId, tensor: Tensor) -> Result<HandleInfo, ExecError> {
         let desc = describe(&tensor)?;
-        let reservation = self.budget.try_reserve(desc.byte_len)?;
+        let reservation = self.budget.try_reserve_for(tenant, desc.byte_len)?;
         Ok(self.insert(tenant, tensor, desc, Some(reservation), None))
     }
 

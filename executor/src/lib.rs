@@ -19,7 +19,7 @@ pub use error::ExecError;
 pub use handles::{HandleError, HandleTable};
 pub use models::{Model, ModelStore, Scope, Unregistered, Upload, device_name, load, parse_device};
 pub use parked::{BreakpointError, Ended};
-pub use service::{NodeOptions, NodeService};
+pub use service::{NodeOptions, NodeService, tenant_budget};
 pub use sessions::{Policy, SessionError, SessionOptions, SessionTable};
 pub use store::TensorStore;
 pub use tch::Device;

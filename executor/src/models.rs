@@ -4,15 +4,19 @@
 //! A model is private to the tenant that registered it (another tenant registering the same
 //! bytes gets a copy of its own: sharing would tell one tenant what another holds), or public:
 //! held once, and usable by every tenant that registered those bytes as public.
+//!
+//! Each holder's quota is charged the model's device bytes (a public model's, once per
+//! holder). A tenant over its quota first lets go of its own idle models; it may evict other
+//! tenants' idle models only while what it holds is within its fair share of the budget.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::io::Read;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use djinn_auth::TenantId;
 use djinn_dataplane::proto::{Fingerprint, ModelInfo, Payload};
-use djinn_gpudirect::{MemoryBudget, OverBudget, Reservation};
+use djinn_gpudirect::{Charge, MemoryBudget, OverBudget, Reservation};
 use tch::jit::{CModule, IValue};
 use tch::{Device, Tensor};
 
@@ -69,11 +73,11 @@ pub fn parse_device(s: &str) -> Result<Device, String> {
 pub fn load(upload: Upload, device: Device, models: &Mutex<ModelStore>) -> Result<Arc<Model>, ExecError> {
     let lock = || models.lock().unwrap_or_else(|e| e.into_inner());
     let (scope, tenant) = (upload.scope, upload.tenant);
-    let available = lock().available();
+    let available = lock().available(tenant);
     let loaded = upload.load(device, available)?;
-    let (plan, reservation) = lock().reserve_for(&loaded)?;
+    let (plan, reservation, charge) = lock().reserve_for(&loaded, tenant)?;
     let model = loaded.into_model(&plan, reservation)?;
-    Ok(lock().publish(model, scope, tenant))
+    Ok(lock().publish(model, scope, (tenant, charge)))
 }
 
 impl Model {
@@ -411,9 +415,15 @@ type Key = (Scope, Fingerprint);
 struct Entry {
     model: Arc<Model>,
     last_used: u64,
-    /// The tenants that registered it (one, for a private model): it is theirs to use until
-    /// the last one unregisters it.
-    owners: BTreeSet<TenantId>,
+    /// The tenants that registered it (one, for a private model), with what each is charged:
+    /// it is theirs to use until the last one unregisters it.
+    owners: BTreeMap<TenantId, Charge>,
+}
+
+impl Entry {
+    fn is_idle(&self) -> bool {
+        Arc::strong_count(&self.model) == 1
+    }
 }
 
 /// What an unregistration did.
@@ -457,7 +467,7 @@ impl ModelStore {
             return Some(private);
         }
         let public = (Scope::Public, *fingerprint);
-        self.models.get(&public).filter(|e| e.owners.contains(&tenant)).map(|_| public)
+        self.models.get(&public).filter(|e| e.owners.contains_key(&tenant)).map(|_| public)
     }
 
     /// `tenant`'s model, marked as just used.
@@ -471,73 +481,155 @@ impl ModelStore {
 
     /// True when a registration needs no upload: the tenant holds the model in that scope, or
     /// (public) another tenant registered the same bytes as public, which `tenant` now holds
-    /// too.
-    pub fn claim(&mut self, tenant: TenantId, fingerprint: &Fingerprint, public: bool) -> bool {
+    /// too, charged to its quota.
+    pub fn claim(&mut self, tenant: TenantId, fingerprint: &Fingerprint, public: bool) -> Result<bool, ExecError> {
         let scope = if public { Scope::Public } else { Scope::Private(tenant) };
-        match self.models.get_mut(&(scope, *fingerprint)) {
-            Some(entry) => {
-                entry.owners.insert(tenant);
-                true
-            }
-            None => false,
+        let key = (scope, *fingerprint);
+        let bytes = match self.models.get(&key) {
+            None => return Ok(false),
+            Some(entry) if entry.owners.contains_key(&tenant) => return Ok(true),
+            Some(entry) => entry.model.device_bytes(),
+        };
+        let charge = self.charge_evicting(tenant, bytes, Some(key))?;
+        // `except` kept the entry: it is still here.
+        if let Some(entry) = self.models.get_mut(&key) {
+            entry.owners.insert(tenant, charge);
         }
+        Ok(true)
     }
 
-    /// Plans where a loaded model's blocks live and takes that much device memory from the
-    /// budget, evicting idle models (least recently used first) to make room; a model some
-    /// request is using is never evicted. The plan counts idle models' memory as available, so
-    /// a model streams only when it cannot fit whole even after evictions.
+    /// Plans where a loaded model's blocks live, charges their device bytes to `tenant` and
+    /// takes them from the budget, evicting idle models to make room (see [`Self::evictable`]);
+    /// a model some request is using is never evicted. The plan counts what could be evicted
+    /// as available, so a model streams only when it cannot fit whole even after evictions.
     /// The weights of the streamed blocks are charged to the host budget.
-    fn reserve_for(&mut self, loaded: &LoadedModel) -> Result<(Plan, Reservations), ExecError> {
-        let plan = plan(&loaded.slot_lens, self.available())?;
+    fn reserve_for(
+        &mut self,
+        loaded: &LoadedModel,
+        tenant: TenantId,
+    ) -> Result<(Plan, Reservations, Charge), ExecError> {
+        let (room, quota_room) = self.room(tenant);
+        let plan = match plan(&loaded.slot_lens, quota_room.map_or(room, |q| q.min(room))) {
+            // Where the quota is what is short, that is the error.
+            Err(ExecError::BlockTooLarge { len, .. }) if quota_room.is_some_and(|q| q < room) => {
+                return Err(ExecError::OverBudget(OverBudget {
+                    requested: len,
+                    used: self.budget.used_by(tenant),
+                    limit: self.budget.quota(tenant).unwrap_or(0),
+                    tenant: Some(tenant),
+                }));
+            }
+            plan => plan?,
+        };
         let host_bytes = loaded.slot_lens.iter().zip(&plan.streamed).filter(|(_, s)| **s).map(|(l, _)| l).sum();
         let host = self.host_budget.try_reserve(host_bytes)?;
-        let device = self.reserve_evicting(plan.device_bytes(&loaded.slot_lens))?;
-        Ok((plan, Reservations { device, _host: host }))
+        let bytes = plan.device_bytes(&loaded.slot_lens);
+        let charge = self.charge_evicting(tenant, bytes, None)?;
+        let device = self.reserve_evicting(tenant, bytes)?;
+        Ok((plan, Reservations { device, _host: host }, charge))
     }
 
-    /// Device bytes a new model may have: what is free, and what idle models hold.
-    pub fn available(&self) -> u64 {
-        let idle: u64 =
-            self.models.values().filter(|e| Arc::strong_count(&e.model) == 1).map(|e| e.model.device_bytes()).sum();
-        self.budget.limit().saturating_sub(self.budget.used()) + idle
+    /// Device bytes a new model of `tenant` may have: what is free and what it may evict,
+    /// within what its quota leaves (its own idle models counted as free).
+    pub fn available(&self, tenant: TenantId) -> u64 {
+        let (room, quota_room) = self.room(tenant);
+        quota_room.map_or(room, |q| q.min(room))
     }
 
-    /// Makes a model visible to `tenant`. If it is already here in that scope (two clients
-    /// uploaded it at once), the copy already serving is kept and this one dropped.
-    fn publish(&mut self, model: Model, scope: Scope, tenant: TenantId) -> Arc<Model> {
-        self.clock += 1;
-        let key = (scope, model.fingerprint);
-        if let Some(entry) = self.models.get_mut(&key) {
-            entry.owners.insert(tenant);
-            entry.last_used = self.clock;
-            return Arc::clone(&entry.model);
+    /// The device bytes free or evictable for `tenant`, and what its quota leaves it.
+    fn room(&self, tenant: TenantId) -> (u64, Option<u64>) {
+        let bytes =
+            |keys: &mut dyn Iterator<Item = Key>| keys.map(|k| self.models[&k].model.device_bytes()).sum::<u64>();
+        let free = self.budget.limit().saturating_sub(self.budget.used());
+        let room = free + bytes(&mut self.evictable(tenant));
+        let quota_room = self
+            .budget
+            .quota(tenant)
+            .map(|quota| (quota + bytes(&mut self.own_idle(tenant, None))).saturating_sub(self.budget.used_by(tenant)));
+        (room, quota_room)
+    }
+
+    /// The idle models `tenant` may evict to free device memory: any, while it holds no more
+    /// than its fair share of the budget; else only those it alone holds.
+    fn evictable(&self, tenant: TenantId) -> impl Iterator<Item = Key> + '_ {
+        let own_only = self.budget.used_by(tenant) > self.budget.fair_share(tenant);
+        self.models
+            .iter()
+            .filter(move |(_, e)| e.is_idle() && (!own_only || e.owners.keys().eq([&tenant])))
+            .map(|(k, _)| *k)
+    }
+
+    /// The idle models `tenant` holds (but `except`), whose charges it may let go of.
+    fn own_idle(&self, tenant: TenantId, except: Option<Key>) -> impl Iterator<Item = Key> + '_ {
+        self.models
+            .iter()
+            .filter(move |(k, e)| Some(**k) != except && e.is_idle() && e.owners.contains_key(&tenant))
+            .map(|(k, _)| *k)
+    }
+
+    /// The least recently used of `keys`.
+    fn least_recent(&self, keys: impl Iterator<Item = Key>) -> Option<Key> {
+        keys.min_by_key(|k| self.models[k].last_used)
+    }
+
+    /// Charges `bytes` to `tenant`'s quota, letting go of its own idle models (never
+    /// `except`) as needed.
+    fn charge_evicting(&mut self, tenant: TenantId, bytes: u64, except: Option<Key>) -> Result<Charge, OverBudget> {
+        loop {
+            match self.budget.charge(tenant, bytes) {
+                Ok(charge) => return Ok(charge),
+                Err(over) => {
+                    let Some(victim) = self.least_recent(self.own_idle(tenant, except)) else { return Err(over) };
+                    self.let_go(tenant, victim);
+                }
+            }
         }
-        let model = Arc::new(model);
-        let entry = Entry { model: Arc::clone(&model), last_used: self.clock, owners: BTreeSet::from([tenant]) };
-        self.models.insert(key, entry);
-        model
     }
 
-    /// Takes `bytes` from the budget, evicting idle models as needed.
-    fn reserve_evicting(&mut self, bytes: u64) -> Result<Reservation, OverBudget> {
+    /// Takes `bytes` from the budget for `tenant`, evicting idle models as needed.
+    fn reserve_evicting(&mut self, tenant: TenantId, bytes: u64) -> Result<Reservation, OverBudget> {
         loop {
             match self.budget.try_reserve(bytes) {
                 Ok(r) => return Ok(r),
                 Err(over) => {
-                    let idle = self
-                        .models
-                        .iter()
-                        .filter(|(_, e)| Arc::strong_count(&e.model) == 1)
-                        .min_by_key(|(_, e)| e.last_used)
-                        .map(|(k, _)| *k);
-                    let Some(victim) = idle else { return Err(over) };
-                    let entry = self.models.remove(&victim);
-                    self.evictions += 1;
-                    tracing::info!(model = %victim.1, bytes = entry.map_or(0, |e| e.model.weight_bytes), "evicted an idle model");
+                    let Some(victim) = self.least_recent(self.evictable(tenant)) else { return Err(over) };
+                    if let Some(entry) = self.models.remove(&victim) {
+                        self.evictions += 1;
+                        tracing::info!(model = %victim.1, bytes = entry.model.weight_bytes, "evicted an idle model");
+                    }
                 }
             }
         }
+    }
+
+    /// Drops `tenant`'s hold on an idle model to make room in its quota; the model goes when
+    /// nobody else holds it.
+    fn let_go(&mut self, tenant: TenantId, key: Key) {
+        let Some(entry) = self.models.get_mut(&key) else { return };
+        entry.owners.remove(&tenant);
+        self.evictions += 1;
+        tracing::info!(model = %key.1, %tenant, "let go of an idle model to stay within the tenant's quota");
+        if entry.owners.is_empty() {
+            self.models.remove(&key);
+        }
+    }
+
+    /// Makes a model visible to `tenant`, charged `charge`. If it is already here in that
+    /// scope (two clients uploaded it at once), the copy already serving is kept and this one
+    /// dropped.
+    fn publish(&mut self, model: Model, scope: Scope, (tenant, charge): (TenantId, Charge)) -> Arc<Model> {
+        self.clock += 1;
+        let key = (scope, model.fingerprint);
+        if let Some(entry) = self.models.get_mut(&key) {
+            entry.owners.entry(tenant).or_insert(charge);
+            entry.last_used = self.clock;
+            return Arc::clone(&entry.model);
+        }
+        let model = Arc::new(model);
+        let entry =
+            Entry { model: Arc::clone(&model), last_used: self.clock, owners: BTreeMap::from([(tenant, charge)]) };
+        self.models.insert(key, entry);
+        model
     }
 
     /// Drops `tenant`'s hold on a model; the model is forgotten with its last holder, and
@@ -558,7 +650,7 @@ impl ModelStore {
     /// The models `tenant` holds.
     pub fn list(&self, tenant: TenantId) -> Vec<ModelInfo> {
         let mut infos: Vec<ModelInfo> =
-            self.models.values().filter(|e| e.owners.contains(&tenant)).map(|e| e.model.info()).collect();
+            self.models.values().filter(|e| e.owners.contains_key(&tenant)).map(|e| e.model.info()).collect();
         infos.sort_by_key(|m| m.fingerprint);
         infos
     }
@@ -580,6 +672,7 @@ impl ModelStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use djinn_dataplane::proto::ErrorCode;
 
     /// A multiple of the ring's slot alignment, so sizes are what they say.
     const K: u64 = 256;
@@ -606,8 +699,17 @@ mod tests {
     }
 
     fn insert(store: &mut ModelStore, loaded: LoadedModel) -> Result<Arc<Model>, ExecError> {
-        let (plan, reservation) = store.reserve_for(&loaded)?;
-        Ok(store.publish(loaded.into_model(&plan, reservation)?, Scope::Private(T), T))
+        publish(store, loaded, Scope::Private(T), T)
+    }
+
+    fn publish(
+        store: &mut ModelStore,
+        loaded: LoadedModel,
+        scope: Scope,
+        tenant: TenantId,
+    ) -> Result<Arc<Model>, ExecError> {
+        let (plan, reservation, charge) = store.reserve_for(&loaded, tenant)?;
+        Ok(store.publish(loaded.into_model(&plan, reservation)?, scope, (tenant, charge)))
     }
 
     #[test]
@@ -640,23 +742,21 @@ mod tests {
         let mut store = ModelStore::new(budget.clone(), MemoryBudget::new(100 * K));
         let (a, b) = (TenantId(1), TenantId(2));
         let fp = Fingerprint([7; 32]);
-        let publish = |store: &mut ModelStore, scope, tenant| {
-            let loaded = loaded(7, 10 * K);
-            let (plan, reservation) = store.reserve_for(&loaded).unwrap();
-            store.publish(loaded.into_model(&plan, reservation).unwrap(), scope, tenant)
-        };
+        let publish = |store: &mut ModelStore, scope, tenant| publish(store, loaded(7, 10 * K), scope, tenant).unwrap();
         // Private: a's model is unknown to b, and b's registration of the same bytes loads a copy.
         publish(&mut store, Scope::Private(a), a);
-        assert!(store.get(b, &fp).is_none() && !store.claim(b, &fp, false));
+        assert!(store.get(b, &fp).is_none() && !store.claim(b, &fp, false).unwrap());
         assert!(matches!(store.remove(b, &fp), Unregistered::Unknown));
         publish(&mut store, Scope::Private(b), b);
         assert_eq!(budget.used(), 20 * K);
         assert_eq!(store.list(a).len(), 1);
         // Public: one copy; a second tenant claims it without an upload; it goes with its last holder.
-        assert!(!store.claim(a, &fp, true));
+        assert!(!store.claim(a, &fp, true).unwrap());
         publish(&mut store, Scope::Public, a);
-        assert!(store.claim(b, &fp, true));
+        assert!(store.claim(b, &fp, true).unwrap());
         assert_eq!(budget.used(), 30 * K);
+        // Each holder is charged the public weights.
+        assert_eq!((budget.used_by(a), budget.used_by(b)), (20 * K, 20 * K));
         assert!(matches!(store.remove(a, &fp), Unregistered::Freed(_)), "a's private copy goes first");
         assert!(matches!(store.remove(a, &fp), Unregistered::StillShared), "then a's hold on the public one");
         assert!(store.get(a, &fp).is_none() && store.get(b, &fp).is_some());
@@ -664,6 +764,52 @@ mod tests {
         assert!(matches!(store.remove(b, &fp), Unregistered::Freed(_)));
         assert!(matches!(store.remove(b, &fp), Unregistered::Unknown));
         assert_eq!(budget.used(), 0);
+    }
+
+    #[test]
+    fn a_tenant_over_its_quota_lets_go_of_its_own_idle_models() {
+        let (a, b) = (TenantId(1), TenantId(2));
+        let budget = MemoryBudget::with_quotas(100 * K, Arc::new(move |t| (t == a).then_some(50 * K)));
+        let mut store = ModelStore::new(budget.clone(), MemoryBudget::new(100 * K));
+        let held = publish(&mut store, loaded(1, 30 * K), Scope::Private(a), a).unwrap();
+        publish(&mut store, loaded(2, 20 * K), Scope::Private(b), b).unwrap();
+        // a's first model runs: a second one does not fit a's quota, whatever the node has free.
+        let e = publish(&mut store, loaded(3, 30 * K), Scope::Private(a), a).unwrap_err();
+        assert_eq!(e.code(), ErrorCode::QuotaExceeded, "{e}");
+        // Once idle, it makes room for the new one; b's model is untouched.
+        drop(held);
+        publish(&mut store, loaded(3, 30 * K), Scope::Private(a), a).unwrap();
+        assert_eq!(store.list(a).len(), 1);
+        assert_eq!(store.list(b).len(), 1);
+        assert_eq!(budget.used_by(a), 30 * K);
+        // A public model counts against the quota of each tenant that holds it.
+        publish(&mut store, loaded(4, 40 * K), Scope::Public, b).unwrap();
+        let fp = Fingerprint([4; 32]);
+        let e = store.claim(a, &fp, true);
+        assert!(e.is_ok(), "a lets go of its idle model to hold the public one: {e:?}");
+        assert_eq!(store.list(a).iter().map(|m| m.fingerprint).collect::<Vec<_>>(), vec![fp]);
+    }
+
+    #[test]
+    fn others_models_are_evicted_only_within_the_fair_share() {
+        let (a, b) = (TenantId(1), TenantId(2));
+        let budget = MemoryBudget::new(100 * K);
+        let mut store = ModelStore::new(budget.clone(), MemoryBudget::new(100 * K));
+        publish(&mut store, loaded(1, 40 * K), Scope::Private(a), a).unwrap();
+        publish(&mut store, loaded(2, 40 * K), Scope::Private(a), a).unwrap();
+        // b holds 40 of 100, within its half: a's least recently used idle model goes.
+        publish(&mut store, loaded(3, 40 * K), Scope::Private(b), b).unwrap();
+        assert_eq!(store.list(a).len(), 1);
+        // b would hold 80: beyond its half, it can only evict its own.
+        publish(&mut store, loaded(4, 40 * K), Scope::Private(b), b).unwrap();
+        assert_eq!(store.list(a).len(), 1, "a keeps its fair share");
+        assert_eq!(store.list(b).iter().map(|m| m.fingerprint).collect::<Vec<_>>(), vec![Fingerprint([4; 32])]);
+        // And with nothing of its own to evict, b is refused (a's model stays).
+        let held = store.get(b, &Fingerprint([4; 32])).unwrap();
+        let e = publish(&mut store, loaded(5, 40 * K), Scope::Private(b), b).unwrap_err();
+        assert_eq!(e.code(), ErrorCode::OverBudget, "{e}");
+        assert_eq!(store.list(a).len(), 1);
+        drop(held);
     }
 
     #[test]

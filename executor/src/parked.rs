@@ -179,7 +179,7 @@ impl ParkedTable {
                 bytes += tensor_bytes(t);
             }
         });
-        let charge = self.budget.try_reserve(bytes)?;
+        let charge = self.budget.try_reserve_for(stopped.tenant, bytes)?;
         let id = self.next_id;
         self.next_id += 1;
         let Stopped { tenant, model, block, activation, keep, session, .. } = stopped;

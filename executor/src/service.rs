@@ -44,6 +44,22 @@ pub struct NodeOptions {
     pub token: String,
 }
 
+/// A budget of `limit` bytes in which each tenant of `auth` holds no more than the part of its
+/// quota that `quota` picks.
+pub fn tenant_budget(
+    limit: u64,
+    auth: Option<&Arc<Authenticator>>,
+    quota: fn(&djinn_auth::Quota) -> Option<u64>,
+) -> MemoryBudget {
+    match auth {
+        Some(auth) => {
+            let auth = Arc::clone(auth);
+            MemoryBudget::with_quotas(limit, Arc::new(move |tenant| quota(&auth.quota(tenant))))
+        }
+        None => MemoryBudget::new(limit),
+    }
+}
+
 #[derive(Debug)]
 pub struct NodeService {
     tensors: TensorStore,
@@ -68,8 +84,13 @@ impl NodeService {
         let pool = BufferPool::new(options.pool_bytes, 64 * 1024);
         let models = Arc::new(Mutex::new(ModelStore::new(budget.clone(), options.host_budget.clone())));
         let handles = Arc::new(Mutex::new(HandleTable::new(budget.clone(), options.handle_ttl)));
-        let sessions =
-            Arc::new(Mutex::new(SessionTable::new(options.sessions.clone(), budget.clone(), options.device)));
+        let host_pool = tenant_budget(options.sessions.host_pool, options.auth.as_ref(), |q| q.host_swap);
+        let sessions = Arc::new(Mutex::new(SessionTable::new(
+            options.sessions.clone(),
+            budget.clone(),
+            host_pool,
+            options.device,
+        )));
         let parked = Arc::new(Mutex::new(ParkedTable::new(budget.clone(), options.parked_ttl)));
         let workers = Workers::start(
             options.workers,
@@ -171,8 +192,10 @@ impl NodeService {
     }
 
     fn register_begin(&mut self, fingerprint: Fingerprint, blocks: Vec<u64>, public: bool, to: ReplyTo) -> Reply {
-        if self.models().claim(to.tenant, &fingerprint, public) {
-            return Reply::message(Message::RegisterReady { upload: 0, registered: true });
+        match self.models().claim(to.tenant, &fingerprint, public) {
+            Ok(true) => return Reply::message(Message::RegisterReady { upload: 0, registered: true }),
+            Ok(false) => {}
+            Err(e) => return Reply::error(e.code(), e.to_string()),
         }
         match Upload::new(fingerprint, blocks, (to.tenant, public), to.connection()) {
             Ok(upload) => {
@@ -207,9 +230,9 @@ impl NodeService {
 }
 
 impl Service for NodeService {
-    fn alloc(&mut self, message: &Message, len: usize) -> Result<Payload, Refusal> {
+    fn alloc(&mut self, message: &Message, len: usize, tenant: TenantId) -> Result<Payload, Refusal> {
         match message {
-            Message::Put { .. } => self.tensors.alloc(len),
+            Message::Put { .. } => self.tensors.alloc(tenant, len),
             // Archive bytes stay in host memory until the model is loaded: they are charged to
             // the host budget (a model larger than the device streams, so its archive may be
             // larger than the device budget).
@@ -228,7 +251,7 @@ impl Service for NodeService {
             // A tensor to keep: on the CPU it stays in this buffer, which is charged to the
             // device budget; on a GPU it is copied there (and charged then), so the buffer is
             // only host memory for a while.
-            Message::Keep { .. } if self.device == tch::Device::Cpu => self.tensors.alloc(len),
+            Message::Keep { .. } if self.device == tch::Device::Cpu => self.tensors.alloc(tenant, len),
             Message::Keep { .. } => self.host_alloc(len),
             other => Err(Refusal {
                 code: ErrorCode::Unexpected,

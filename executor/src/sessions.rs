@@ -206,13 +206,14 @@ impl std::fmt::Debug for SessionTable {
 const RESTORE_MARGIN: Duration = Duration::from_millis(5);
 
 impl SessionTable {
-    pub fn new(options: SessionOptions, device_budget: MemoryBudget, device: Device) -> Self {
+    /// `host_pool` holds swapped-out state (`options.host_pool` bytes, with tenants' quotas).
+    pub fn new(options: SessionOptions, device_budget: MemoryBudget, host_pool: MemoryBudget, device: Device) -> Self {
         Self {
             epoch: fresh_epoch(),
             next_id: 1,
             sessions: HashMap::new(),
             budget: MemoryBudget::new(options.budget),
-            host_pool: MemoryBudget::new(options.host_pool),
+            host_pool,
             options,
             device_budget,
             device,
@@ -245,7 +246,7 @@ impl SessionTable {
     ) -> Result<Handle, ExecError> {
         let bytes = state_bytes(&state);
         let charge = reserve.max(bytes);
-        let reservations = self.make_room(charge, None, false)?;
+        let reservations = self.make_room(tenant, charge, None, false)?;
         let id = self.next_id;
         self.next_id += 1;
         let now = Instant::now();
@@ -354,8 +355,8 @@ impl SessionTable {
         let Some(state) = new_state else { return Ok(()) };
         let bytes = state_bytes(&state);
         if bytes > s.charge {
-            let extra = bytes - s.charge;
-            let mut more = self.make_room(extra, Some(id), false)?;
+            let (extra, tenant) = (bytes - s.charge, s.tenant);
+            let mut more = self.make_room(tenant, extra, Some(id), false)?;
             let s = self.session_mut(id)?;
             if let Place::Device(charges) = &mut s.place {
                 charges.append(&mut more);
@@ -490,7 +491,7 @@ impl SessionTable {
         if matches!(s.place, Place::Device(_)) {
             return Ok(());
         }
-        let reservations = self.make_room(s.charge, Some(id), waiting_only)?;
+        let reservations = self.make_room(s.tenant, s.charge, Some(id), waiting_only)?;
         let started = Instant::now();
         let device = self.device;
         let s = self.session_mut(id)?;
@@ -513,7 +514,7 @@ impl SessionTable {
         if !matches!(s.place, Place::Device(_)) || s.stepping {
             return Ok(());
         }
-        let pool = match self.host_pool.try_reserve(state_bytes(&s.state)) {
+        let pool = match self.host_pool.try_reserve_for(s.tenant, state_bytes(&s.state)) {
             Ok(r) => r,
             Err(e) => {
                 self.counters.swaps_refused += 1;
@@ -528,22 +529,28 @@ impl SessionTable {
         Ok(())
     }
 
-    /// Reserves `bytes` in the session budget and the device budget, swapping resident sessions
-    /// out (never `except`, never one stepping) until both have room.
+    /// Reserves `bytes` for `tenant` in the session budget and the device budget, swapping
+    /// resident sessions out (never `except`, never one stepping) until both have room. Other
+    /// tenants' sessions are swapped out only while `tenant` holds no more than its fair share
+    /// of both budgets, and never to make room in its quota.
     fn make_room(
         &mut self,
+        tenant: TenantId,
         bytes: u64,
         except: Option<u64>,
         waiting_only: bool,
     ) -> Result<Vec<Reservation>, ExecError> {
         let mut unswappable = Vec::new();
         loop {
-            if let Ok(session) = self.budget.try_reserve(bytes) {
-                match self.device_budget.try_reserve(bytes) {
+            let over = match self.budget.try_reserve_for(tenant, bytes) {
+                Ok(session) => match self.device_budget.try_reserve_for(tenant, bytes) {
                     Ok(device) => return Ok(vec![session, device]),
-                    Err(_) => drop(session),
-                }
-            }
+                    Err(e) => e,
+                },
+                Err(e) => e,
+            };
+            let beyond_share = |b: &MemoryBudget| b.used_by(tenant) + bytes > b.fair_share(tenant);
+            let own_only = over.tenant.is_some() || beyond_share(&self.budget) || beyond_share(&self.device_budget);
             let victim = self
                 .sessions
                 .iter()
@@ -553,6 +560,7 @@ impl SessionTable {
                         && matches!(s.place, Place::Device(_))
                         && !unswappable.contains(&id)
                         && (!waiting_only || s.io_wait)
+                        && (!own_only || s.tenant == tenant)
                 })
                 .min_by_key(|(_, s)| match self.options.policy {
                     Policy::Semantic => (!s.io_wait, s.last_used),
@@ -560,6 +568,9 @@ impl SessionTable {
                 })
                 .map(|(&id, _)| id);
             let Some(victim) = victim else {
+                if over.tenant.is_some() {
+                    return Err(over.into());
+                }
                 return Err(SessionError::Full(format!(
                     "{bytes} bytes of session state do not fit: {} of {} bytes in the session budget and {} of {} in the device budget are in use, and no resident session can be swapped out",
                     self.budget.used(),

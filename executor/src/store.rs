@@ -105,9 +105,9 @@ impl TensorStore {
         self.tensors.get(&(tenant, name.to_owned())).map(|t| (t.desc.clone(), Arc::clone(t) as _))
     }
 
-    /// Memory for a put's payload: reserved from the budget, then taken from the pool.
-    pub fn alloc(&mut self, len: usize) -> Result<Payload, Refusal> {
-        let reservation = self.budget.try_reserve(len as u64)?;
+    /// Memory for `tenant`'s put: reserved from the budget, then taken from the pool.
+    pub fn alloc(&mut self, tenant: TenantId, len: usize) -> Result<Payload, Refusal> {
+        let reservation = self.budget.try_reserve_for(tenant, len as u64)?;
         let buf = self.pool.take(len)?;
         Ok(Payload { buf, reservation: Some(reservation) })
     }

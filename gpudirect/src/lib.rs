@@ -10,7 +10,7 @@ pub mod host;
 pub mod ring;
 mod size;
 
-pub use budget::{MemoryBudget, OverBudget, Reservation};
+pub use budget::{Charge, MemoryBudget, OverBudget, Reservation, TenantQuota};
 pub use cuda::{CopyStream, CudaContext, Event, PinnedBuf};
 pub use device::{CudaDevice, DeviceError, cuda_devices};
 pub use host::{AllocError, BUFFER_ALIGN, BufferPool, HostBuf, PoolStats, align_for};

@@ -10,7 +10,7 @@ use djinn_auth::Authenticator;
 use djinn_dataplane::proto::Limits;
 use djinn_dataplane::rdma::{RdmaChannel, RdmaContext, SessionConfig};
 use djinn_dataplane::tcp::{Backend, Server, ServerConfig, Transport};
-use djinn_executor::{Device, NodeOptions, NodeService, Policy, SessionOptions};
+use djinn_executor::{Device, NodeOptions, NodeService, Policy, SessionOptions, tenant_budget};
 use djinn_gpudirect::MemoryBudget;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
@@ -183,7 +183,8 @@ fn physical_memory() -> u64 {
 pub fn run(args: NodeArgs, auth: Option<Arc<Authenticator>>) -> Result<()> {
     let max_meta = u32::try_from(args.max_meta.0).context("--max-meta must be under 4 GiB")?;
     let limits = Limits { max_meta, max_payload: args.max_payload.0, ..Limits::default() };
-    let budget = MemoryBudget::new(args.device_memory_budget.map_or(physical_memory() / 2, |b| b.0));
+    let device_limit = args.device_memory_budget.map_or(physical_memory() / 2, |b| b.0);
+    let budget = tenant_budget(device_limit, auth.as_ref(), |q| q.device_memory);
     match djinn_gpudirect::cuda_devices() {
         Ok(devices) if devices.is_empty() => tracing::info!("no CUDA driver: device memory is host memory"),
         Ok(devices) => {

@@ -33,6 +33,12 @@ create_exception!(_native, BadArchiveError, RemoteError, "The node could not loa
 create_exception!(_native, OverBudgetError, RemoteError, "The node's device-memory budget cannot hold this.");
 create_exception!(
     _native,
+    QuotaExceededError,
+    RemoteError,
+    "The tenant's quota on the node (device memory, swap, concurrent requests or request rate) does not allow this now."
+);
+create_exception!(
+    _native,
     ControlPlaneError,
     DjinnError,
     "The control plane could not be reached, or refused (the message is its own)."
@@ -82,6 +88,7 @@ fn to_py_err(e: ClusterError) -> PyErr {
                 ErrorCode::ExecutionFailed => ExecutionError::new_err(message),
                 ErrorCode::BadArchive => BadArchiveError::new_err(message),
                 ErrorCode::OverBudget => OverBudgetError::new_err(message),
+                ErrorCode::QuotaExceeded => QuotaExceededError::new_err(message),
                 ErrorCode::NotFound => NotFoundError::new_err(message),
                 ErrorCode::StaleHandle => StaleHandleError::new_err(message),
                 ErrorCode::BadBreakpoint => BreakpointError::new_err(message),
@@ -829,6 +836,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         ("ExecutionError", py.get_type::<ExecutionError>()),
         ("BadArchiveError", py.get_type::<BadArchiveError>()),
         ("OverBudgetError", py.get_type::<OverBudgetError>()),
+        ("QuotaExceededError", py.get_type::<QuotaExceededError>()),
         ("NotFoundError", py.get_type::<NotFoundError>()),
         ("StaleHandleError", py.get_type::<StaleHandleError>()),
         ("HandleLostError", py.get_type::<HandleLostError>()),

@@ -11,13 +11,22 @@ from conftest import NodeProcess
 
 ALICE = "alice-token-0123456789"
 BOB = "bob-token-0123456789ab"
+CAROL = "carol-token-0123456789"
 
 
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory):
     tokens = tmp_path_factory.mktemp("auth") / "tokens.json"
     tokens.write_text(
-        json.dumps({"principals": [{"name": "alice", "tokens": [ALICE]}, {"name": "bob", "tokens": [BOB]}]})
+        json.dumps(
+            {
+                "principals": [
+                    {"name": "alice", "tokens": [ALICE]},
+                    {"name": "bob", "tokens": [BOB]},
+                    {"name": "carol", "tokens": [CAROL], "quota": {"device_memory": 4096}},
+                ]
+            }
+        )
     )
     n = NodeProcess("--auth-file", str(tokens))
     yield n
@@ -51,3 +60,19 @@ def test_a_tenant_cannot_use_another_tenants_model_or_tensors(secured):
     again = bob.register(model, x, public=True)
     assert shared.uploaded and not again.uploaded
     assert torch.equal(again(x), model(x))
+
+
+def test_a_tenant_over_its_quota_gets_a_typed_error(secured):
+    carol = djinn.Client(secured.address, token=CAROL)
+    small = nn.Linear(4, 4).eval()
+    x = torch.randn(1, 4)
+    remote = carol.register(small, x)
+    assert torch.equal(remote(x), small(x))
+    with pytest.raises(djinn.QuotaExceededError, match="quota"):
+        carol.register(nn.Linear(64, 64).eval(), torch.randn(1, 64))
+    # A remote error like any other: the client goes on.
+    assert issubclass(djinn.QuotaExceededError, djinn.RemoteError)
+    assert torch.equal(remote(x), small(x))
+    # Another tenant's registration of the same size is not held to carol's quota.
+    bob = djinn.Client(secured.address, token=BOB)
+    bob.register(nn.Linear(64, 64).eval(), torch.randn(1, 64))

@@ -63,7 +63,8 @@ impl From<ProtocolError> for Refusal {
 
 impl From<djinn_gpudirect::OverBudget> for Refusal {
     fn from(e: djinn_gpudirect::OverBudget) -> Self {
-        Self { code: ErrorCode::OverBudget, message: e.to_string() }
+        let code = if e.tenant.is_some() { ErrorCode::QuotaExceeded } else { ErrorCode::OverBudget };
+        Self { code, message: e.to_string() }
     }
 }
 

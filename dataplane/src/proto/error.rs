@@ -33,6 +33,8 @@ pub enum ErrorCode {
     Unauthenticated,
     /// The token is valid but does not allow this.
     Forbidden,
+    /// The tenant's quota (memory, concurrent requests, request rate) does not allow this now.
+    QuotaExceeded,
     /// A code this build does not know (sent by a newer peer).
     Other(u16),
 }
@@ -64,6 +66,7 @@ impl ErrorCode {
             Self::BadBreakpoint => 22,
             Self::Unauthenticated => 23,
             Self::Forbidden => 24,
+            Self::QuotaExceeded => 25,
             Self::Other(code) => code,
         }
     }
@@ -94,6 +97,7 @@ impl ErrorCode {
             22 => Self::BadBreakpoint,
             23 => Self::Unauthenticated,
             24 => Self::Forbidden,
+            25 => Self::QuotaExceeded,
             other => Self::Other(other),
         }
     }

@@ -5,11 +5,12 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use djinn_auth::{Authenticator, TenantId};
 
+use super::admission::Admission;
 use crate::rdma::{ChannelError, Completion, RdmaChannel, RdmaContext, RdmaError, SessionConfig};
 
 use crate::proto::{
@@ -83,9 +84,9 @@ impl fmt::Debug for Replier {
 
 /// What a node does with requests. Called on the poller thread: it must not block.
 pub trait Service {
-    /// Memory for the payload of `message` (`len` bytes), or why it is refused. Called before
-    /// any payload byte is read, so a refused request costs no allocation.
-    fn alloc(&mut self, message: &Message, len: usize) -> Result<Payload, Refusal>;
+    /// Memory for the payload of `tenant`'s `message` (`len` bytes), or why it is refused.
+    /// Called before any payload byte is read, so a refused request costs no allocation.
+    fn alloc(&mut self, message: &Message, len: usize, tenant: TenantId) -> Result<Payload, Refusal>;
     /// Answers a request that is not one of the data plane's own (hello, ping, stats), now
     /// (`Some`) or later from another thread through `replier` (`None`).
     fn handle(&mut self, frame: Frame, to: ReplyTo, replier: &Replier) -> Option<Reply>;
@@ -129,8 +130,9 @@ pub struct ServerConfig {
     pub rdma_connections: usize,
     /// How the node's device memory meets the network, announced in the hello.
     pub memory_path: String,
-    /// When set, a connection is served only after a hello with a valid token, and its
-    /// requests are namespaced by the token's tenant; else everyone shares one namespace.
+    /// When set, a connection is served only after a hello with a valid token, its requests
+    /// are namespaced by the token's tenant and held to the tenant's request quotas; else
+    /// everyone shares one namespace.
     pub auth: Option<Arc<Authenticator>>,
 }
 
@@ -164,6 +166,8 @@ pub struct ServerCounters {
     pub bytes_in: u64,
     pub bytes_out: u64,
     pub requests_refused: u64,
+    /// Requests refused for their tenant's request quotas (counted in `requests_refused` too).
+    pub quota_refusals: u64,
     pub protocol_failures: u64,
     /// Hellos refused for their token (each closes its connection).
     pub auth_failures: u64,
@@ -245,21 +249,27 @@ pub(crate) struct Core<S> {
     hello: Hello,
     replier: Replier,
     replies: Receiver<(ReplyTo, Reply)>,
+    /// Tenants' request quotas, when clients need tokens.
+    admission: Option<Admission>,
 }
 
 /// The service's payload memory, for a connection that said who it is (else nothing is
-/// allocated: the payload is skipped and the request refused).
+/// allocated: the payload is skipped and the request refused) and whose tenant's request
+/// quotas let the request in.
 struct Alloc<'a, S> {
     service: &'a mut S,
-    authenticated: bool,
+    admission: Option<&'a mut Admission>,
+    tenant: Option<TenantId>,
+    counters: &'a mut ServerCounters,
 }
 
 impl<S: Service> PayloadAlloc for Alloc<'_, S> {
     fn alloc(&mut self, message: &Message, len: usize) -> Result<Payload, Refusal> {
-        if !self.authenticated {
-            return Err(unauthenticated());
+        let Some(tenant) = self.tenant else { return Err(unauthenticated()) };
+        if let Some(admission) = self.admission.as_deref_mut() {
+            admission.admit(tenant, Instant::now()).inspect_err(|_| self.counters.quota_refusals += 1)?;
         }
-        self.service.alloc(message, len)
+        self.service.alloc(message, len, tenant)
     }
 }
 
@@ -273,6 +283,7 @@ impl<S: Service> Core<S> {
         let offered = if config.rdma.is_some() { transports::TCP | transports::RDMA } else { transports::TCP };
         let hello = Hello { memory_path: config.memory_path.clone(), ..Hello::new(&config.limits, offered, agent) };
         let (tx, replies) = crossbeam_channel::unbounded();
+        let admission = config.auth.clone().map(Admission::new);
         Self {
             service,
             config,
@@ -282,6 +293,7 @@ impl<S: Service> Core<S> {
             hello,
             replier: Replier { tx, wake },
             replies,
+            admission,
         }
     }
 
@@ -307,6 +319,9 @@ impl<S: Service> Core<S> {
     pub fn next_deferred(&mut self) -> Option<(usize, ReplyTo, Reply)> {
         let (to, reply) = self.replies.try_recv().ok()?;
         self.deferred -= 1;
+        if let Some(admission) = &mut self.admission {
+            admission.finished(to.tenant);
+        }
         Some((to.slot, to, reply))
     }
 
@@ -350,7 +365,12 @@ impl<S: Service> Core<S> {
     /// RDMA), while the connection's replies stay under the back-pressure limits.
     pub fn process(&mut self, conn: &mut Conn) {
         while !conn.closing && conn.under_limits(&self.config) {
-            let mut alloc = Alloc { service: &mut self.service, authenticated: conn.tenant.is_some() };
+            let mut alloc = Alloc {
+                service: &mut self.service,
+                admission: self.admission.as_mut(),
+                tenant: conn.tenant,
+                counters: &mut self.counters,
+            };
             let event = match conn.reader.next_event(&mut alloc) {
                 Some(event) => event,
                 None => match conn.rdma.as_mut().and_then(RdmaChannel::poll_event) {
@@ -387,11 +407,25 @@ impl<S: Service> Core<S> {
                         request_id: frame.request_id,
                         tenant: conn.tenant.unwrap_or_default(),
                     };
+                    // A request with a payload was admitted when its memory was allocated.
+                    if frame.payload.is_none()
+                        && !matches!(frame.message, Message::Ping)
+                        && let Some(admission) = &mut self.admission
+                        && let Err(Refusal { code, message }) = admission.admit(to.tenant, Instant::now())
+                    {
+                        self.counters.requests_refused += 1;
+                        self.counters.quota_refusals += 1;
+                        self.send(conn, to.request_id, Reply::error(code, message));
+                        continue;
+                    }
                     match self.dispatch(frame, to) {
                         Some(reply) => self.send(conn, to.request_id, reply),
                         None => {
                             conn.in_flight += 1;
                             self.deferred += 1;
+                            if let Some(admission) = &mut self.admission {
+                                admission.started(to.tenant);
+                            }
                         }
                     }
                 }
@@ -473,9 +507,15 @@ impl<S: Service> Core<S> {
     /// A completion of this connection's RDMA channel (its key matched).
     pub fn on_rdma_completion(&mut self, conn: &mut Conn, completion: Result<Completion, RdmaError>) {
         let Some(channel) = conn.rdma.as_mut() else { return };
-        let result = completion
-            .map_err(ChannelError::from)
-            .and_then(|c| channel.on_completion(c, &mut Alloc { service: &mut self.service, authenticated: true }));
+        let result = completion.map_err(ChannelError::from).and_then(|c| {
+            let mut alloc = Alloc {
+                service: &mut self.service,
+                admission: self.admission.as_mut(),
+                tenant: conn.tenant,
+                counters: &mut self.counters,
+            };
+            channel.on_completion(c, &mut alloc)
+        });
         match result {
             Ok(()) => self.process(conn),
             Err(e) => self.fail_rdma(conn, e),
@@ -554,6 +594,7 @@ impl<S: Service> Core<S> {
                     ("bytes_in", c.bytes_in),
                     ("bytes_out", c.bytes_out),
                     ("requests_refused", c.requests_refused),
+                    ("quota_refusals", c.quota_refusals),
                     ("protocol_failures", c.protocol_failures),
                     ("auth_failures", c.auth_failures),
                 ]
