@@ -305,6 +305,10 @@ fn bad_input_gets_clear_errors(backing: &Backing) {
     error("POST", "/v1/nodes", Some("[1, 2]"), 400, "bad_request");
     error("POST", "/v1/nodes", Some(&json!({ "name": "x" }).to_string()), 400, "bad_request");
     error("POST", "/v1/nodes", Some(&json!({ "name": "a/b", "inventory": inventory }).to_string()), 400, "bad_request");
+    // Found by the control_api fuzz target: a path segment that is not UTF-8 once decoded got
+    // axum's plain-text 400, not the API's error body.
+    error("DELETE", "/v1/nodes/%931?lease=1", None, 400, "bad_request");
+    error("PUT", "/v1/models/%FF", Some("{}"), 400, "bad_request");
     let registered = control.ok("POST", "/v1/nodes", Some(json!({ "name": "x", "inventory": inventory })));
     let lease = registered["lease"].as_u64().unwrap();
     error(

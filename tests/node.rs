@@ -303,6 +303,52 @@ fn a_client_that_never_reads_cannot_make_the_node_buffer_without_bound() {
 }
 
 #[test]
+fn clients_that_stall_are_closed_and_the_node_keeps_serving() {
+    for backend in BACKENDS {
+        let node = Node::start(backend, &["--stall-timeout", "0.4", "--max-queued", "8MiB"]);
+        let mut client = node.client();
+        client.put("blob", DType::U8, &[4 << 20], &pattern(4 << 20, 3)).unwrap();
+        let mut get = Vec::new();
+        encode_head(&mut get, 1, &Message::Get { name: "blob".into() }).unwrap();
+
+        // Half a header, then nothing.
+        let mut silent = TcpStream::connect(node.addr).unwrap();
+        silent.write_all(&get[..HEADER_LEN / 2]).unwrap();
+        // A frame trickled a byte at a time.
+        let mut trickle = TcpStream::connect(node.addr).unwrap();
+        trickle.set_write_timeout(Some(Duration::from_millis(200))).unwrap();
+        // Replies asked for and never read.
+        let mut deaf = TcpStream::connect(node.addr).unwrap();
+        deaf.set_write_timeout(Some(Duration::from_millis(200))).unwrap();
+        for _ in 0..64 {
+            if deaf.write_all(&get).is_err() {
+                break;
+            }
+        }
+        let trickler = thread::spawn(move || {
+            for &byte in get.iter().cycle().take(60) {
+                if trickle.write_all(&[byte]).is_err() {
+                    return true;
+                }
+                thread::sleep(Duration::from_millis(50));
+            }
+            // Closed by the node: the next read sees the end.
+            trickle.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            matches!(trickle.read(&mut [0u8; 64]), Ok(0) | Err(_))
+        });
+        node.wait_for_stat(&mut client, "stalled_connections", 3);
+        assert!(trickler.join().unwrap(), "{backend}: the trickling connection is closed");
+        silent.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        assert!(matches!(silent.read(&mut [0u8; 64]), Ok(0) | Err(_)), "{backend}: the silent connection is closed");
+        // An idle connection is not a stalled one, and the node serves as before.
+        thread::sleep(Duration::from_millis(1000));
+        assert_eq!(client.get("blob").unwrap().bytes(), &pattern(4 << 20, 3)[..], "{backend}");
+        assert_eq!(node.stat(&mut client, "stalled_connections"), 3, "{backend}");
+        assert_eq!(node.stat(&mut client, "connections_open"), 1, "{backend}");
+    }
+}
+
+#[test]
 fn sigterm_stops_the_node_cleanly() {
     for backend in BACKENDS {
         let node = Node::start(backend, &[]);

@@ -75,13 +75,10 @@ fn make_blocks(args: &StreamArgs) -> Result<Vec<Vec<u8>>> {
 /// The model, loaded by the node's code path under a device budget of `budget` bytes.
 fn load(archives: &[Vec<u8>], device: Device, budget: u64) -> Result<(Arc<Model>, Mutex<ModelStore>)> {
     let lens = archives.iter().map(|a| a.len() as u64).collect();
-    let mut upload = Upload::new(Fingerprint::of_blocks(archives), lens, (Default::default(), false), 0)
-        .map_err(anyhow::Error::msg)?;
+    let mut upload = Upload::new(Fingerprint::of_blocks(archives), lens, (Default::default(), false), 0)?;
     let mut offset = 0;
     for archive in archives {
-        upload
-            .add(offset, Payload { buf: HostBuf::copy_from(archive)?, reservation: None })
-            .map_err(anyhow::Error::msg)?;
+        upload.archives.add(offset, Payload { buf: HostBuf::copy_from(archive)?, reservation: None })?;
         offset += archive.len() as u64;
     }
     let store = Mutex::new(ModelStore::new(MemoryBudget::new(budget), MemoryBudget::new(u64::MAX)));

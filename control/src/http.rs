@@ -98,6 +98,21 @@ struct RenewBody {
     inventory: Option<Inventory>,
 }
 
+/// The path's one parameter (a node's name, a fingerprint); one that is not UTF-8 once
+/// percent-decoded is a 400 in the API's own error body, like every other bad request.
+struct Segment(String);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Segment {
+    type Rejection = ControlError;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self, ControlError> {
+        match Path::<String>::from_request_parts(parts, state).await {
+            Ok(Path(segment)) => Ok(Self(segment)),
+            Err(e) => Err(ControlError::BadRequest(e.body_text())),
+        }
+    }
+}
+
 #[derive(Deserialize)]
 struct LeaveQuery {
     lease: LeaseId,
@@ -113,7 +128,7 @@ async fn register<S: Store>(State(control): Control<S>, bytes: Bytes) -> Result<
 
 async fn renew<S: Store>(
     State(control): Control<S>,
-    Path(name): Path<String>,
+    Segment(name): Segment,
     bytes: Bytes,
 ) -> Result<StatusCode, ControlError> {
     let RenewBody { lease, inventory } = body(&bytes)?;
@@ -123,7 +138,7 @@ async fn renew<S: Store>(
 
 async fn leave<S: Store>(
     State(control): Control<S>,
-    Path(name): Path<String>,
+    Segment(name): Segment,
     query: Result<Query<LeaveQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<StatusCode, ControlError> {
     let Query(LeaveQuery { lease }) = query.map_err(|e| ControlError::BadRequest(e.body_text()))?;
@@ -133,7 +148,7 @@ async fn leave<S: Store>(
 
 async fn describe_model<S: Store>(
     State(control): Control<S>,
-    Path(fingerprint): Path<String>,
+    Segment(fingerprint): Segment,
     bytes: Bytes,
 ) -> Result<StatusCode, ControlError> {
     let record: ModelRecord = body(&bytes)?;
@@ -143,7 +158,7 @@ async fn describe_model<S: Store>(
 
 async fn model<S: Store>(
     State(control): Control<S>,
-    Path(fingerprint): Path<String>,
+    Segment(fingerprint): Segment,
 ) -> Result<axum::Json<ModelRecord>, ControlError> {
     control.model(&fingerprint).map(axum::Json)
 }

@@ -10,12 +10,11 @@
 //! tenants' idle models only while what it holds is within its fair share of the budget.
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::Read;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use djinn_auth::TenantId;
-use djinn_dataplane::proto::{Fingerprint, ModelInfo, Payload};
+use djinn_dataplane::proto::{ArchiveError, Archives, BlockReader, Fingerprint, ModelInfo};
 use djinn_gpudirect::{Charge, MemoryBudget, OverBudget, Reservation};
 use tch::jit::{CModule, IValue};
 use tch::{Device, Tensor};
@@ -136,19 +135,14 @@ impl Model {
     }
 }
 
-/// The bytes of a model being uploaded: its blocks' archives, concatenated, in the chunks they
-/// arrived in (kept as received, not copied together).
+/// A model being uploaded: its archives, and whose it will be.
 #[derive(Debug)]
 pub struct Upload {
-    pub fingerprint: Fingerprint,
+    pub archives: Archives,
     pub scope: Scope,
     /// The tenant registering it.
     pub tenant: TenantId,
-    pub block_lens: Vec<u64>,
-    pub total: u64,
-    pub received: u64,
     pub connection: u64,
-    chunks: Vec<Payload>,
 }
 
 impl Upload {
@@ -157,70 +151,23 @@ impl Upload {
         block_lens: Vec<u64>,
         (tenant, public): (TenantId, bool),
         connection: u64,
-    ) -> Result<Self, String> {
-        if block_lens.is_empty() {
-            return Err("a model needs at least one block".into());
-        }
-        let total = block_lens.iter().try_fold(0u64, |a, &b| a.checked_add(b)).ok_or("block lengths overflow")?;
+    ) -> Result<Self, ArchiveError> {
         let scope = if public { Scope::Public } else { Scope::Private(tenant) };
-        Ok(Self { fingerprint, scope, tenant, block_lens, total, received: 0, connection, chunks: Vec::new() })
-    }
-
-    /// Appends the chunk that starts at `offset`; chunks come in order.
-    pub fn add(&mut self, offset: u64, chunk: Payload) -> Result<(), String> {
-        let len = chunk.buf.len() as u64;
-        if offset != self.received {
-            return Err(format!("chunk at offset {offset}, expected {}", self.received));
-        }
-        if self.received + len > self.total {
-            return Err(format!("chunk ends at {} past the model's {} bytes", self.received + len, self.total));
-        }
-        self.received += len;
-        self.chunks.push(chunk);
-        Ok(())
-    }
-
-    fn block_readers(&self) -> Vec<ChunkReader<'_>> {
-        let mut start = 0;
-        self.block_lens
-            .iter()
-            .map(|&len| {
-                let reader = ChunkReader::new(&self.chunks, start, len);
-                start += len;
-                reader
-            })
-            .collect()
+        Ok(Self { archives: Archives::new(fingerprint, block_lens)?, scope, tenant, connection })
     }
 
     /// Verifies the fingerprint and loads every block onto `device`; or, on a GPU, when the
     /// archives are not well within the `available` device bytes, only sizes the blocks on the
     /// CPU, so that a model larger than device memory is planned before any of it goes there.
     pub fn load(self, device: Device, available: u64) -> Result<LoadedModel, ExecError> {
-        if self.received != self.total {
-            return Err(ExecError::BadArchive(format!("{} of {} bytes uploaded", self.received, self.total)));
-        }
-        let mut hasher = blake3::Hasher::new();
-        hasher.update(&(self.block_lens.len() as u64).to_le_bytes());
-        for (reader, len) in self.block_readers().into_iter().zip(&self.block_lens) {
-            hasher.update(&len.to_le_bytes());
-            for slice in reader.slices() {
-                hasher.update(slice);
-            }
-        }
-        let computed = Fingerprint(*hasher.finalize().as_bytes());
-        if computed != self.fingerprint {
-            return Err(ExecError::BadArchive(format!(
-                "the archives hash to {computed}, not to the announced fingerprint {}",
-                self.fingerprint
-            )));
-        }
+        self.archives.verify().map_err(|e| ExecError::BadArchive(e.to_string()))?;
         // The archives hold the weights and a little more; twice the room is ample.
-        let size_only = device != Device::Cpu && self.total.saturating_mul(2) > available;
-        let count = self.block_lens.len();
+        let size_only = device != Device::Cpu && self.archives.total().saturating_mul(2) > available;
+        let count = self.archives.block_lens().len();
         let mut blocks = Vec::with_capacity(count);
         let mut slot_lens = Vec::with_capacity(count);
         let mut weight_bytes = 0;
-        for (i, reader) in self.block_readers().into_iter().enumerate() {
+        for (i, reader) in self.archives.blocks().into_iter().enumerate() {
             let block = load_block(reader, i, if size_only { Device::Cpu } else { device })?;
             let params = block.named_parameters()?;
             weight_bytes += params.iter().map(|(_, t)| tensor_bytes(t)).sum::<u64>();
@@ -228,15 +175,20 @@ impl Upload {
             if !size_only {
                 blocks.push(block);
             }
-            log_progress(&self.fingerprint, i, count, if size_only { "sizing blocks" } else { "loading blocks" });
+            log_progress(
+                &self.archives.fingerprint(),
+                i,
+                count,
+                if size_only { "sizing blocks" } else { "loading blocks" },
+            );
         }
-        let fingerprint = self.fingerprint;
+        let fingerprint = self.archives.fingerprint();
         let blocks = if size_only { LoadedBlocks::Sized(self) } else { LoadedBlocks::OnDevice(blocks) };
         Ok(LoadedModel { fingerprint, blocks, slot_lens, weight_bytes, device })
     }
 }
 
-fn load_block(mut reader: ChunkReader<'_>, i: usize, device: Device) -> Result<CModule, ExecError> {
+fn load_block(mut reader: BlockReader<'_>, i: usize, device: Device) -> Result<CModule, ExecError> {
     let mut block = CModule::load_data_on_device(&mut reader, device)
         .map_err(|e| ExecError::BadArchive(format!("block {i} is not a TorchScript archive: {e}")))?;
     block.f_set_eval()?;
@@ -260,62 +212,6 @@ pub(crate) fn spread(out: IValue) -> Vec<IValue> {
 
 pub(crate) fn tensor_bytes(t: &Tensor) -> u64 {
     t.numel() as u64 * t.kind().elt_size_in_bytes() as u64
-}
-
-/// Reads bytes `start..start + len` of a list of chunks.
-struct ChunkReader<'a> {
-    chunks: &'a [Payload],
-    chunk: usize,
-    offset: usize,
-    left: u64,
-}
-
-impl<'a> ChunkReader<'a> {
-    fn new(chunks: &'a [Payload], start: u64, len: u64) -> Self {
-        let mut chunk = 0;
-        let mut start = start;
-        while chunk < chunks.len() && start >= chunks[chunk].buf.len() as u64 {
-            start -= chunks[chunk].buf.len() as u64;
-            chunk += 1;
-        }
-        Self { chunks, chunk, offset: start as usize, left: len }
-    }
-
-    fn slices(self) -> impl Iterator<Item = &'a [u8]> {
-        let mut reader = self;
-        std::iter::from_fn(move || {
-            while reader.left > 0 && reader.chunk < reader.chunks.len() {
-                let bytes = &reader.chunks[reader.chunk].buf.as_slice()[reader.offset..];
-                let n = bytes.len().min(reader.left as usize);
-                reader.chunk += 1;
-                reader.offset = 0;
-                reader.left -= n as u64;
-                if n > 0 {
-                    return Some(&bytes[..n]);
-                }
-            }
-            None
-        })
-    }
-}
-
-impl Read for ChunkReader<'_> {
-    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
-        while self.left > 0 && self.chunk < self.chunks.len() {
-            let bytes = &self.chunks[self.chunk].buf.as_slice()[self.offset..];
-            if bytes.is_empty() {
-                self.chunk += 1;
-                self.offset = 0;
-                continue;
-            }
-            let n = bytes.len().min(out.len()).min(self.left as usize);
-            out[..n].copy_from_slice(&bytes[..n]);
-            self.offset += n;
-            self.left -= n as u64;
-            return Ok(n);
-        }
-        Ok(0)
-    }
 }
 
 /// A model loaded (or sized) but not yet charged to the budget nor visible to clients.
@@ -352,7 +248,7 @@ impl LoadedModel {
             LoadedBlocks::OnDevice(blocks) => (blocks.into_iter(), None),
             LoadedBlocks::Sized(upload) => (Vec::new().into_iter(), Some(upload)),
         };
-        let mut readers = upload.as_ref().map(|u| u.block_readers().into_iter());
+        let mut readers = upload.as_ref().map(|u| u.archives.blocks().into_iter());
         let mut blocks = Vec::with_capacity(count);
         let mut streamed = Vec::with_capacity(count);
         for (i, &is_streamed) in plan.streamed.iter().enumerate() {
@@ -810,26 +706,5 @@ mod tests {
         assert_eq!(e.code(), ErrorCode::OverBudget, "{e}");
         assert_eq!(store.list(a).len(), 1);
         drop(held);
-    }
-
-    #[test]
-    fn chunks_are_read_back_across_their_boundaries() {
-        let chunk =
-            |bytes: &[u8]| Payload { buf: djinn_gpudirect::HostBuf::copy_from(bytes).unwrap(), reservation: None };
-        let mut upload = Upload::new(Fingerprint([0; 32]), vec![3, 4], (T, false), 1).unwrap();
-        upload.add(0, chunk(b"ab")).unwrap();
-        upload.add(2, chunk(b"cdef")).unwrap();
-        assert!(upload.add(5, chunk(b"g")).is_err(), "out of order");
-        upload.add(6, chunk(b"g")).unwrap();
-        let blocks: Vec<Vec<u8>> = upload
-            .block_readers()
-            .into_iter()
-            .map(|mut r| {
-                let mut v = Vec::new();
-                r.read_to_end(&mut v).unwrap();
-                v
-            })
-            .collect();
-        assert_eq!(blocks, vec![b"abc".to_vec(), b"defg".to_vec()]);
     }
 }

@@ -8,7 +8,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use djinn_auth::{Authenticator, TenantId};
-use djinn_dataplane::proto::{ErrorCode, Fingerprint, Frame, Handle, Message, Payload, Refusal, TensorSource};
+use djinn_dataplane::proto::{
+    Archives, ErrorCode, Fingerprint, Frame, Handle, Message, Payload, Refusal, TensorSource,
+};
 use djinn_dataplane::tcp::{Replier, Reply, ReplyTo, Service};
 use djinn_gpudirect::{BufferPool, MemoryBudget};
 use tch::Device;
@@ -201,11 +203,11 @@ impl NodeService {
             Ok(upload) => {
                 let id = self.next_upload;
                 self.next_upload += 1;
-                tracing::info!(model = %fingerprint, bytes = upload.total, upload = id, "registration started");
+                tracing::info!(model = %fingerprint, bytes = upload.archives.total(), upload = id, "registration started");
                 self.uploads.insert(id, upload);
                 Reply::message(Message::RegisterReady { upload: id, registered: false })
             }
-            Err(e) => Reply::error(ErrorCode::BadArchive, e),
+            Err(e) => Reply::error(ErrorCode::BadArchive, e.to_string()),
         }
     }
 
@@ -216,16 +218,18 @@ impl NodeService {
         let Some(chunk) = payload else {
             return Reply::error(ErrorCode::BadArchive, "an empty chunk");
         };
-        let before = upload.received * 10 / upload.total.max(1);
-        if let Err(e) = upload.add(offset, chunk) {
+        let archives = &mut upload.archives;
+        let tenths = |a: &Archives| a.received() * 10 / a.total().max(1);
+        let before = tenths(archives);
+        if let Err(e) = archives.add(offset, chunk) {
             self.uploads.remove(&id);
-            return Reply::error(ErrorCode::BadArchive, e);
+            return Reply::error(ErrorCode::BadArchive, e.to_string());
         }
-        let after = upload.received * 10 / upload.total.max(1);
+        let after = tenths(archives);
         if after > before {
-            tracing::info!(model = %upload.fingerprint, received = upload.received, total = upload.total, "registration {}%", after * 10);
+            tracing::info!(model = %archives.fingerprint(), received = archives.received(), total = archives.total(), "registration {}%", after * 10);
         }
-        Reply::message(Message::RegisterProgress { received: upload.received, total: upload.total })
+        Reply::message(Message::RegisterProgress { received: archives.received(), total: archives.total() })
     }
 }
 
@@ -243,11 +247,12 @@ impl Service for NodeService {
                 self.host_alloc(len)
             }
             // Inputs live for one request, in host memory (copied to the device when it is a GPU);
-            // a session's initial state is copied out of it.
+            // a session's initial state is copied out of it. The host budget bounds what all
+            // requests' inputs hold at once.
             Message::Execute { .. }
             | Message::SessionStep { .. }
             | Message::SessionOpen { .. }
-            | Message::Resume { .. } => Ok(Payload { buf: self.pool.take(len)?, reservation: None }),
+            | Message::Resume { .. } => self.host_alloc(len),
             // A tensor to keep: on the CPU it stays in this buffer, which is charged to the
             // device budget; on a GPU it is copied there (and charged then), so the buffer is
             // only host memory for a while.
@@ -396,7 +401,7 @@ impl Service for NodeService {
         self.uploads.retain(|id, u| {
             let keep = u.connection != connection;
             if !keep {
-                tracing::info!(upload = id, model = %u.fingerprint, "registration abandoned: its connection closed");
+                tracing::info!(upload = id, model = %u.archives.fingerprint(), "registration abandoned: its connection closed");
             }
             keep
         });

@@ -609,7 +609,7 @@ fn fetch(tenant: TenantId, handle: Handle, handles: &Mutex<HandleTable>) -> Resu
 
 fn load(upload: Upload, device: Device, models: &Mutex<ModelStore>) -> Result<Reply, ExecError> {
     let started = std::time::Instant::now();
-    let fingerprint = upload.fingerprint;
+    let fingerprint = upload.archives.fingerprint();
     let model = crate::models::load(upload, device, models)?;
     tracing::info!(model = %fingerprint, weight_bytes = model.weight_bytes, seconds = started.elapsed().as_secs_f64(), "model loaded");
     Ok(Reply::message(Message::Registered { model: model.info() }))

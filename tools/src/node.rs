@@ -109,6 +109,10 @@ pub struct NodeArgs {
     /// Seconds a push to another node may wait on it before failing.
     #[arg(long, default_value_t = 30.0)]
     push_timeout: f64,
+    /// Seconds a connection may sit in the middle of a frame, or with replies it does not
+    /// read, moving less than 64 KiB, before it is closed (slow or stuck clients).
+    #[arg(long, default_value_t = 10.0)]
+    stall_timeout: f64,
     /// Which session's state leaves the device when another needs room: `semantic` (sessions
     /// whose agent said IO_WAIT first, swapped out at the signal and restored ahead of the
     /// expected resume; then the least recently used) or `lru` (recency only, on pressure).
@@ -236,6 +240,7 @@ pub fn run(args: NodeArgs, auth: Option<Arc<Authenticator>>) -> Result<()> {
         rdma_connections: (RDMA_CQE / RdmaChannel::completion_entries(&SessionConfig::default())) as usize,
         rdma,
         auth,
+        stall_timeout: seconds("--stall-timeout", args.stall_timeout)?,
         ..ServerConfig::default()
     };
     let agent = concat!("djinn-node/", env!("CARGO_PKG_VERSION"));

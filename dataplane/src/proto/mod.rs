@@ -1,5 +1,6 @@
 //! The wire protocol, with no I/O in it: header, messages, tensor descriptors, framing.
 
+mod archives;
 mod codec;
 mod error;
 mod header;
@@ -8,6 +9,7 @@ mod message;
 mod tensor;
 mod value;
 
+pub use archives::{ArchiveError, Archives, BlockReader};
 pub use codec::{
     Frame, FrameReader, OutFrame, Payload, PayloadAlloc, ReadTarget, RecvEvent, Refusal, STAGING_LEN, SendQueue,
     SharedBytes, ZEROS, append_head, decode_body, encode_head,

@@ -80,11 +80,17 @@ impl TensorDesc {
         Ok(Self { dtype, shape, byte_len })
     }
 
+    /// Elements, for a descriptor that validated (the product of the dimensions could overflow
+    /// on the way even when one of them is zero).
     pub fn numel(&self) -> u64 {
-        self.shape.iter().product()
+        self.byte_len / self.dtype.size()
     }
 
     fn expected_len(dtype: DType, shape: &[u64]) -> Result<u64, ProtocolError> {
+        // An empty tensor is empty whatever its other dimensions.
+        if shape.contains(&0) {
+            return Ok(0);
+        }
         shape
             .iter()
             .try_fold(dtype.size(), |acc, &d| acc.checked_mul(d))
@@ -197,6 +203,11 @@ mod tests {
     fn scalars_and_empty_tensors() {
         assert_eq!(TensorDesc::new(DType::F32, vec![]).unwrap().byte_len, 4);
         assert_eq!(TensorDesc::new(DType::F32, vec![0, 7]).unwrap().byte_len, 0);
+        // Found by the tensor_layout fuzz target: the product of the other dimensions may
+        // overflow; the tensor is still empty.
+        let empty = TensorDesc::new(DType::F32, vec![16213159869161668608, 0]).unwrap();
+        assert_eq!(empty.byte_len, 0);
+        empty.validate(&Limits::default()).unwrap();
     }
 
     #[test]

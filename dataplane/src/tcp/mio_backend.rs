@@ -84,6 +84,7 @@ impl<S: Service> MioServer<S> {
     pub fn run(mut self) -> io::Result<ServerCounters> {
         let mut events = Events::with_capacity(1024);
         let mut last_work = Instant::now();
+        let mut next_stall_check = Instant::now() + self.core.stall_check_every();
         while !self.flag.load(Ordering::Acquire) {
             // Adaptive polling: keep polling without blocking for `spin` after the last piece
             // of work (a wake-up on the other core costs about 20 µs here), then block.
@@ -92,6 +93,10 @@ impl<S: Service> MioServer<S> {
             let mut timeout = busy.then_some(std::time::Duration::ZERO);
             if timeout.is_none() && self.arm_rdma() {
                 timeout = Some(std::time::Duration::ZERO);
+            }
+            // Asleep, it still wakes for the next stall check while connections are open.
+            if timeout.is_none() && !self.conns.is_empty() {
+                timeout = Some(next_stall_check.saturating_duration_since(Instant::now()));
             }
             match self.poll.poll(&mut events, timeout) {
                 Ok(()) => {}
@@ -156,6 +161,18 @@ impl<S: Service> MioServer<S> {
             }
             if worked {
                 last_work = Instant::now();
+            }
+            let now = Instant::now();
+            if now >= next_stall_check {
+                next_stall_check = now + self.core.stall_check_every();
+                let stalled: Vec<usize> = self
+                    .conns
+                    .iter_mut()
+                    .filter_map(|(key, c)| self.core.check_stall(&mut c.conn, now).then_some(key))
+                    .collect();
+                for key in stalled {
+                    self.close(key);
+                }
             }
         }
         tracing::info!(open = self.conns.len(), "poller stopping");
@@ -235,6 +252,14 @@ impl<S: Service> MioServer<S> {
     }
 
     /// Moves bytes for one connection until it would block or has used its budgets.
+    fn close(&mut self, key: usize) {
+        let Some(mut c) = self.conns.try_remove(key) else { return };
+        if let Err(e) = self.poll.registry().deregister(&mut c.stream) {
+            tracing::debug!(error = %e, "deregister failed");
+        }
+        self.core.on_close(&c.conn);
+    }
+
     fn drive(&mut self, key: usize) {
         let Some(c) = self.conns.get_mut(key) else { return };
         c.scheduled = false;
@@ -289,11 +314,7 @@ impl<S: Service> MioServer<S> {
             }
         };
         if close {
-            let mut c = self.conns.remove(key);
-            if let Err(e) = self.poll.registry().deregister(&mut c.stream) {
-                tracing::debug!(error = %e, "deregister failed");
-            }
-            self.core.on_close(&c.conn);
+            self.close(key);
             return;
         }
         let more_reads = c.readable && c.conn.wants_read(&self.core.config);

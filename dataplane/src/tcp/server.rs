@@ -130,6 +130,10 @@ pub struct ServerConfig {
     pub rdma_connections: usize,
     /// How the node's device memory meets the network, announced in the hello.
     pub memory_path: String,
+    /// A connection in the middle of a frame, or with replies waiting to be sent, that moves
+    /// less than [`MIN_PROGRESS`] bytes in either of those directions over this long is closed:
+    /// a client trickling a frame or not reading its replies holds nothing for long.
+    pub stall_timeout: Duration,
     /// When set, a connection is served only after a hello with a valid token, its requests
     /// are namespaced by the token's tenant and held to the tenant's request quotas; else
     /// everyone shares one namespace.
@@ -150,6 +154,7 @@ impl Default for ServerConfig {
             rdma: None,
             rdma_connections: 16,
             memory_path: djinn_gpudirect::MEMORY_PATH.into(),
+            stall_timeout: Duration::from_secs(10),
             auth: None,
         }
     }
@@ -171,7 +176,12 @@ pub struct ServerCounters {
     pub protocol_failures: u64,
     /// Hellos refused for their token (each closes its connection).
     pub auth_failures: u64,
+    /// Connections closed for stalling (see [`ServerConfig::stall_timeout`]).
+    pub stalled_connections: u64,
 }
+
+/// Bytes a stalling connection must move per [`ServerConfig::stall_timeout`] to stay open.
+pub const MIN_PROGRESS: u64 = 64 * 1024;
 
 /// Stops a running server from another thread (a signal handler thread, a test).
 #[derive(Clone)]
@@ -213,6 +223,10 @@ pub(crate) struct Conn {
     pub rdma: Option<RdmaChannel>,
     /// Whose connection it is; `None` until a hello with a valid token, where one is needed.
     tenant: Option<TenantId>,
+    /// The current stall window: when it began, and the bytes read and written since.
+    window: (Instant, u64, u64),
+    /// Closed without sending what is queued (it stalled).
+    dropped: bool,
 }
 
 impl Conn {
@@ -232,9 +246,10 @@ impl Conn {
         self.rdma.as_ref().is_some_and(|ch| ch.key() == key)
     }
 
-    /// Closing, with every reply sent (a client that half-closed still gets its answers).
+    /// Closing, with every reply sent (a client that half-closed still gets its answers), or
+    /// dropped.
     pub fn is_done(&self) -> bool {
-        self.closing && self.queue.is_empty() && self.in_flight == 0
+        self.dropped || (self.closing && self.queue.is_empty() && self.in_flight == 0)
     }
 }
 
@@ -312,7 +327,40 @@ impl<S: Service> Core<S> {
             closing: false,
             rdma: None,
             tenant: if self.config.auth.is_some() { None } else { Some(TenantId::DEFAULT) },
+            window: (Instant::now(), 0, 0),
+            dropped: false,
         }
+    }
+
+    /// Ends `conn`'s stall window when it is over; true when the connection stalled in it (it
+    /// is then marked done, and the backend closes it).
+    pub fn check_stall(&mut self, conn: &mut Conn, now: Instant) -> bool {
+        let (start, read, written) = conn.window;
+        if now.saturating_duration_since(start) < self.config.stall_timeout {
+            return false;
+        }
+        conn.window = (now, 0, 0);
+        let reading = !conn.reader.is_idle() && read < MIN_PROGRESS;
+        let writing = !conn.queue.is_empty() && written < MIN_PROGRESS;
+        if !(reading || writing) || conn.dropped {
+            return false;
+        }
+        self.counters.stalled_connections += 1;
+        tracing::info!(
+            peer = %conn.peer,
+            read,
+            written,
+            waiting = if reading { "in the middle of a frame" } else { "not reading its replies" },
+            "closing a stalled connection"
+        );
+        conn.dropped = true;
+        conn.closing = true;
+        true
+    }
+
+    /// How often the backend checks its connections for stalls.
+    pub fn stall_check_every(&self) -> Duration {
+        (self.config.stall_timeout / 4).max(Duration::from_millis(10))
     }
 
     /// The next reply sent from another thread, with the slot of its connection.
@@ -353,11 +401,13 @@ impl<S: Service> Core<S> {
 
     pub fn on_bytes_read(&mut self, conn: &mut Conn, n: usize) {
         self.counters.bytes_in += n as u64;
+        conn.window.1 += n as u64;
         conn.reader.on_read(n);
     }
 
     pub fn on_bytes_written(&mut self, conn: &mut Conn, n: usize) {
         self.counters.bytes_out += n as u64;
+        conn.window.2 += n as u64;
         conn.queue.on_written(n);
     }
 
@@ -597,6 +647,7 @@ impl<S: Service> Core<S> {
                     ("quota_refusals", c.quota_refusals),
                     ("protocol_failures", c.protocol_failures),
                     ("auth_failures", c.auth_failures),
+                    ("stalled_connections", c.stalled_connections),
                 ]
                 .into_iter()
                 .map(|(k, v)| (k.to_owned(), v))

@@ -149,8 +149,18 @@ impl<S: Service> UringServer<S> {
         self.arm_accept()?;
         self.arm_wake()?;
         let mut last_work = Instant::now();
+        let mut next_stall_check = Instant::now() + self.core.stall_check_every();
         let mut completions: Vec<(u64, i32)> = Vec::with_capacity(RING_ENTRIES as usize);
         while !self.flag.load(Ordering::Acquire) {
+            let now = Instant::now();
+            if now >= next_stall_check {
+                next_stall_check = now + self.core.stall_check_every();
+                for (key, c) in self.conns.iter_mut() {
+                    if self.core.check_stall(&mut c.conn, now) {
+                        self.dirty.push(key);
+                    }
+                }
+            }
             while let Some((slot, to, reply)) = self.core.next_deferred() {
                 last_work = Instant::now();
                 if let Some(c) = self.conns.get_mut(slot) {
@@ -169,10 +179,18 @@ impl<S: Service> UringServer<S> {
             // Adaptive polling, as in the mio backend: enter without waiting while recently
             // busy (which also runs the kernel's pending completion work), then block.
             let busy = self.core.awaiting_replies() || last_work.elapsed() < self.core.config.spin;
-            let entered = if busy { self.ring.submit() } else { self.ring.submit_and_wait(1) };
+            let entered = if busy {
+                self.ring.submit()
+            } else if self.conns.is_empty() {
+                self.ring.submit_and_wait(1)
+            } else {
+                // Asleep, it still wakes for the next stall check while connections are open.
+                let wait = types::Timespec::from(next_stall_check.saturating_duration_since(Instant::now()));
+                self.ring.submitter().submit_with_args(1, &types::SubmitArgs::new().timespec(&wait))
+            };
             match entered {
                 Ok(_) => {}
-                Err(e) if e.raw_os_error() == Some(libc::EINTR) || e.raw_os_error() == Some(libc::EBUSY) => {}
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EBUSY | libc::ETIME)) => {}
                 Err(e) => return Err(e),
             }
             completions.clear();
