@@ -576,3 +576,48 @@ fn djinn_up_serves_a_cluster_of_one() {
     let out = Command::new(env!("CARGO_BIN_EXE_djinn")).args(["status", "--control", &addrs[0]]).output().unwrap();
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("unreachable"));
 }
+
+#[test]
+fn with_a_certificate_the_api_is_served_over_tls_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let rcgen::CertifiedKey { cert, key_pair } =
+        rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()]).unwrap();
+    let (cert_path, key_path) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert_path, cert.pem()).unwrap();
+    std::fs::write(&key_path, key_pair.serialize_pem()).unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_djinn"));
+    command
+        .args(["control", "--listen", "127.0.0.1:0", "--log", "error", "--store"])
+        .arg(dir.path().join("control.redb"))
+        .arg("--tls-cert")
+        .arg(&cert_path)
+        .arg("--tls-key")
+        .arg(&key_path);
+    let (control, addr) = support::spawn_listening(command, "djinn control listening on ");
+    let _control = support::Killed(control);
+    let url = format!("https://{addr}");
+    let timeout = Duration::from_secs(5);
+
+    let trusted = djinn_client::ControlClient::with_roots(&url, timeout, cert.pem().as_bytes()).unwrap();
+    assert!(trusted.cluster().expect("over TLS, trusting the certificate").contains("\"nodes\""));
+    let untrusted = djinn_client::ControlClient::new(&url, timeout).cluster().unwrap_err();
+    assert!(matches!(untrusted, djinn_client::ControlError::Unreachable { .. }), "{untrusted}");
+    assert!(untrusted.to_string().contains("UnknownIssuer"), "{untrusted}");
+    let plain = djinn_client::ControlClient::new(&format!("http://{addr}"), timeout).cluster();
+    assert!(plain.is_err(), "plain HTTP gets no answer from the TLS port");
+    let bad_ca = djinn_client::ControlClient::with_roots(&url, timeout, b"not a certificate");
+    assert!(bad_ca.is_err());
+
+    // A node joins over HTTPS, trusting the certificate through DJINN_CONTROL_CA.
+    let mut node = Command::new(env!("CARGO_BIN_EXE_djinn"));
+    node.args(["node", "--listen", "127.0.0.1:0", "--log", "error", "--control", &url, "--flops", "1e12"])
+        .args(["--memory-bandwidth", "1e11", "--host-to-device", "1e10"])
+        .env(djinn_client::CA_ENV, &cert_path);
+    let (node, node_addr) = support::spawn_listening(node, "djinn node listening on ");
+    let _node = support::Killed(node);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !trusted.cluster().unwrap().contains(&node_addr) {
+        assert!(Instant::now() < deadline, "the node did not join over TLS");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -9,6 +9,7 @@ mod push;
 mod rdma;
 mod report;
 mod resume;
+mod soak;
 mod stream;
 mod tcp;
 
@@ -25,6 +26,7 @@ pub use placement::PlacementArgs;
 pub use push::PushArgs;
 pub use rdma::RdmaArgs;
 pub use resume::ResumeArgs;
+pub use soak::SoakArgs;
 pub use stream::StreamArgs;
 pub use tcp::TcpArgs;
 
@@ -55,6 +57,10 @@ pub enum BenchCommand {
     /// Resuming a request parked at a breakpoint (its activation kept on the node) against a
     /// plain execute of the remaining blocks with the activation sent.
     Resume(ResumeArgs),
+    /// Many clients of two tenants with random valid and invalid requests and random
+    /// disconnects against two nodes, one killed and restarted: the share of valid requests to
+    /// the other that succeeded, wrong results, untyped failures and its memory afterwards.
+    Soak(SoakArgs),
 }
 
 pub fn run(command: BenchCommand) -> Result<()> {
@@ -67,6 +73,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
         BenchCommand::Push(args) => push::run(args),
         BenchCommand::Agents(args) => agents::run(args),
         BenchCommand::Resume(args) => resume::run(args),
+        BenchCommand::Soak(args) => soak::run(args),
     }
 }
 
@@ -125,6 +132,12 @@ impl Spawned {
             bail!("djinn {} printed {line:?} instead of its address", args.join(" "));
         };
         Ok(Self { child, _stdout: stdout, addr })
+    }
+}
+
+impl Spawned {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 }
 

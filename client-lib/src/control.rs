@@ -108,6 +108,10 @@ struct DecisionFields {
     rule: String,
 }
 
+/// Names a PEM file of the certificates an `https` control plane's certificate must chain to
+/// (by default, the web's public roots).
+pub const CA_ENV: &str = "DJINN_CONTROL_CA";
+
 /// A blocking HTTP client of one control plane.
 #[derive(Debug, Clone)]
 pub struct ControlClient {
@@ -115,15 +119,43 @@ pub struct ControlClient {
     url: String,
     /// `Bearer TOKEN`, when the client has a token.
     authorization: Option<String>,
+    /// Why the client cannot be used (a CA file that does not load): every request says so.
+    broken: Option<String>,
 }
 
 impl ControlClient {
-    /// `url`: `http://HOST:PORT` (a bare `HOST:PORT` is taken as http).
+    /// `url`: `http://HOST:PORT` or `https://HOST:PORT` (a bare `HOST:PORT` is taken as http).
+    /// An https control plane's certificate must chain to the certificates of the file that
+    /// [`CA_ENV`] names, when it is set.
     pub fn new(url: &str, timeout: Duration) -> Self {
+        let roots = std::env::var_os(CA_ENV).map(|path| {
+            std::fs::read(&path)
+                .map_err(|e| e.to_string())
+                .and_then(|pem| certificates(&pem))
+                .map_err(|e| format!("{CA_ENV}={}: {e}", path.to_string_lossy()))
+        });
+        match roots {
+            Some(Err(e)) => Self { broken: Some(e), ..Self::build(url, timeout, None) },
+            Some(Ok(roots)) => Self::build(url, timeout, Some(roots)),
+            None => Self::build(url, timeout, None),
+        }
+    }
+
+    /// A client that trusts only the certificates of `pem` for an https control plane.
+    pub fn with_roots(url: &str, timeout: Duration, pem: &[u8]) -> Result<Self, ControlError> {
+        let roots = certificates(pem).map_err(|message| ControlError::Unreachable { url: url.to_owned(), message })?;
+        Ok(Self::build(url, timeout, Some(roots)))
+    }
+
+    fn build(url: &str, timeout: Duration, roots: Option<Vec<ureq::tls::Certificate<'static>>>) -> Self {
         let url = url.trim_end_matches('/');
         let url = if url.contains("://") { url.to_owned() } else { format!("http://{url}") };
-        let http = ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(timeout)).build();
-        Self { http: http.into(), url, authorization: None }
+        let mut config = ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(timeout));
+        if let Some(roots) = roots {
+            let roots = ureq::tls::RootCerts::Specific(std::sync::Arc::new(roots));
+            config = config.tls_config(ureq::tls::TlsConfig::builder().root_certs(roots).build());
+        }
+        Self { http: config.build().into(), url, authorization: None, broken: None }
     }
 
     /// Presents `token` with every request (none when empty).
@@ -147,6 +179,9 @@ impl ControlClient {
     /// Sends a request; the answer's body when the status is 2xx, the control plane's typed
     /// refusal otherwise.
     fn send(&self, request: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> Result<String, ControlError> {
+        if let Some(why) = &self.broken {
+            return Err(ControlError::Unreachable { url: self.url.clone(), message: why.clone() });
+        }
         let mut response =
             request.map_err(|e| ControlError::Unreachable { url: self.url.clone(), message: e.to_string() })?;
         let status = response.status().as_u16();
@@ -229,4 +264,18 @@ impl ControlClient {
     pub fn cluster(&self) -> Result<String, ControlError> {
         self.send(self.authorized(self.http.get(format!("{}/v1/cluster", self.url))).call())
     }
+}
+
+/// The certificates of a PEM file (anything else in it is ignored).
+fn certificates(pem: &[u8]) -> Result<Vec<ureq::tls::Certificate<'static>>, String> {
+    let mut certs = Vec::new();
+    for item in ureq::tls::parse_pem(pem) {
+        if let ureq::tls::PemItem::Certificate(cert) = item.map_err(|e| e.to_string())? {
+            certs.push(cert);
+        }
+    }
+    if certs.is_empty() {
+        return Err("no PEM certificate in it".into());
+    }
+    Ok(certs)
 }

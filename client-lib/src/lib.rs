@@ -27,7 +27,7 @@ pub use cluster::{
     Archive, ClusterClient, ClusterError, ClusterStats, FailoverOptions, RemoteParked, RemoteSession, RemoteTensor,
     Target,
 };
-pub use control::{BlockEstimate, ControlClient, ControlError, GraphAnnotations, ModelDescription, Placed};
+pub use control::{BlockEstimate, CA_ENV, ControlClient, ControlError, GraphAnnotations, ModelDescription, Placed};
 
 /// A tensor received from a node: its descriptor and its bytes, in a buffer that goes back to
 /// the client's pool when dropped.

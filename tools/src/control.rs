@@ -3,7 +3,7 @@
 
 use std::io::Write;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,6 +12,9 @@ use clap::Args;
 use djinn_auth::Authenticator;
 use djinn_control::store::{EmbeddedStore, EtcdStore, Store};
 use djinn_control::{ControlConfig, ControlPlane};
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 use crate::auth::AuthArgs;
 
@@ -38,6 +41,13 @@ pub struct ControlArgs {
     /// when it changes.
     #[arg(long)]
     pub auth_file: Option<PathBuf>,
+    /// Serve the API over TLS with this certificate chain (PEM); needs --tls-key. Clients
+    /// trust it through the system's roots, or the PEM file named by DJINN_CONTROL_CA.
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM).
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
 }
 
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -55,6 +65,10 @@ pub fn run(args: ControlArgs) -> Result<()> {
     let config = config(args.lease_ttl, &args.prefix)?;
     let auth = AuthArgs { auth_file: args.auth_file.clone(), token_file: None }.authenticator()?;
     let authenticator = auth.as_ref().map(|(a, _)| Arc::clone(a));
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(tls_acceptor(cert, key)?),
+        _ => None,
+    };
     runtime()?.block_on(async {
         let api = if args.etcd.is_empty() {
             let store = EmbeddedStore::open(&args.store)?;
@@ -65,8 +79,32 @@ pub fn run(args: ControlArgs) -> Result<()> {
             tracing::info!(endpoints = ?args.etcd, "etcd store");
             Api::bind(store, config, authenticator, &args.listen).await?
         };
-        api.serve(shutdown()).await
+        match tls {
+            Some(tls) => api.serve_tls(tls, shutdown()).await,
+            None => api.serve(shutdown()).await,
+        }
     })
+}
+
+/// TLS 1.2 and 1.3 with `cert` (a PEM chain, leaf first) and `key` (PEM), on rustls's ring
+/// provider.
+pub fn tls_acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor> {
+    let chain = CertificateDer::pem_file_iter(cert)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .with_context(|| format!("--tls-cert {}: not a PEM certificate chain", cert.display()))?;
+    if chain.is_empty() {
+        bail!("--tls-cert {}: no certificate in it", cert.display());
+    }
+    let key = PrivateKeyDer::from_pem_file(key)
+        .with_context(|| format!("--tls-key {}: not a PEM private key", key.display()))?;
+    let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+    let config = tokio_rustls::rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .context("TLS versions")?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .context("the TLS key does not go with the certificate")?;
+    Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
 pub fn config(lease_ttl: Duration, prefix: &str) -> Result<ControlConfig> {
@@ -113,6 +151,41 @@ impl Api {
 
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Serves HTTPS until `stop` completes; connections still open then are dropped.
+    pub async fn serve_tls(self, tls: TlsAcceptor, stop: impl Future<Output = ()> + Send + 'static) -> Result<()> {
+        tracing::info!(addr = %self.addr, "control plane serving over TLS");
+        let mut stop = std::pin::pin!(stop);
+        loop {
+            let (tcp, peer) = tokio::select! {
+                () = &mut stop => break,
+                accepted = self.listener.accept() => match accepted {
+                    Ok(accepted) => accepted,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept failed");
+                        continue;
+                    }
+                },
+            };
+            let (tls, router) = (tls.clone(), self.router.clone());
+            tokio::spawn(async move {
+                // A client that never finishes its handshake does not hold a task for long.
+                let stream = match tokio::time::timeout(Duration::from_secs(10), tls.accept(tcp)).await {
+                    Ok(Ok(stream)) => stream,
+                    Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                    Err(_) => return tracing::debug!(%peer, "TLS handshake timed out"),
+                };
+                let service = hyper_util::service::TowerToHyperService::new(router);
+                let connection = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+                if let Err(e) = connection.await {
+                    tracing::debug!(%peer, error = %e, "HTTPS connection ended with an error");
+                }
+            });
+        }
+        tracing::info!("control plane stopped");
+        Ok(())
     }
 
     /// Serves until `stop` completes, then finishes the requests in flight.
