@@ -393,6 +393,24 @@ fn the_control_plane_needs_tokens_and_the_right_role() {
     let mut cluster = djinn_client::ClusterClient::open(&url, options, failover).expect("alice through the control");
     let registered = cluster.register_model(vec![archive("halves").into()], None, None, false, |_, _| {}).unwrap();
     assert!(registered.uploaded.is_some());
+
+    // Model records are per tenant: bob does not see alice's description of the fingerprint,
+    // and his own does not touch hers. The node reports alice's model under her name, so her
+    // next placement goes to the node that holds it.
+    let fp = registered.fingerprint;
+    let key = format!("alice/{}", fp.to_hex());
+    while !ops.cluster().unwrap().contains(&key) {
+        assert!(Instant::now() < deadline, "the node did not report alice's model");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let as_alice = djinn_client::ControlClient::new(&url, Duration::from_secs(5)).with_token(ALICE);
+    let as_bob = djinn_client::ControlClient::new(&url, Duration::from_secs(5)).with_token(BOB);
+    assert_eq!(as_alice.place(&fp, None, None).unwrap().rule, "shared");
+    let unknown = as_bob.place(&fp, None, None).unwrap_err();
+    assert_eq!(unknown.kind(), Some("unknown_model"), "{unknown}");
+    assert_eq!(status("GET", &format!("/v1/models/{}", fp.to_hex()), Some(BOB)), 404);
+    assert_eq!(status("GET", &format!("/v1/models/{}", fp.to_hex()), Some(ALICE)), 200);
+    assert_eq!(status("GET", &format!("/v1/models/bob%2F{}", fp.to_hex()), Some(ALICE)), 400);
     let options = ClientOptions { token: "wrong-token-0123456789".into(), ..Default::default() };
     let refused = djinn_client::ClusterClient::open(&url, options, djinn_client::FailoverOptions::default());
     assert!(refused.unwrap_err().to_string().contains("401"));

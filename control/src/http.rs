@@ -17,8 +17,9 @@
 //! With a token file, every request carries `Authorization: Bearer TOKEN`: a missing or unknown
 //! token gets 401, a role without the right 403. Nodes (and operators) manage memberships;
 //! operators read the whole cluster (`/v1/cluster`, `/metrics`); every principal describes
-//! models, asks for placements and asks `whoami`. A tenant's session ids are its own: two
-//! tenants may both name a session `s1`.
+//! models, asks for placements and asks `whoami`. A tenant's model records and session ids are
+//! its own: two tenants may both describe a fingerprint or name a session `s1`, and neither sees
+//! the other's.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -146,21 +147,36 @@ async fn leave<S: Store>(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// The key of `caller`'s record of a model: a tenant's records are its own (its name, then the
+/// fingerprint), so no tenant reads, changes or learns of another's by its fingerprint. Nodes
+/// report the models they hold under the same keys.
+fn scoped(caller: &Principal, fingerprint: &str) -> Result<String, ControlError> {
+    if caller.role != Role::Tenant || caller.name.is_empty() {
+        return Ok(fingerprint.to_owned());
+    }
+    if fingerprint.contains('/') {
+        return Err(ControlError::BadRequest(format!("{fingerprint:?} is not a model fingerprint: 64 hex digits")));
+    }
+    Ok(format!("{}/{fingerprint}", caller.name))
+}
+
 async fn describe_model<S: Store>(
     State(control): Control<S>,
+    Extension(caller): Extension<Principal>,
     Segment(fingerprint): Segment,
     bytes: Bytes,
 ) -> Result<StatusCode, ControlError> {
     let record: ModelRecord = body(&bytes)?;
-    control.describe_model(&fingerprint, record).await?;
+    control.describe_model(&scoped(&caller, &fingerprint)?, record).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 async fn model<S: Store>(
     State(control): Control<S>,
+    Extension(caller): Extension<Principal>,
     Segment(fingerprint): Segment,
 ) -> Result<axum::Json<ModelRecord>, ControlError> {
-    control.model(&fingerprint).map(axum::Json)
+    control.model(&scoped(&caller, &fingerprint)?).map(axum::Json)
 }
 
 async fn place<S: Store>(
@@ -169,6 +185,7 @@ async fn place<S: Store>(
     bytes: Bytes,
 ) -> Result<Response, ControlError> {
     let mut placement: Placement = body(&bytes)?;
+    placement.fingerprint = scoped(&caller, &placement.fingerprint)?;
     // A tenant's session ids are its own.
     if caller.role == Role::Tenant
         && let Some(session) = &mut placement.session

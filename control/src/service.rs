@@ -184,12 +184,19 @@ fn check_node_name(name: &str) -> Result<(), ControlError> {
     }
 }
 
-/// A model fingerprint: 64 hex digits (BLAKE3), returned in lower case.
-fn check_fingerprint(fingerprint: &str) -> Result<String, ControlError> {
-    if fingerprint.len() == 64 && fingerprint.bytes().all(|b| b.is_ascii_hexdigit()) {
-        Ok(fingerprint.to_ascii_lowercase())
+/// A model's key: its fingerprint, 64 hex digits (BLAKE3), returned in lower case; under a
+/// token file, prefixed with the name of the tenant whose record it is (`alice/…`).
+fn check_fingerprint(key: &str) -> Result<String, ControlError> {
+    let (tenant, fingerprint) = match key.split_once('/') {
+        Some((tenant, fingerprint)) => (Some(tenant), fingerprint),
+        None => (None, key),
+    };
+    let tenant_ok = tenant.is_none_or(|t| !t.is_empty() && !t.chars().any(char::is_control));
+    if tenant_ok && fingerprint.len() == 64 && fingerprint.bytes().all(|b| b.is_ascii_hexdigit()) {
+        let fingerprint = fingerprint.to_ascii_lowercase();
+        Ok(tenant.map_or_else(|| fingerprint.clone(), |t| format!("{t}/{fingerprint}")))
     } else {
-        Err(ControlError::BadRequest(format!("{fingerprint:?} is not a model fingerprint: 64 hex digits")))
+        Err(ControlError::BadRequest(format!("{key:?} is not a model fingerprint: 64 hex digits")))
     }
 }
 
@@ -314,7 +321,8 @@ impl<S: Store> ControlPlane<S> {
             }
         } else if let Some(given) = key.strip_prefix(GIVEN) {
             // Given records go with their node's lease, and the node's own record with them.
-            if let (Some((fingerprint, node)), Some(_)) = (given.split_once('/'), value) {
+            // A node's name has no '/'; a tenant's model key has one.
+            if let (Some((fingerprint, node)), Some(_)) = (given.rsplit_once('/'), value) {
                 state.cluster.give(fingerprint, node);
             }
         } else if let Some(session) = key.strip_prefix(SESSIONS) {

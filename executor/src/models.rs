@@ -87,6 +87,7 @@ impl Model {
             weight_bytes: self.weight_bytes,
             device: device_name(self.device),
             executions: self.executions.load(Ordering::Relaxed),
+            owners: Vec::new(),
         }
     }
 
@@ -541,6 +542,17 @@ impl ModelStore {
             Some(entry) => Unregistered::Freed(entry.model),
             None => Unregistered::Unknown,
         }
+    }
+
+    /// Every model, with the names `name` gives its holders (a tenant without one is left out).
+    pub fn list_all(&self, name: impl Fn(TenantId) -> Option<String>) -> Vec<ModelInfo> {
+        let mut infos: Vec<ModelInfo> = self
+            .models
+            .values()
+            .map(|e| ModelInfo { owners: e.owners.keys().filter_map(|&t| name(t)).collect(), ..e.model.info() })
+            .collect();
+        infos.sort_by_key(|m| m.fingerprint);
+        infos
     }
 
     /// The models `tenant` holds.

@@ -314,6 +314,10 @@ impl Service for NodeService {
                     }
                 }
             }
+            Message::ListModels if to.operator => {
+                let name = |t| self.auth.as_ref().and_then(|a| a.name(t)).map(|n| n.to_string());
+                Reply::message(Message::ModelList { models: self.models().list_all(name) })
+            }
             Message::ListModels => Reply::message(Message::ModelList { models: self.models().list(tenant) }),
             Message::Keep { tensor } => {
                 self.workers.submit(Job::Keep { tensor, payload }, to, replier);

@@ -46,7 +46,20 @@ impl Membership {
     fn inventory(&mut self) -> Result<Inventory> {
         let stats: std::collections::HashMap<String, u64> = self.node.stats()?.into_iter().collect();
         let stat = |k: &str| stats.get(k).copied().unwrap_or(0);
-        let models = self.node.list_models()?.into_iter().map(|m| m.fingerprint.to_string()).collect();
+        // Under a token file, a model is known to the control plane by its holders' names: each
+        // tenant's records are its own (see the control plane's `scoped`).
+        let models = self
+            .node
+            .list_models()?
+            .into_iter()
+            .flat_map(|m| {
+                let fingerprint = m.fingerprint.to_string();
+                match m.owners.is_empty() {
+                    true => vec![fingerprint],
+                    false => m.owners.iter().map(|owner| format!("{owner}/{fingerprint}")).collect(),
+                }
+            })
+            .collect();
         Ok(Inventory {
             addr: self.me.addr.clone(),
             device: self.me.device.clone(),

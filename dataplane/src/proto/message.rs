@@ -79,6 +79,9 @@ pub struct ModelInfo {
     /// `cpu` or `cuda:N`.
     pub device: String,
     pub executions: u64,
+    /// The tenants holding it, by name: listed to nodes and operators only (a tenant's own list
+    /// leaves it empty, so it never learns who else holds a public model).
+    pub owners: Vec<String>,
 }
 
 /// Transports a peer can speak, announced in the hello exchange.
@@ -750,8 +753,8 @@ impl Message {
             Kind::UnregisterAck => Self::UnregisterAck,
             Kind::ListModels => Self::ListModels,
             Kind::ModelList => {
-                // The smallest entry: fingerprint, u32, u64, empty string, u64.
-                let n = r.count("models", 32 + 4 + 8 + 2 + 8)?;
+                // The smallest entry: fingerprint, u32, u64, empty string, u64, no owner.
+                let n = r.count("models", 32 + 4 + 8 + 2 + 8 + 4)?;
                 let mut models = Vec::with_capacity(n);
                 for _ in 0..n {
                     models.push(r.model()?);
@@ -871,6 +874,10 @@ impl Writer<'_> {
         self.u64(m.weight_bytes);
         self.str(&m.device);
         self.u64(m.executions);
+        self.u32(m.owners.len() as u32);
+        for owner in &m.owners {
+            self.str(owner);
+        }
     }
     fn kept(&mut self, k: &HandleInfo) {
         k.handle.encode(self.0);
@@ -994,6 +1001,10 @@ impl<'a> Reader<'a> {
             weight_bytes: self.u64("weight bytes")?,
             device: self.string("device")?,
             executions: self.u64("executions")?,
+            owners: {
+                let n = self.count("owners", 2)?;
+                (0..n).map(|_| self.string("owner")).collect::<Result<_, _>>()?
+            },
         })
     }
     fn handle(&mut self) -> Result<Handle, ProtocolError> {

@@ -91,13 +91,15 @@ fn fingerprint() -> impl Strategy<Value = Fingerprint> {
 }
 
 fn model_info() -> impl Strategy<Value = ModelInfo> {
-    (fingerprint(), any::<u32>(), any::<u64>(), "(cpu|cuda:[0-7])", any::<u64>()).prop_map(
-        |(fingerprint, blocks, weight_bytes, device, executions)| ModelInfo {
+    let owners = prop::collection::vec("[a-z]{1,8}", 0..3);
+    (fingerprint(), any::<u32>(), any::<u64>(), "(cpu|cuda:[0-7])", any::<u64>(), owners).prop_map(
+        |(fingerprint, blocks, weight_bytes, device, executions, owners)| ModelInfo {
             fingerprint,
             blocks,
             weight_bytes,
             device,
             executions,
+            owners,
         },
     )
 }

@@ -51,6 +51,9 @@ pub struct ReplyTo {
     pub request_id: u64,
     /// Whose request it is: what the service namespaces its answer by.
     pub tenant: TenantId,
+    /// A node or an operator in its own name (or anyone, where no token is needed): it may see
+    /// every tenant's entries listed.
+    pub operator: bool,
 }
 
 impl ReplyTo {
@@ -223,6 +226,8 @@ pub(crate) struct Conn {
     pub rdma: Option<RdmaChannel>,
     /// Whose connection it is; `None` until a hello with a valid token, where one is needed.
     tenant: Option<TenantId>,
+    /// See [`ReplyTo::operator`].
+    operator: bool,
     /// The current stall window: when it began, and the bytes read and written since.
     window: (Instant, u64, u64),
     /// Closed without sending what is queued (it stalled).
@@ -327,6 +332,7 @@ impl<S: Service> Core<S> {
             closing: false,
             rdma: None,
             tenant: if self.config.auth.is_some() { None } else { Some(TenantId::DEFAULT) },
+            operator: self.config.auth.is_none(),
             window: (Instant::now(), 0, 0),
             dropped: false,
         }
@@ -456,6 +462,7 @@ impl<S: Service> Core<S> {
                         conn_id: conn.id,
                         request_id: frame.request_id,
                         tenant: conn.tenant.unwrap_or_default(),
+                        operator: conn.operator,
                     };
                     // A request with a payload was admitted when its memory was allocated.
                     if frame.payload.is_none()
@@ -506,11 +513,13 @@ impl<S: Service> Core<S> {
                 Ok(p) => {
                     tracing::debug!(peer = %conn.peer, agent = %peer.agent, tenant = %p.name, "hello");
                     conn.tenant = Some(p.tenant);
+                    conn.operator = p.role != djinn_auth::Role::Tenant;
                 }
                 Err(e) => {
                     self.counters.auth_failures += 1;
                     tracing::info!(peer = %conn.peer, agent = %peer.agent, error = %e, "hello refused");
                     conn.tenant = None;
+                    conn.operator = false;
                     conn.closing = true;
                     let code = match e {
                         djinn_auth::AuthError::Forbidden { .. } => ErrorCode::Forbidden,
