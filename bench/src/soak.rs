@@ -502,7 +502,12 @@ pub fn run(args: SoakArgs) -> Result<()> {
     };
     while Instant::now() < deadline {
         std::thread::sleep(Duration::from_secs(10).min(deadline.saturating_duration_since(Instant::now())));
-        println!("{:>5.0} s: {} requests", started.elapsed().as_secs_f64(), done.load(Ordering::Relaxed));
+        println!(
+            "{:>5.0} s: {} requests, steady node RSS {:.1} MiB",
+            started.elapsed().as_secs_f64(),
+            done.load(Ordering::Relaxed),
+            rss(steady.pid())? as f64 / 1048576.0
+        );
     }
     for t in threads {
         let _ = t.join();
