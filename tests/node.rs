@@ -303,6 +303,39 @@ fn a_client_that_never_reads_cannot_make_the_node_buffer_without_bound() {
 }
 
 #[test]
+fn many_clients_that_never_read_cannot_pass_the_global_reply_bound() {
+    for backend in BACKENDS {
+        let node = Node::start(backend, &["--max-queued", "16MiB", "--max-queued-total", "24MiB"]);
+        let mut client = node.client();
+        client.put("blob", DType::U8, &[4 << 20], &pattern(4 << 20, 5)).unwrap();
+        let mut get = Vec::new();
+        encode_head(&mut get, 1, &Message::Get { name: "blob".into() }).unwrap();
+        // Eight clients each ask for 64 × 4 MiB and read nothing: each alone stays within its
+        // 16 MiB, together they would queue 128 MiB.
+        let deaf: Vec<TcpStream> = (0..8)
+            .map(|_| {
+                let mut s = TcpStream::connect(node.addr).unwrap();
+                s.set_write_timeout(Some(Duration::from_millis(200))).unwrap();
+                for _ in 0..64 {
+                    if s.write_all(&get).is_err() {
+                        break;
+                    }
+                }
+                s
+            })
+            .collect();
+        thread::sleep(Duration::from_millis(500));
+        // A client that reads its replies is still served, and the queues together stay
+        // within the bound and one reply per connection.
+        let queued = node.stat(&mut client, "queued_reply_bytes");
+        assert!(queued <= (24 << 20) + 9 * (4 << 20), "{backend}: {queued} bytes of replies queued");
+        assert_eq!(client.get("blob").unwrap().bytes().len(), 4 << 20, "{backend}");
+        drop(deaf);
+        node.wait_for_stat(&mut client, "queued_reply_bytes", 0);
+    }
+}
+
+#[test]
 fn clients_that_stall_are_closed_and_the_node_keeps_serving() {
     for backend in BACKENDS {
         let node = Node::start(backend, &["--stall-timeout", "0.4", "--max-queued", "8MiB"]);

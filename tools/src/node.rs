@@ -53,6 +53,9 @@ pub struct NodeArgs {
     /// Unsent reply bytes per connection before the node stops reading from it.
     #[arg(long, default_value = "64MiB")]
     max_queued: ByteSize,
+    /// Unsent reply bytes over all connections before the node stops reading from any of them.
+    #[arg(long, default_value = "1GiB")]
+    max_queued_total: ByteSize,
     /// Microseconds the poller keeps polling after its last work before it blocks.
     #[arg(long, default_value_t = 50)]
     spin_us: u64,
@@ -233,6 +236,7 @@ pub fn run(args: NodeArgs, auth: Option<Arc<Authenticator>>) -> Result<()> {
         limits,
         spin: Duration::from_micros(args.spin_us),
         max_queued_bytes: args.max_queued.0,
+        max_queued_total: args.max_queued_total.0,
         backend: match args.tcp_backend {
             TcpBackend::Mio => Backend::Mio,
             TcpBackend::Uring => Backend::Uring,

@@ -85,7 +85,17 @@ impl<S: Service> MioServer<S> {
         let mut events = Events::with_capacity(1024);
         let mut last_work = Instant::now();
         let mut next_stall_check = Instant::now() + self.core.stall_check_every();
+        let mut paused = false;
         while !self.flag.load(Ordering::Acquire) {
+            // Replies drained below the global bound: every connection may read again.
+            if std::mem::replace(&mut paused, self.core.reads_paused()) && !paused {
+                for (key, c) in self.conns.iter_mut() {
+                    if !c.scheduled {
+                        c.scheduled = true;
+                        self.ready.push(key);
+                    }
+                }
+            }
             // Adaptive polling: keep polling without blocking for `spin` after the last piece
             // of work (a wake-up on the other core costs about 20 µs here), then block.
             let busy =
@@ -287,7 +297,7 @@ impl<S: Service> MioServer<S> {
                 if c.writable && !c.conn.queue.is_empty() && write_budget > 0 {
                     continue;
                 }
-                if !(c.readable && c.conn.wants_read(&core.config) && read_budget > 0) {
+                if !(c.readable && core.wants_read(&c.conn) && read_budget > 0) {
                     return Ok(());
                 }
                 let target = c.conn.reader.read_target();
@@ -317,7 +327,7 @@ impl<S: Service> MioServer<S> {
             self.close(key);
             return;
         }
-        let more_reads = c.readable && c.conn.wants_read(&self.core.config);
+        let more_reads = c.readable && self.core.wants_read(&c.conn);
         let more_writes = c.writable && !c.conn.queue.is_empty();
         if (more_reads || more_writes) && !c.scheduled {
             c.scheduled = true;

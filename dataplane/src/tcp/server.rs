@@ -118,6 +118,10 @@ pub struct ServerConfig {
     pub max_queued_bytes: u64,
     /// The same bound in frames (small replies).
     pub max_queued_frames: usize,
+    /// Unsent reply bytes over all connections before the node stops reading from those that
+    /// have replies waiting, until they drain: many connections together cannot hold more than
+    /// this and one reply each, and a client that reads its replies is still served.
+    pub max_queued_total: u64,
     /// Bytes read from one connection before the poller turns to the others.
     pub read_budget: usize,
     /// Connections beyond this are closed at once.
@@ -150,6 +154,7 @@ impl Default for ServerConfig {
             spin: Duration::from_micros(50),
             max_queued_bytes: 64 << 20,
             max_queued_frames: 1024,
+            max_queued_total: 1 << 30,
             read_budget: 4 << 20,
             max_connections: 4096,
             max_in_flight: 256,
@@ -241,11 +246,6 @@ impl Conn {
             && self.in_flight < config.max_in_flight
     }
 
-    /// True when the backend should read from this connection.
-    pub fn wants_read(&self, config: &ServerConfig) -> bool {
-        !self.closing && self.under_limits(config)
-    }
-
     /// True when `key` names this connection's RDMA channel.
     pub fn has_rdma_key(&self, key: u32) -> bool {
         self.rdma.as_ref().is_some_and(|ch| ch.key() == key)
@@ -265,6 +265,8 @@ pub(crate) struct Core<S> {
     pub counters: ServerCounters,
     /// Requests answered by other threads and not answered yet, over every connection.
     deferred: usize,
+    /// Unsent reply bytes over every connection.
+    queued_total: u64,
     rdma_open: usize,
     hello: Hello,
     replier: Replier,
@@ -309,6 +311,7 @@ impl<S: Service> Core<S> {
             config,
             counters: ServerCounters::default(),
             deferred: 0,
+            queued_total: 0,
             rdma_open: 0,
             hello,
             replier: Replier { tx, wake },
@@ -336,6 +339,25 @@ impl<S: Service> Core<S> {
             window: (Instant::now(), 0, 0),
             dropped: false,
         }
+    }
+
+    /// True when the backend should read from `conn`.
+    pub fn wants_read(&self, conn: &Conn) -> bool {
+        !conn.closing && conn.under_limits(&self.config) && !(self.reads_paused() && !conn.queue.is_empty())
+    }
+
+    /// True while the replies queued on all connections together are over their bound: no
+    /// connection with replies waiting is read until they drain. When it turns false, the
+    /// backend schedules every connection again (one may have bytes waiting that no new event
+    /// will announce).
+    pub fn reads_paused(&self) -> bool {
+        self.queued_total >= self.config.max_queued_total
+    }
+
+    fn queue(&mut self, conn: &mut Conn, frame: OutFrame) {
+        let before = conn.queue.queued_bytes();
+        conn.queue.push(frame);
+        self.queued_total += conn.queue.queued_bytes() - before;
     }
 
     /// Ends `conn`'s stall window when it is over; true when the connection stalled in it (it
@@ -398,6 +420,7 @@ impl<S: Service> Core<S> {
 
     pub fn on_close(&mut self, conn: &Conn) {
         self.counters.connections_open -= 1;
+        self.queued_total -= conn.queue.queued_bytes();
         if conn.rdma.is_some() {
             self.rdma_open -= 1;
         }
@@ -413,6 +436,7 @@ impl<S: Service> Core<S> {
 
     pub fn on_bytes_written(&mut self, conn: &mut Conn, n: usize) {
         self.counters.bytes_out += n as u64;
+        self.queued_total -= n as u64;
         conn.window.2 += n as u64;
         conn.queue.on_written(n);
     }
@@ -420,7 +444,7 @@ impl<S: Service> Core<S> {
     /// Decodes and answers whatever complete frames are buffered (from the socket, then from
     /// RDMA), while the connection's replies stay under the back-pressure limits.
     pub fn process(&mut self, conn: &mut Conn) {
-        while !conn.closing && conn.under_limits(&self.config) {
+        while self.wants_read(conn) {
             let mut alloc = Alloc {
                 service: &mut self.service,
                 admission: self.admission.as_mut(),
@@ -453,7 +477,7 @@ impl<S: Service> Core<S> {
                     // Answered over TCP: the RDMA path exists only once the client has this.
                     let reply = self.rdma_connect(conn, params);
                     let frame = self.frame(request_id, reply);
-                    conn.queue.push(frame);
+                    self.queue(conn, frame);
                 }
                 RecvEvent::Frame(frame) => {
                     self.counters.frames_in += 1;
@@ -618,7 +642,7 @@ impl<S: Service> Core<S> {
     fn send(&mut self, conn: &mut Conn, request_id: u64, reply: Reply) {
         let Some(channel) = conn.rdma.as_mut() else {
             let frame = self.frame(request_id, reply);
-            conn.queue.push(frame);
+            self.queue(conn, frame);
             return;
         };
         // A small reply is encoded straight into the RDMA session; a large one, or one that
@@ -653,6 +677,7 @@ impl<S: Service> Core<S> {
                     ("bytes_in", c.bytes_in),
                     ("bytes_out", c.bytes_out),
                     ("requests_refused", c.requests_refused),
+                    ("queued_reply_bytes", self.queued_total),
                     ("quota_refusals", c.quota_refusals),
                     ("protocol_failures", c.protocol_failures),
                     ("auth_failures", c.auth_failures),

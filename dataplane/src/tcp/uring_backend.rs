@@ -150,8 +150,13 @@ impl<S: Service> UringServer<S> {
         self.arm_wake()?;
         let mut last_work = Instant::now();
         let mut next_stall_check = Instant::now() + self.core.stall_check_every();
+        let mut paused = false;
         let mut completions: Vec<(u64, i32)> = Vec::with_capacity(RING_ENTRIES as usize);
         while !self.flag.load(Ordering::Acquire) {
+            // Replies drained below the global bound: every connection may read again.
+            if std::mem::replace(&mut paused, self.core.reads_paused()) && !paused {
+                self.dirty.extend(self.conns.iter().map(|(key, _)| key));
+            }
             let now = Instant::now();
             if now >= next_stall_check {
                 next_stall_check = now + self.core.stall_check_every();
@@ -331,7 +336,7 @@ impl<S: Service> UringServer<S> {
                         .user_data(user_data(Op::Write, key)),
                 );
             }
-            if !c.reading && c.conn.wants_read(&self.core.config) {
+            if !c.reading && self.core.wants_read(&c.conn) {
                 let target = c.conn.reader.read_target();
                 let parts = [target.payload, target.staging];
                 let mut n = 0;
