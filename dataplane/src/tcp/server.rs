@@ -343,7 +343,7 @@ impl<S: Service> Core<S> {
 
     /// True when the backend should read from `conn`.
     pub fn wants_read(&self, conn: &Conn) -> bool {
-        !conn.closing && conn.under_limits(&self.config) && !(self.reads_paused() && !conn.queue.is_empty())
+        !conn.closing && conn.under_limits(&self.config) && (conn.queue.is_empty() || !self.reads_paused())
     }
 
     /// True while the replies queued on all connections together are over their bound: no
