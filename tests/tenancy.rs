@@ -277,6 +277,36 @@ fn quotas_hold_each_tenant_to_its_own() {
 }
 
 #[test]
+fn another_tenants_sessions_are_swapped_out_only_within_the_fair_share() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = token_file(dir.path(), ALICE);
+    let node = Node::start("mio", &["--auth-file", file.to_str().unwrap(), "--session-budget", "4KiB"]);
+    let mut alice = connect(&node, ALICE).unwrap();
+    let mut bob = connect(&node, BOB).unwrap();
+    let open = |client: &mut Client, reserve: u64| {
+        let cache = register(client, &["growing_cache"]);
+        let empty = [TensorRef { dtype: DType::F32, shape: &[0, 4], bytes: &[] }];
+        client.session_open(&cache, &empty, reserve).unwrap()
+    };
+    for _ in 0..3 {
+        open(&mut alice, 1024);
+    }
+    // 1.5 KiB for bob: within his half of the 4 KiB, so one of alice's idle sessions goes to
+    // the host pool.
+    open(&mut bob, 1536);
+    assert_eq!(node.stat(&mut bob, "session_swaps_out"), 1);
+    // 3 KiB would be beyond his half: bob's own session makes room, not alice's.
+    open(&mut bob, 1536);
+    assert_eq!(node.stat(&mut bob, "session_swaps_out"), 2);
+    assert_eq!(node.stat(&mut bob, "sessions_on_device"), 3, "alice keeps two on the device, bob one");
+    // Nothing of his own left to swap and beyond his share: refused, alice's stay.
+    let cache = register(&mut bob, &["growing_cache"]);
+    let empty = [TensorRef { dtype: DType::F32, shape: &[0, 4], bytes: &[] }];
+    assert_eq!(code(bob.session_open(&cache, &empty, 3072)), ErrorCode::OverBudget);
+    assert_eq!(node.stat(&mut bob, "sessions_on_device"), 3);
+}
+
+#[test]
 fn tokens_rotate_without_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let file = token_file(dir.path(), ALICE);

@@ -541,6 +541,7 @@ impl SessionTable {
         waiting_only: bool,
     ) -> Result<Vec<Reservation>, ExecError> {
         let mut unswappable = Vec::new();
+        let mut first = true;
         loop {
             let over = match self.budget.try_reserve_for(tenant, bytes) {
                 Ok(session) => match self.device_budget.try_reserve_for(tenant, bytes) {
@@ -551,28 +552,45 @@ impl SessionTable {
             };
             let beyond_share = |b: &MemoryBudget| b.used_by(tenant) + bytes > b.fair_share(tenant);
             let own_only = over.tenant.is_some() || beyond_share(&self.budget) || beyond_share(&self.device_budget);
+            let swappable = |&(id, s): &(&u64, &Session)| {
+                Some(*id) != except
+                    && !s.stepping
+                    && matches!(s.place, Place::Device(_))
+                    && !unswappable.contains(id)
+                    && (!waiting_only || s.io_wait)
+                    && (!own_only || s.tenant == tenant)
+            };
+            // Nothing is swapped out when swapping all that may go would not make room.
+            let freeable: u64 = self.sessions.iter().filter(swappable).map(|(_, s)| s.charge).sum();
+            let room = |b: &MemoryBudget| b.used().saturating_sub(freeable) + bytes <= b.limit();
+            let quota_room = self.device_budget.quota(tenant).is_none_or(|q| {
+                let own: u64 = self
+                    .sessions
+                    .iter()
+                    .filter(swappable)
+                    .filter(|(_, s)| s.tenant == tenant)
+                    .map(|(_, s)| s.charge)
+                    .sum();
+                self.device_budget.used_by(tenant).saturating_sub(own) + bytes <= q
+            });
+            let hopeless = first && !(room(&self.budget) && room(&self.device_budget) && quota_room);
+            first = false;
             let victim = self
                 .sessions
                 .iter()
-                .filter(|&(&id, s)| {
-                    Some(id) != except
-                        && !s.stepping
-                        && matches!(s.place, Place::Device(_))
-                        && !unswappable.contains(&id)
-                        && (!waiting_only || s.io_wait)
-                        && (!own_only || s.tenant == tenant)
-                })
+                .filter(swappable)
                 .min_by_key(|(_, s)| match self.options.policy {
                     Policy::Semantic => (!s.io_wait, s.last_used),
                     Policy::Lru => (false, s.last_used),
                 })
-                .map(|(&id, _)| id);
+                .map(|(&id, _)| id)
+                .filter(|_| !hopeless);
             let Some(victim) = victim else {
                 if over.tenant.is_some() {
                     return Err(over.into());
                 }
                 return Err(SessionError::Full(format!(
-                    "{bytes} bytes of session state do not fit: {} of {} bytes in the session budget and {} of {} in the device budget are in use, and no resident session can be swapped out",
+                    "{bytes} bytes of session state do not fit: {} of {} bytes in the session budget and {} of {} in the device budget are in use, and the resident sessions this tenant may swap out would not make room",
                     self.budget.used(),
                     self.budget.limit(),
                     self.device_budget.used(),
