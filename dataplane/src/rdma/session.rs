@@ -408,7 +408,9 @@ impl Session {
         let credits = u32::from(u16::from_le_bytes([head[2], head[3]]));
         let xfer = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
         let len = u64::from_le_bytes(head[8..16].try_into().unwrap_or_default());
-        self.peer_credits += credits;
+        // A peer that returns more than it could have (a broken or hostile one) only harms
+        // itself; the count must not overflow.
+        self.peer_credits = self.peer_credits.saturating_add(credits);
         match head[0] {
             op::EAGER => self.on_eager(body, alloc)?,
             op::RTS => self.on_rts(xfer, len, body, alloc)?,
