@@ -368,7 +368,8 @@ impl<S: Service> Core<S> {
             return false;
         }
         conn.window = (now, 0, 0);
-        let reading = !conn.reader.is_idle() && read < MIN_PROGRESS;
+        // Not reading is the node's choice while its back-pressure holds: no stall then.
+        let reading = !conn.reader.is_idle() && read < MIN_PROGRESS && self.wants_read(conn);
         let writing = !conn.queue.is_empty() && written < MIN_PROGRESS;
         if !(reading || writing) || conn.dropped {
             return false;
