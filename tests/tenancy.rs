@@ -445,3 +445,17 @@ fn the_control_plane_needs_tokens_and_the_right_role() {
     let refused = djinn_client::ClusterClient::open(&url, options, djinn_client::FailoverOptions::default());
     assert!(refused.unwrap_err().to_string().contains("401"));
 }
+
+/// `djinn bench soak` runs end to end on a short run (it checks its own criteria: valid
+/// requests to the steady node succeed, no wrong result, every failure typed, memory back).
+#[test]
+fn a_short_soak_passes() {
+    let out = Command::new(env!("CARGO_BIN_EXE_djinn"))
+        .args(["--log", "error", "bench", "soak", "--duration", "6", "--clients", "4"])
+        .output()
+        .expect("run djinn bench soak");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("| wrong results | **0** |"), "{stdout}");
+    assert!(stdout.contains("restarted it after"), "{stdout}");
+}
