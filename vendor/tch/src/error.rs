@@ -68,7 +68,9 @@ impl TchError {
     pub fn path_context(&self, path_name: &str) -> Self {
         match self {
             TchError::Torch(error) => TchError::Torch(format!("{path_name}: {error}")),
-            _ => unimplemented!(),
+            TchError::Io(error) => TchError::Io(io::Error::new(error.kind(), format!("{path_name}: {error}"))),
+            // djinn: this arm used to panic; the other errors keep their message, with the path.
+            other => TchError::FileFormat(format!("{path_name}: {other}")),
         }
     }
 }
