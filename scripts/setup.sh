@@ -55,8 +55,18 @@ ok = m.version("torch") == "${TORCH_VERSION}" and all(m.version(p) for p in ("nu
 sys.exit(0 if ok else 1)
 PY
 then
+  # The wheels (2.6 GB) are downloaded to the temporary folder, then unpacked into .venv (4.8 GB).
+  need_gib=8
+  for where in .venv "${TMPDIR:-/tmp}"; do
+    free_gib=$(($(df -Pk "$where" | awk 'NR == 2 { print $4 }') / 1024 / 1024))
+    if ((free_gib < need_gib)); then
+      log "error: torch needs about ${need_gib} GiB free; $(realpath "$where") has ${free_gib} GiB"
+      exit 1
+    fi
+  done
   log "installing ${PY_PACKAGES[*]} into .venv (torch is the CUDA build, about 2.6 GB)"
-  .venv/bin/pip install -q --disable-pip-version-check "${PY_PACKAGES[@]}"
+  # No cache: it would hold a second copy of the wheels.
+  .venv/bin/pip install -q --disable-pip-version-check --no-cache-dir "${PY_PACKAGES[@]}"
 fi
 
 # The Python package: the PyO3 extension built with maturin and installed (editable) into .venv.

@@ -102,7 +102,8 @@ impl Rng {
 /// methods with several outputs cannot be traced from Rust): its archive and its KV cache's
 /// shape.
 fn decoder(args: &AgentsArgs) -> Result<(Vec<u8>, Vec<i64>)> {
-    let path = std::env::temp_dir().join(format!("djinn-bench-agents-{}.pt", std::process::id()));
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("decoder.pt");
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/agents_model.py");
     let output = std::process::Command::new(&args.python)
         .arg(script)
@@ -116,9 +117,7 @@ fn decoder(args: &AgentsArgs) -> Result<(Vec<u8>, Vec<i64>)> {
         .split(',')
         .map(|d| d.parse().with_context(|| format!("{script} printed {d:?} for a dimension")))
         .collect::<Result<Vec<i64>>>()?;
-    let archive = std::fs::read(&path)?;
-    std::fs::remove_file(&path)?;
-    Ok((archive, shape))
+    Ok((std::fs::read(&path)?, shape))
 }
 
 /// The argmax of a step's logits (f32 bytes).

@@ -36,11 +36,10 @@ pub struct ExecuteArgs {
 pub(crate) fn archive(name: &str, example: &Tensor, f: &mut dyn FnMut(&[Tensor]) -> Vec<Tensor>) -> Result<Vec<u8>> {
     let module =
         CModule::create_by_tracing(name, "forward", std::slice::from_ref(example), &mut |xs: &[Tensor]| f(xs))?;
-    let path = std::env::temp_dir().join(format!("djinn-bench-{name}-{}.pt", std::process::id()));
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join(format!("{name}.pt"));
     module.save(&path)?;
-    let bytes = std::fs::read(&path)?;
-    std::fs::remove_file(&path)?;
-    Ok(bytes)
+    Ok(std::fs::read(&path)?)
 }
 
 pub fn run(args: ExecuteArgs) -> Result<()> {
@@ -59,8 +58,8 @@ pub fn run(args: ExecuteArgs) -> Result<()> {
     let big = Tensor::randn([16 << 20], (Kind::Float, Device::Cpu));
     let identity = archive("identity", &big.narrow(0, 0, 4), &mut |xs| vec![xs[0].shallow_clone()])?;
 
-    let store = std::env::temp_dir().join(format!("djinn-bench-control-{}.redb", std::process::id()));
-    let store_arg = store.display().to_string();
+    let store = tempfile::tempdir()?;
+    let store_arg = store.path().join("control.redb").display().to_string();
     let control = Spawned::start(&["control", "--listen", "127.0.0.1:0", "--store", &store_arg, "--log", "warn"])?;
     let control_url = format!("http://{}", control.addr);
     let node = Spawned::start(&[
@@ -154,7 +153,6 @@ pub fn run(args: ExecuteArgs) -> Result<()> {
         append_section(path, "execute", &notes, &table)?;
     }
     // The node renews its lease until the end: the control plane goes with it.
-    drop((node, control));
-    let _ = std::fs::remove_file(&store);
+    drop((node, control, store));
     Ok(())
 }

@@ -400,9 +400,8 @@ pub fn run(args: SoakArgs) -> Result<()> {
     tch::set_num_threads(1);
     ensure!(args.clients >= 2, "--clients: at least one per tenant");
     let duration = Duration::try_from_secs_f64(args.duration).context("--duration: a number of seconds")?;
-    let dir = std::env::temp_dir().join(format!("djinn-soak-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let tokens = dir.join("tokens.json");
+    let dir = tempfile::tempdir()?;
+    let tokens = dir.path().join("tokens.json");
     let principals: Vec<String> =
         TOKENS.iter().enumerate().map(|(i, t)| format!(r#"{{"name": "tenant{i}", "tokens": ["{t}"]}}"#)).collect();
     std::fs::write(&tokens, format!(r#"{{"principals": [{}]}}"#, principals.join(",")))?;
@@ -581,7 +580,6 @@ pub fn run(args: SoakArgs) -> Result<()> {
         let verdict = if passed { "all four criteria hold" } else { "FAILED" };
         append_section(path, "soak", &[format!("Verdict: {verdict}.")], &out)?;
     }
-    let _ = std::fs::remove_dir_all(&dir);
     ensure!(passed, "the soak run failed its criteria (see the table)");
     Ok(())
 }

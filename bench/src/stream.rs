@@ -57,18 +57,17 @@ pub struct StreamArgs {
 }
 
 fn make_blocks(args: &StreamArgs) -> Result<Vec<Vec<u8>>> {
-    let dir = std::env::temp_dir().join(format!("djinn-bench-stream-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path();
     let status = std::process::Command::new(&args.python)
         .args(["-c", MAKE_BLOCKS])
-        .arg(&dir)
+        .arg(dir)
         .args([args.blocks.to_string(), args.width.to_string()])
         .status()
         .with_context(|| format!("cannot run {} (set --python)", args.python.display()))?;
     ensure!(status.success(), "{} failed to write the blocks: {status}", args.python.display());
     let archives: std::io::Result<Vec<Vec<u8>>> =
         (0..args.blocks).map(|i| std::fs::read(dir.join(format!("block{i}.pt")))).collect();
-    std::fs::remove_dir_all(&dir)?;
     Ok(archives?)
 }
 

@@ -193,8 +193,9 @@ pub fn reset_on_close(stream: &TcpStream) {
     assert_eq!(rc, 0, "SO_LINGER: {}", std::io::Error::last_os_error());
 }
 
-/// The folder of TorchScript archives that tests/models/make_models.py writes (once per test
-/// process), with the torch of .venv.
+/// The folder of TorchScript archives that tests/models/make_models.py writes with the torch of
+/// .venv: once per version of the script, under cargo's temporary folder for tests, so that
+/// test processes share it and nothing is left in /tmp.
 pub fn models_dir() -> &'static std::path::Path {
     static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
     DIR.get_or_init(|| {
@@ -202,15 +203,30 @@ pub fn models_dir() -> &'static std::path::Path {
         if let Some(dir) = std::env::var_os("DJINN_TEST_MODELS") {
             return dir.into();
         }
+        const SCRIPT: &[u8] = include_bytes!("../models/make_models.py");
+        // FNV-1a: a new version of the script gets a new folder.
+        let version =
+            SCRIPT.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("test-models-{version:016x}"));
+        if dir.is_dir() {
+            return dir;
+        }
+        // Written beside it, then renamed: the folder exists only once complete, and processes
+        // that make it at the same time do not see each other's half.
+        let partial = dir.with_extension(std::process::id().to_string());
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let dir = std::env::temp_dir().join(format!("djinn-test-models-{}", std::process::id()));
         let status = Command::new(root.join(".venv/bin/python"))
             .arg(root.join("tests/models/make_models.py"))
-            .arg(&dir)
+            .arg(&partial)
             .stdout(Stdio::null())
             .status()
             .expect("cannot run .venv/bin/python (run scripts/setup.sh)");
         assert!(status.success(), "make_models.py failed");
+        if std::fs::rename(&partial, &dir).is_err() {
+            // Another process got there first.
+            std::fs::remove_dir_all(&partial).ok();
+            assert!(dir.is_dir(), "cannot rename {} to {}", partial.display(), dir.display());
+        }
         dir
     })
 }
