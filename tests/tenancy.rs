@@ -446,6 +446,54 @@ fn the_control_plane_needs_tokens_and_the_right_role() {
     assert!(refused.unwrap_err().to_string().contains("401"));
 }
 
+/// Tokens kept in etcd: `djinn tokens put` checks a file before it writes it, a node and a
+/// control plane started with `--auth-etcd` refuse to start without principals there, and both
+/// take a rotation up without a restart.
+#[test]
+fn tokens_kept_in_etcd_rotate_on_every_process_at_once() {
+    let etcd = djinn_control::store::local_etcd::LocalEtcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let djinn = || {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_djinn"));
+        command.args(["--log", "error"]);
+        command
+    };
+    let put = |file: &Path| djinn().args(["tokens", "put", "--etcd", &etcd.url]).arg(file).output().unwrap();
+    let auth = ["--auth-etcd", etcd.url.as_str()];
+
+    let refused = djinn().args(["node", "--listen", "127.0.0.1:0"]).args(auth).output().unwrap();
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("no principals at"), "{refused:?}");
+    let broken = dir.path().join("broken.json");
+    std::fs::write(&broken, r#"{"principals": [{"name": "alice", "tokens": ["short"]}]}"#).unwrap();
+    let out = put(&broken);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("shorter than"), "{out:?}");
+
+    let out = put(&token_file(dir.path(), ALICE));
+    assert!(out.status.success(), "{out:?}");
+    let node = Node::start("mio", &auth);
+    let mut control = djinn();
+    control.args(["control", "--listen", "127.0.0.1:0", "--store"]).arg(dir.path().join("c.redb")).args(auth);
+    let (control, addr) = spawn_listening(control, "djinn control listening on ");
+    let _control = support::Killed(control);
+    let whoami = |token: &str| {
+        djinn_client::ControlClient::new(&format!("http://{addr}"), Duration::from_secs(5)).with_token(token).whoami()
+    };
+    connect(&node, ALICE).expect("alice's token at the node");
+    assert_eq!(code(connect(&node, "alice-token-9999999999")), ErrorCode::Unauthenticated);
+    whoami(ALICE).expect("alice's token at the control plane");
+
+    let rotated = "alice-token-rotated-000";
+    assert!(put(&token_file(dir.path(), rotated)).status.success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while connect(&node, rotated).is_err() || whoami(rotated).is_err() {
+        assert!(Instant::now() < deadline, "the rotation did not reach both processes");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(code(connect(&node, ALICE)), ErrorCode::Unauthenticated, "the old token is revoked");
+    assert!(whoami(ALICE).unwrap_err().to_string().contains("401"));
+}
+
 /// `djinn bench soak` runs end to end on a short run (it checks its own criteria: valid
 /// requests to the steady node succeed, no wrong result, every failure typed, memory back).
 #[test]

@@ -1,5 +1,8 @@
-//! Who may use a Djinn cluster: principals (tenants, nodes, operators) and their tokens, read
-//! from a JSON file that can change while the processes run (tokens are rotated by editing it).
+//! Who may use a Djinn cluster: principals (tenants, nodes, operators) and their tokens, as a
+//! JSON document that can change while the processes run (tokens are rotated by editing it):
+//! a file ([`Authenticator::load`], [`Authenticator::watch`]), or a document kept elsewhere (an
+//! etcd key) and handed over as it changes ([`Authenticator::from_json`],
+//! [`Authenticator::update`]).
 //!
 //! ```json
 //! {"principals": [
@@ -103,8 +106,27 @@ pub enum AuthError {
 pub enum LoadError {
     #[error("cannot read the token file {path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
-    #[error("the token file {path} is not valid: {why}")]
-    Invalid { path: PathBuf, why: String },
+    #[error("the principals of {origin} are not valid: {why}")]
+    Invalid { origin: Origin, why: String },
+}
+
+/// Where an authenticator's principals come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// A file, read again by [`Authenticator::reload`].
+    File(PathBuf),
+    /// A document kept elsewhere (say an etcd key), handed to [`Authenticator::update`] by
+    /// whoever watches it; the string names it in messages.
+    Elsewhere(String),
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::File(path) => write!(f, "the token file {}", path.display()),
+            Self::Elsewhere(name) => f.write_str(name),
+        }
+    }
 }
 
 /// What one tenant may take of each node; `None` is no bound.
@@ -183,12 +205,12 @@ impl Names {
     }
 }
 
-/// The principals of a token file, reloaded when it changes (see [`Authenticator::watch`]).
+/// The principals of a token document, replaced when it changes.
 pub struct Authenticator {
-    path: PathBuf,
+    origin: Origin,
     registry: RwLock<Arc<Registry>>,
     names: Mutex<Names>,
-    /// The hash of the file's bytes last loaded, so an unchanged file is not parsed again.
+    /// The hash of the document last loaded, so an unchanged one is not parsed again.
     loaded: Mutex<blake3::Hash>,
     /// Counts reloads that changed something, so callers can cache what they read.
     generation: AtomicU64,
@@ -198,7 +220,7 @@ impl fmt::Debug for Authenticator {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let registry = self.registry();
         f.debug_struct("Authenticator")
-            .field("path", &self.path)
+            .field("origin", &self.origin)
             .field("principals", &registry.principals.len())
             .field("tokens", &registry.tokens.len())
             .finish()
@@ -210,20 +232,26 @@ impl Authenticator {
     pub fn load(path: impl Into<PathBuf>) -> Result<Arc<Self>, LoadError> {
         let path = path.into();
         let bytes = read(&path)?;
+        Self::from_json(Origin::File(path), &bytes)
+    }
+
+    /// The principals of the JSON document `bytes`, which came from `origin`; an invalid
+    /// document is an error.
+    pub fn from_json(origin: Origin, bytes: &[u8]) -> Result<Arc<Self>, LoadError> {
         let auth = Self {
             registry: RwLock::new(Arc::default()),
             names: Mutex::default(),
-            loaded: Mutex::new(blake3::hash(&bytes)),
+            loaded: Mutex::new(blake3::hash(bytes)),
             generation: AtomicU64::new(0),
-            path,
+            origin,
         };
-        let registry = auth.parse(&bytes)?;
+        let registry = auth.parse(bytes)?;
         *auth.registry.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(registry);
         Ok(Arc::new(auth))
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
+    pub fn origin(&self) -> &Origin {
+        &self.origin
     }
 
     fn registry(&self) -> Arc<Registry> {
@@ -231,7 +259,7 @@ impl Authenticator {
     }
 
     fn parse(&self, bytes: &[u8]) -> Result<Registry, LoadError> {
-        let invalid = |why: String| LoadError::Invalid { path: self.path.clone(), why };
+        let invalid = |why: String| LoadError::Invalid { origin: self.origin.clone(), why };
         let file: TokenFile = serde_json::from_slice(bytes).map_err(|e| invalid(e.to_string()))?;
         let mut registry = Registry::default();
         let mut names = self.names.lock().unwrap_or_else(|e| e.into_inner());
@@ -274,23 +302,33 @@ impl Authenticator {
         Ok(registry)
     }
 
-    /// Reads the file again; a change takes effect for every later verification. An invalid
-    /// file is an error and the principals stay as they were. True when something changed.
+    /// Reads the file again (principals from elsewhere have nothing to read: `Ok(false)`); see
+    /// [`Self::update`].
     pub fn reload(&self) -> Result<bool, LoadError> {
-        let bytes = read(&self.path)?;
-        let hash = blake3::hash(&bytes);
+        match &self.origin {
+            Origin::File(path) => self.update(&read(path)?),
+            Origin::Elsewhere(_) => Ok(false),
+        }
+    }
+
+    /// Replaces the principals with those of the JSON document `bytes`; the change takes
+    /// effect for every later verification. An invalid document is an error and the
+    /// principals stay as they were. True when something changed.
+    pub fn update(&self, bytes: &[u8]) -> Result<bool, LoadError> {
+        let hash = blake3::hash(bytes);
         let mut loaded = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
         if *loaded == hash {
             return Ok(false);
         }
-        let registry = self.parse(&bytes)?;
+        let registry = self.parse(bytes)?;
         *self.registry.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(registry);
         *loaded = hash;
         self.generation.fetch_add(1, Ordering::AcqRel);
         Ok(true)
     }
 
-    /// Reloads the file every `every` on a thread of its own, until the watcher is dropped.
+    /// Reloads the file every `every` on a thread of its own, until the watcher is dropped
+    /// (principals from elsewhere are watched by whoever keeps them).
     pub fn watch(self: &Arc<Self>, every: Duration) -> std::io::Result<Watcher> {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
@@ -302,7 +340,7 @@ impl Authenticator {
                     break;
                 }
                 match auth.reload() {
-                    Ok(true) => tracing::info!(path = %auth.path.display(), "token file reloaded"),
+                    Ok(true) => tracing::info!(origin = %auth.origin, "principals reloaded"),
                     Ok(false) => {}
                     Err(e) => tracing::warn!(error = %e, "token file not reloaded: the previous principals stay"),
                 }
@@ -455,6 +493,22 @@ mod tests {
         std::fs::write(f.path(), r#"{"principals": [{"name": "alice", "tokens": ["short"]}]}"#).unwrap();
         assert!(matches!(auth.reload(), Err(LoadError::Invalid { .. })));
         assert_eq!(auth.verify("alice-secret-0003").unwrap().tenant, alice);
+    }
+
+    #[test]
+    fn a_document_from_elsewhere_is_updated_by_its_keeper() {
+        let origin = Origin::Elsewhere("etcd key /djinn/auth/principals".into());
+        assert!(Authenticator::from_json(origin.clone(), b"{}").unwrap_err().to_string().contains("etcd key"));
+        let auth = Authenticator::from_json(origin, FILE.as_bytes()).unwrap();
+        let alice = auth.verify("alice-secret-0001").unwrap().tenant;
+        assert!(!auth.reload().unwrap(), "nothing to read");
+        assert!(!auth.update(FILE.as_bytes()).unwrap(), "nothing changed");
+        assert!(auth.update(br#"{"principals": [{"name": "alice", "tokens": ["alice-secret-0007"]}]}"#).unwrap());
+        assert_eq!(auth.verify("alice-secret-0001"), Err(AuthError::Invalid));
+        assert_eq!(auth.verify("alice-secret-0007").unwrap().tenant, alice);
+        let e = auth.update(b"not json").unwrap_err();
+        assert!(matches!(e, LoadError::Invalid { .. }) && e.to_string().contains("etcd key"), "{e}");
+        assert_eq!(auth.verify("alice-secret-0007").unwrap().tenant, alice);
     }
 
     #[test]

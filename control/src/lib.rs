@@ -13,6 +13,7 @@ pub mod cluster;
 pub mod http;
 pub mod membership;
 pub mod placement;
+pub mod principals;
 pub mod service;
 pub mod store;
 

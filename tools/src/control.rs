@@ -16,7 +16,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-use crate::auth::AuthArgs;
+use crate::auth::PrincipalsArgs;
 
 #[derive(Args, Debug, Clone)]
 pub struct ControlArgs {
@@ -37,10 +37,8 @@ pub struct ControlArgs {
     /// gone from placement this long after its last renewal, at most.
     #[arg(long, default_value = "3s", value_parser = parse_duration)]
     pub lease_ttl: Duration,
-    /// Require tokens: the principals and their tokens, as JSON (see the README); read again
-    /// when it changes.
-    #[arg(long)]
-    pub auth_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub principals: PrincipalsArgs,
     /// Serve the API over TLS with this certificate chain (PEM); needs --tls-key. Clients
     /// trust it through the system's roots, or the PEM file named by DJINN_CONTROL_CA.
     #[arg(long, requires = "tls_key")]
@@ -63,7 +61,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 /// Serves until SIGINT or SIGTERM.
 pub fn run(args: ControlArgs) -> Result<()> {
     let config = config(args.lease_ttl, &args.prefix)?;
-    let auth = AuthArgs { auth_file: args.auth_file.clone(), token_file: None }.authenticator()?;
+    let auth = args.principals.authenticator()?;
     let authenticator = auth.as_ref().map(|(a, _)| Arc::clone(a));
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(tls_acceptor(cert, key)?),

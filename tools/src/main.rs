@@ -43,6 +43,9 @@ enum Command {
     Control(control::ControlArgs),
     /// What a control plane knows: its nodes, models and sessions.
     Status(status::StatusArgs),
+    /// The principals and their tokens, kept in etcd for --auth-etcd.
+    #[command(subcommand)]
+    Tokens(auth::TokensCommand),
     /// Round trips to a node: prints each one and a summary.
     Ping {
         /// Node address, HOST:PORT.
@@ -111,6 +114,7 @@ fn main() -> Result<()> {
         Command::Up(args) => up::run(args),
         Command::Control(args) => control::run(args),
         Command::Status(args) => status::run(args),
+        Command::Tokens(command) => auth::tokens(command),
         Command::Ping { addr, count } => {
             let mut client = connect(&addr)?;
             let node = client.node();

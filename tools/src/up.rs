@@ -37,10 +37,12 @@ pub fn run(mut args: UpArgs) -> Result<()> {
         bail!("`djinn up` runs its own control plane: --control is for `djinn node`");
     }
     let config = control::config(args.lease_ttl, "/djinn/")?;
-    // The control plane and the node share the principals of one token file.
+    // The control plane and the node share one watch of the principals.
     let auth = args.node.auth.authenticator()?;
     if auth.is_some() && args.node.auth.token()?.is_empty() {
-        bail!("with --auth-file, the node needs a node's token to join its control plane: --token-file or DJINN_TOKEN");
+        bail!(
+            "when tokens are required, the node needs a node's token to join its control plane: --token-file or DJINN_TOKEN"
+        );
     }
     let authenticator = auth.as_ref().map(|(a, _)| Arc::clone(a));
     let node_auth = authenticator.clone();

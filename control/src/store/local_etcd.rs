@@ -15,6 +15,8 @@ pub struct LocalEtcd {
     dir: tempfile::TempDir,
     /// The client URL, `http://127.0.0.1:PORT`.
     pub url: String,
+    client_port: u16,
+    peer_port: u16,
 }
 
 fn etcd_binary() -> PathBuf {
@@ -41,37 +43,56 @@ fn healthy(port: u16) -> bool {
         && answer.contains("\"health\":\"true\"")
 }
 
+/// Starts a single-member etcd keeping its data (and log, appended) in `dir`.
+fn spawn(dir: &Path, client_port: u16, peer_port: u16) -> Child {
+    let url = format!("http://127.0.0.1:{client_port}");
+    let peer = format!("http://127.0.0.1:{peer_port}");
+    let log = File::options().create(true).append(true).open(dir.join("etcd.log")).expect("etcd's log file");
+    Command::new(etcd_binary())
+        .arg("--name=default")
+        .arg(format!("--data-dir={}", dir.join("data").display()))
+        .arg(format!("--listen-client-urls={url}"))
+        .arg(format!("--advertise-client-urls={url}"))
+        .arg(format!("--listen-peer-urls={peer}"))
+        .arg(format!("--initial-advertise-peer-urls={peer}"))
+        .arg(format!("--initial-cluster=default={peer}"))
+        .stdout(log.try_clone().expect("etcd's log file"))
+        .stderr(log)
+        .spawn()
+        .expect("cannot start etcd")
+}
+
 impl LocalEtcd {
     /// Starts etcd and returns once it is healthy; panics with its log if it does not get there
     /// within 15 s.
     pub fn start() -> Self {
         let dir = tempfile::tempdir().expect("a temporary directory");
-        let (client_port, peer) = (free_port(), free_port());
+        let (client_port, peer_port) = (free_port(), free_port());
         let url = format!("http://127.0.0.1:{client_port}");
-        let peer = format!("http://127.0.0.1:{peer}");
-        let log = File::create(dir.path().join("etcd.log")).expect("etcd's log file");
-        let child = Command::new(etcd_binary())
-            .arg("--name=default")
-            .arg(format!("--data-dir={}", dir.path().join("data").display()))
-            .arg(format!("--listen-client-urls={url}"))
-            .arg(format!("--advertise-client-urls={url}"))
-            .arg(format!("--listen-peer-urls={peer}"))
-            .arg(format!("--initial-advertise-peer-urls={peer}"))
-            .arg(format!("--initial-cluster=default={peer}"))
-            .stdout(log.try_clone().expect("etcd's log file"))
-            .stderr(log)
-            .spawn()
-            .expect("cannot start etcd");
-        let mut etcd = Self { child, dir, url };
+        let child = spawn(dir.path(), client_port, peer_port);
+        let mut etcd = Self { child, dir, url, client_port, peer_port };
+        etcd.wait_healthy();
+        etcd
+    }
+
+    /// Kills etcd and starts it again on the same ports and data: its clients see it go away
+    /// and come back.
+    pub fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.child = spawn(self.dir.path(), self.client_port, self.peer_port);
+        self.wait_healthy();
+    }
+
+    fn wait_healthy(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(15);
-        while !healthy(client_port) {
-            if let Ok(Some(status)) = etcd.child.try_wait() {
-                panic!("etcd exited ({status}):\n{}", etcd.log());
+        while !healthy(self.client_port) {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("etcd exited ({status}):\n{}", self.log());
             }
-            assert!(Instant::now() < deadline, "etcd was not healthy within 15 s:\n{}", etcd.log());
+            assert!(Instant::now() < deadline, "etcd was not healthy within 15 s:\n{}", self.log());
             std::thread::sleep(Duration::from_millis(100));
         }
-        etcd
     }
 
     pub fn log(&self) -> String {
