@@ -1,7 +1,8 @@
 //! `djinn bench push`: a node pushes a kept tensor into another node's memory (two node
-//! processes on loopback, the staging path: device to host when the device is a GPU, TCP, host
-//! to device), against the two legs it is made of, measured in the same run: a raw one-way TCP
-//! send of the same bytes between two processes (answered by 8 bytes), and, on a GPU, the
+//! processes on loopback, the staging path: device to host when the device is a GPU, TCP, or
+//! RDMA with `--rdma-device`, host to device), against the legs it is made of, measured in the
+//! same run: the link (a raw one-way TCP send of the same bytes between two processes, answered
+//! by 8 bytes; over RDMA, `ib_write_bw` at that size on the same device) and, on a GPU, the
 //! device-to-host copy. The ratio is the push's bandwidth over the slower leg's.
 
 use std::path::PathBuf;
@@ -15,6 +16,7 @@ use djinn_gpudirect::ByteSize;
 use tch::{Kind, Tensor};
 
 use crate::Spawned;
+use crate::rdma::{perftest, write_bw_mbps};
 use crate::report::{Stats, append_section, measure, measure_timed, raw};
 
 #[derive(Args, Debug)]
@@ -28,47 +30,69 @@ pub struct PushArgs {
     /// Bytes moved per measurement (iterations = this / size, between 10 and 2000).
     #[arg(long, default_value = "2GiB")]
     volume: ByteSize,
+    /// Push over RDMA on this device (the soft-RoCE VM's rxe0): the nodes take RDMA only, and
+    /// the link's leg is ib_write_bw's bandwidth on the device.
+    #[arg(long, requires = "rdma_addr")]
+    rdma_device: Option<String>,
+    /// This host's address on the RDMA device's network (ib_write_bw's client connects to it).
+    #[arg(long, requires = "rdma_device")]
+    rdma_addr: Option<String>,
     /// Append the table, the command and the machine to this markdown file.
     #[arg(long)]
     results: Option<PathBuf>,
 }
 
-const HEADER: &str = "| size | push p50 µs | p99 µs | p999 µs | push GB/s | raw TCP p50 µs | raw TCP GB/s | device→host GB/s | push / slower leg |\n|---|---|---|---|---|---|---|---|---|";
+const HEADER: &str = "| size | push p50 µs | p99 µs | p999 µs | push GB/s | link GB/s | device→host GB/s | push / slower leg |\n|---|---|---|---|---|---|---|---|";
 
 pub fn run(args: PushArgs) -> Result<()> {
     let device = djinn_executor::device_name(args.device);
-    let node = || Spawned::start(&["node", "--listen", "127.0.0.1:0", "--device", &device, "--log", "warn"]);
+    let mut node_args = vec!["node", "--listen", "127.0.0.1:0", "--device", &device, "--log", "warn"];
+    if let Some(rdma) = &args.rdma_device {
+        node_args.extend(["--transport", "rdma", "--rdma-device", rdma]);
+    }
+    let node = || Spawned::start(&node_args);
     let (a, b) = (node()?, node()?);
     let mut on_a = Client::connect_with(a.addr, ClientOptions::default())?;
     let mut on_b = Client::connect_with(b.addr, ClientOptions::default())?;
     let to_b = b.addr.to_string();
     println!("{HEADER}");
     let mut rows = Vec::new();
+    let mut paths = std::collections::BTreeSet::new();
     for size in args.sizes.iter().map(|s| s.0) {
         let iters = (args.volume.0 / size.max(1)).clamp(10, 2000);
         let bytes = vec![7u8; size as usize];
         let kept = on_a.keep(TensorRef { dtype: DType::U8, shape: &[size], bytes: &bytes })?;
         let push = measure_timed(iters, || {
             let start = Instant::now();
-            let (pushed, _) = on_a.push(TensorSource::Handle(kept.handle), &to_b)?;
+            let (pushed, path) = on_a.push(TensorSource::Handle(kept.handle), &to_b)?;
             let took = start.elapsed();
+            paths.insert(path);
             on_b.release(&[pushed.handle])?;
             Ok(took)
         })?;
         on_a.release(&[kept.handle])?;
-        let tcp = raw(size as usize, 8, iters)?;
-        let d2h = device_to_host(args.device, size, iters)?;
         let gbps = |s: &Stats| size as f64 / (s.p50 * 1e3);
-        let slower = d2h.map_or(gbps(&tcp), |d| gbps(&d).min(gbps(&tcp)));
+        let (link, link_gbps) = match (&args.rdma_device, &args.rdma_addr) {
+            (Some(device), Some(addr)) => {
+                let n = iters.to_string();
+                let out = perftest("ib_write_bw", device, addr, &["-s", &size.to_string(), "-n", &n])?;
+                let gbps = write_bw_mbps(&out)? / 1e3;
+                (format!("{gbps:.3} (ib_write_bw)"), gbps)
+            }
+            _ => {
+                let tcp = raw(size as usize, 8, iters)?;
+                (format!("{:.2} (raw TCP, p50 {:.1} µs)", gbps(&tcp), tcp.p50), gbps(&tcp))
+            }
+        };
+        let d2h = device_to_host(args.device, size, iters)?;
+        let slower = d2h.map_or(link_gbps, |d| gbps(&d).min(link_gbps));
         let row = format!(
-            "| {} | {:.1} | {:.1} | {:.1} | {:.2} | {:.1} | {:.2} | {} | **{:.2}** |",
+            "| {} | {:.1} | {:.1} | {:.1} | {:.3} | {link} | {} | **{:.2}** |",
             ByteSize(size),
             push.p50,
             push.p99,
             push.p999,
             gbps(&push),
-            tcp.p50,
-            gbps(&tcp),
             d2h.map_or("— (CPU node)".into(), |d| format!("{:.2}", gbps(&d))),
             gbps(&push) / slower,
         );
@@ -76,7 +100,8 @@ pub fn run(args: PushArgs) -> Result<()> {
         rows.push(row);
     }
     if let Some(path) = &args.results {
-        let notes = [format!("Nodes' device: {device}; path: staging-tcp.")];
+        let paths: Vec<_> = paths.into_iter().collect();
+        let notes = [format!("Nodes' device: {device}; path: {}.", paths.join(", "))];
         let table: Vec<String> = std::iter::once(HEADER.to_owned()).chain(rows).collect();
         append_section(path, "push", &notes, &table.join("\n"))?;
     }

@@ -45,7 +45,7 @@ pub struct RdmaArgs {
 }
 
 /// Runs a perftest pair (server, then client to `addr`) and returns the client's output.
-fn perftest(tool: &str, device: &str, addr: &str, extra: &[&str]) -> Result<String> {
+pub(crate) fn perftest(tool: &str, device: &str, addr: &str, extra: &[&str]) -> Result<String> {
     let mut server = Command::new(tool)
         .args(["-d", device])
         .args(extra)
@@ -81,6 +81,13 @@ fn write_lat_typical(device: &str, addr: &str, size: usize) -> Result<f64> {
         }
     }
     bail!("ib_write_lat gave a typical latency in only {} of 6 runs", runs.len())
+}
+
+/// ib_write_bw's average bandwidth in MB/s (10^6 bytes a second, as djinn's figures are):
+/// perftest's "MB/sec" column counts MiB (2^20 bytes).
+pub(crate) fn write_bw_mbps(output: &str) -> Result<f64> {
+    let mib = perftest_value(output, 3).context("no BW average in ib_write_bw's output")?;
+    Ok(mib * 1_048_576.0 / 1e6)
 }
 
 /// The first data row's column `col` of perftest's table.
@@ -132,7 +139,7 @@ pub fn run(args: RdmaArgs) -> Result<()> {
         } else {
             let n = (args.volume.0 / size as u64).clamp(5, 2000).to_string();
             let out = perftest("ib_write_bw", &args.device, &args.addr, &["-s", &size.to_string(), "-n", &n])?;
-            let bw = perftest_value(&out, 3).context("no BW average in ib_write_bw's output")?;
+            let bw = write_bw_mbps(&out)?;
             (format!("ib_write_bw {bw:.1} MB/s"), mbps / bw)
         };
         let line = format!(

@@ -44,6 +44,8 @@ pub struct NodeOptions {
     pub auth: Option<Arc<Authenticator>>,
     /// This node's token, presented to the nodes it pushes to.
     pub token: String,
+    /// The RDMA port pushes to other nodes go over, where they offer RDMA too.
+    pub push_rdma: Option<djinn_dataplane::rdma::RdmaPort>,
 }
 
 /// A budget of `limit` bytes in which each tenant of `auth` holds no more than the part of its
@@ -121,7 +123,7 @@ impl NodeService {
             handles,
             sessions,
             parked,
-            mover: Mover::start(options.push_timeout, options.token)?,
+            mover: Mover::start(options.push_timeout, options.token, options.push_rdma)?,
             auth: options.auth,
             workers,
         })

@@ -186,7 +186,8 @@ fn physical_memory() -> u64 {
     (pages.max(0) as u64).saturating_mul(page.max(0) as u64)
 }
 
-/// Serves until SIGINT or SIGTERM; with `auth` (the principals of `--auth-file`), only for them.
+/// Serves until SIGINT or SIGTERM; with `auth` (the principals of `--auth-file` or `--auth-etcd`),
+/// only for them.
 pub fn run(args: NodeArgs, auth: Option<Arc<Authenticator>>) -> Result<()> {
     let max_meta = u32::try_from(args.max_meta.0).context("--max-meta must be under 4 GiB")?;
     let limits = Limits { max_meta, max_payload: args.max_payload.0, ..Limits::default() };
@@ -230,6 +231,7 @@ pub fn run(args: NodeArgs, auth: Option<Arc<Authenticator>>) -> Result<()> {
         parked_ttl: seconds("--parked-ttl", args.parked_ttl)?,
         auth: auth.clone(),
         token: token.clone(),
+        push_rdma: rdma.as_ref().map(|ctx| ctx.port().clone()),
     };
     let service = NodeService::new(budget.clone(), options).context("cannot start the executor")?;
     let config = ServerConfig {
