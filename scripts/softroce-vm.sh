@@ -159,25 +159,43 @@ trap 'exit 143' TERM
 if [ "$PERFTEST" = 1 ]; then WHAT="perftest (ib_write_lat, ib_write_bw)"; elif (($# == 1)); then WHAT=$1; else WHAT=$(printf '%q ' "$@"); WHAT=${WHAT% }; fi
 log "booting ($KVER, $CPUS vCPUs, $MEM MiB, timeout ${TIMEOUT}s)"
 START=$(date +%s.%N)
-# ttyS0: the console, to a log; ttyS1: the command's output, to our stdout; ttyS2: status lines.
-timeout -k 5 "$TIMEOUT" qemu-system-x86_64 \
-  -accel tcg,thread=multi -cpu max -smp "$CPUS" -m "$MEM" \
-  -nodefaults -no-user-config -display none -no-reboot \
-  -kernel "$KERNEL" -initrd "$INITRD" \
-  -append "console=ttyS0 tsc=reliable quiet loglevel=4 panic=-1 djinn.run=$RUNDIR djinn.repo=$REPO djinn.addr=$ADDR djinn.gw=$GW" \
-  -serial "file:$RUNDIR/console.log" \
-  -chardev stdio,id=cmdout,signal=on -serial chardev:cmdout \
-  -serial "file:$RUNDIR/status" \
-  -netdev user,id=net0 -device virtio-net-pci,netdev=net0,romfile= \
-  -fsdev local,id=hostroot,path=/,security_model=none,readonly=on,multidevs=remap \
-  -device virtio-9p-pci,fsdev=hostroot,mount_tag=hostroot \
-  -fsdev local,id=out,path="$OUTDIR",security_model=none,multidevs=remap \
-  -device virtio-9p-pci,fsdev=out,mount_tag=softroce_out \
-  </dev/null &
-QPID=$!
+elapsed() { awk -v s="$START" -v n="$(date +%s.%N)" 'BEGIN { printf "%.1fs", n - s }'; }
+boot() {
+  : >"$RUNDIR/console.log"
+  # ttyS0: the console, to a log; ttyS1: the command's output, to our stdout; ttyS2: status lines.
+  timeout -k 5 "$TIMEOUT" qemu-system-x86_64 \
+    -accel tcg,thread=multi -cpu max -smp "$CPUS" -m "$MEM" \
+    -nodefaults -no-user-config -display none -no-reboot \
+    -kernel "$KERNEL" -initrd "$INITRD" \
+    -append "console=ttyS0 tsc=reliable quiet loglevel=4 panic=-1 djinn.run=$RUNDIR djinn.repo=$REPO djinn.addr=$ADDR djinn.gw=$GW" \
+    -serial "file:$RUNDIR/console.log" \
+    -chardev stdio,id=cmdout,signal=on -serial chardev:cmdout \
+    -serial "file:$RUNDIR/status" \
+    -netdev user,id=net0 -device virtio-net-pci,netdev=net0,romfile= \
+    -fsdev local,id=hostroot,path=/,security_model=none,readonly=on,multidevs=remap \
+    -device virtio-9p-pci,fsdev=hostroot,mount_tag=hostroot \
+    -fsdev local,id=out,path="$OUTDIR",security_model=none,multidevs=remap \
+    -device virtio-9p-pci,fsdev=out,mount_tag=softroce_out \
+    </dev/null &
+  QPID=$!
+}
+# A boot reaches /init in about 5 s; once in a while a TCG boot hangs before that with nothing
+# on the console. Such a boot is killed and started again (the command has not run yet).
+BOOT_WAIT=90
+for attempt in 1 2 3; do
+  boot
+  for ((i = 0; i < BOOT_WAIT * 5; i++)); do
+    [ -s "$RUNDIR/status" ] || ! kill -0 "$QPID" 2>/dev/null && break
+    sleep 0.2
+  done
+  [ -s "$RUNDIR/status" ] || ! kill -0 "$QPID" 2>/dev/null && break
+  [ "$attempt" = 3 ] && break
+  log "no sign of the kernel after ${BOOT_WAIT}s (a hung boot): booting again ($(elapsed))"
+  kill "$QPID" 2>/dev/null || true
+  wait "$QPID" 2>/dev/null || true
+done
 
 # Turn the status lines into progress on stderr while the VM runs.
-elapsed() { awk -v s="$START" -v n="$(date +%s.%N)" 'BEGIN { printf "%.1fs", n - s }'; }
 ( tail -n +1 -F -s 0.2 --pid="$QPID" "$RUNDIR/status" 2>/dev/null | while read -r kind rest; do
     rest=${rest%$'\r'}
     case "$kind" in
