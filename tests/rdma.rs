@@ -130,6 +130,33 @@ fn tensors_from_1_kib_to_256_mib_go_over_rdma_byte_exact() {
     assert_eq!(client.transport(), "rdma");
 }
 
+/// A client's reply buffers come back to its pool with their registration, so a large reply
+/// (received by rendezvous) lands in memory registered once, not once per reply; the bytes are
+/// the reply's every time, also after the tensor changed.
+#[test]
+fn a_clients_reply_memory_is_registered_once() {
+    use djinn_client::{DType, Registrations};
+    let Some(port) = device_port() else { return };
+    let node = rdma_node(&port.device, &[]);
+    let mut client = rdma_client(node.addr, &port.device);
+    let len = 1usize << 20; // above the eager size: RDMA-WRITten into memory the client registers
+    let first = pattern(len, 11);
+    client.put("x", DType::U8, &[len as u64], &first).unwrap();
+    for _ in 0..20 {
+        assert!(client.get("x").unwrap().bytes() == first.as_slice());
+    }
+    assert_eq!(client.rdma_registrations(), Registrations { made: 1, reused: 19 });
+
+    // Eight in flight: the recycled buffer and seven new ones, then all eight again.
+    let second = pattern(len, 12);
+    client.put("x", DType::U8, &[len as u64], &second).unwrap();
+    for round in 0..2 {
+        let replies = client.get_many(&["x"; 8]).unwrap();
+        assert!(replies.iter().all(|t| t.bytes() == second.as_slice()), "round {round}");
+    }
+    assert_eq!(client.rdma_registrations(), Registrations { made: 8, reused: 28 });
+}
+
 #[test]
 fn sixteen_clients_at_once_over_rdma() {
     let Some(port) = device_port() else { return };

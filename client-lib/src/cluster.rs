@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use djinn_dataplane::proto::{Breakpoint, ErrorCode, Fingerprint, Handle, HandleInfo, Signal, TensorSource, Value};
+use djinn_dataplane::rdma::Registrations;
 
 use crate::control::{BlockEstimate, ControlClient, ControlError, ModelDescription, Placed};
 use crate::{
@@ -236,6 +237,16 @@ impl ClusterClient {
         all.sort_unstable();
         all.dedup();
         all
+    }
+
+    /// The connected nodes' [`Client::rdma_registrations`], summed.
+    pub fn rdma_registrations(&self) -> Registrations {
+        let mut sum = Registrations::default();
+        for r in self.nodes.values().map(Client::rdma_registrations) {
+            sum.made += r.made;
+            sum.reused += r.reused;
+        }
+        sum
     }
 
     /// How the connected nodes' device memory meets the network (`staging`), without repeats.

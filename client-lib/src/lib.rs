@@ -20,6 +20,7 @@ pub use djinn_dataplane::proto::{
     TensorSource, Value,
 };
 use djinn_dataplane::proto::{Frame, Message, Payload, payload_layout, transports};
+pub use djinn_dataplane::rdma::Registrations;
 use djinn_dataplane::tcp::ClientConn;
 pub use djinn_dataplane::tcp::{ClientError, ClientOptions, Transport};
 
@@ -205,6 +206,14 @@ impl Client {
         self.node = node;
         self.stats.reconnects += 1;
         Ok(())
+    }
+
+    /// How often the memory this client received replies into over RDMA was registered with
+    /// the device, and how often a registration was kept from an earlier reply (its reply
+    /// buffers are recycled, so a buffer is registered once). Counted since the last
+    /// (re)connection.
+    pub fn rdma_registrations(&self) -> Registrations {
+        self.conn.rdma_registrations()
     }
 
     /// Bytes moved and requests made by this client.

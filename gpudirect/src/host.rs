@@ -5,6 +5,7 @@
 //! going back to the kernel after every request.
 
 use std::alloc::{self, Layout};
+use std::any::Any;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::ptr::NonNull;
@@ -36,14 +37,20 @@ pub struct AllocError {
 struct RawBuf {
     ptr: NonNull<u8>,
     cap: usize,
+    /// What describes this memory itself (its registration with an RDMA device): kept as long
+    /// as the memory, through trips back to a pool, and dropped before it is freed. Boxed
+    /// twice so that every buffer, attached or not, grows by one pointer only.
+    attachment: Option<Box<Attachment>>,
 }
+
+struct Attachment(Box<dyn Any + Send + Sync>);
 
 impl RawBuf {
     fn allocate(cap: usize) -> Result<Self, AllocError> {
         if cap == 0 {
             // A dangling, aligned pointer: never dereferenced for a zero-length slice.
             let ptr = NonNull::new(BUFFER_ALIGN as *mut u8).expect("non-zero");
-            return Ok(Self { ptr, cap: 0 });
+            return Ok(Self { ptr, cap: 0, attachment: None });
         }
         if cap >= MMAP_THRESHOLD {
             let cap = cap.next_multiple_of(page_size());
@@ -63,14 +70,14 @@ impl RawBuf {
             }
             let ptr = NonNull::new(ptr.cast::<u8>())
                 .ok_or_else(|| AllocError { bytes: cap, reason: "mmap returned null".into() })?;
-            return Ok(Self { ptr, cap });
+            return Ok(Self { ptr, cap, attachment: None });
         }
         let layout = Self::small_layout(cap)?;
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { alloc::alloc_zeroed(layout) };
         let ptr =
             NonNull::new(ptr).ok_or_else(|| AllocError { bytes: cap, reason: "allocator returned null".into() })?;
-        Ok(Self { ptr, cap })
+        Ok(Self { ptr, cap, attachment: None })
     }
 
     fn small_layout(cap: usize) -> Result<Layout, AllocError> {
@@ -80,6 +87,8 @@ impl RawBuf {
 
 impl Drop for RawBuf {
     fn drop(&mut self) {
+        // Before the memory goes: a registration must not outlive what it registers.
+        drop(self.attachment.take());
         if self.cap == 0 {
             return;
         }
@@ -160,6 +169,24 @@ impl HostBuf {
             // SAFETY: as in `as_slice`, and `&mut self` makes the access unique.
             Some(raw) => unsafe { std::slice::from_raw_parts_mut(raw.ptr.as_ptr(), self.len) },
             None => &mut [],
+        }
+    }
+}
+
+impl HostBuf {
+    /// What [`Self::attach`] kept with this buffer's memory, if it is a `T`.
+    pub fn attachment<T: Any>(&self) -> Option<&T> {
+        self.raw.as_ref()?.attachment.as_ref()?.0.downcast_ref()
+    }
+
+    /// Keeps `value` with this buffer's memory (all [`Self::capacity`] bytes of it) for as long
+    /// as the memory lives, also while it waits in a pool for its next use, and drops it
+    /// before the memory is freed; it replaces what was attached before. For what describes
+    /// the memory itself, such as its registration with an RDMA device. A buffer of no
+    /// memory keeps nothing.
+    pub fn attach<T: Any + Send + Sync>(&mut self, value: T) {
+        if let Some(raw) = &mut self.raw {
+            raw.attachment = Some(Box::new(Attachment(Box::new(value))));
         }
     }
 }
@@ -337,6 +364,43 @@ mod tests {
         let bufs: Vec<_> = (0..4).map(|_| pool.take(2 << 20).unwrap()).collect();
         drop(bufs);
         assert_eq!(pool.stats().retained_bytes, 4 << 20);
+    }
+
+    /// Drops before the memory it was attached to is freed, and says so.
+    struct Flag(Arc<std::sync::atomic::AtomicBool>);
+    impl Drop for Flag {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn an_attachment_stays_with_the_memory_through_the_pool_and_goes_with_it() {
+        let pool = BufferPool::new(4 << 20, 4096);
+        let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut a = pool.take(2 << 20).unwrap();
+        a.attach(Flag(Arc::clone(&dropped)));
+        let ptr = a.as_ptr();
+        drop(a);
+        let mut b = pool.take(2 << 20).unwrap();
+        assert_eq!(b.as_ptr(), ptr);
+        assert!(b.attachment::<Flag>().is_some(), "recycled with its memory");
+        assert!(b.attachment::<u32>().is_none(), "only as the type it is");
+        assert!(pool.take(2 << 20).unwrap().attachment::<Flag>().is_none(), "fresh memory has none");
+        // Replaced: the old one goes at once.
+        b.attach(7u32);
+        assert!(dropped.load(Ordering::SeqCst));
+        assert_eq!(b.attachment::<u32>(), Some(&7));
+
+        // Memory the pool does not keep goes with its attachment.
+        let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut c = HostBuf::zeroed(100).unwrap();
+        c.attach(Flag(Arc::clone(&dropped)));
+        drop(c);
+        assert!(dropped.load(Ordering::SeqCst));
+        let mut empty = HostBuf::empty();
+        empty.attach(1u8);
+        assert!(empty.attachment::<u8>().is_none());
     }
 
     #[test]

@@ -796,6 +796,9 @@ impl Client {
         d.set_item("memory_path", client.memory_paths().join(","))?;
         d.set_item("bytes_sent", sent)?;
         d.set_item("bytes_received", received)?;
+        let registrations = client.rdma_registrations();
+        d.set_item("rdma_registrations", registrations.made)?;
+        d.set_item("rdma_registrations_reused", registrations.reused)?;
         d.set_item("requests", counts.requests)?;
         d.set_item("errors", counts.errors)?;
         d.set_item("reconnects", counts.reconnects)?;

@@ -76,6 +76,19 @@ pub struct RdmaChannel {
     unsignaled: u32,
     /// Receive slots to post together.
     to_post: Vec<u32>,
+    /// Whether the memory transfers are received into keeps its registration for its next
+    /// transfer ([`Self::keep_registrations`]).
+    keep_registrations: bool,
+    registrations: Registrations,
+}
+
+/// How often a connection registered the memory its transfers were received into.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Registrations {
+    /// Memory registered with the device (`ibv_reg_mr`).
+    pub made: u64,
+    /// Transfers received into memory whose registration was kept from an earlier one.
+    pub reused: u64,
 }
 
 impl std::fmt::Debug for RdmaChannel {
@@ -117,6 +130,8 @@ impl RdmaChannel {
             inline: vec![0; endpoint_inline],
             unsignaled: 0,
             to_post: Vec::with_capacity(slots),
+            keep_registrations: false,
+            registrations: Registrations::default(),
             incoming_mrs: HashMap::new(),
             outgoing_mrs: HashMap::new(),
         })
@@ -136,6 +151,19 @@ impl RdmaChannel {
 
     pub fn key(&self) -> u32 {
         self.key
+    }
+
+    /// Keeps the registration of the memory a transfer is received into with that memory, for
+    /// its next transfers ([`RdmaContext::register_kept`]): a buffer recycled through a pool
+    /// is registered once, not once per transfer. Only where this channel's context serves
+    /// this connection alone (a client's): the peer can write into a kept buffer later, and a
+    /// node shares its context between tenants.
+    pub fn keep_registrations(&mut self) {
+        self.keep_registrations = true;
+    }
+
+    pub fn registrations(&self) -> Registrations {
+        self.registrations
     }
 
     /// This side of the connection, as the handshake carries it.
@@ -248,10 +276,23 @@ impl RdmaChannel {
                 }
                 Action::Register { xfer } => {
                     let Some(payload) = self.session.incoming_buffer(xfer) else { continue };
-                    let (ptr, len) = (payload.buf.as_ptr(), payload.buf.len());
-                    // SAFETY: the payload stays in the session until its WRITE lands (then the
-                    // registration is dropped first, in `on_completion`).
-                    let mr = unsafe { self.ctx.register(ptr, len) }?;
+                    let mr = if self.keep_registrations {
+                        let (mr, reused) = self.ctx.register_kept(&mut payload.buf)?;
+                        if reused {
+                            self.registrations.reused += 1;
+                        } else {
+                            self.registrations.made += 1;
+                        }
+                        mr
+                    } else {
+                        let (ptr, len) = (payload.buf.as_ptr(), payload.buf.len());
+                        // SAFETY: the payload stays in the session until its WRITE lands (then
+                        // the registration is dropped first, in `on_completion`).
+                        let mr = unsafe { self.ctx.register(ptr, len) }?;
+                        self.registrations.made += 1;
+                        mr
+                    };
+                    // The payload starts where the registered memory does.
                     let (addr, rkey) = (mr.addr, mr.rkey());
                     self.incoming_mrs.insert(xfer, mr);
                     self.session.advertise(xfer, addr, rkey);

@@ -10,7 +10,7 @@ mod verbs;
 #[cfg(test)]
 mod session_tests;
 
-pub use channel::{ChannelError, RdmaChannel, connection_key};
+pub use channel::{ChannelError, RdmaChannel, Registrations, connection_key};
 pub use device::{NoRdma, RdmaPort, find_port, mtu_bytes, mtu_of_bytes};
 pub use session::{Action, MAX_XFER, RDMA_HEADER_LEN, Session, SessionConfig, SessionError};
 pub use verbs::{

@@ -7,6 +7,7 @@
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 
+use djinn_gpudirect::HostBuf;
 use rdma_mummy_sys as sys;
 use sideway::ibverbs::AccessFlags;
 use sideway::ibverbs::address::{AddressHandleAttribute, Gid};
@@ -72,7 +73,9 @@ pub enum CompletionKind {
     Other(u32),
 }
 
-/// Registered memory: the region and the address range it covers.
+/// Registered memory: the region and the address range it covers. Clones share the region,
+/// which is deregistered with the last of them.
+#[derive(Clone)]
 pub struct Registered {
     mr: Arc<MemoryRegion>,
     pub addr: u64,
@@ -156,6 +159,34 @@ impl RdmaContext {
             // SAFETY: `cq` came from the event just got.
             unsafe { rdma_mummy_sys::ibv_ack_cq_events(cq, 1) };
         }
+    }
+
+    /// The registration of all of `buf`'s memory in this context, made once and kept with the
+    /// memory ([`HostBuf::attach`]) for its next uses, also after a trip through a pool; true
+    /// when it was already there. The peers of this context's queue pairs can write into the
+    /// buffer for as long as it lives, whatever it holds by then: keep registrations only in a
+    /// context whose peers may see everything received in it.
+    pub fn register_kept(&self, buf: &mut HostBuf) -> Result<(Registered, bool), RdmaError> {
+        /// A registration and the protection domain it was made in: the region holds the
+        /// domain, so no other domain can have its address while the registration lives.
+        struct Kept {
+            pd: *const ProtectionDomain,
+            registered: Registered,
+        }
+        // SAFETY: the pointer is only compared, never dereferenced.
+        unsafe impl Send for Kept {}
+        // SAFETY: as above.
+        unsafe impl Sync for Kept {}
+
+        let pd = Arc::as_ptr(&self.pd);
+        if let Some(kept) = buf.attachment::<Kept>().filter(|k| k.pd == pd) {
+            return Ok((kept.registered.clone(), true));
+        }
+        // SAFETY: the registration is kept with the memory, which drops it before it is freed,
+        // and its clones live no longer than the transfers that use the buffer.
+        let registered = unsafe { self.register(buf.as_ptr(), buf.capacity()) }?;
+        buf.attach(Kept { pd, registered: registered.clone() });
+        Ok((registered, false))
     }
 
     /// Registers `len` bytes at `addr` for local use and for the peer's writes.

@@ -12,7 +12,9 @@ use std::sync::Arc;
 use djinn_gpudirect::BufferPool;
 
 use crate::proto::{OutFrame, SharedBytes};
-use crate::rdma::{ChannelError, Completion, RdmaChannel, RdmaContext, RdmaError, RdmaPort, SessionConfig};
+use crate::rdma::{
+    ChannelError, Completion, RdmaChannel, RdmaContext, RdmaError, RdmaPort, Registrations, SessionConfig,
+};
 
 use crate::proto::{
     ErrorCode, Frame, FrameReader, Hello, Limits, Message, PROTOCOL_VERSION, Payload, PayloadAlloc, ProtocolError,
@@ -427,6 +429,12 @@ unsafe impl Send for Lent {}
 unsafe impl Sync for Lent {}
 
 impl ClientConn {
+    /// How often the memory replies were received into over RDMA was registered, and how
+    /// often a registration was kept from an earlier reply (none over TCP).
+    pub fn rdma_registrations(&self) -> Registrations {
+        self.rdma.as_ref().map(|path| path.channel.registrations()).unwrap_or_default()
+    }
+
     /// "rdma" once frames go over RDMA, else "tcp".
     pub fn transport(&self) -> &'static str {
         if self.rdma.is_some() { "rdma" } else { "tcp" }
@@ -440,6 +448,8 @@ impl ClientConn {
         let rdma = |source: ChannelError| ClientError::Rdma { peer, source };
         let ctx = RdmaContext::new(port, RdmaChannel::completion_entries(&config)).map_err(|e| rdma(e.into()))?;
         let mut channel = RdmaChannel::new(&ctx, 0, config).map_err(rdma)?;
+        // The context is this connection's alone, and the node may see what it sends here.
+        channel.keep_registrations();
         let ask = channel.params();
         let reply = self.request(&Message::RdmaConnect(ask), &[])?;
         let Message::RdmaAccept(node) = reply.message else {
