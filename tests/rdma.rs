@@ -57,7 +57,7 @@ fn send_and_write_with_immediate_between_two_queue_pairs() {
     // A small SEND, inline, into a posted receive.
     let slot = HostBuf::zeroed(4096).unwrap();
     // SAFETY: `slot` outlives the registration and the receives below.
-    let slot_mr = unsafe { ctx.register(slot.as_ptr(), slot.len()) }.unwrap();
+    let slot_mr = unsafe { ctx.register_local(slot.as_ptr(), slot.len()) }.unwrap();
     // SAFETY: the buffers named are registered above and outlive this work request.
     unsafe { b.post_recv(1, &slot_mr, slot_mr.addr, 4096) }.unwrap();
     // SAFETY: the buffers named are registered above and outlive this work request.
@@ -73,7 +73,7 @@ fn send_and_write_with_immediate_between_two_queue_pairs() {
     // SAFETY: both buffers outlive their registrations and the write.
     let (src_mr, dst_mr) =
         // SAFETY: the buffers named are registered above and outlive this work request.
-        unsafe { (ctx.register(src.as_ptr(), src.len()).unwrap(), ctx.register(dst.as_ptr(), dst.len()).unwrap()) };
+        unsafe { (ctx.register_local(src.as_ptr(), src.len()).unwrap(), ctx.register_for_peer_writes(dst.as_ptr(), dst.len()).unwrap()) };
     // SAFETY: the buffers named are registered above and outlive this work request.
     unsafe { b.post_recv(3, &slot_mr, slot_mr.addr, 4096) }.unwrap();
     // SAFETY: the buffers named are registered above and outlive this work request.
@@ -91,6 +91,30 @@ fn send_and_write_with_immediate_between_two_queue_pairs() {
     let err = wait(&ctx, &[6]).unwrap_err();
     assert!(matches!(err, RdmaError::Completion { status: 10, .. }), "{err}");
     assert!(err.to_string().contains("remote access error"), "{err}");
+}
+
+/// Memory registered for local use (send and receive slots, the tensors a node writes to its
+/// peers) refuses a peer's WRITE even with the right key: only the memory a transfer is
+/// received into is open to the peer's writes.
+#[test]
+fn memory_registered_for_local_use_refuses_the_peers_writes() {
+    let Some(port) = device_port() else { return };
+    let ctx = RdmaContext::new(&port, 1024).unwrap();
+    let mut a = RcEndpoint::new(&ctx, QueueDepths::default()).unwrap();
+    let mut b = RcEndpoint::new(&ctx, QueueDepths::default()).unwrap();
+    let (ia, ib) = (a.info(), b.info());
+    a.connect(&ib).unwrap();
+    b.connect(&ia).unwrap();
+    let src = HostBuf::copy_from(&pattern(4096, 9)).unwrap();
+    let local = HostBuf::zeroed(4096).unwrap();
+    // SAFETY: both buffers outlive their registrations and the write.
+    let (src_mr, local_mr) =
+        unsafe { (ctx.register_local(src.as_ptr(), 4096).unwrap(), ctx.register_local(local.as_ptr(), 4096).unwrap()) };
+    // SAFETY: the buffers named are registered above and outlive this work request.
+    unsafe { a.post_write(1, &src_mr, src_mr.addr, 64, local_mr.rkey(), local_mr.addr, None) }.unwrap();
+    let err = wait(&ctx, &[1]).unwrap_err();
+    assert!(err.to_string().contains("remote access error"), "{err}");
+    assert!(local.as_slice().iter().all(|&b| b == 0), "nothing was written");
 }
 
 /// Options for a client that must use RDMA on the device under test.

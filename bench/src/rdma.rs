@@ -248,7 +248,7 @@ fn ping_pong(
             let mut ep = RcEndpoint::new(&ctx, QueueDepths::default())?;
             let buf = HostBuf::zeroed(4096)?;
             // SAFETY: `buf` outlives the registration and the queue pair (see `Side`).
-            let mr = unsafe { ctx.register(buf.as_ptr(), buf.len()) }?;
+            let mr = unsafe { ctx.register_for_peer_writes(buf.as_ptr(), buf.len()) }?;
             to_peer.send((ep.info(), mr.addr, mr.rkey()))?;
             let (info, addr, rkey) = from_peer.recv()?;
             ep.connect(&info)?;

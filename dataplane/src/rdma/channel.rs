@@ -113,7 +113,10 @@ impl RdmaChannel {
         // SAFETY: the slot buffers are fields of the channel and outlive their registrations
         // and the queue pair (dropped first, see the field order).
         let (recv_mr, send_mr) = unsafe {
-            (ctx.register(recv_slots.as_ptr(), recv_slots.len())?, ctx.register(send_slots.as_ptr(), send_slots.len())?)
+            (
+                ctx.register_local(recv_slots.as_ptr(), recv_slots.len())?,
+                ctx.register_local(send_slots.as_ptr(), send_slots.len())?,
+            )
         };
         Ok(Self {
             key,
@@ -288,7 +291,7 @@ impl RdmaChannel {
                         let (ptr, len) = (payload.buf.as_ptr(), payload.buf.len());
                         // SAFETY: the payload stays in the session until its WRITE lands (then
                         // the registration is dropped first, in `on_completion`).
-                        let mr = unsafe { self.ctx.register(ptr, len) }?;
+                        let mr = unsafe { self.ctx.register_for_peer_writes(ptr, len) }?;
                         self.registrations.made += 1;
                         mr
                     };
@@ -360,7 +363,7 @@ impl RdmaChannel {
             // SAFETY: the bytes belong to the frame the session keeps in `writing` until
             // `on_write_sent`, which comes after this WRITE's completion; the registration is
             // kept as long (in `outgoing_mrs`).
-            let mr = unsafe { self.ctx.register(ptr, len) }?;
+            let mr = unsafe { self.ctx.register_local(ptr, len) }?;
             let remote = addr + offset;
             let (tag, imm) = if i == last { (tag::WRITE_LAST, Some(xfer)) } else { (tag::WRITE_PART, None) };
             // SAFETY: as above.

@@ -184,7 +184,7 @@ impl RdmaContext {
         }
         // SAFETY: the registration is kept with the memory, which drops it before it is freed,
         // and its clones live no longer than the transfers that use the buffer.
-        let registered = unsafe { self.register(buf.as_ptr(), buf.capacity()) }?;
+        let registered = unsafe { self.register_for_peer_writes(buf.as_ptr(), buf.capacity()) }?;
         buf.attach(Kept { pd, registered: registered.clone() });
         Ok((registered, false))
     }
@@ -194,10 +194,26 @@ impl RdmaContext {
     /// # Safety
     /// The memory must stay valid (neither freed nor unmapped) while the returned registration
     /// lives and while any work request that uses it is in flight.
-    pub unsafe fn register(&self, addr: *const u8, len: usize) -> Result<Registered, RdmaError> {
+    pub unsafe fn register_for_peer_writes(&self, addr: *const u8, len: usize) -> Result<Registered, RdmaError> {
         // SAFETY: forwarded to the caller.
-        let mr = unsafe { self.pd.reg_mr(addr as usize, len, AccessFlags::LocalWrite | AccessFlags::RemoteWrite) }
-            .map_err(verb("ibv_reg_mr"))?;
+        unsafe { self.register_with(addr, len, AccessFlags::LocalWrite | AccessFlags::RemoteWrite) }
+    }
+
+    /// Registers `len` bytes at `addr` for local use alone: what is sent, written to the
+    /// peer, or received by SEND. No peer can write into it, whatever key it has.
+    ///
+    /// # Safety
+    /// As [`Self::register_for_peer_writes`].
+    pub unsafe fn register_local(&self, addr: *const u8, len: usize) -> Result<Registered, RdmaError> {
+        // SAFETY: forwarded to the caller.
+        unsafe { self.register_with(addr, len, AccessFlags::LocalWrite) }
+    }
+
+    /// # Safety
+    /// As [`Self::register_for_peer_writes`].
+    unsafe fn register_with(&self, addr: *const u8, len: usize, access: AccessFlags) -> Result<Registered, RdmaError> {
+        // SAFETY: forwarded to the caller.
+        let mr = unsafe { self.pd.reg_mr(addr as usize, len, access) }.map_err(verb("ibv_reg_mr"))?;
         Ok(Registered { mr, addr: addr as u64, len })
     }
 }
