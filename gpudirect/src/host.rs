@@ -171,9 +171,7 @@ impl HostBuf {
             None => &mut [],
         }
     }
-}
 
-impl HostBuf {
     /// What [`Self::attach`] kept with this buffer's memory, if it is a `T`.
     pub fn attachment<T: Any>(&self) -> Option<&T> {
         self.raw.as_ref()?.attachment.as_ref()?.0.downcast_ref()

@@ -167,18 +167,14 @@ impl RdmaContext {
     /// buffer for as long as it lives, whatever it holds by then: keep registrations only in a
     /// context whose peers may see everything received in it.
     pub fn register_kept(&self, buf: &mut HostBuf) -> Result<(Registered, bool), RdmaError> {
-        /// A registration and the protection domain it was made in: the region holds the
-        /// domain, so no other domain can have its address while the registration lives.
+        /// A registration and the address of the protection domain it was made in: the region
+        /// holds the domain, so no other domain can have that address while it lives.
         struct Kept {
-            pd: *const ProtectionDomain,
+            pd: usize,
             registered: Registered,
         }
-        // SAFETY: the pointer is only compared, never dereferenced.
-        unsafe impl Send for Kept {}
-        // SAFETY: as above.
-        unsafe impl Sync for Kept {}
 
-        let pd = Arc::as_ptr(&self.pd);
+        let pd = Arc::as_ptr(&self.pd) as usize;
         if let Some(kept) = buf.attachment::<Kept>().filter(|k| k.pd == pd) {
             return Ok((kept.registered.clone(), true));
         }
