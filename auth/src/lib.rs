@@ -260,7 +260,13 @@ impl Authenticator {
 
     fn parse(&self, bytes: &[u8]) -> Result<Registry, LoadError> {
         let invalid = |why: String| LoadError::Invalid { origin: self.origin.clone(), why };
-        let file: TokenFile = serde_json::from_slice(bytes).map_err(|e| invalid(e.to_string()))?;
+        let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| invalid(e.to_string()))?;
+        // serde also reads a struct written as an array of its fields in order, with no names
+        // to check: only the named form is a token document.
+        if !named_objects_only(&value) {
+            return Err(invalid("the document, each principal and each quota must be JSON objects".into()));
+        }
+        let file: TokenFile = serde_json::from_value(value).map_err(|e| invalid(e.to_string()))?;
         let mut registry = Registry::default();
         let mut names = self.names.lock().unwrap_or_else(|e| e.into_inner());
         for entry in file.principals {
@@ -401,6 +407,17 @@ impl Authenticator {
         let names = self.names.lock().unwrap_or_else(|e| e.into_inner());
         tenant.0.checked_sub(1).and_then(|i| names.names.get(i as usize)).cloned()
     }
+}
+
+/// Whether the document and what it holds for each principal are objects where a struct is
+/// read (what is missing or of another type is left to the struct's own checks).
+fn named_objects_only(document: &serde_json::Value) -> bool {
+    let Some(document) = document.as_object() else { return false };
+    let principals = document.get("principals").and_then(serde_json::Value::as_array);
+    principals
+        .into_iter()
+        .flatten()
+        .all(|p| p.as_object().is_some_and(|p| p.get("quota").is_none_or(serde_json::Value::is_object)))
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, LoadError> {
@@ -580,6 +597,14 @@ mod tests {
                 "lets none through",
             ),
             ("not json", "expected"),
+            // Found by the fuzz target `principals`: serde reads a struct from an array of its
+            // fields, so these were principals (none, then alice) with no field names checked.
+            ("[[]]", "must be JSON objects"),
+            (r#"{"principals": [["alice", "tenant", ["0123456789abcdef"], {}]]}"#, "must be JSON objects"),
+            (
+                r#"{"principals": [{"name": "a", "tokens": ["0123456789abcdef"], "quota": [1]}]}"#,
+                "must be JSON objects",
+            ),
         ];
         for (json, why) in cases {
             let f = file(json);
