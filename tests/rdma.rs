@@ -44,15 +44,21 @@ fn a_host_without_rdma_is_told_so_without_a_panic() {
     }
 }
 
-#[test]
-fn send_and_write_with_immediate_between_two_queue_pairs() {
-    let Some(port) = device_port() else { return };
-    let ctx = RdmaContext::new(&port, 1024).unwrap();
+/// Two queue pairs on one context, connected to each other.
+fn connected_pair(port: &RdmaPort) -> (std::sync::Arc<RdmaContext>, RcEndpoint, RcEndpoint) {
+    let ctx = RdmaContext::new(port, 1024).unwrap();
     let mut a = RcEndpoint::new(&ctx, QueueDepths::default()).unwrap();
     let mut b = RcEndpoint::new(&ctx, QueueDepths::default()).unwrap();
     let (ia, ib) = (a.info(), b.info());
     a.connect(&ib).unwrap();
     b.connect(&ia).unwrap();
+    (ctx, a, b)
+}
+
+#[test]
+fn send_and_write_with_immediate_between_two_queue_pairs() {
+    let Some(port) = device_port() else { return };
+    let (ctx, mut a, mut b) = connected_pair(&port);
 
     // A small SEND, inline, into a posted receive.
     let slot = HostBuf::zeroed(4096).unwrap();
@@ -99,12 +105,7 @@ fn send_and_write_with_immediate_between_two_queue_pairs() {
 #[test]
 fn memory_registered_for_local_use_refuses_the_peers_writes() {
     let Some(port) = device_port() else { return };
-    let ctx = RdmaContext::new(&port, 1024).unwrap();
-    let mut a = RcEndpoint::new(&ctx, QueueDepths::default()).unwrap();
-    let mut b = RcEndpoint::new(&ctx, QueueDepths::default()).unwrap();
-    let (ia, ib) = (a.info(), b.info());
-    a.connect(&ib).unwrap();
-    b.connect(&ia).unwrap();
+    let (ctx, mut a, _peer) = connected_pair(&port);
     let src = HostBuf::copy_from(&pattern(4096, 9)).unwrap();
     let local = HostBuf::zeroed(4096).unwrap();
     // SAFETY: both buffers outlive their registrations and the write.
