@@ -17,7 +17,7 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, Sender};
 use djinn_dataplane::proto::{ErrorCode, Hello, Limits, Message, SharedBytes, TensorDesc, transports};
 use djinn_dataplane::rdma::{RdmaPort, SessionConfig};
-use djinn_dataplane::tcp::{ClientConn, ClientError, ClientOptions, Replier, Reply, ReplyTo, Transport};
+use djinn_dataplane::tcp::{ClientConn, ClientError, ClientOptions, Replier, Reply, ReplyTo};
 use tch::Tensor;
 
 use crate::convert::OutputTensor;
@@ -91,7 +91,6 @@ fn run(rx: Receiver<PushJob>, timeout: Duration, token: String, rdma: Option<Rdm
     let mut peers: HashMap<PeerKey, ClientConn> = HashMap::new();
     let options = ClientOptions {
         token,
-        transport: if rdma.is_some() { Transport::Auto } else { Transport::Tcp },
         timeout: Some(timeout),
         connect_timeout: timeout.min(Duration::from_secs(5)),
         // Replies to pushes are small; no pool of reply buffers is needed.
@@ -199,12 +198,13 @@ fn connect(
     };
     let (mut conn, theirs) = open(rdma)?;
     let Some(port) = rdma.filter(|_| theirs.transports & transports::RDMA != 0) else { return Ok(conn) };
-    match conn.upgrade_to_rdma(port, SessionConfig::default()) {
-        Ok(()) => Ok(conn),
-        Err(e) => {
-            // Both ends have RDMA but it does not connect them (another fabric, say): TCP.
-            tracing::warn!(peer = %to, error = %e, "no RDMA to the peer; pushing over TCP");
-            Ok(open(None)?.0)
+    if let Err(e) = conn.upgrade_to_rdma(port, SessionConfig::default()) {
+        // Both ends have RDMA but it does not connect them (another fabric, say): TCP, on this
+        // connection if the peer only refused the upgrade, else on a new one.
+        tracing::warn!(peer = %to, error = %e, "no RDMA to the peer; pushing over TCP");
+        if !conn.is_usable() {
+            conn = open(None)?.0;
         }
     }
+    Ok(conn)
 }

@@ -70,10 +70,6 @@ impl PrincipalsArgs {
 }
 
 impl AuthArgs {
-    pub fn authenticator(&self) -> Result<Option<(Arc<Authenticator>, PrincipalsWatch)>> {
-        self.principals.authenticator()
-    }
-
     pub fn token(&self) -> Result<String> {
         token(self.token_file.as_deref())
     }

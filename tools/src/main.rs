@@ -108,7 +108,7 @@ fn main() -> Result<()> {
     match cli.command {
         Command::Node(args) => {
             // Watched while the node runs.
-            let auth = args.auth.authenticator()?;
+            let auth = args.auth.principals.authenticator()?;
             node::run(args, auth.as_ref().map(|(a, _)| std::sync::Arc::clone(a)))
         }
         Command::Up(args) => up::run(args),

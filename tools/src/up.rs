@@ -38,7 +38,7 @@ pub fn run(mut args: UpArgs) -> Result<()> {
     }
     let config = control::config(args.lease_ttl, "/djinn/")?;
     // The control plane and the node share one watch of the principals.
-    let auth = args.node.auth.authenticator()?;
+    let auth = args.node.auth.principals.authenticator()?;
     if auth.is_some() && args.node.auth.token()?.is_empty() {
         bail!(
             "when tokens are required, the node needs a node's token to join its control plane: --token-file or DJINN_TOKEN"

@@ -279,22 +279,19 @@ impl RdmaChannel {
                 }
                 Action::Register { xfer } => {
                     let Some(payload) = self.session.incoming_buffer(xfer) else { continue };
-                    let mr = if self.keep_registrations {
-                        let (mr, reused) = self.ctx.register_kept(&mut payload.buf)?;
-                        if reused {
-                            self.registrations.reused += 1;
-                        } else {
-                            self.registrations.made += 1;
-                        }
-                        mr
+                    let (mr, reused) = if self.keep_registrations {
+                        self.ctx.register_kept(&mut payload.buf)?
                     } else {
                         let (ptr, len) = (payload.buf.as_ptr(), payload.buf.len());
                         // SAFETY: the payload stays in the session until its WRITE lands (then
                         // the registration is dropped first, in `on_completion`).
-                        let mr = unsafe { self.ctx.register_for_peer_writes(ptr, len) }?;
-                        self.registrations.made += 1;
-                        mr
+                        (unsafe { self.ctx.register_for_peer_writes(ptr, len) }?, false)
                     };
+                    if reused {
+                        self.registrations.reused += 1;
+                    } else {
+                        self.registrations.made += 1;
+                    }
                     // The payload starts where the registered memory does.
                     let (addr, rkey) = (mr.addr, mr.rkey());
                     self.incoming_mrs.insert(xfer, mr);
