@@ -45,6 +45,7 @@ def main():
     ap.add_argument("--results")
     ap.add_argument("--iters", type=int, default=5000)
     ap.add_argument("--gpt-iters", type=int, default=20)
+    ap.add_argument("--tinymlp-only", action="store_true", help="skip the GPT-2 rows (A/B runs of the call path)")
     args = ap.parse_args()
     binary = os.environ.get("DJINN_BIN", str(ROOT / "target" / "release" / "djinn"))
     node = subprocess.Popen([binary, "up", "--listen", "127.0.0.1:0", "--log", "warn"], stdout=subprocess.PIPE)
@@ -62,6 +63,11 @@ def main():
         remote = timed(lambda: rm(x), args.iters, args.iters // 10)
         rows.append(("TinyMLP through `djinn` (Python), batch 4, f32", remote))
         rows.append(("TinyMLP eager forward in this process", local))
+        if args.tinymlp_only:
+            print("\n".join(f"{name}: p50 {p50:.1f} µs, p99 {p99:.1f} µs, p999 {p999:.1f} µs"
+                            for name, (p50, p99, p999) in rows))
+            print(f"TinyMLP: remote p50 / local p50 = {remote[0] / local[0]:.2f}")
+            return
 
         torch.manual_seed(0)
         gpt = GPT(GPTConfig.small()).eval()

@@ -332,3 +332,100 @@ fn a_node_pushes_a_tensor_to_another_over_rdma() {
     assert_eq!(path, "staging-rdma");
     assert_eq!(rdma_client(b.addr, &port.device).fetch(pushed.handle).unwrap().bytes(), &[7, 8, 9]);
 }
+
+/// Pages of their own, filled with a pattern, that can be made unreadable: whatever touches
+/// them after [`Pages::forbid`] crashes the test.
+struct Pages {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Pages {
+    fn new(len: usize, seed: u64) -> Self {
+        // SAFETY: an anonymous private mapping, checked below.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(ptr, libc::MAP_FAILED, "mmap: {}", std::io::Error::last_os_error());
+        let pages = Self { ptr: ptr.cast(), len };
+        // SAFETY: the mapping is readable and writable, and ours alone.
+        unsafe { std::slice::from_raw_parts_mut(pages.ptr, len) }.copy_from_slice(&pattern(len, seed));
+        pages
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: the mapping lives as long as self (read only while allowed, by the test).
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    fn protect(&self, prot: libc::c_int) {
+        // SAFETY: the whole mapping, page-aligned by mmap.
+        let rc = unsafe { libc::mprotect(self.ptr.cast(), self.len, prot) };
+        assert_eq!(rc, 0, "mprotect: {}", std::io::Error::last_os_error());
+    }
+
+    fn forbid(&self) {
+        self.protect(libc::PROT_NONE);
+    }
+}
+
+impl Drop for Pages {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// The memory a call sends from is not touched once the call returns: after a normal return,
+/// a refusal and a timeout (the node stopped), each call's pages are made unreadable, and the
+/// client's later calls, on the same connection or a new one, work (and crash nothing).
+#[test]
+fn memory_lent_to_a_call_is_not_read_after_it_returns() {
+    use djinn_client::DType;
+    let Some(port) = device_port() else { return };
+    // Large enough for a rendezvous (RDMA WRITE from the lent pages); the node's host budget
+    // refuses the larger one before taking its payload.
+    let len = 8usize << 20;
+    let node = rdma_node(&port.device, &["--host-memory-budget", "12MiB"]);
+    let mut options = rdma_options(&port.device);
+    options.timeout = Some(Duration::from_secs(3));
+    let mut client = djinn_client::Client::connect_with(node.addr, options).unwrap();
+    assert_eq!(client.transport(), "rdma");
+
+    let returned = Pages::new(len, 1);
+    client.put("a", DType::U8, &[len as u64], returned.bytes()).unwrap();
+    returned.forbid();
+
+    let refused = Pages::new(2 * len, 2);
+    let err = client.put("b", DType::U8, &[2 * len as u64], refused.bytes()).unwrap_err();
+    assert!(err.remote_code().is_some(), "refused by the node, not {err}");
+    refused.forbid();
+
+    let later = Pages::new(len, 3);
+    client.put("c", DType::U8, &[len as u64], later.bytes()).unwrap();
+    assert!(client.get("a").unwrap().bytes() == pattern(len, 1).as_slice());
+
+    // SAFETY: stopping and continuing our own child.
+    assert_eq!(unsafe { libc::kill(node.pid(), libc::SIGSTOP) }, 0);
+    let stalled = Pages::new(len, 4);
+    let err = client.put("d", DType::U8, &[len as u64], stalled.bytes()).unwrap_err();
+    stalled.forbid();
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(node.pid(), libc::SIGCONT) }, 0);
+    assert!(matches!(err, djinn_client::ClientError::Timeout { .. }), "{err}");
+
+    let after = Pages::new(len, 5);
+    client.put("e", DType::U8, &[len as u64], after.bytes()).unwrap();
+    assert!(client.get("e").unwrap().bytes() == pattern(len, 5).as_slice());
+    assert_eq!(client.transport(), "rdma");
+    for pages in [&returned, &refused, &stalled] {
+        pages.protect(libc::PROT_READ | libc::PROT_WRITE);
+    }
+}

@@ -38,16 +38,13 @@ from typing import List, Optional
 
 import torch
 
-from . import (
-    DjinnError,
-    RemoteModel,
-    RemoteTensor,
-    _archive,
-    _client,
-    _flatten,
-    _spec,
-    _unflatten,
-)
+from . import _stats
+from ._recording import _DEVICE, _meta_args_of, _Op, _Storage, _Value, _walk
+from ._wire import CallTensors, unflatten
+from .client import _client
+from .errors import DjinnError, UnsupportedOperationError
+from .models import RemoteModel, _archive
+from .tensors import RemoteTensor
 from .srg import SemanticGraph, annotate
 
 DEVICE_TYPE = "remote_accelerator"
@@ -55,77 +52,9 @@ DEVICE_TYPE = "remote_accelerator"
 aten = torch.ops.aten
 
 
-class UnsupportedOperationError(DjinnError):
-    """An operation on remote tensors that capture cannot record or the node cannot run."""
-
-
-class _Storage:
-    """The memory behind a base tensor and its views, as the recording sees it: the writes
-    made to it, in order, and the live LazyTensors that view it."""
-
-    __slots__ = ("index", "writes", "tensors", "__weakref__")
-
-    def __init__(self, index: int):
-        self.index = index
-        self.writes: list[_Op] = []
-        self.tensors: weakref.WeakSet = weakref.WeakSet()
-
-
-class _Value:
-    """A tensor of the recording: output `path` of `op`, or a leaf (`op` None) whose data is
-    `leaf`, a local tensor sent with the graph or a RemoteTensor kept on the node."""
-
-    __slots__ = ("op", "path", "meta", "storage", "leaf", "sig")
-
-    def __init__(self, op, path, meta: torch.Tensor, storage: _Storage, leaf=None):
-        self.op = op
-        self.path = path
-        self.storage = storage
-        self.leaf = leaf
-        self.set_meta(meta)
-
-    def set_meta(self, meta: torch.Tensor) -> None:
-        self.meta = meta
-        # What shape inference depends on.
-        self.sig = (tuple(meta.shape), meta.stride(), meta.storage_offset(), meta.dtype)
-
-
-class _Op:
-    """One recorded aten call. `args`/`kwargs` hold _Values where tensors were and `_DEVICE`
-    where the remote device was."""
-
-    __slots__ = ("seq", "func", "args", "kwargs", "inputs", "out", "call")
-
-    def __init__(self, seq: int, func, args, kwargs, inputs: list, out, call=None):
-        self.seq = seq
-        self.func = func
-        self.args = args
-        self.kwargs = kwargs
-        self.inputs = inputs
-        # What the call returned on the meta device.
-        self.out = out
-        # (source template, a number where a Tensor is expected), as `_template` writes it.
-        self.call = call
-
-
-class _DeviceArg:
-    def __repr__(self) -> str:
-        return "dev"
-
-
-_DEVICE = _DeviceArg()
-
 _lock = threading.RLock()
 _seq = itertools.count()
-_counters = {
-    "ops_captured": 0,
-    "graphs_built": 0,
-    "graph_cache_hits": 0,
-    "graph_executions": 0,
-    "uploads": 0,
-    "random_results_kept": 0,
-    "state_kept": 0,
-}
+_counters = _stats.capture
 _last_graph: Optional[SemanticGraph] = None
 # A storage written this many times is computed and kept on the node, so that graphs stay short
 # however often a buffer is updated in place.
@@ -149,11 +78,6 @@ def _is_random(func) -> bool:
     probability as seeded; recomputed, they give the same result.)"""
     name = func.overloadpacket.__name__
     return torch.Tag.nondeterministic_seeded in func.tags and any(w in name for w in _RANDOM_WORDS)
-
-
-def _copy_stats() -> dict:
-    with _lock:
-        return dict(_counters)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -197,15 +121,6 @@ class LazyTensor(torch.Tensor):
 
     def numpy(self, *, force: bool = False):
         return self.cpu().detach().numpy()
-
-
-def _walk(value, fn):
-    """`value` with `fn` applied to every leaf of its tuples, lists and dicts."""
-    if isinstance(value, (list, tuple)):
-        return type(value)(_walk(v, fn) for v in value)
-    if isinstance(value, dict):
-        return {k: _walk(v, fn) for k, v in value.items()}
-    return fn(value)
 
 
 def _leaves(value, out: list) -> list:
@@ -451,23 +366,6 @@ def _template(info: _Info, rec_args, rec_kwargs) -> tuple:
         isinstance(x, (int, float)) and a.type.isSubtypeOf(torch._C.TensorType.get()) for a, x in zip(positional, rec_args)
     )
     return f"torch.ops.aten.{info.schema.name.split('::')[1]}({', '.join(rendered)})", numbers
-
-
-def _to_meta(v):
-    if isinstance(v, _Value):
-        return v.meta
-    if v is _DEVICE:
-        return torch.device("meta")
-    return v
-
-
-def _meta_args_of(args, kwargs) -> tuple:
-    return _walk(args, _to_meta), {k: _walk(v, _to_meta) for k, v in kwargs.items()}
-
-
-def _meta_args(op: _Op) -> tuple:
-    """An operation's arguments with meta tensors for its values (for cost formulas)."""
-    return _meta_args_of(op.args, op.kwargs)
 
 
 def _info(func) -> _Info:
@@ -826,17 +724,16 @@ def _run(targets: list[_Value], keep: bool = False, plan: Optional[_Plan] = None
         model = RemoteModel(client, [graph.archive], None, graph.srg.description(), None)
         graph.registered[client] = model
         graph.srg.fingerprint = model.fingerprint
-    tensors: list[torch.Tensor] = []
-    nodes: list[str] = []
+    call = CallTensors()
     leaves = [v.leaf for v in plan.leaves] or [torch.empty(0, dtype=torch.int8)]
-    wire = [_flatten(leaf, tensors, nodes) for leaf in leaves]
+    wire = [call.flatten(leaf) for leaf in leaves]
     at = _node_of(targets[0].storage.index)
-    if at is None and nodes:
-        at = nodes[0]
-    out = client._native.execute(model.fingerprint, wire, [_spec(t) for t in tensors], keep, at)
+    if at is None and call.nodes:
+        at = call.nodes[0]
+    out = client._native.execute(model.fingerprint, wire, call.tensors, keep, at)
     _counters["graph_executions"] += 1
     _last_graph = graph.srg
-    out = _unflatten(out, client)
+    out = unflatten(out, client)
     return list(out) if len(targets) > 1 else [out]
 
 

@@ -22,6 +22,9 @@ from typing import Optional
 import torch
 from torch.utils.flop_counter import flop_registry
 
+from ._recording import _meta_args, _Value
+from .tensors import RemoteTensor
+
 aten = torch.ops.aten
 
 # Outputs that alias their first input.
@@ -199,7 +202,6 @@ class SemanticGraph:
 def annotate(plan) -> SemanticGraph:
     """The SRG of a capture plan (`capture._Plan`: operations in order, the leaves they read,
     the values they make)."""
-    from .capture import RemoteTensor, _Value  # the plan's own types
 
     ops = plan.ops
     packet = [op.func.overloadpacket for op in ops]
@@ -424,7 +426,6 @@ def _between(first: int, last: int, ops, producer) -> list[int]:
 
 
 def _argument(a, name) -> str:
-    from .capture import _Value
 
     if isinstance(a, _Value):
         return name(a)
@@ -449,7 +450,6 @@ def _flops(op, out) -> int:
     formula = flop_registry.get(op.func.overloadpacket)
     if formula is None:
         return 0
-    from .capture import _meta_args
 
     args, kwargs = _meta_args(op)
     try:

@@ -1,7 +1,10 @@
 //! `djinn._native`: the Python package's binding of `djinn-client`. The GIL is released around
-//! every network call; input tensors are sent from their own memory (the Python side passes
-//! their data pointers and keeps them alive for the call); output tensors are handed to Python
-//! as buffers over the received bytes, which `torch.frombuffer` wraps without a copy.
+//! every network call; input tensors are lent to the call through DLPack ([`lent`]): the call
+//! holds each one's capsule, so its memory stays until the call is over, whatever other Python
+//! threads do; output tensors are handed to Python as buffers over the received bytes, which
+//! `torch.frombuffer` wraps without a copy.
+
+mod lent;
 
 use std::ffi::c_int;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -10,8 +13,9 @@ use std::time::Duration;
 use djinn_client::{
     Archive, BlockEstimate, Breakpoint, ClientError, ClientOptions, ClusterClient, ClusterError, DType, ErrorCode,
     FailoverOptions, Fingerprint, GraphAnnotations, Handle, HandleInfo, ModelDescription, Output, Paused, RemoteParked,
-    RemoteSession, RemoteTensor, Resumed, Signal, Target, Tensor, TensorDesc, TensorRef, Value,
+    RemoteSession, RemoteTensor, Resumed, Signal, Target, Tensor, TensorDesc, Value,
 };
+use lent::LentTensor;
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
 use pyo3::ffi;
@@ -19,51 +23,51 @@ use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
-create_exception!(_native, DjinnError, PyException, "Base of every error the djinn package raises.");
-create_exception!(_native, TransportError, DjinnError, "The node could not be reached or the connection broke.");
-create_exception!(_native, RemoteError, DjinnError, "The node refused or failed a request; the message is the node's.");
+create_exception!(djinn, DjinnError, PyException, "Base of every error the djinn package raises.");
+create_exception!(djinn, TransportError, DjinnError, "The node could not be reached or the connection broke.");
+create_exception!(djinn, RemoteError, DjinnError, "The node refused or failed a request; the message is the node's.");
 create_exception!(
-    _native,
+    djinn,
     UnknownModelError,
     RemoteError,
     "The node does not hold that model (never registered, or evicted)."
 );
-create_exception!(_native, ExecutionError, RemoteError, "The model failed on the node (libtorch's message).");
-create_exception!(_native, BadArchiveError, RemoteError, "The node could not load the TorchScript archive.");
-create_exception!(_native, OverBudgetError, RemoteError, "The node's device-memory budget cannot hold this.");
+create_exception!(djinn, ExecutionError, RemoteError, "The model failed on the node (libtorch's message).");
+create_exception!(djinn, BadArchiveError, RemoteError, "The node could not load the TorchScript archive.");
+create_exception!(djinn, OverBudgetError, RemoteError, "The node's device-memory budget cannot hold this.");
 create_exception!(
-    _native,
+    djinn,
     QuotaExceededError,
     RemoteError,
     "The tenant's quota on the node (device memory, swap, concurrent requests or request rate) does not allow this now."
 );
 create_exception!(
-    _native,
+    djinn,
     ControlPlaneError,
     DjinnError,
     "The control plane could not be reached, or refused (the message is its own)."
 );
-create_exception!(_native, NotFoundError, RemoteError, "No such tensor, kept tensor or upload on the node.");
+create_exception!(djinn, NotFoundError, RemoteError, "No such tensor, kept tensor or upload on the node.");
 create_exception!(
-    _native,
+    djinn,
     StaleHandleError,
     RemoteError,
     "The kept tensor is from an earlier life of its node: the node restarted and the tensor is gone."
 );
 create_exception!(
-    _native,
+    djinn,
     BreakpointError,
     RemoteError,
     "A breakpoint outside the run, or a replacement activation unlike the parked one (the request stays parked)."
 );
 create_exception!(
-    _native,
+    djinn,
     AuthenticationError,
     DjinnError,
     "The node or the control plane refused the token: none was given, it is unknown or revoked, or it does not allow this."
 );
 create_exception!(
-    _native,
+    djinn,
     HandleLostError,
     TransportError,
     "The node holding the kept tensor or the session cannot be reached: they are lost with it."
@@ -400,20 +404,6 @@ fn by_node(handles: impl IntoIterator<Item = (String, Handle)>) -> std::collecti
     grouped
 }
 
-fn tensor_ref((dtype, shape, ptr, len): &(String, Vec<u64>, usize, usize)) -> PyResult<TensorRef<'_>> {
-    Ok(TensorRef {
-        dtype: dtype.parse().map_err(PyValueError::new_err)?,
-        shape,
-        bytes: if *len == 0 {
-            &[]
-        } else {
-            // SAFETY: the Python caller passes the data pointer and byte length of a contiguous
-            // CPU tensor that it holds until the call returns.
-            unsafe { std::slice::from_raw_parts(*ptr as *const u8, *len) }
-        },
-    })
-}
-
 fn progress_callback(progress: &Option<Py<PyAny>>) -> impl FnMut(u64, u64) + '_ {
     move |sent, total| {
         if let Some(cb) = progress {
@@ -536,8 +526,8 @@ impl Client {
     }
 
     /// Runs a model. `inputs`: the positional arguments, nested, with `TensorSlot(i)` for
-    /// tensors and `Kept` for tensors kept on a node; `tensors[i]`: (dtype, shape, data
-    /// pointer, byte length) of a contiguous CPU tensor the caller keeps alive during the call.
+    /// tensors and `Kept` for tensors kept on a node; `tensors[i]`: a contiguous CPU tensor of
+    /// a wire dtype (anything with `__dlpack__`), held by the call until it returns.
     /// `keep`: the output tensors stay on the node (as `Kept`). `at`: the node holding the
     /// `Kept` inputs, where the call must run.
     #[pyo3(signature = (fingerprint, inputs, tensors, keep = false, at = None))]
@@ -546,13 +536,14 @@ impl Client {
         py: Python<'py>,
         fingerprint: &str,
         inputs: Vec<Bound<'py, PyAny>>,
-        tensors: Vec<(String, Vec<u64>, usize, usize)>,
+        tensors: Vec<Bound<'py, PyAny>>,
         keep: bool,
         at: Option<String>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let fingerprint = parse_fingerprint(fingerprint)?;
         let inputs = inputs.iter().map(value_from_py).collect::<PyResult<Vec<_>>>()?;
-        let refs = tensors.iter().map(tensor_ref).collect::<PyResult<Vec<_>>>()?;
+        let lent = lent::lend_all(&tensors)?;
+        let refs = lent::refs(&lent);
         let (output, node) = py
             .detach(|| {
                 let mut client = self.lock();
@@ -579,7 +570,7 @@ impl Client {
         py: Python<'py>,
         fingerprint: &str,
         inputs: Vec<Bound<'py, PyAny>>,
-        tensors: Vec<(String, Vec<u64>, usize, usize)>,
+        tensors: Vec<Bound<'py, PyAny>>,
         block: u32,
         send_activation: bool,
         keep: bool,
@@ -587,7 +578,8 @@ impl Client {
     ) -> PyResult<(Parked, Bound<'py, PyAny>)> {
         let fingerprint = parse_fingerprint(fingerprint)?;
         let inputs = inputs.iter().map(value_from_py).collect::<PyResult<Vec<_>>>()?;
-        let refs = tensors.iter().map(tensor_ref).collect::<PyResult<Vec<_>>>()?;
+        let lent = lent::lend_all(&tensors)?;
+        let refs = lent::refs(&lent);
         let until = breakpoint(block, send_activation);
         let (paused, node) = py
             .detach(|| self.lock().execute_until(&fingerprint, at.as_deref(), &inputs, &refs, keep, until))
@@ -603,12 +595,13 @@ impl Client {
         py: Python<'py>,
         session: &Session,
         inputs: Vec<Bound<'py, PyAny>>,
-        tensors: Vec<(String, Vec<u64>, usize, usize)>,
+        tensors: Vec<Bound<'py, PyAny>>,
         block: u32,
         send_activation: bool,
     ) -> PyResult<(Parked, Bound<'py, PyAny>)> {
         let inputs = inputs.iter().map(value_from_py).collect::<PyResult<Vec<_>>>()?;
-        let refs = tensors.iter().map(tensor_ref).collect::<PyResult<Vec<_>>>()?;
+        let lent = lent::lend_all(&tensors)?;
+        let refs = lent::refs(&lent);
         let until = breakpoint(block, send_activation);
         let paused =
             py.detach(|| self.lock().session_step_until(&session.0, &inputs, &refs, until)).map_err(to_py_err)?;
@@ -624,12 +617,13 @@ impl Client {
         py: Python<'py>,
         parked: &Parked,
         activation: Option<Bound<'py, PyAny>>,
-        tensors: Vec<(String, Vec<u64>, usize, usize)>,
+        tensors: Vec<Bound<'py, PyAny>>,
         until: Option<u32>,
         send_activation: bool,
     ) -> PyResult<(Option<Parked>, Bound<'py, PyAny>)> {
         let value = activation.as_ref().map(value_from_py).transpose()?;
-        let refs = tensors.iter().map(tensor_ref).collect::<PyResult<Vec<_>>>()?;
+        let lent = lent::lend_all(&tensors)?;
+        let refs = lent::refs(&lent);
         let until = until.map(|block| breakpoint(block, send_activation));
         let resumed = py
             .detach(|| self.lock().resume(&parked.0, value.as_ref().map(|v| (v, &refs[..])), until))
@@ -660,12 +654,12 @@ impl Client {
         self.unaborted.lock().unwrap_or_else(|e| e.into_inner()).push(parked.0.clone());
     }
 
-    /// Uploads a tensor (dtype, shape, data pointer, byte length, as for `execute`) to be kept
+    /// Uploads a tensor (contiguous, on the CPU, as for `execute`) to be kept
     /// on `node` (by default this client's node).
     #[pyo3(signature = (tensor, node = None))]
-    fn keep(&self, py: Python<'_>, tensor: (String, Vec<u64>, usize, usize), node: Option<String>) -> PyResult<Kept> {
-        let tensor = tensor_ref(&tensor)?;
-        let remote = py.detach(|| self.lock().keep(node.as_deref(), tensor)).map_err(to_py_err)?;
+    fn keep(&self, py: Python<'_>, tensor: Bound<'_, PyAny>, node: Option<String>) -> PyResult<Kept> {
+        let lent = LentTensor::lend(&tensor)?;
+        let remote = py.detach(|| self.lock().keep(node.as_deref(), lent.tensor_ref())).map_err(to_py_err)?;
         Ok(Kept::new(remote.node, &remote.info))
     }
 
@@ -705,11 +699,12 @@ impl Client {
         &self,
         py: Python<'_>,
         fingerprint: &str,
-        state: Vec<(String, Vec<u64>, usize, usize)>,
+        state: Vec<Bound<'_, PyAny>>,
         reserve: u64,
     ) -> PyResult<Session> {
         let fingerprint = parse_fingerprint(fingerprint)?;
-        let refs = state.iter().map(tensor_ref).collect::<PyResult<Vec<_>>>()?;
+        let lent = lent::lend_all(&state)?;
+        let refs = lent::refs(&lent);
         py.detach(|| self.lock().session_open(&fingerprint, &refs, reserve)).map(Session).map_err(to_py_err)
     }
 
@@ -720,10 +715,11 @@ impl Client {
         py: Python<'py>,
         session: &Session,
         inputs: Vec<Bound<'py, PyAny>>,
-        tensors: Vec<(String, Vec<u64>, usize, usize)>,
+        tensors: Vec<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let inputs = inputs.iter().map(value_from_py).collect::<PyResult<Vec<_>>>()?;
-        let refs = tensors.iter().map(tensor_ref).collect::<PyResult<Vec<_>>>()?;
+        let lent = lent::lend_all(&tensors)?;
+        let refs = lent::refs(&lent);
         let output = py.detach(|| self.lock().session_step(&session.0, &inputs, &refs)).map_err(to_py_err)?;
         let output = Arc::new(output);
         value_to_py(py, &output.value, &output, &session.0.node)

@@ -287,7 +287,7 @@ def test_what_cannot_be_captured_or_run_raises_and_names_it(client):
 
 def test_nothing_runs_locally_without_a_node(client, monkeypatch):
     x = torch.ones(2, device=REMOTE) + 1
-    monkeypatch.setattr(djinn, "_default", None)
+    monkeypatch.setattr(djinn.client, "_default", None)
     with pytest.raises(djinn.DjinnError, match="not connected"):
         x.cpu()
     with pytest.raises(djinn.DjinnError, match="not connected"):

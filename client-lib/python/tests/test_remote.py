@@ -230,6 +230,6 @@ def test_rdma_where_there_is_none_is_a_clear_error(node):
 
 
 def test_not_connected_is_a_clear_error(monkeypatch):
-    monkeypatch.setattr(djinn, "_default", None)
+    monkeypatch.setattr(djinn.client, "_default", None)
     with pytest.raises(djinn.DjinnError, match="djinn.init"):
         djinn.stats()

@@ -52,7 +52,7 @@ def test_a_tenant_cannot_use_another_tenants_model_or_tensors(secured):
     remote = alice.register(model, x)
     assert torch.equal(remote(x), model(x))
     with pytest.raises(djinn.UnknownModelError):
-        bob._native.execute(remote.fingerprint, [djinn._native.TensorSlot(0)], [djinn._spec(x)])
+        bob._native.execute(remote.fingerprint, [djinn._native.TensorSlot(0)], [x])
     assert bob.models() == []
 
     # Public weights: bob registers the same bytes and nothing is uploaded.

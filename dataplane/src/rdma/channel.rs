@@ -227,6 +227,12 @@ impl RdmaChannel {
         self.outgoing_mrs.is_empty()
     }
 
+    /// True while a frame given to [`Self::send_frame`] is held: queued, announced, or being
+    /// written ([`Session::holds_frames`]); its payload's memory must stay.
+    pub fn holds_frames(&self) -> bool {
+        self.session.holds_frames()
+    }
+
     /// Feeds one of this connection's completions to the protocol.
     pub fn on_completion(&mut self, c: Completion, alloc: &mut dyn PayloadAlloc) -> Result<(), ChannelError> {
         let index = (c.wr_id & 0x00ff_ffff) as u32;

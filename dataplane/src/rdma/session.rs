@@ -375,6 +375,16 @@ impl Session {
             && self.inbox.is_empty()
     }
 
+    /// Whether a frame given to [`Self::send_frame`] is still held (waiting, announced,
+    /// cleared or being written): its payload may still be read.
+    pub fn holds_frames(&self) -> bool {
+        self.waiting.iter().any(|o| matches!(o, Outgoing::Frame(_)))
+            || self.sends.iter().any(|s| matches!(s.body, SendBody::Frame(_)))
+            || !self.announced.is_empty()
+            || !self.cleared.is_empty()
+            || !self.writing.is_empty()
+    }
+
     /// The memory an incoming transfer lands in (to register).
     pub fn incoming_buffer(&mut self, xfer: u32) -> Option<&mut Payload> {
         self.incoming.get_mut(&xfer).map(|i| &mut i.payload)

@@ -409,8 +409,12 @@ struct RdmaPath {
     replies: Vec<Option<Result<Frame, ClientError>>>,
 }
 
-/// Bytes the caller lends for the length of one request: the request returns only once the
-/// reply arrived and our WRITEs completed, so the memory is not used after it is given back.
+/// Bytes the caller lends for the length of one request, as a frame's payload. The frame
+/// lives in the RDMA path, which [`ClientConn::request_rdma`] holds as a local while the
+/// request runs and puts back only once its session holds no frame any more (every reply in,
+/// every WRITE complete, every announced transfer written or refused); on an error, a timeout
+/// or a panic the path is dropped instead, its queue pair first. So no `Lent` outlives the
+/// borrow it was made from, and the caller may free the memory as soon as the call returns.
 struct Lent {
     ptr: *const u8,
     len: usize,
@@ -515,10 +519,29 @@ impl ClientConn {
     }
 
     /// Sends `batch` over RDMA as requests `first..` and waits for all their replies, which it
-    /// leaves in the path's `replies`, in order.
+    /// leaves in the path's `replies`, in order. The path comes back to the connection only
+    /// when none of the batch's frames (which lend the caller's memory) is left in it; else it
+    /// is dropped here, and the connection with it.
     fn request_rdma(&mut self, first: u64, batch: &[(&Message, &[&[u8]])]) -> Result<(), ClientError> {
+        let Some(mut path) = self.rdma.take() else { return Err(ClientError::Closed { peer: self.peer }) };
+        let result = self.exchange_rdma(&mut path, first, batch);
+        if result.is_ok() && !path.channel.holds_frames() {
+            self.rdma = Some(path);
+        } else {
+            // Dropping the path destroys the queue pair before the registrations and the
+            // frames go: nothing reads the lent memory after this.
+            self.broken = true;
+        }
+        result
+    }
+
+    fn exchange_rdma(
+        &mut self,
+        path: &mut RdmaPath,
+        first: u64,
+        batch: &[(&Message, &[&[u8]])],
+    ) -> Result<(), ClientError> {
         let peer = self.peer;
-        let Some(path) = self.rdma.as_mut() else { return Err(ClientError::Closed { peer }) };
         let rdma = |source| match source {
             ChannelError::Request(e) => ClientError::Request(e),
             source => ClientError::Rdma { peer, source },
@@ -574,7 +597,9 @@ impl ClientConn {
                 missing -= 1;
                 continue;
             }
-            if missing == 0 && path.channel.writes_done() {
+            // A node may answer before taking a large request's payload (a refusal): its
+            // transfer is then refused or written before the request counts as done.
+            if missing == 0 && path.channel.writes_done() && !path.channel.holds_frames() {
                 return Ok(());
             }
             let mut completions = std::mem::take(&mut path.completions);

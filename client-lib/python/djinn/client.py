@@ -1,0 +1,178 @@
+"""Clients: a cluster reached through its control plane, or one node; the default client and
+the calls that use it."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from . import _native, _stats
+from ._wire import CallTensors
+from .errors import DjinnError
+from .models import RemoteModel, register_with
+from .tensors import RemoteTensor
+
+
+class Client:
+    """A cluster reached through its control plane, or one node alone. `djinn.init` makes the
+    default one."""
+
+    __module__ = "djinn"
+
+    def __init__(
+        self,
+        address: str,
+        timeout: float = 60.0,
+        transport: str = "auto",
+        failover: float = 30.0,
+        token: Optional[str] = None,
+    ):
+        """`address`: the control plane's "http://HOST:PORT" (models go where it places them,
+        and move to another node when theirs dies), or a node's "HOST:PORT" (a bare HOST:PORT
+        that serves HTTP is taken as a control plane). `transport`: "auto" (RDMA when both ends
+        have it, else TCP), "rdma" or "tcp". `failover`: seconds a call may spend finding a
+        live node when its node dies. `token`: the tenant's token, where the cluster needs
+        one (default: the DJINN_TOKEN environment variable); models, tensors and sessions are
+        then the tenant's own."""
+        if token is None:
+            token = os.environ.get("DJINN_TOKEN", "")
+        self._native = _native.Client(address, timeout, transport, failover, token)
+        self.address = address
+
+    @property
+    def mode(self) -> str:
+        """"control" (placed by a control plane) or "node" (one node alone)."""
+        return self._native.mode
+
+    def register(
+        self, model, example_inputs, blocks=None, progress=None, policy=None, phase=None, public=False
+    ) -> "RemoteModel":
+        """`djinn.register` on this client."""
+        return register_with(self, model, example_inputs, blocks, progress, policy, phase, public)
+
+    def cluster(self) -> dict:
+        """The control plane's view: nodes (inventory, lease), models (and who holds them),
+        sessions."""
+        return json.loads(self._native.cluster())
+
+    def ping(self) -> float:
+        """Round-trip time to the node, seconds (a node alone)."""
+        return self._native.ping()
+
+    def models(self) -> list[dict]:
+        return self._native.list_models()
+
+    def stats(self) -> dict:
+        """Transports in use, how the nodes' device memory meets the network (`memory_path`:
+        "staging", through host memory), bytes sent and received, request counts, and failover
+        counts (placements asked, node failures, re-registrations, replays), the inputs copied
+        before sending (`input_copies`, `input_copy_bytes`: tensors not on the CPU or not
+        contiguous; a contiguous CPU tensor is sent from its own memory), and under
+        `capture` what transparent capture did in this process (operations recorded, graphs
+        built, graph cache hits, graph executions, uploads)."""
+        stats = self._native.stats()
+        stats.update(_stats.snapshot(_stats.wire))
+        stats["capture"] = _stats.snapshot(_stats.capture)
+        return stats
+
+    def keep(self, tensor: torch.Tensor, node: Optional[str] = None) -> "RemoteTensor":
+        """Uploads `tensor` once to be kept in a node's device memory (`node`, by default the
+        node this client was given) and returns it as a RemoteTensor to pass to models there."""
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"keep takes a tensor, not a {type(tensor).__name__}")
+        call = CallTensors()
+        call.flatten(tensor)
+        return RemoteTensor(self._native.keep(call.tensors[0], node), self)
+
+    def node_stats(self) -> dict:
+        return self._native.node_stats()
+
+
+_default: Optional[Client] = None
+_default_lock = threading.Lock()
+
+
+def init(
+    address: str,
+    timeout: float = 60.0,
+    transport: str = "auto",
+    failover: float = 30.0,
+    token: Optional[str] = None,
+) -> Client:
+    """Connects to a control plane ("http://host:port") or to one node ("host:port") and
+    makes it the default. See `Client`."""
+    global _default
+    client = Client(address, timeout, transport, failover, token)
+    with _default_lock:
+        _default = client
+    return client
+
+
+def _client(client: Optional[Client]) -> Client:
+    if client is not None:
+        return client
+    if _default is None:
+        raise DjinnError("not connected: call djinn.init('host:port') first")
+    return _default
+
+
+def stats() -> dict:
+    """The default client's transports, bytes sent and received, request and failover counts."""
+    return _client(None).stats()
+
+
+def status() -> dict:
+    """The cluster as the default client's control plane sees it (what `djinn status` prints)."""
+    return _client(None).cluster()
+
+
+def register(
+    model,
+    example_inputs,
+    blocks: Optional[Sequence] = None,
+    progress: Optional[Callable[[int, int], None]] = None,
+    client: Optional[Client] = None,
+    policy: Optional[str] = None,
+    phase: Optional[str] = None,
+    public: bool = False,
+) -> "RemoteModel":
+    """Turns `model` into TorchScript blocks, uploads them (once per node and tenant) and
+    returns a RemoteModel to call. `public` weights are held once per node for every tenant
+    that registers the same bytes as public; else the model is the tenant's alone.
+
+    `example_inputs`: one input, or a tuple of positional inputs. `blocks`: submodules or
+    callables in execution order whose chained application reproduces `model`; by default an
+    `nn.Sequential` is split into its layers and anything else is one block.
+    `progress(sent, total)` follows the upload.
+
+    With a control plane, the model is described to it first: each block's weight bytes and
+    FLOPs (counted while the blocks run on the example inputs), the bytes of one call's inputs
+    and outputs, and `phase` when given ("prefill": compute-bound; "decode": bound by reading
+    the weights). `policy` chooses the node: "minimize_latency" (the control plane's default),
+    "maximize_throughput", "load_balance" or "minimize_cost"."""
+    return _client(client).register(model, example_inputs, blocks, progress, policy, phase, public)
+
+
+class _LazyRemote:
+    def __init__(self, model, client):
+        self._model = model
+        self._client = client
+        self._remote: Optional[RemoteModel] = None
+        self._lock = threading.Lock()
+
+    def __call__(self, *inputs):
+        if self._remote is None:
+            with self._lock:
+                if self._remote is None:
+                    self._remote = register(self._model, inputs, client=self._client)
+        return self._remote(*inputs)
+
+
+def remote(model, client: Optional[Client] = None) -> Callable:
+    """A callable that registers `model` on its first call (with that call's inputs as the
+    example) and runs it remotely from then on."""
+    return _LazyRemote(model, client)

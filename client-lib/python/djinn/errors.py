@@ -1,0 +1,49 @@
+"""Every error the package raises, under `DjinnError`. Each presents itself as `djinn.<Name>`."""
+
+from ._native import (
+    AuthenticationError,
+    BadArchiveError,
+    BreakpointError,
+    ControlPlaneError,
+    DjinnError,
+    ExecutionError,
+    HandleLostError,
+    NotFoundError,
+    OverBudgetError,
+    QuotaExceededError,
+    RemoteError,
+    StaleHandleError,
+    TransportError,
+    UnknownModelError,
+)
+
+__all__ = [
+    "AuthenticationError",
+    "BadArchiveError",
+    "BlockMismatchError",
+    "BreakpointError",
+    "ControlPlaneError",
+    "DjinnError",
+    "ExecutionError",
+    "HandleLostError",
+    "NotFoundError",
+    "OverBudgetError",
+    "QuotaExceededError",
+    "RemoteError",
+    "StaleHandleError",
+    "TransportError",
+    "UnknownModelError",
+    "UnsupportedOperationError",
+]
+
+
+class BlockMismatchError(DjinnError, ValueError):
+    """The blocks given, run in order, do not reproduce the model's output."""
+
+    __module__ = "djinn"
+
+
+class UnsupportedOperationError(DjinnError):
+    """An operation on remote tensors that capture cannot record or the node cannot run."""
+
+    __module__ = "djinn"

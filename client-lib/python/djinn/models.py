@@ -1,0 +1,217 @@
+"""Models on nodes: a model split into TorchScript blocks, registered once, then run by
+fingerprint (`RemoteModel`)."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import warnings
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from ._wire import CallTensors, unflatten
+from .breakpoints import Paused
+from .errors import BlockMismatchError
+from .sessions import Session
+
+if TYPE_CHECKING:
+    from .client import Client
+
+
+class _Callable(nn.Module):
+    """Wraps a plain function so that it can be traced into a block."""
+
+    def __init__(self, fn: Callable):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
+def _as_args(value) -> tuple:
+    return value if isinstance(value, tuple) else (value,)
+
+
+def _to_torchscript(block, args: tuple):
+    """TorchScript is what the node's libtorch loads; torch 2.13 marks it deprecated in favour
+    of torch.export, which libtorch cannot load, hence the silenced warnings."""
+    if isinstance(block, (torch.jit.ScriptModule, torch.jit.ScriptFunction)):
+        return block
+    module = block if isinstance(block, nn.Module) else _Callable(block)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            return torch.jit.script(module)
+        except Exception:
+            # Not scriptable (Python control flow TorchScript cannot compile): trace it on the
+            # inputs it will see. The chained check below catches a trace that does not
+            # generalise to these inputs.
+            return torch.jit.trace(module, args, strict=False, check_trace=False)
+
+
+def _archive(script) -> bytes:
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.jit.save(script, buf)
+    return buf.getvalue()
+
+
+def _mismatch(a, b, path: str = "output") -> Optional[str]:
+    """Where `a` (the blocks' output) differs from `b` (the model's), or None."""
+    if isinstance(b, torch.Tensor):
+        if not isinstance(a, torch.Tensor):
+            return f"{path}: a {type(a).__name__} instead of a tensor"
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return f"{path}: {a.dtype}{list(a.shape)} instead of {b.dtype}{list(b.shape)}"
+        if a.dtype.is_floating_point:
+            ok = torch.allclose(a, b, rtol=1e-5, atol=1e-6, equal_nan=True)
+        else:
+            ok = torch.equal(a, b)
+        return None if ok else f"{path}: values differ (largest difference {(a.double() - b.double()).abs().max().item():.3g})"
+    if isinstance(b, (tuple, list)):
+        if not isinstance(a, (tuple, list)) or len(a) != len(b):
+            return f"{path}: {type(a).__name__} of {len(a) if hasattr(a, '__len__') else '?'} instead of {type(b).__name__} of {len(b)}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            if (m := _mismatch(x, y, f"{path}[{i}]")) is not None:
+                return m
+        return None
+    if isinstance(b, dict):
+        if not isinstance(a, dict) or set(a) != set(b):
+            return f"{path}: keys {sorted(map(str, a)) if isinstance(a, dict) else type(a).__name__} instead of {sorted(map(str, b))}"
+        for k in b:
+            if (m := _mismatch(a[k], b[k], f"{path}[{k!r}]")) is not None:
+                return m
+        return None
+    if isinstance(b, float) and isinstance(a, float) and math.isclose(a, b, rel_tol=1e-6):
+        return None
+    return None if a == b else f"{path}: {a!r} instead of {b!r}"
+
+
+def _tensor_bytes(value) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (tuple, list)):
+        return sum(_tensor_bytes(v) for v in value)
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(v) for v in value.values())
+    return 0
+
+
+def _weight_bytes(script) -> int:
+    return sum(t.numel() * t.element_size() for t in script.state_dict().values())
+
+
+_PHASES = ("prefill", "decode")
+
+
+def register_with(
+    client: Client,
+    model,
+    example_inputs,
+    blocks: Optional[Sequence] = None,
+    progress: Optional[Callable[[int, int], None]] = None,
+    policy: Optional[str] = None,
+    phase: Optional[str] = None,
+    public: bool = False,
+) -> RemoteModel:
+    """`djinn.register` on `client`: see there."""
+    if phase is not None and phase not in _PHASES:
+        raise ValueError(f"phase {phase!r}: one of {', '.join(_PHASES)}, or None")
+    args = _as_args(example_inputs)
+    if blocks is None:
+        blocks = list(model.children()) if isinstance(model, nn.Sequential) and len(model) > 0 else [model]
+    if len(blocks) == 0:
+        raise ValueError("a model needs at least one block")
+    with torch.no_grad():
+        was_training = model.training if isinstance(model, nn.Module) else False
+        if isinstance(model, nn.Module):
+            model.eval()
+        try:
+            expected = model(*args)
+            scripts = []
+            estimates = []
+            x = args
+            for block in blocks:
+                script = _to_torchscript(block, x)
+                scripts.append(script)
+                with FlopCounterMode(display=False) as flops:
+                    x = _as_args(script(*x))
+                estimates.append((_weight_bytes(script), float(flops.get_total_flops())))
+            got = x[0] if len(x) == 1 and not isinstance(expected, tuple) else x
+        finally:
+            if was_training:
+                model.train()
+    if (where := _mismatch(got, expected)) is not None:
+        raise BlockMismatchError(f"the {len(blocks)} blocks, chained, do not reproduce the model: {where}")
+    archives = [_archive(s) for s in scripts]
+    description = {"blocks": estimates, "io_bytes": _tensor_bytes(args) + _tensor_bytes(expected), "phase": phase}
+    return RemoteModel(client, archives, progress, description, policy, public)
+
+
+class RemoteModel:
+    """A model registered on a node. Calling it runs it there and returns CPU tensors, in the
+    structure the local model returns. The client keeps the archives: a node that lost the
+    model (a restart, eviction, or a new node after a failover) gets it again by itself."""
+
+    __module__ = "djinn"
+
+    def __init__(
+        self, client: Client, archives: list[bytes], progress=None, description=None, policy=None, public=False
+    ):
+        self._client = client
+        # The same bytes objects the client keeps: another client can register them as they are.
+        self._archives = archives
+        self.fingerprint, self.uploaded, self.weight_bytes = client._native.register_model(
+            archives, progress, description, policy, public
+        )
+        self.blocks = len(archives)
+        self.description = description
+
+    def __repr__(self) -> str:
+        return f"RemoteModel({self.fingerprint[:16]}…, {self.blocks} blocks, on {self._client.address})"
+
+    @property
+    def placement(self) -> Optional[dict]:
+        """The control plane's decision for this model (node, address, rule, policy, fit, cost
+        by part, runner-up), or None with a node alone."""
+        decision = self._client._native.placement(self.fingerprint)
+        return None if decision is None else json.loads(decision)
+
+    def __call__(self, *inputs, keep: bool = False):
+        """Runs the model on `inputs` (tensors, RemoteTensors, numbers, strings, and tuples,
+        lists and dicts of them). RemoteTensor inputs are used where they are kept: the call
+        runs on their node (which gets the model if it lacks it). With `keep=True` the output
+        tensors stay on the node and come back as RemoteTensors."""
+        wire, call = self._inputs(inputs)
+        out = self._client._native.execute(self.fingerprint, wire, call.tensors, keep, call.node())
+        return unflatten(out, self._client)
+
+    def run_until(self, block: int, *inputs, keep: bool = False, fetch: bool = True) -> "Paused":
+        """Runs blocks 0..`block` of the model on `inputs` (as a call does) and stops there:
+        the request waits on the node, with block `block`'s output (the activation) kept in its
+        device memory. `fetch=False` leaves the activation there until `.activation` is read.
+        See `Paused`."""
+        wire, call = self._inputs(inputs)
+        parked, activation = self._client._native.execute_until(
+            self.fingerprint, wire, call.tensors, int(block), fetch, keep, call.node()
+        )
+        return Paused(self._client, parked, int(block), activation, fetch)
+
+    def _inputs(self, inputs: tuple) -> tuple[list, CallTensors]:
+        """The wire form of `inputs` and the tensors they send."""
+        call = CallTensors()
+        return [call.flatten(v) for v in inputs], call
+
+    def session(self, *state: torch.Tensor, reserve: int = 0) -> "Session":
+        """Opens a session of this model on its node, with `state` as its initial state. See
+        `Session`."""
+        return Session(self, state, reserve)
+
+    def unregister(self) -> None:
+        self._client._native.unregister_model(self.fingerprint)
