@@ -390,10 +390,10 @@ impl Drop for Pages {
 fn memory_lent_to_a_call_is_not_read_after_it_returns() {
     use djinn_client::DType;
     let Some(port) = device_port() else { return };
-    // Large enough for a rendezvous (RDMA WRITE from the lent pages); the node's host budget
+    // Large enough for a rendezvous (RDMA WRITE from the lent pages); the node's budget
     // refuses the larger one before taking its payload.
     let len = 8usize << 20;
-    let node = rdma_node(&port.device, &["--host-memory-budget", "12MiB"]);
+    let node = rdma_node(&port.device, &["--device-memory-budget", "24MiB"]);
     let mut options = rdma_options(&port.device);
     options.timeout = Some(Duration::from_secs(3));
     let mut client = djinn_client::Client::connect_with(node.addr, options).unwrap();
@@ -403,14 +403,15 @@ fn memory_lent_to_a_call_is_not_read_after_it_returns() {
     client.put("a", DType::U8, &[len as u64], returned.bytes()).unwrap();
     returned.forbid();
 
-    let refused = Pages::new(2 * len, 2);
-    let err = client.put("b", DType::U8, &[2 * len as u64], refused.bytes()).unwrap_err();
+    let refused = Pages::new(4 * len, 2);
+    let err = client.put("b", DType::U8, &[4 * len as u64], refused.bytes()).unwrap_err();
     assert!(err.remote_code().is_some(), "refused by the node, not {err}");
     refused.forbid();
 
     let later = Pages::new(len, 3);
     client.put("c", DType::U8, &[len as u64], later.bytes()).unwrap();
     assert!(client.get("a").unwrap().bytes() == pattern(len, 1).as_slice());
+    client.delete("c").unwrap();
 
     // SAFETY: stopping and continuing our own child.
     assert_eq!(unsafe { libc::kill(node.pid(), libc::SIGSTOP) }, 0);

@@ -50,6 +50,8 @@ class Clone(nn.Module):
 
 
 class WithState(nn.Module):
+    """A session's model: returns the input and the state as they are; the state stays."""
+
     def forward(self, x, state):
         return x.clone(), state.clone(), state
 

@@ -16,19 +16,8 @@ from torch import nn
 
 import djinn
 from conftest import NodeProcess
+from lent_pages import Clone, WithState
 from djinn.tensors import WIRE_DTYPES
-
-
-class Clone(nn.Module):
-    def forward(self, x):
-        return x.clone()
-
-
-class WithState(nn.Module):
-    """A session's model: returns the input and the state as they are; the state stays."""
-
-    def forward(self, x, state):
-        return x.clone(), state.clone(), state
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
