@@ -4,26 +4,32 @@
 
 mod support;
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
 use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
 use std::time::{Duration, Instant};
 
 use djinn_client::{Breakpoint, Client, ClientError, ClientOptions, DType, ErrorCode, TensorRef, TensorSource, Value};
-use djinn_dataplane::proto::{Hello, Limits, Message, TensorDesc, encode_head, transports};
+use djinn_dataplane::proto::{FrameHeader, Hello, Kind, Limits, Message, TensorDesc, encode_head, transports};
 use support::{Node, archive, f32_bytes, read_reply, register, spawn_listening};
 
 const ALICE: &str = "alice-token-0123456789";
 const BOB: &str = "bob-token-0123456789ab";
 const NODES: &str = "node-token-0123456789a";
 const OPS: &str = "ops-token-0123456789ab";
+/// A tenant without the right to register TorchScript.
+const MALLORY: &str = "mallory-token-012345678";
 
 fn token_file(dir: &Path, alice: &str) -> std::path::PathBuf {
     let path = dir.join("tokens.json");
     let json = serde_json::json!({ "principals": [
-        { "name": "alice", "tokens": [alice] },
-        { "name": "bob", "tokens": [BOB] },
+        { "name": "alice", "tokens": [alice], "rights": ["torchscript"] },
+        { "name": "bob", "tokens": [BOB], "rights": ["torchscript"] },
+        { "name": "mallory", "tokens": [MALLORY] },
         { "name": "nodes", "role": "node", "tokens": [NODES] },
         { "name": "ops", "role": "admin", "tokens": [OPS] },
     ]});
@@ -179,6 +185,32 @@ fn public_weights_are_held_once_and_private_ones_once_per_tenant() {
     node.wait_for_stat(&mut alice, "models", 2);
 }
 
+/// A TorchScript archive is code that runs on the node: only a principal given the right
+/// registers one, even bytes the node holds already (public ones included); without it the
+/// tenant is refused, typed, and served otherwise. A node without a token file trusts its user.
+#[test]
+fn only_principals_given_the_right_register_torchscript() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = node_with_auth(&token_file(dir.path(), ALICE));
+    let mut alice = connect(&node, ALICE).unwrap();
+    let mut mallory = connect(&node, MALLORY).unwrap();
+    let mlp = vec![archive("mlp.block0")];
+    let public = alice.register_public_model(&mlp, |_, _| {}).expect("alice has the right");
+    for result in [mallory.register_model(&mlp, |_, _| {}), mallory.register_public_model(&mlp, |_, _| {})] {
+        let err = result.expect_err("mallory has no right to register TorchScript");
+        assert_eq!(err.remote_code(), Some(ErrorCode::Forbidden), "{err}");
+        assert!(err.to_string().contains(r#"the right "torchscript""#), "{err}");
+    }
+    let x = f32_bytes(4 * 256, 2);
+    let input = [TensorRef { dtype: DType::F32, shape: &[4, 256], bytes: &x }];
+    assert_eq!(code(mallory.execute(&public.fingerprint, &[Value::Tensor(0)], &input)), ErrorCode::UnknownModel);
+    mallory.put("x", DType::U8, &[3], &[1, 2, 3]).expect("mallory is served otherwise");
+    assert_eq!(node.stat(&mut alice, "models"), 1);
+
+    let open = Node::start("mio", &[]);
+    register(&mut open.client(), &["mlp"]);
+}
+
 #[test]
 fn quotas_hold_each_tenant_to_its_own() {
     const CAROL: &str = "carol-token-0123456789";
@@ -187,11 +219,11 @@ fn quotas_hold_each_tenant_to_its_own() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("tokens.json");
     let json = serde_json::json!({ "principals": [
-        { "name": "alice", "tokens": [ALICE], "quota": { "device_memory": 1 << 20 } },
-        { "name": "bob", "tokens": [BOB] },
-        { "name": "carol", "tokens": [CAROL], "quota": { "requests_per_second": 0.1, "burst": 3 } },
-        { "name": "dave", "tokens": [DAVE], "quota": { "concurrent_requests": 1 } },
-        { "name": "erin", "tokens": [ERIN], "quota": { "host_swap": 64 } },
+        { "name": "alice", "tokens": [ALICE], "rights": ["torchscript"], "quota": { "device_memory": 1 << 20 } },
+        { "name": "bob", "tokens": [BOB], "rights": ["torchscript"] },
+        { "name": "carol", "tokens": [CAROL], "rights": ["torchscript"], "quota": { "requests_per_second": 0.1, "burst": 3 } },
+        { "name": "dave", "tokens": [DAVE], "rights": ["torchscript"], "quota": { "concurrent_requests": 1 } },
+        { "name": "erin", "tokens": [ERIN], "rights": ["torchscript"], "quota": { "host_swap": 64 } },
     ]});
     std::fs::write(&file, json.to_string()).unwrap();
     let node = Node::start("mio", &["--auth-file", file.to_str().unwrap(), "--session-policy", "semantic"]);
@@ -506,4 +538,156 @@ fn a_short_soak_passes() {
     assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("| wrong results | **0** |"), "{stdout}");
     assert!(stdout.contains("restarted it after"), "{stdout}");
+}
+
+/// A connection from `source` to `to` (every 127.x.y.z address is this host's loopback, so
+/// one host can play many sources).
+fn connect_from(source: std::net::Ipv4Addr, to: std::net::SocketAddr) -> std::io::Result<TcpStream> {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+    socket.bind(&std::net::SocketAddr::from((source, 0)).into())?;
+    socket.connect(&to.into())?;
+    Ok(socket.into())
+}
+
+/// True once the node closed `stream` (a read sees its end or a reset) within `within`.
+fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
+    stream.set_read_timeout(Some(within)).unwrap();
+    let mut buf = [0u8; 256];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                return false;
+            }
+            Err(_) => return true,
+        }
+    }
+}
+
+/// Strangers hold nothing for long: 2,000 connections, 1,000 that never say a good hello (silent,
+/// or part-way through a frame head of a few KiB, or announcing 1 MiB of metadata) from 25
+/// addresses, and 1,000 that say hello and go idle, are closed within their timeouts; more than
+/// a source's share without a hello are refused at once; a client is served throughout, a new
+/// one connects at any time, and the node's memory comes back.
+#[test]
+fn connections_before_a_hello_and_idle_ones_are_bounded_and_closed() {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: valid rlimits; the soft limit is raised within the hard one for the sockets below.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit), 0);
+        limit.rlim_cur = limit.rlim_max.min(8192);
+        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &limit), 0);
+    }
+    assert!(limit.rlim_cur >= 4096, "this test needs 4096 open files, the hard limit is {}", limit.rlim_max);
+    let dir = tempfile::tempdir().unwrap();
+    let file = token_file(dir.path(), ALICE);
+    let node = Node::start(
+        "mio",
+        &[
+            "--auth-file",
+            file.to_str().unwrap(),
+            "--hello-timeout",
+            "1",
+            "--idle-timeout",
+            "3",
+            "--max-connections",
+            "3000",
+            "--max-unauthenticated",
+            "1100",
+            "--max-unauthenticated-per-source",
+            "40",
+        ],
+    );
+    let mut observer = connect(&node, OPS).unwrap();
+    let mut alice = connect(&node, ALICE).unwrap();
+    alice.put("x", DType::U8, &[4096], &vec![7u8; 4096]).unwrap();
+    let baseline = node.rss();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let served = {
+        let (stop, addr) = (Arc::clone(&stop), node.addr);
+        thread::spawn(move || {
+            let mut requests = 0;
+            while !stop.load(Ordering::Relaxed) {
+                assert_eq!(alice.get("x").expect("served throughout").bytes().len(), 4096);
+                requests += 1;
+                if requests % 20 == 0 {
+                    let options = ClientOptions { token: ALICE.into(), ..Default::default() };
+                    let mut new = Client::connect_with(addr, options).expect("a new client gets in");
+                    new.get("x").expect("and is served");
+                }
+                thread::sleep(Duration::from_millis(20));
+            }
+            requests
+        })
+    };
+
+    let (mut silent, mut partial, mut announcing) = (Vec::new(), Vec::new(), Vec::new());
+    let mut head = Vec::new();
+    encode_head(&mut head, 1, &Message::Get { name: "x".repeat(1000) }).unwrap();
+    let too_large = zerocopy::IntoBytes::as_bytes(&FrameHeader::new(Kind::Get, 1, 1 << 20, 0)).to_vec();
+    for i in 0..1000u32 {
+        let source = std::net::Ipv4Addr::new(127, 0, 1, 1 + (i % 25) as u8);
+        let mut stream = connect_from(source, node.addr).unwrap();
+        match i % 3 {
+            0 => silent.push(stream),
+            1 => {
+                stream.write_all(&head[..head.len() - 10]).unwrap();
+                partial.push(stream);
+            }
+            _ => {
+                stream.write_all(&too_large).unwrap();
+                announcing.push(stream);
+            }
+        }
+    }
+    // A source over its share: refused at once.
+    let crowd: Vec<TcpStream> =
+        (0..40).map(|_| connect_from(std::net::Ipv4Addr::new(127, 0, 2, 1), node.addr).unwrap()).collect();
+    let mut over = connect_from(std::net::Ipv4Addr::new(127, 0, 2, 1), node.addr).unwrap();
+    assert!(closed_within(&mut over, Duration::from_millis(500)), "the 41st connection of one source is refused");
+    let idle: Vec<Client> = (0..1000).map(|_| connect(&node, BOB).expect("bob gets in")).collect();
+    let held = node.rss();
+
+    for stream in &mut announcing {
+        assert!(closed_within(stream, Duration::from_millis(500)), "1 MiB of metadata before a hello closes at once");
+    }
+    for stream in silent.iter_mut().chain(&mut partial) {
+        assert!(closed_within(stream, Duration::from_secs(3)), "no hello within the hello timeout: closed");
+    }
+    node.wait_for_stat(&mut observer, "hello_timeouts", (silent.len() + partial.len() + crowd.len()) as u64);
+    // The idle ones go after their timeout; the observer and alice's client stay (they move).
+    node.wait_for_stat(&mut observer, "connections_open", 2);
+    // (The observer's own connection may have idled too while the clients were made: it
+    // reconnects, as every client does.)
+    assert!(node.stat(&mut observer, "idle_closed") >= idle.len() as u64);
+    assert_eq!(node.stat(&mut observer, "unauthenticated_refused"), 1);
+    stop.store(true, Ordering::Relaxed);
+    let requests = served.join().expect("the client was served throughout");
+    assert!(requests > 100, "{requests} requests");
+    let after = node.rss();
+    eprintln!("RSS: {} MiB before, {} MiB with 2,000 strangers, {} MiB after", baseline >> 20, held >> 20, after >> 20);
+    assert!(after < baseline + (16 << 20), "RSS {after} after, {baseline} before");
+    drop(idle);
+}
+
+/// Without tokens, a node, a control plane and `djinn up` serve loopback only, unless told
+/// `--insecure`; with tokens they serve any address.
+#[test]
+fn without_tokens_only_loopback_is_served_unless_insecure() {
+    let refuses = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_djinn")).args(args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains("--insecure"), "{args:?}: {stderr}");
+    };
+    refuses(&["node", "--listen", "0.0.0.0:0", "--log", "error"]);
+    refuses(&["control", "--listen", "0.0.0.0:0", "--log", "error"]);
+    refuses(&["up", "--listen", "127.0.0.1:0", "--control-listen", "0.0.0.0:0", "--log", "error"]);
+    let node = Node::start_at("0.0.0.0:0", "mio", &["--insecure"]);
+    node.client().put("x", DType::U8, &[1], &[1]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = token_file(dir.path(), ALICE);
+    let node = Node::start_at("0.0.0.0:0", "mio", &["--auth-file", file.to_str().unwrap()]);
+    connect(&node, ALICE).unwrap().put("x", DType::U8, &[1], &[1]).unwrap();
 }

@@ -7,6 +7,7 @@
 //! ```json
 //! {"principals": [
 //!   {"name": "alice", "tokens": ["a-long-random-secret-1", "a-long-random-secret-2"],
+//!    "rights": ["torchscript"],
 //!    "quota": {"device_memory": 8589934592, "host_swap": 17179869184,
 //!              "concurrent_requests": 64, "requests_per_second": 1000, "burst": 200}},
 //!   {"name": "nodes", "role": "node", "tokens": ["another-long-random-secret"]},
@@ -18,6 +19,12 @@
 //! in constant time: neither the time taken nor the order of the file tells which bytes of a
 //! guess were right. Two tokens per principal let a rotation overlap: add the new one, move the
 //! clients, remove the old one.
+//!
+//! `rights` are what a principal may do beyond its role: `torchscript`, registering TorchScript
+//! models. A TorchScript archive is code: libtorch deserializes it (its loader is not meant for
+//! untrusted bytes) and it runs on the node with the node's own access to files and processes,
+//! so only principals trusted with that get the right. Everyone has every right where no token
+//! document is configured (one trusted user, as under `djinn up`).
 //!
 //! A tenant's `quota` bounds what it may take of each node (every field is optional, and a
 //! missing one is no bound): device memory in bytes (its tensors, kept tensors, session state,
@@ -80,13 +87,24 @@ pub struct Principal {
     pub tenant: TenantId,
     pub name: Arc<str>,
     pub role: Role,
+    /// May register TorchScript ([`Right::Torchscript`]).
+    pub torchscript: bool,
 }
 
 impl Principal {
     /// Everyone, when no token file is configured: one namespace, every right.
     pub fn anonymous() -> Self {
-        Self { tenant: TenantId::DEFAULT, name: Arc::from(""), role: Role::Admin }
+        Self { tenant: TenantId::DEFAULT, name: Arc::from(""), role: Role::Admin, torchscript: true }
     }
+}
+
+/// What a principal may do beyond its role, given by name in the document's `rights`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Right {
+    /// Register TorchScript models: archives libtorch deserializes, and code that runs on the
+    /// node with the node's own access to its files and processes.
+    Torchscript,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -172,6 +190,8 @@ struct PrincipalEntry {
     #[serde(default)]
     role: Role,
     tokens: Vec<String>,
+    #[serde(default)]
+    rights: Vec<Right>,
     #[serde(default)]
     quota: Quota,
 }
@@ -303,7 +323,8 @@ impl Authenticator {
                 }
                 registry.tokens.push((hash, index));
             }
-            registry.principals.push(Principal { tenant, name, role: entry.role });
+            let torchscript = entry.rights.contains(&Right::Torchscript);
+            registry.principals.push(Principal { tenant, name, role: entry.role, torchscript });
         }
         Ok(registry)
     }

@@ -402,8 +402,11 @@ pub fn run(args: SoakArgs) -> Result<()> {
     let duration = Duration::try_from_secs_f64(args.duration).context("--duration: a number of seconds")?;
     let dir = tempfile::tempdir()?;
     let tokens = dir.path().join("tokens.json");
-    let principals: Vec<String> =
-        TOKENS.iter().enumerate().map(|(i, t)| format!(r#"{{"name": "tenant{i}", "tokens": ["{t}"]}}"#)).collect();
+    let principals: Vec<String> = TOKENS
+        .iter()
+        .enumerate()
+        .map(|(i, t)| format!(r#"{{"name": "tenant{i}", "tokens": ["{t}"], "rights": ["torchscript"]}}"#))
+        .collect();
     std::fs::write(&tokens, format!(r#"{{"principals": [{}]}}"#, principals.join(",")))?;
     let tokens_arg = tokens.display().to_string();
     // A small buffer pool, so that memory given back shows in the node's RSS.

@@ -2,11 +2,12 @@
 //! presents itself (`--token-file`, or `DJINN_TOKEN`; never a flag's value, which any user of
 //! the host can read in the process list).
 
+use std::net::ToSocketAddrs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::Args;
 use djinn_auth::{Authenticator, Watcher};
 use djinn_control::principals::{self, EtcdPrincipals};
@@ -26,6 +27,11 @@ pub struct PrincipalsArgs {
     /// The etcd key of --auth-etcd.
     #[arg(long, default_value = principals::DEFAULT_KEY)]
     pub auth_key: String,
+    /// Serve beyond loopback without tokens: everyone who reaches the address may do
+    /// anything (every tenant's data, registering code). Without tokens and without this, a
+    /// process listens on loopback only.
+    #[arg(long)]
+    pub insecure: bool,
 }
 
 #[derive(Args, Debug, Clone, Default)]
@@ -50,6 +56,22 @@ pub enum PrincipalsWatch {
 }
 
 impl PrincipalsArgs {
+    /// Refuses to serve `listen` beyond loopback when no tokens are required (`tokens`),
+    /// unless `--insecure` says so.
+    pub fn check_exposure(&self, listen: &str, tokens: bool) -> Result<()> {
+        if tokens || self.insecure {
+            return Ok(());
+        }
+        let addrs = listen.to_socket_addrs().with_context(|| format!("cannot resolve {listen}"))?;
+        if let Some(open) = addrs.into_iter().find(|a| !a.ip().is_loopback()) {
+            bail!(
+                "{listen} ({open}) is reachable beyond this host and no tokens are required: give --auth-file or \
+                 --auth-etcd, or --insecure to serve everyone who reaches it with every right"
+            );
+        }
+        Ok(())
+    }
+
     /// The principals, watched for changes while the watch lives; none when tokens are not
     /// required.
     pub fn authenticator(&self) -> Result<Option<(Arc<Authenticator>, PrincipalsWatch)>> {

@@ -62,6 +62,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 pub fn run(args: ControlArgs) -> Result<()> {
     let config = config(args.lease_ttl, &args.prefix)?;
     let auth = args.principals.authenticator()?;
+    args.principals.check_exposure(&args.listen, auth.is_some())?;
     let authenticator = auth.as_ref().map(|(a, _)| Arc::clone(a));
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(tls_acceptor(cert, key)?),

@@ -116,6 +116,23 @@ pub struct NodeArgs {
     /// read, moving less than 64 KiB, before it is closed (slow or stuck clients).
     #[arg(long, default_value_t = 10.0)]
     stall_timeout: f64,
+    /// Seconds a connection may stay open without a good hello, where clients need tokens.
+    #[arg(long, default_value_t = 5.0)]
+    hello_timeout: f64,
+    /// Seconds a connection with nothing under way may go without a frame before it is
+    /// closed (clients reconnect by themselves).
+    #[arg(long, default_value_t = 600.0)]
+    idle_timeout: f64,
+    /// Connections at once. Each holds a file descriptor: the open-files limit is raised to
+    /// fit, or this is lowered to what the hard limit allows (with a warning).
+    #[arg(long, default_value_t = 4096)]
+    max_connections: usize,
+    /// Connections without a good hello yet (where clients need tokens), in all.
+    #[arg(long, default_value_t = 256)]
+    max_unauthenticated: usize,
+    /// Connections without a good hello yet from one source address.
+    #[arg(long, default_value_t = 32)]
+    max_unauthenticated_per_source: usize,
     /// Which session's state leaves the device when another needs room: `semantic` (sessions
     /// whose agent said IO_WAIT first, swapped out at the signal and restored ahead of the
     /// expected resume; then the least recently used) or `lru` (recency only, on pressure).
@@ -180,6 +197,39 @@ fn hostname() -> String {
     name.filter(|n| !n.is_empty()).unwrap_or("node").to_owned()
 }
 
+/// Descriptors a node needs besides its connections: the listener, the poller, RDMA devices
+/// and their completion channels, files, the control plane's connection.
+const SPARE_DESCRIPTORS: u64 = 256;
+
+/// Raises the open-files limit to what `max_connections` needs; where the hard limit does not
+/// allow that, the connections it does allow (with a warning).
+fn fit_open_files(max_connections: usize) -> Result<usize> {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: a valid rlimit to fill.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        bail!("getrlimit(RLIMIT_NOFILE): {}", std::io::Error::last_os_error());
+    }
+    let want = max_connections as u64 + SPARE_DESCRIPTORS;
+    if limit.rlim_cur < want {
+        let raised = libc::rlimit { rlim_cur: want.min(limit.rlim_max), rlim_max: limit.rlim_max };
+        // SAFETY: a valid rlimit, within the hard limit.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+            bail!("setrlimit(RLIMIT_NOFILE, {}): {}", raised.rlim_cur, std::io::Error::last_os_error());
+        }
+        limit = raised;
+    }
+    let fits = limit.rlim_cur.saturating_sub(SPARE_DESCRIPTORS) as usize;
+    if fits < max_connections {
+        tracing::warn!(
+            max_connections,
+            open_files = limit.rlim_cur,
+            "the open-files hard limit allows fewer connections: --max-connections lowered to {fits}"
+        );
+        return Ok(fits.max(1));
+    }
+    Ok(max_connections)
+}
+
 fn physical_memory() -> u64 {
     // SAFETY: sysconf has no preconditions.
     let (pages, page) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
@@ -189,6 +239,8 @@ fn physical_memory() -> u64 {
 /// Serves until SIGINT or SIGTERM; with `auth` (the principals of `--auth-file` or `--auth-etcd`),
 /// only for them.
 pub fn run(args: NodeArgs, auth: Option<Arc<Authenticator>>) -> Result<()> {
+    args.auth.principals.check_exposure(&args.listen, auth.is_some())?;
+    let max_connections = fit_open_files(args.max_connections)?;
     let max_meta = u32::try_from(args.max_meta.0).context("--max-meta must be under 4 GiB")?;
     let limits = Limits { max_meta, max_payload: args.max_payload.0, ..Limits::default() };
     let device_limit = args.device_memory_budget.map_or(physical_memory() / 2, |b| b.0);
@@ -247,6 +299,11 @@ pub fn run(args: NodeArgs, auth: Option<Arc<Authenticator>>) -> Result<()> {
         rdma,
         auth,
         stall_timeout: seconds("--stall-timeout", args.stall_timeout)?,
+        hello_timeout: seconds("--hello-timeout", args.hello_timeout)?,
+        idle_timeout: seconds("--idle-timeout", args.idle_timeout)?,
+        max_connections,
+        max_unauthenticated: args.max_unauthenticated,
+        max_unauthenticated_per_source: args.max_unauthenticated_per_source,
         ..ServerConfig::default()
     };
     let agent = concat!("djinn-node/", env!("CARGO_PKG_VERSION"));

@@ -44,6 +44,7 @@ pub fn run(mut args: UpArgs) -> Result<()> {
             "when tokens are required, the node needs a node's token to join its control plane: --token-file or DJINN_TOKEN"
         );
     }
+    args.node.auth.principals.check_exposure(&args.control_listen, auth.is_some())?;
     let authenticator = auth.as_ref().map(|(a, _)| Arc::clone(a));
     let node_auth = authenticator.clone();
     let (bound, addr) = mpsc::channel();

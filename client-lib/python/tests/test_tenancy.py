@@ -12,6 +12,7 @@ from conftest import NodeProcess
 ALICE = "alice-token-0123456789"
 BOB = "bob-token-0123456789ab"
 CAROL = "carol-token-0123456789"
+MALLORY = "mallory-token-012345678"
 
 
 @pytest.fixture(scope="module")
@@ -21,9 +22,10 @@ def secured(tmp_path_factory):
         json.dumps(
             {
                 "principals": [
-                    {"name": "alice", "tokens": [ALICE]},
-                    {"name": "bob", "tokens": [BOB]},
-                    {"name": "carol", "tokens": [CAROL], "quota": {"device_memory": 4096}},
+                    {"name": "alice", "tokens": [ALICE], "rights": ["torchscript"]},
+                    {"name": "bob", "tokens": [BOB], "rights": ["torchscript"]},
+                    {"name": "carol", "tokens": [CAROL], "rights": ["torchscript"], "quota": {"device_memory": 4096}},
+                    {"name": "mallory", "tokens": [MALLORY]},
                 ]
             }
         )
@@ -76,3 +78,13 @@ def test_a_tenant_over_its_quota_gets_a_typed_error(secured):
     # Another tenant's registration of the same size is not held to carol's quota.
     bob = djinn.Client(secured.address, token=BOB)
     bob.register(nn.Linear(64, 64).eval(), torch.randn(1, 64))
+
+
+def test_a_tenant_without_the_right_is_refused_torchscript(secured):
+    mallory = djinn.Client(secured.address, token=MALLORY)
+    with pytest.raises(djinn.AuthenticationError, match='the right "torchscript"'):
+        mallory.register(nn.Linear(4, 4).eval(), torch.randn(1, 4))
+    alice = djinn.Client(secured.address, token=ALICE)
+    rm = alice.register(nn.Linear(4, 4).eval(), torch.randn(1, 4))
+    assert rm(torch.ones(1, 4)).shape == (1, 4)
+    assert mallory.keep(torch.ones(3)).cpu().tolist() == [1.0, 1.0, 1.0], "mallory is served otherwise"

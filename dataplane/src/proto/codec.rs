@@ -100,6 +100,12 @@ enum State {
     Failed,
 }
 
+/// The staging a reader keeps between frames: [`STAGING_LEN`], or less where the limits allow
+/// no frame head that large (a connection before its hello).
+fn base_staging(limits: &Limits) -> usize {
+    STAGING_LEN.min(HEADER_LEN + limits.max_meta as usize)
+}
+
 /// Where the next read should put its bytes: `payload` first (may be empty), then `staging`.
 #[derive(Debug)]
 pub struct ReadTarget<'a> {
@@ -123,7 +129,22 @@ impl std::fmt::Debug for FrameReader {
 
 impl FrameReader {
     pub fn new(limits: Limits) -> Self {
-        Self { limits, staging: vec![0; STAGING_LEN], start: 0, end: 0, state: State::Header }
+        Self { limits, staging: vec![0; base_staging(&limits)], start: 0, end: 0, state: State::Header }
+    }
+
+    /// Holds later frames to `limits` (a connection's own, once its peer authenticated).
+    pub fn set_limits(&mut self, limits: Limits) {
+        self.limits = limits;
+        let base = base_staging(&limits);
+        if self.staging.len() < base {
+            self.staging.resize(base, 0);
+        }
+    }
+
+    /// Bytes of staging held now.
+    #[cfg(test)]
+    pub(crate) fn staging_capacity(&self) -> usize {
+        self.staging.capacity()
     }
 
     /// True between frames with nothing buffered: a close here is a clean one.
@@ -137,6 +158,12 @@ impl FrameReader {
         if self.start == self.end {
             self.start = 0;
             self.end = 0;
+            // Grown for a large metadata section: give it back once that frame is decoded.
+            let base = base_staging(&self.limits);
+            if matches!(self.state, State::Header) && self.staging.len() > base {
+                self.staging.truncate(base);
+                self.staging.shrink_to_fit();
+            }
         }
         let need = match &self.state {
             State::Meta { header, .. } => header.meta_len.get() as usize,

@@ -22,6 +22,17 @@ impl PayloadAlloc for PlainAlloc {
 /// Feeds `bytes` to a reader in reads of the given sizes (cycled), then closes the stream.
 fn feed(limits: Limits, bytes: &[u8], chunks: &[usize]) -> Vec<RecvEvent> {
     let mut reader = FrameReader::new(limits);
+    let mut events = feed_into(&mut reader, limits, bytes, chunks);
+    if !matches!(events.last(), Some(RecvEvent::Fatal(_)))
+        && let Some(e) = reader.on_eof()
+    {
+        events.push(RecvEvent::Fatal(e));
+    }
+    events
+}
+
+/// Feeds `bytes` to `reader` in reads of the given sizes (cycled), up to a fatal error.
+fn feed_into(reader: &mut FrameReader, limits: Limits, bytes: &[u8], chunks: &[usize]) -> Vec<RecvEvent> {
     let mut alloc = PlainAlloc { limits };
     let mut events = Vec::new();
     let mut pos = 0;
@@ -45,10 +56,34 @@ fn feed(limits: Limits, bytes: &[u8], chunks: &[usize]) -> Vec<RecvEvent> {
             }
         }
     }
-    if let Some(e) = reader.on_eof() {
-        events.push(RecvEvent::Fatal(e));
-    }
     events
+}
+
+/// Before its hello a connection's reader holds a few KiB, and refuses a larger metadata
+/// section before allocating; after it, staging grown for a large section (up to the limit) is
+/// given back once that frame is decoded.
+#[test]
+fn staging_fits_the_limits_and_shrinks_after_a_large_metadata_section() {
+    let before_hello = Limits { max_meta: 4096, ..Limits::default() };
+    let mut reader = FrameReader::new(before_hello);
+    assert!(reader.staging_capacity() <= HEADER_LEN + 4096, "{}", reader.staging_capacity());
+    let head = FrameHeader::new(Kind::Put, 1, 1 << 20, 0);
+    let events = feed_into(&mut reader, before_hello, zerocopy::IntoBytes::as_bytes(&head), &[64]);
+    assert!(matches!(events[..], [RecvEvent::Fatal(ProtocolError::MetaTooLarge { .. })]), "{events:?}");
+    assert!(reader.staging_capacity() <= HEADER_LEN + 4096);
+
+    let limits = Limits::default();
+    let mut reader = FrameReader::new(before_hello);
+    reader.set_limits(limits);
+    assert_eq!(reader.staging_capacity(), STAGING_LEN);
+    let meta_len = 300_000;
+    let mut wire = zerocopy::IntoBytes::as_bytes(&FrameHeader::new(Kind::Put, 1, meta_len, 0)).to_vec();
+    wire.resize(wire.len() + meta_len as usize, 0xff);
+    let events = feed_into(&mut reader, limits, &wire, &[1 << 16]);
+    assert!(matches!(events[..], [RecvEvent::Rejected { request_id: 1, .. }]), "{events:?}");
+    assert!(reader.staging_capacity() >= meta_len as usize, "grown for the section");
+    let _ = reader.read_target();
+    assert_eq!(reader.staging_capacity(), STAGING_LEN, "given back");
 }
 
 fn frame_bytes(frame: &OutFrame) -> Vec<u8> {

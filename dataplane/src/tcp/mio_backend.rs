@@ -84,7 +84,7 @@ impl<S: Service> MioServer<S> {
     pub fn run(mut self) -> io::Result<ServerCounters> {
         let mut events = Events::with_capacity(1024);
         let mut last_work = Instant::now();
-        let mut next_stall_check = Instant::now() + self.core.stall_check_every();
+        let mut next_timeout_check = Instant::now() + self.core.timeout_check_every();
         let mut paused = false;
         while !self.flag.load(Ordering::Acquire) {
             // Replies drained below the global bound: every connection may read again.
@@ -104,9 +104,9 @@ impl<S: Service> MioServer<S> {
             if timeout.is_none() && self.arm_rdma() {
                 timeout = Some(std::time::Duration::ZERO);
             }
-            // Asleep, it still wakes for the next stall check while connections are open.
+            // Asleep, it still wakes for the next deadline check while connections are open.
             if timeout.is_none() && !self.conns.is_empty() {
-                timeout = Some(next_stall_check.saturating_duration_since(Instant::now()));
+                timeout = Some(next_timeout_check.saturating_duration_since(Instant::now()));
             }
             match self.poll.poll(&mut events, timeout) {
                 Ok(()) => {}
@@ -173,14 +173,14 @@ impl<S: Service> MioServer<S> {
                 last_work = Instant::now();
             }
             let now = Instant::now();
-            if now >= next_stall_check {
-                next_stall_check = now + self.core.stall_check_every();
-                let stalled: Vec<usize> = self
+            if now >= next_timeout_check {
+                next_timeout_check = now + self.core.timeout_check_every();
+                let expired: Vec<usize> = self
                     .conns
                     .iter_mut()
-                    .filter_map(|(key, c)| self.core.check_stall(&mut c.conn, now).then_some(key))
+                    .filter_map(|(key, c)| self.core.check_timeouts(&mut c.conn, now).then_some(key))
                     .collect();
-                for key in stalled {
+                for key in expired {
                     self.close(key);
                 }
             }
@@ -244,9 +244,7 @@ impl<S: Service> MioServer<S> {
                     return Ok(());
                 }
             };
-            if self.conns.len() >= self.core.config.max_connections {
-                self.core.counters.connections_refused += 1;
-                tracing::warn!(%peer, "connection refused: at the connection limit");
+            if !self.core.may_accept(peer, self.conns.len()) {
                 continue;
             }
             if let Err(e) = stream.set_nodelay(true) {

@@ -1,8 +1,9 @@
 //! What every server backend shares: per-connection protocol state, request dispatch, the
 //! built-in kinds (hello, ping, stats), back-pressure and counters. Backends only move bytes.
 
+use std::collections::HashMap;
 use std::fmt;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -54,6 +55,8 @@ pub struct ReplyTo {
     /// A node or an operator in its own name (or anyone, where no token is needed): it may see
     /// every tenant's entries listed.
     pub operator: bool,
+    /// The principal may register TorchScript (see [`djinn_auth::Right::Torchscript`]).
+    pub torchscript: bool,
 }
 
 impl ReplyTo {
@@ -126,6 +129,17 @@ pub struct ServerConfig {
     pub read_budget: usize,
     /// Connections beyond this are closed at once.
     pub max_connections: usize,
+    /// Where clients need tokens: connections that have not said a good hello yet, over all
+    /// sources and from one source address; more are closed at once.
+    pub max_unauthenticated: usize,
+    pub max_unauthenticated_per_source: usize,
+    /// Where clients need tokens: a connection without a good hello this long after it was
+    /// accepted is closed.
+    pub hello_timeout: Duration,
+    /// A connection with nothing under way (no partial frame, no request being answered, no
+    /// reply waiting) and no frame in either direction for this long is closed. Clients
+    /// reconnect by themselves; what a tenant keeps on the node is not the connection's.
+    pub idle_timeout: Duration,
     /// Requests of one connection being answered by other threads before the poller stops
     /// reading that connection.
     pub max_in_flight: usize,
@@ -157,6 +171,10 @@ impl Default for ServerConfig {
             max_queued_total: 1 << 30,
             read_budget: 4 << 20,
             max_connections: 4096,
+            max_unauthenticated: 256,
+            max_unauthenticated_per_source: 32,
+            hello_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(600),
             max_in_flight: 256,
             backend: Backend::default(),
             rdma: None,
@@ -186,7 +204,16 @@ pub struct ServerCounters {
     pub auth_failures: u64,
     /// Connections closed for stalling (see [`ServerConfig::stall_timeout`]).
     pub stalled_connections: u64,
+    /// Connections closed without a good hello in time ([`ServerConfig::hello_timeout`]).
+    pub hello_timeouts: u64,
+    /// Connections closed for being idle ([`ServerConfig::idle_timeout`]).
+    pub idle_closed: u64,
+    /// Connections refused at once for the bounds on those without a good hello yet.
+    pub unauthenticated_refused: u64,
 }
+
+/// The metadata a frame may carry before its connection's hello: a hello, a ping.
+pub const MAX_META_BEFORE_HELLO: u32 = 4096;
 
 /// Bytes a stalling connection must move per [`ServerConfig::stall_timeout`] to stay open.
 pub const MIN_PROGRESS: u64 = 64 * 1024;
@@ -233,6 +260,13 @@ pub(crate) struct Conn {
     tenant: Option<TenantId>,
     /// See [`ReplyTo::operator`].
     operator: bool,
+    /// See [`ReplyTo::torchscript`].
+    torchscript: bool,
+    /// When it was accepted, and when a frame last went either way (set by the timeout check
+    /// from `active`, which the hot path sets: no clock read per frame).
+    accepted: Instant,
+    last_active: Instant,
+    active: bool,
     /// The current stall window: when it began, and the bytes read and written since.
     window: (Instant, u64, u64),
     /// Closed without sending what is queued (it stalled).
@@ -273,6 +307,8 @@ pub(crate) struct Core<S> {
     replies: Receiver<(ReplyTo, Reply)>,
     /// Tenants' request quotas, when clients need tokens.
     admission: Option<Admission>,
+    /// Connections without a good hello yet, by source address (where clients need tokens).
+    unauthenticated: HashMap<IpAddr, usize>,
 }
 
 /// The service's payload memory, for a connection that said who it is (else nothing is
@@ -317,6 +353,41 @@ impl<S: Service> Core<S> {
             replier: Replier { tx, wake },
             replies,
             admission,
+            unauthenticated: HashMap::new(),
+        }
+    }
+
+    /// Whether a connection from `peer` may be accepted with `open` connections open: under
+    /// the connection limit and, before its hello, under the bounds on unauthenticated ones.
+    pub fn may_accept(&mut self, peer: SocketAddr, open: usize) -> bool {
+        if open >= self.config.max_connections {
+            self.counters.connections_refused += 1;
+            tracing::warn!(%peer, "connection refused: at the connection limit");
+            return false;
+        }
+        if self.config.auth.is_some() {
+            let total: usize = self.unauthenticated.values().sum();
+            let from_peer = self.unauthenticated.get(&peer.ip()).copied().unwrap_or(0);
+            if total >= self.config.max_unauthenticated || from_peer >= self.config.max_unauthenticated_per_source {
+                self.counters.connections_refused += 1;
+                self.counters.unauthenticated_refused += 1;
+                tracing::info!(%peer, total, from_peer, "connection refused: too many without a hello");
+                return false;
+            }
+        }
+        true
+    }
+
+    /// `conn` no longer counts as unauthenticated (it said a good hello, or it closed).
+    fn authenticated_or_gone(&mut self, conn: &Conn) {
+        if self.config.auth.is_some() && conn.tenant.is_none() {
+            let ip = conn.peer.ip();
+            if let Some(n) = self.unauthenticated.get_mut(&ip) {
+                *n -= 1;
+                if *n == 0 {
+                    self.unauthenticated.remove(&ip);
+                }
+            }
         }
     }
 
@@ -325,8 +396,16 @@ impl<S: Service> Core<S> {
         self.counters.connections_accepted += 1;
         self.counters.connections_open += 1;
         tracing::debug!(%peer, "connection accepted");
+        let limits = if self.config.auth.is_some() {
+            *self.unauthenticated.entry(peer.ip()).or_default() += 1;
+            // Before a hello, a frame head of a few KiB is all a stranger may make us hold.
+            Limits { max_meta: self.config.limits.max_meta.min(MAX_META_BEFORE_HELLO), ..self.config.limits }
+        } else {
+            self.config.limits
+        };
+        let now = Instant::now();
         Conn {
-            reader: FrameReader::new(self.config.limits),
+            reader: FrameReader::new(limits),
             queue: SendQueue::default(),
             peer,
             slot,
@@ -336,6 +415,10 @@ impl<S: Service> Core<S> {
             rdma: None,
             tenant: if self.config.auth.is_some() { None } else { Some(TenantId::DEFAULT) },
             operator: self.config.auth.is_none(),
+            torchscript: self.config.auth.is_none(),
+            accepted: now,
+            last_active: now,
+            active: false,
             window: (Instant::now(), 0, 0),
             dropped: false,
         }
@@ -360,9 +443,32 @@ impl<S: Service> Core<S> {
         self.queued_total += conn.queue.queued_bytes() - before;
     }
 
-    /// Ends `conn`'s stall window when it is over; true when the connection stalled in it (it
-    /// is then marked done, and the backend closes it).
-    pub fn check_stall(&mut self, conn: &mut Conn, now: Instant) -> bool {
+    /// Closes `conn` when it is past a deadline: no good hello in time, idle too long, or
+    /// stalled in its stall window (which this ends when it is over). True when it is marked
+    /// done (the backend then closes it).
+    pub fn check_timeouts(&mut self, conn: &mut Conn, now: Instant) -> bool {
+        if conn.dropped {
+            return false;
+        }
+        if std::mem::take(&mut conn.active) {
+            conn.last_active = now;
+        }
+        let close = |conn: &mut Conn| {
+            conn.dropped = true;
+            conn.closing = true;
+            true
+        };
+        if conn.tenant.is_none() && now.saturating_duration_since(conn.accepted) >= self.config.hello_timeout {
+            self.counters.hello_timeouts += 1;
+            tracing::info!(peer = %conn.peer, "closing a connection that said no good hello in time");
+            return close(conn);
+        }
+        let under_way = !conn.reader.is_idle() || !conn.queue.is_empty() || conn.in_flight > 0;
+        if !under_way && now.saturating_duration_since(conn.last_active) >= self.config.idle_timeout {
+            self.counters.idle_closed += 1;
+            tracing::debug!(peer = %conn.peer, "closing an idle connection");
+            return close(conn);
+        }
         let (start, read, written) = conn.window;
         if now.saturating_duration_since(start) < self.config.stall_timeout {
             return false;
@@ -371,7 +477,7 @@ impl<S: Service> Core<S> {
         // Not reading is the node's choice while its back-pressure holds: no stall then.
         let reading = !conn.reader.is_idle() && read < MIN_PROGRESS && self.wants_read(conn);
         let writing = !conn.queue.is_empty() && written < MIN_PROGRESS;
-        if !(reading || writing) || conn.dropped {
+        if !(reading || writing) {
             return false;
         }
         self.counters.stalled_connections += 1;
@@ -382,14 +488,13 @@ impl<S: Service> Core<S> {
             waiting = if reading { "in the middle of a frame" } else { "not reading its replies" },
             "closing a stalled connection"
         );
-        conn.dropped = true;
-        conn.closing = true;
-        true
+        close(conn)
     }
 
-    /// How often the backend checks its connections for stalls.
-    pub fn stall_check_every(&self) -> Duration {
-        (self.config.stall_timeout / 4).max(Duration::from_millis(10))
+    /// How often the backend checks its connections' deadlines ([`Self::check_timeouts`]).
+    pub fn timeout_check_every(&self) -> Duration {
+        let shortest = self.config.stall_timeout.min(self.config.hello_timeout).min(self.config.idle_timeout);
+        (shortest / 4).max(Duration::from_millis(10))
     }
 
     /// The next reply sent from another thread, with the slot of its connection.
@@ -416,10 +521,12 @@ impl<S: Service> Core<S> {
             return;
         }
         conn.in_flight -= 1;
+        conn.active = true;
         self.send(conn, to.request_id, reply);
     }
 
     pub fn on_close(&mut self, conn: &Conn) {
+        self.authenticated_or_gone(conn);
         self.counters.connections_open -= 1;
         self.queued_total -= conn.queue.queued_bytes();
         if conn.rdma.is_some() {
@@ -459,6 +566,7 @@ impl<S: Service> Core<S> {
                     None => break,
                 },
             };
+            conn.active = true;
             match event {
                 RecvEvent::Frame(Frame { request_id, message: Message::Hello(peer), .. }) => {
                     self.counters.frames_in += 1;
@@ -488,6 +596,7 @@ impl<S: Service> Core<S> {
                         request_id: frame.request_id,
                         tenant: conn.tenant.unwrap_or_default(),
                         operator: conn.operator,
+                        torchscript: conn.torchscript,
                     };
                     // A request with a payload was admitted when its memory was allocated.
                     if frame.payload.is_none()
@@ -537,14 +646,21 @@ impl<S: Service> Core<S> {
             match principal {
                 Ok(p) => {
                     tracing::debug!(peer = %conn.peer, agent = %peer.agent, tenant = %p.name, "hello");
+                    self.authenticated_or_gone(conn);
+                    conn.reader.set_limits(self.config.limits);
                     conn.tenant = Some(p.tenant);
                     conn.operator = p.role != djinn_auth::Role::Tenant;
+                    conn.torchscript = p.torchscript;
                 }
                 Err(e) => {
                     self.counters.auth_failures += 1;
                     tracing::info!(peer = %conn.peer, agent = %peer.agent, error = %e, "hello refused");
-                    conn.tenant = None;
+                    // A refused hello after a good one: the connection closes as unauthenticated.
+                    if conn.tenant.take().is_some() {
+                        *self.unauthenticated.entry(conn.peer.ip()).or_default() += 1;
+                    }
                     conn.operator = false;
+                    conn.torchscript = false;
                     conn.closing = true;
                     let code = match e {
                         djinn_auth::AuthError::Forbidden { .. } => ErrorCode::Forbidden,
@@ -683,6 +799,9 @@ impl<S: Service> Core<S> {
                     ("protocol_failures", c.protocol_failures),
                     ("auth_failures", c.auth_failures),
                     ("stalled_connections", c.stalled_connections),
+                    ("hello_timeouts", c.hello_timeouts),
+                    ("idle_closed", c.idle_closed),
+                    ("unauthenticated_refused", c.unauthenticated_refused),
                 ]
                 .into_iter()
                 .map(|(k, v)| (k.to_owned(), v))

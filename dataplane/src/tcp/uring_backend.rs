@@ -149,7 +149,7 @@ impl<S: Service> UringServer<S> {
         self.arm_accept()?;
         self.arm_wake()?;
         let mut last_work = Instant::now();
-        let mut next_stall_check = Instant::now() + self.core.stall_check_every();
+        let mut next_timeout_check = Instant::now() + self.core.timeout_check_every();
         let mut paused = false;
         let mut completions: Vec<(u64, i32)> = Vec::with_capacity(RING_ENTRIES as usize);
         while !self.flag.load(Ordering::Acquire) {
@@ -158,10 +158,10 @@ impl<S: Service> UringServer<S> {
                 self.dirty.extend(self.conns.iter().map(|(key, _)| key));
             }
             let now = Instant::now();
-            if now >= next_stall_check {
-                next_stall_check = now + self.core.stall_check_every();
+            if now >= next_timeout_check {
+                next_timeout_check = now + self.core.timeout_check_every();
                 for (key, c) in self.conns.iter_mut() {
-                    if self.core.check_stall(&mut c.conn, now) {
+                    if self.core.check_timeouts(&mut c.conn, now) {
                         self.dirty.push(key);
                     }
                 }
@@ -189,8 +189,8 @@ impl<S: Service> UringServer<S> {
             } else if self.conns.is_empty() {
                 self.ring.submit_and_wait(1)
             } else {
-                // Asleep, it still wakes for the next stall check while connections are open.
-                let wait = types::Timespec::from(next_stall_check.saturating_duration_since(Instant::now()));
+                // Asleep, it still wakes for the next deadline check while connections are open.
+                let wait = types::Timespec::from(next_timeout_check.saturating_duration_since(Instant::now()));
                 self.ring.submitter().submit_with_args(1, &types::SubmitArgs::new().timespec(&wait))
             };
             match entered {
@@ -279,9 +279,7 @@ impl<S: Service> UringServer<S> {
                 return;
             }
         };
-        if self.conns.len() >= self.core.config.max_connections {
-            self.core.counters.connections_refused += 1;
-            tracing::warn!(%peer, "connection refused: at the connection limit");
+        if !self.core.may_accept(peer, self.conns.len()) {
             return;
         }
         if let Err(e) = stream.set_nodelay(true) {
