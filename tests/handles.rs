@@ -4,11 +4,12 @@
 
 mod support;
 
+use std::thread;
 use std::time::Duration;
 
 use djinn_client::{
-    Client, ClientOptions, ClusterClient, ClusterError, DType, ErrorCode, FailoverOptions, Handle, TensorRef,
-    TensorSource, Value,
+    Client, ClientOptions, ClusterClient, ClusterError, DType, ErrorCode, FailoverOptions, Handle, TensorDesc,
+    TensorRef, TensorSource, Value,
 };
 use support::{Node, f32_bytes, pattern, register};
 
@@ -149,16 +150,21 @@ fn a_handle_whose_node_died_or_restarted_gets_a_clear_error() {
 
 #[test]
 fn a_node_pushes_a_tensor_into_another_nodes_memory() {
-    let a = Node::start("mio", &["--push-timeout", "5"]);
     let b = Node::start("uring", &[]);
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    let stranger = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    stranger.set_nonblocking(true).unwrap();
+    let peers = format!("{},{dead}", b.addr);
+    let a = Node::start("mio", &["--push-timeout", "5", "--push-peers", &peers]);
     let mut on_a = a.client();
     let mut on_b = b.client();
     let to_b = b.addr.to_string();
     for (i, len) in [0usize, 1024, 1 << 20, 64 << 20].into_iter().enumerate() {
         let bytes = pattern(len, 40 + i as u64);
         let kept = on_a.keep(TensorRef { dtype: DType::U8, shape: &[len as u64], bytes: &bytes }).unwrap();
+        let grant = on_b.grant_push(&kept.tensor).unwrap();
         let ((pushed, path), sent, received) =
-            moved(&mut on_a, |c| c.push(TensorSource::Handle(kept.handle), &to_b).unwrap());
+            moved(&mut on_a, |c| c.push(TensorSource::Handle(kept.handle), &to_b, &grant).unwrap());
         assert_eq!(path, "staging-tcp");
         assert!(sent + received < 1024, "{} bytes of a {len}-byte push went through the client", sent + received);
         assert_eq!(pushed.tensor, kept.tensor);
@@ -169,28 +175,43 @@ fn a_node_pushes_a_tensor_into_another_nodes_memory() {
     // A named tensor goes the same way, and what arrives feeds a model on the peer.
     let x = f32_bytes(8, 6);
     on_a.put("x", DType::F32, &[8], &x).unwrap();
-    let (pushed, _) = on_a.push(TensorSource::Named("x".into()), &to_b).unwrap();
+    let x_desc = TensorDesc::new(DType::F32, vec![8]).unwrap();
+    let grant = on_b.grant_push(&x_desc).unwrap();
+    let (pushed, _) = on_a.push(TensorSource::Named("x".into()), &to_b, &grant).unwrap();
     let identity = register(&mut on_b, &["identity"]);
     let out = on_b.execute(&identity, &[Value::Handle(pushed.handle)], &[]).unwrap();
     assert_eq!(out.tensor_bytes(0), &x[..]);
 
     // Failures are typed and the node goes on serving.
-    let e = on_a.push(TensorSource::Named("missing".into()), &to_b).unwrap_err();
+    let e = on_a.push(TensorSource::Named("missing".into()), &to_b, "unused").unwrap_err();
     assert_eq!(code(&e), Some(ErrorCode::NotFound), "{e}");
-    let e = on_a.push(TensorSource::Handle(Handle { id: 999, epoch: 1 }), &to_b).unwrap_err();
+    let e = on_a.push(TensorSource::Handle(Handle { id: 999, epoch: 1 }), &to_b, "unused").unwrap_err();
     assert_eq!(code(&e), Some(ErrorCode::StaleHandle), "{e}");
-    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
-    let e = on_a.push(TensorSource::Named("x".into()), &dead).unwrap_err();
+    let e = on_a.push(TensorSource::Named("x".into()), &dead, "unused").unwrap_err();
     assert_eq!(code(&e), Some(ErrorCode::PeerUnreachable), "{e}");
-    let e = on_a.push(TensorSource::Named("x".into()), "not an address").unwrap_err();
-    assert_eq!(code(&e), Some(ErrorCode::PeerUnreachable), "{e}");
+    let e = on_a.push(TensorSource::Named("x".into()), "not an address", "unused").unwrap_err();
+    assert_eq!(code(&e), Some(ErrorCode::Forbidden), "{e}");
+
+    // A listener that is not one of the node's peers gets nothing: no connection, so no token
+    // and no byte of the tensor, and the error is the same whether anything listens there.
+    let grant = on_b.grant_push(&x_desc).unwrap();
+    let e =
+        on_a.push(TensorSource::Named("x".into()), &stranger.local_addr().unwrap().to_string(), &grant).unwrap_err();
+    assert_eq!(code(&e), Some(ErrorCode::Forbidden), "{e}");
+    assert!(e.to_string().contains("not a node of this cluster"), "{e}");
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    let e2 = on_a.push(TensorSource::Named("x".into()), &closed, &grant).unwrap_err();
+    assert_eq!(code(&e2), Some(ErrorCode::Forbidden), "{e2}");
+    thread::sleep(Duration::from_millis(200));
+    assert!(matches!(stranger.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock), "nothing connected");
 
     // The peer restarted since the last push: the connection is opened again.
     let b_addr = to_b.clone();
     drop(on_b);
     b.kill();
     let b = Node::start_at(&b_addr, "mio", &[]);
-    let (pushed, _) = on_a.push(TensorSource::Named("x".into()), &to_b).unwrap();
+    let grant = b.client().grant_push(&x_desc).unwrap();
+    let (pushed, _) = on_a.push(TensorSource::Named("x".into()), &to_b, &grant).unwrap();
     assert_eq!(b.client().fetch(pushed.handle).unwrap().bytes(), &x[..]);
     on_a.ping().unwrap();
 }
@@ -203,8 +224,8 @@ fn kept_tensors_live_in_gpu_memory_on_a_gpu_node() {
         eprintln!("skipped: libtorch sees no CUDA device here (run it on a GPU host)");
         return;
     }
-    let a = Node::start("mio", &["--device", "cuda:0"]);
     let b = Node::start("mio", &["--device", "cuda:0"]);
+    let a = Node::start("mio", &["--device", "cuda:0", "--push-peers", &b.addr.to_string()]);
     let mut on_a = a.client();
     let mut on_b = b.client();
     let identity = register(&mut on_a, &["identity"]);
@@ -213,7 +234,8 @@ fn kept_tensors_live_in_gpu_memory_on_a_gpu_node() {
         let kept = on_a.keep(TensorRef { dtype: DType::U8, shape: &[len as u64], bytes: &bytes }).unwrap();
         assert!(on_a.fetch(kept.handle).unwrap().bytes() == bytes.as_slice(), "{len} bytes through device memory");
         let out = on_a.execute_keep(&identity, &[Value::Handle(kept.handle)], &[]).unwrap();
-        let (pushed, path) = on_a.push(TensorSource::Handle(out.kept[0].handle), &b.addr.to_string()).unwrap();
+        let grant = on_b.grant_push(&out.kept[0].tensor).unwrap();
+        let (pushed, path) = on_a.push(TensorSource::Handle(out.kept[0].handle), &b.addr.to_string(), &grant).unwrap();
         assert_eq!(path, "staging-tcp");
         assert!(on_b.fetch(pushed.handle).unwrap().bytes() == bytes.as_slice(), "{len} bytes pushed GPU to GPU");
         on_a.release(&[kept.handle, out.kept[0].handle]).unwrap();

@@ -296,39 +296,45 @@ fn a_peer_that_dies_mid_transfer_is_a_typed_error_and_the_node_goes_on() {
 
 #[test]
 fn a_node_pushes_a_tensor_to_another_over_rdma() {
-    use djinn_client::{DType, ErrorCode, TensorSource};
+    use djinn_client::{DType, ErrorCode, TensorDesc, TensorSource};
     let Some(port) = device_port() else { return };
-    let a = rdma_node(&port.device, &["--push-timeout", "20"]);
     let b = rdma_node(&port.device, &[]);
+    let tcp_only = support::Node::start("mio", &["--transport", "tcp"]);
+    let peers = format!("{},{}", b.addr, tcp_only.addr);
+    let a = rdma_node(&port.device, &["--push-timeout", "20", "--push-peers", &peers]);
     let mut on_a = rdma_client(a.addr, &port.device);
     let to_b = b.addr.to_string();
     // Empty, eager (one SEND) and rendezvous (RDMA WRITE into the memory node b takes for it).
     for (i, len) in [0usize, 1024, 1 << 20, 64 << 20].into_iter().enumerate() {
         let bytes = pattern(len, 70 + i as u64);
         on_a.put("x", DType::U8, &[len as u64], &bytes).unwrap();
-        let (pushed, path) = on_a.push(TensorSource::Named("x".into()), &to_b).unwrap();
-        assert_eq!(path, "staging-rdma", "{len} bytes");
         let mut on_b = rdma_client(b.addr, &port.device);
+        let grant = on_b.grant_push(&TensorDesc::new(DType::U8, vec![len as u64]).unwrap()).unwrap();
+        let (pushed, path) = on_a.push(TensorSource::Named("x".into()), &to_b, &grant).unwrap();
+        assert_eq!(path, "staging-rdma", "{len} bytes");
         assert!(on_b.fetch(pushed.handle).unwrap().bytes() == bytes.as_slice(), "{len} bytes arrive exactly");
         on_b.release(&[pushed.handle]).unwrap();
     }
 
     // A peer that offers TCP only is pushed to over TCP.
-    let tcp_only = support::Node::start("mio", &["--transport", "tcp"]);
-    let (pushed, path) = on_a.push(TensorSource::Named("x".into()), &tcp_only.addr.to_string()).unwrap();
+    let x_desc = TensorDesc::new(DType::U8, vec![64 << 20]).unwrap();
+    let grant = tcp_only.client().grant_push(&x_desc).unwrap();
+    let (pushed, path) = on_a.push(TensorSource::Named("x".into()), &tcp_only.addr.to_string(), &grant).unwrap();
     assert_eq!(path, "staging-tcp");
     assert_eq!(tcp_only.client().fetch(pushed.handle).unwrap().bytes().len(), 64 << 20);
 
     // The peer dies: a typed error within the push timeout; once it is back, pushes go over RDMA
     // again.
+    let grant = rdma_client(b.addr, &port.device).grant_push(&x_desc).unwrap();
     b.kill();
     let started = Instant::now();
-    let e = on_a.push(TensorSource::Named("x".into()), &to_b).unwrap_err();
+    let e = on_a.push(TensorSource::Named("x".into()), &to_b, &grant).unwrap_err();
     assert_eq!(e.remote_code(), Some(ErrorCode::PeerUnreachable), "{e}");
     assert!(started.elapsed() < Duration::from_secs(25), "took {:?}", started.elapsed());
     let b = support::Node::start_at(&to_b, "mio", &["--transport", "rdma", "--rdma-device", &port.device]);
     on_a.put("x", DType::U8, &[3], &[7, 8, 9]).unwrap();
-    let (pushed, path) = on_a.push(TensorSource::Named("x".into()), &to_b).unwrap();
+    let grant = rdma_client(b.addr, &port.device).grant_push(&TensorDesc::new(DType::U8, vec![3]).unwrap()).unwrap();
+    let (pushed, path) = on_a.push(TensorSource::Named("x".into()), &to_b, &grant).unwrap();
     assert_eq!(path, "staging-rdma");
     assert_eq!(rdma_client(b.addr, &port.device).fetch(pushed.handle).unwrap().bytes(), &[7, 8, 9]);
 }

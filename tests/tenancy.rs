@@ -122,8 +122,8 @@ fn a_tenant_cannot_reach_another_tenants_entries() {
     assert_eq!(bob.release(&[kept]).unwrap(), 0);
     let _bob_model = register(&mut bob, &["mlp.block0", "mlp.block1", "mlp.block2"]);
     assert_eq!(code(bob.execute(&mlp, &[Value::Handle(kept)], &[])), ErrorCode::NotFound);
-    assert_eq!(code(bob.push(TensorSource::Handle(kept), &node.addr.to_string())), ErrorCode::NotFound);
-    assert_eq!(code(bob.push(TensorSource::Named("w".into()), "127.0.0.1:1")), ErrorCode::PeerUnreachable);
+    assert_eq!(code(bob.push(TensorSource::Handle(kept), &node.addr.to_string(), "unused")), ErrorCode::NotFound);
+    assert_eq!(code(bob.push(TensorSource::Named("w".into()), "127.0.0.1:1", "unused")), ErrorCode::Forbidden);
     assert_eq!(alice.fetch(kept).unwrap().desc.shape, vec![4, 256]);
 
     // Parked requests, by handle.
@@ -374,18 +374,17 @@ fn tokens_rotate_without_a_restart() {
 fn a_push_lands_in_the_same_tenants_namespace_on_the_peer() {
     let dir = tempfile::tempdir().unwrap();
     let file = token_file(dir.path(), ALICE);
-    let start = |token: Option<&str>| {
+    let (a_addr, b_addr) = (support::free_addr(), support::free_addr());
+    // Neither node has a node's token: a push needs none, only the peer's grant.
+    let start = |listen: &str, peer: &str| {
         let mut command = Command::new(env!("CARGO_BIN_EXE_djinn"));
-        command.args(["node", "--listen", "127.0.0.1:0", "--log", "error", "--auth-file"]).arg(&file);
-        match token {
-            Some(t) => command.env("DJINN_TOKEN", t),
-            None => command.env_remove("DJINN_TOKEN"),
-        };
+        command.args(["node", "--listen", listen, "--push-peers", peer, "--log", "error", "--auth-file"]).arg(&file);
+        command.env_remove("DJINN_TOKEN");
         let (child, addr) = spawn_listening(command, "djinn node listening on ");
         (support::Killed(child), addr)
     };
-    let (_a, a_addr) = start(Some(NODES));
-    let (_b, b_addr) = start(None);
+    let (_a, a_addr) = start(&a_addr, &b_addr);
+    let (_b, b_addr) = start(&b_addr, &a_addr);
     let options = |token: &str| ClientOptions { token: token.to_owned(), ..Default::default() };
     let mut alice_a = Client::connect_with(a_addr.as_str(), options(ALICE)).unwrap();
     let mut alice_b = Client::connect_with(b_addr.as_str(), options(ALICE)).unwrap();
@@ -393,14 +392,35 @@ fn a_push_lands_in_the_same_tenants_namespace_on_the_peer() {
 
     let bytes = f32_bytes(64, 3);
     let kept = alice_a.keep(TensorRef { dtype: DType::F32, shape: &[64], bytes: &bytes }).unwrap();
-    let (on_b, _path) = alice_a.push(TensorSource::Handle(kept.handle), &b_addr).expect("push");
+    let first = alice_b.grant_push(&kept.tensor).unwrap();
+    let (on_b, _path) = alice_a.push(TensorSource::Handle(kept.handle), &b_addr, &first).expect("push");
     assert_eq!(alice_b.fetch(on_b.handle).unwrap().bytes(), &bytes[..]);
     assert_eq!(code(bob_b.fetch(on_b.handle)), ErrorCode::NotFound);
 
-    // A node without a node's token is refused by the peer, in the peer's words.
+    // And back.
     let mut alice_on_b = Client::connect_with(b_addr.as_str(), options(ALICE)).unwrap();
-    let kept = alice_on_b.keep(TensorRef { dtype: DType::F32, shape: &[64], bytes: &bytes }).unwrap();
-    assert_eq!(code(alice_on_b.push(TensorSource::Handle(kept.handle), &a_addr)), ErrorCode::Unauthenticated);
+    let kept_b = alice_on_b.keep(TensorRef { dtype: DType::F32, shape: &[64], bytes: &bytes }).unwrap();
+    let grant = alice_a.grant_push(&kept_b.tensor).unwrap();
+    let (on_a, _) = alice_on_b.push(TensorSource::Handle(kept_b.handle), &a_addr, &grant).expect("push back");
+    assert_eq!(alice_a.fetch(on_a.handle).unwrap().bytes(), &bytes[..]);
+
+    // A grant is good once, for the tensor it names: a spent one, a made-up one and one for
+    // another tensor are refused by the peer, in its words.
+    let e = alice_a.push(TensorSource::Handle(kept.handle), &b_addr, &first).unwrap_err();
+    assert_eq!(e.remote_code(), Some(ErrorCode::Unauthenticated), "a spent grant: {e}");
+    assert!(e.to_string().contains("refused the push's grant"), "{e}");
+    assert_eq!(
+        code(alice_a.push(TensorSource::Handle(kept.handle), &b_addr, &"0".repeat(64))),
+        ErrorCode::Unauthenticated
+    );
+    let other = alice_b.grant_push(&TensorDesc::new(DType::F32, vec![65]).unwrap()).unwrap();
+    assert_eq!(code(alice_a.push(TensorSource::Handle(kept.handle), &b_addr, &other)), ErrorCode::Forbidden);
+
+    // A grant is the tenant's: bob, holding alice's grant, cannot push into her memory.
+    let mut bob_a = Client::connect_with(a_addr.as_str(), options(BOB)).unwrap();
+    let bobs = bob_a.keep(TensorRef { dtype: DType::F32, shape: &[64], bytes: &bytes }).unwrap();
+    let alices = alice_b.grant_push(&bobs.tensor).unwrap();
+    assert_eq!(code(bob_a.push(TensorSource::Handle(bobs.handle), &b_addr, &alices)), ErrorCode::Unauthenticated);
 }
 
 #[test]

@@ -50,11 +50,12 @@ pub fn run(args: PushArgs) -> Result<()> {
     if let Some(rdma) = &args.rdma_device {
         node_args.extend(["--transport", "rdma", "--rdma-device", rdma]);
     }
-    let node = || Spawned::start(&node_args);
-    let (a, b) = (node()?, node()?);
+    let b = Spawned::start(&node_args)?;
+    let to_b = b.addr.to_string();
+    node_args.extend(["--push-peers", &to_b]);
+    let a = Spawned::start(&node_args)?;
     let mut on_a = Client::connect_with(a.addr, ClientOptions::default())?;
     let mut on_b = Client::connect_with(b.addr, ClientOptions::default())?;
-    let to_b = b.addr.to_string();
     println!("{HEADER}");
     let mut rows = Vec::new();
     let mut paths = std::collections::BTreeSet::new();
@@ -63,8 +64,10 @@ pub fn run(args: PushArgs) -> Result<()> {
         let bytes = vec![7u8; size as usize];
         let kept = on_a.keep(TensorRef { dtype: DType::U8, shape: &[size], bytes: &bytes })?;
         let push = measure_timed(iters, || {
+            // A push as a tenant makes one: the peer's grant, then the push.
             let start = Instant::now();
-            let (pushed, path) = on_a.push(TensorSource::Handle(kept.handle), &to_b)?;
+            let grant = on_b.grant_push(&kept.tensor)?;
+            let (pushed, path) = on_a.push(TensorSource::Handle(kept.handle), &to_b, &grant)?;
             let took = start.elapsed();
             paths.insert(path);
             on_b.release(&[pushed.handle])?;

@@ -570,9 +570,12 @@ impl ClusterClient {
 
     /// Copies a kept tensor into the device memory of the node at `to`, node to node.
     /// Returns the copy and the path its bytes took.
+    /// The node at `to` grants the push first (the pushing node carries no credential of its
+    /// own there).
     pub fn push(&mut self, tensor: &RemoteTensor, to: &str) -> Result<(RemoteTensor, String), ClusterError> {
+        let grant = self.connection(to).and_then(|client| client.grant_push(&tensor.info.tensor))?;
         let (info, path) =
-            self.at_node(&tensor.node, |client| client.push(TensorSource::Handle(tensor.info.handle), to))?;
+            self.at_node(&tensor.node, |client| client.push(TensorSource::Handle(tensor.info.handle), to, &grant))?;
         Ok((RemoteTensor { node: to.to_owned(), info }, path))
     }
 

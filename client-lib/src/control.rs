@@ -260,6 +260,21 @@ impl ControlClient {
         self.send(self.authorized(self.http.get(format!("{}/v1/whoami", self.url))).call())
     }
 
+    /// The addresses of the live nodes (for a node or an operator).
+    pub fn live_nodes(&self) -> Result<Vec<String>, ControlError> {
+        #[derive(Deserialize)]
+        struct Node {
+            addr: String,
+        }
+        #[derive(Deserialize)]
+        struct Nodes {
+            nodes: Vec<Node>,
+        }
+        let answer = self.send(self.authorized(self.http.get(format!("{}/v1/nodes", self.url))).call())?;
+        let nodes: Nodes = self.parse(&answer)?;
+        Ok(nodes.nodes.into_iter().map(|n| n.addr).collect())
+    }
+
     /// The cluster's nodes, models and sessions, as JSON.
     pub fn cluster(&self) -> Result<String, ControlError> {
         self.send(self.authorized(self.http.get(format!("{}/v1/cluster", self.url))).call())

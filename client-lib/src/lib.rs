@@ -487,10 +487,24 @@ impl Client {
 
     /// Has the node copy one of its tensors into the device memory of the node at `to`, where
     /// it is kept; returns the handle there and the path the bytes took.
-    pub fn push(&mut self, source: TensorSource, to: &str) -> Result<(HandleInfo, String), ClientError> {
-        let reply = self.call(&Message::Push { source, to: to.to_owned() }, &[])?;
+    /// Has this node copy `source` into the memory of the node at `to` (one of its cluster's
+    /// nodes), on `grant`, which that node gave for it ([`Self::grant_push`]): the copy is this
+    /// tenant's there. Returns its handle there and the path its bytes took.
+    pub fn push(&mut self, source: TensorSource, to: &str, grant: &str) -> Result<(HandleInfo, String), ClientError> {
+        let message = Message::Push { source, to: to.to_owned(), grant: grant.to_owned() };
+        let reply = self.call(&message, &[])?;
         match reply.message {
             Message::Pushed { kept, path } => Ok((kept, path)),
+            _ => Err(unexpected(&self.conn, reply)),
+        }
+    }
+
+    /// Asks this node for a one-time grant to receive `tensor` for this tenant, pushed by
+    /// another node ([`Self::push`] there); good for a minute.
+    pub fn grant_push(&mut self, tensor: &TensorDesc) -> Result<String, ClientError> {
+        let reply = self.call(&Message::PushGrant { tensor: tensor.clone() }, &[])?;
+        match reply.message {
+            Message::PushGranted { grant } => Ok(grant),
             _ => Err(unexpected(&self.conn, reply)),
         }
     }

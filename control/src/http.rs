@@ -196,6 +196,17 @@ async fn place<S: Store>(
     Ok(axum::Json(decision).into_response())
 }
 
+/// The live nodes, by name and address: what a node may push tensors to.
+async fn nodes<S: Store>(State(control): Control<S>) -> Response {
+    let nodes: Vec<_> = control
+        .status()
+        .nodes
+        .into_iter()
+        .map(|n| serde_json::json!({ "name": n.name, "addr": n.inventory.addr }))
+        .collect();
+    axum::Json(serde_json::json!({ "nodes": nodes })).into_response()
+}
+
 async fn cluster<S: Store>(State(control): Control<S>) -> Response {
     axum::Json(control.status()).into_response()
 }
@@ -315,7 +326,7 @@ async fn not_found(uri: axum::http::Uri) -> Response {
 /// The API; with `auth`, only for the principals of its token file.
 pub fn router<S: Store>(control: Arc<ControlPlane<S>>, auth: Option<Arc<Authenticator>>) -> Router {
     Router::new()
-        .route("/v1/nodes", post(register::<S>))
+        .route("/v1/nodes", post(register::<S>).get(nodes::<S>))
         .route("/v1/nodes/{name}/lease", put(renew::<S>))
         .route("/v1/nodes/{name}", axum::routing::delete(leave::<S>))
         .route("/v1/models/{fingerprint}", put(describe_model::<S>).get(model::<S>))

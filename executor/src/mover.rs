@@ -1,18 +1,26 @@
-//! Node-to-node moves: a thread that pushes this node's tensors into other nodes' device memory.
-//! It holds one connection per peer (opened on first use, opened again after a failure) and
-//! speaks the ordinary protocol to it: the bytes go as a `Keep` request, and the peer answers
-//! with a handle of its own. Where the peer needs a token, the mover presents the node's and
-//! acts for the tenant whose tensor it is, so the handle on the peer is that tenant's.
+//! Node-to-node moves: pushes of this node's tensors into other nodes' device memory. Each
+//! tenant's pushes run on a thread of their own, so one tenant's slow peer holds up no other
+//! tenant's pushes; each thread keeps a bounded set of connections to peers (opened on first
+//! use, opened again after a failure, closed when idle). It speaks the ordinary protocol to the
+//! peer: the bytes go as a `Keep` request, and the peer answers with a handle of its own, in
+//! the tenant's memory there. The node presents no credential of its own: each push carries a
+//! one-time grant the peer gave the tenant for that tensor, which the mover presents in a hello
+//! (again on a kept connection) for the tenant, by name.
+//!
+//! A tenant names the peer, so pushes go only to the nodes of this node's cluster
+//! ([`PushPeers`]): the live nodes the control plane lists, or a fixed list. Anywhere else
+//! nothing is connected to: no credential leaves the node, and no port is probed.
 //!
 //! The path built so far is staging: the tensor's bytes leave from host memory (copied there
 //! first from a GPU), and the peer copies them to its device. Between the two hosts they go over
 //! RDMA where both nodes have it (a large tensor is RDMA-WRITten into the host memory the peer
 //! takes for it), else over TCP.
 
-use std::collections::HashMap;
-use std::net::ToSocketAddrs;
+use std::collections::{HashMap, HashSet};
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use djinn_dataplane::proto::{ErrorCode, Hello, Limits, Message, SharedBytes, TensorDesc, transports};
@@ -34,18 +42,91 @@ pub enum PushSource {
     Tensor(Tensor),
 }
 
+/// Fetches the addresses of the cluster's live nodes (from the control plane).
+pub type ListNodes = Box<dyn Fn() -> Result<Vec<String>, String> + Send + Sync>;
+
+/// The addresses this node may push to: a fixed list, and the live nodes its control plane
+/// lists. None at all unless one of them is given.
+pub struct PushPeers {
+    fixed: HashSet<String>,
+    listed: Option<(ListNodes, Mutex<Listed>)>,
+}
+
+#[derive(Default)]
+struct Listed {
+    fetched: Option<Instant>,
+    addrs: HashSet<String>,
+}
+
+/// The control plane's list is fetched again when it is older than this, or when it lacks the
+/// address asked for and is older than [`REFETCH_MISSING`] (a node that just joined is found;
+/// pushes to made-up addresses do not hammer the control plane).
+const LIST_FRESH: Duration = Duration::from_secs(1);
+const REFETCH_MISSING: Duration = Duration::from_millis(200);
+
+impl PushPeers {
+    /// The addresses of `fixed` (`HOST:PORT`, as the tenants will name them), and the live
+    /// nodes `list` returns, when given.
+    pub fn new(fixed: impl IntoIterator<Item = String>, list: Option<ListNodes>) -> Self {
+        Self { fixed: fixed.into_iter().collect(), listed: list.map(|l| (l, Mutex::new(Listed::default()))) }
+    }
+
+    /// Whether `to` is one of the peers: the same text, or the same socket address (no name is
+    /// resolved for this).
+    pub fn allows(&self, to: &str) -> bool {
+        if self.fixed.iter().any(|a| same_peer(a, to)) {
+            return true;
+        }
+        let Some((list, listed)) = &self.listed else { return false };
+        let mut listed = listed.lock().unwrap_or_else(|e| e.into_inner());
+        let age = listed.fetched.map(|t| t.elapsed());
+        let found = listed.addrs.iter().any(|a| same_peer(a, to));
+        let stale = age.is_none_or(|a| a > LIST_FRESH || (!found && a > REFETCH_MISSING));
+        if !stale {
+            return found;
+        }
+        match list() {
+            Ok(addrs) => {
+                listed.addrs = addrs.into_iter().collect();
+                listed.fetched = Some(Instant::now());
+            }
+            // The last list stands until the control plane answers again.
+            Err(e) => tracing::warn!(error = %e, "cannot list the cluster's nodes for a push"),
+        }
+        listed.addrs.iter().any(|a| same_peer(a, to))
+    }
+}
+
+impl std::fmt::Debug for PushPeers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PushPeers").field("fixed", &self.fixed).field("listed", &self.listed.is_some()).finish()
+    }
+}
+
+fn same_peer(a: &str, b: &str) -> bool {
+    a == b || matches!((a.parse::<SocketAddr>(), b.parse::<SocketAddr>()), (Ok(x), Ok(y)) if x == y)
+}
+
 struct PushJob {
     source: PushSource,
     to: String,
-    /// The tenant the tensor belongs to, by name (empty where nodes need no token).
-    tenant: String,
+    grant: String,
     reply_to: ReplyTo,
     replier: Replier,
 }
 
+/// What every push worker shares.
+struct Config {
+    options: ClientOptions,
+    rdma: Option<RdmaPort>,
+    peers: Arc<PushPeers>,
+}
+
 pub struct Mover {
-    tx: Option<Sender<PushJob>>,
-    thread: Option<JoinHandle<()>>,
+    config: Arc<Config>,
+    /// One worker per tenant that pushed (tenants are those of the token document, or the one
+    /// tenant where no token is needed), by the tenant's name.
+    workers: Mutex<HashMap<String, Worker>>,
 }
 
 impl std::fmt::Debug for Mover {
@@ -54,52 +135,94 @@ impl std::fmt::Debug for Mover {
     }
 }
 
+/// A tenant's push thread and its queue.
+type Worker = (Sender<PushJob>, JoinHandle<()>);
+
+/// Connections to peers one worker keeps, and how long an unused one stays open.
+const MAX_PEERS: usize = 16;
+const PEER_IDLE: Duration = Duration::from_secs(60);
+
 impl Mover {
-    /// `timeout` bounds each push's wait on its peer; `token` is this node's, for peers that
-    /// need one; pushes go over RDMA on `rdma` to peers that offer it.
-    pub fn start(timeout: Duration, token: String, rdma: Option<RdmaPort>) -> std::io::Result<Self> {
-        let (tx, rx) = crossbeam_channel::unbounded();
-        let thread =
-            std::thread::Builder::new().name("djinn-mover".into()).spawn(move || run(rx, timeout, token, rdma))?;
-        Ok(Self { tx: Some(tx), thread: Some(thread) })
+    /// `timeout` bounds each push's wait on its peer; pushes go only to `peers`, over RDMA on
+    /// `rdma` to peers that offer it.
+    pub fn new(timeout: Duration, rdma: Option<RdmaPort>, peers: Arc<PushPeers>) -> Self {
+        let options = ClientOptions {
+            timeout: Some(timeout),
+            connect_timeout: timeout.min(Duration::from_secs(5)),
+            // A peer answers a push with a handle, in a few hundred bytes and no payload: it
+            // may send no more.
+            limits: Limits { max_meta: 64 * 1024, ..Limits::default() },
+            max_reply_payload: 0,
+            pool_bytes: 0,
+            ..ClientOptions::default()
+        };
+        Self { config: Arc::new(Config { options, rdma, peers }), workers: Mutex::default() }
     }
 
-    pub fn push(&self, source: PushSource, to: String, tenant: String, reply_to: ReplyTo, replier: &Replier) {
-        let job = PushJob { source, to, tenant, reply_to, replier: replier.clone() };
-        if let Some(tx) = &self.tx
-            && let Err(e) = tx.send(job)
-        {
-            let PushJob { reply_to, replier, .. } = e.into_inner();
-            replier.send(reply_to, Reply::error(ErrorCode::Internal, "the mover has stopped"));
+    /// Pushes `source` to the node at `to` on its `grant`, for `tenant` (by name, empty where
+    /// nodes need no token); the reply goes to `reply_to`.
+    pub fn push(
+        &self,
+        source: PushSource,
+        to: String,
+        grant: String,
+        tenant: String,
+        reply_to: ReplyTo,
+        replier: &Replier,
+    ) {
+        let job = PushJob { source, to, grant, reply_to, replier: replier.clone() };
+        let mut workers = self.workers.lock().unwrap_or_else(|e| e.into_inner());
+        let job = match workers.get(&tenant) {
+            Some((tx, _)) => match tx.send(job) {
+                Ok(()) => return,
+                Err(e) => e.into_inner(),
+            },
+            None => job,
+        };
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let config = Arc::clone(&self.config);
+        let name = tenant.clone();
+        let spawned = std::thread::Builder::new().name("djinn-mover".into()).spawn(move || run(rx, &name, &config));
+        match spawned {
+            Ok(thread) => {
+                let _ = tx.send(job);
+                workers.insert(tenant, (tx, thread));
+            }
+            Err(e) => job.replier.send(job.reply_to, Reply::error(ErrorCode::Internal, format!("no push thread: {e}"))),
         }
     }
 }
 
 impl Drop for Mover {
     fn drop(&mut self) {
-        self.tx = None;
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        let workers = std::mem::take(&mut *self.workers.lock().unwrap_or_else(|e| e.into_inner()));
+        let threads: Vec<_> = workers.into_values().map(|(_, thread)| thread).collect();
+        for thread in threads {
+            let _ = thread.join();
         }
     }
 }
 
-/// A connection to a peer, for one tenant.
-type PeerKey = (String, String);
+/// A worker's open connections to peers, by address, with their last use.
+type Peers = HashMap<String, (ClientConn, Instant)>;
 
-fn run(rx: Receiver<PushJob>, timeout: Duration, token: String, rdma: Option<RdmaPort>) {
-    let mut peers: HashMap<PeerKey, ClientConn> = HashMap::new();
-    let options = ClientOptions {
-        token,
-        timeout: Some(timeout),
-        connect_timeout: timeout.min(Duration::from_secs(5)),
-        // Replies to pushes are small; no pool of reply buffers is needed.
-        pool_bytes: 0,
-        ..ClientOptions::default()
-    };
-    while let Ok(PushJob { source, to, tenant, reply_to, replier }) = rx.recv() {
-        let started = std::time::Instant::now();
-        let result = push(&mut peers, &options, rdma.as_ref(), source, (to.clone(), tenant));
+/// One tenant's pushes, in order.
+fn run(rx: Receiver<PushJob>, tenant: &str, config: &Config) {
+    let mut peers: Peers = HashMap::new();
+    while let Ok(PushJob { source, to, grant, reply_to, replier }) = rx.recv() {
+        peers.retain(|_, (_, used)| used.elapsed() < PEER_IDLE);
+        let started = Instant::now();
+        let result = if config.peers.allows(&to) {
+            push(&mut peers, config, source, &to, &grant, tenant)
+        } else {
+            Err((
+                ErrorCode::Forbidden,
+                format!(
+                    "{to:?} is not a node of this cluster: pushes go to the live nodes the control plane lists, \
+                     or to the node's --push-peers"
+                ),
+            ))
+        };
         let reply = match result {
             Ok((kept, path)) => {
                 let seconds = started.elapsed().as_secs_f64();
@@ -115,13 +238,14 @@ fn run(rx: Receiver<PushJob>, timeout: Duration, token: String, rdma: Option<Rdm
     }
 }
 
-/// Pushes `source` to the peer of `key`; the handle the peer gives it and the path it took.
+/// Pushes `source` to the peer at `to`; the handle the peer gives it and the path it took.
 fn push(
-    peers: &mut HashMap<PeerKey, ClientConn>,
-    options: &ClientOptions,
-    rdma: Option<&RdmaPort>,
+    peers: &mut Peers,
+    config: &Config,
     source: PushSource,
-    key: PeerKey,
+    to: &str,
+    grant: &str,
+    tenant: &str,
 ) -> Result<(djinn_dataplane::proto::HandleInfo, &'static str), (ErrorCode, String)> {
     let (desc, bytes): (TensorDesc, SharedBytes) = match source {
         PushSource::Bytes { desc, bytes } => (desc, bytes),
@@ -131,47 +255,66 @@ fn push(
         }
     };
     let message = Message::Keep { tensor: desc };
-    let (to, tenant) = (key.0.as_str(), key.1.as_str());
-    // A cached connection found broken is opened again once: the peer may have restarted since.
-    let mut retried = false;
-    loop {
-        let conn = match peers.get_mut(&key).filter(|c| c.is_usable()) {
-            Some(conn) => conn,
-            None => {
-                let conn = connect(to, tenant, options, rdma)?;
-                peers.entry(key.clone()).insert_entry(conn).into_mut()
-            }
-        };
-        let result = conn.request(&message, &[bytes.as_ref().as_ref()]);
-        let broken = !conn.is_usable();
-        let path = staging_path(conn.transport());
-        match result {
-            Ok(reply) => {
-                return match reply.message {
-                    Message::Kept { kept } => Ok((kept, path)),
-                    other => Err((ErrorCode::Internal, format!("the peer at {to} answered a {}", other.kind().name()))),
-                };
-            }
-            Err(ClientError::Remote { code, message, .. }) => {
-                return Err((code, format!("the peer at {to} refused the tensor: {message}")));
-            }
-            Err(e) => {
-                peers.remove(&key);
-                if retried || !broken {
-                    return Err((ErrorCode::PeerUnreachable, format!("pushing to {to} failed: {e}")));
+    // A kept connection is opened again by this push's grant; one found broken then (the peer
+    // restarted since the last push) is replaced by a new one, once.
+    let mut kept = peers.remove(to).filter(|(c, _)| c.is_usable()).map(|(c, _)| c);
+    let mut conn = loop {
+        match kept.take() {
+            Some(mut conn) => match hello(&mut conn, to, grant, tenant, config.rdma.is_some()) {
+                Ok(_) => break conn,
+                Err(_) if !conn.is_usable() => {
+                    tracing::info!(peer = %to, "connection to the peer lost; opening it again");
                 }
-                tracing::info!(peer = %to, error = %e, "connection to the peer lost; opening it again");
-                retried = true;
-            }
+                Err(e) => return Err(e),
+            },
+            None => break connect(to, grant, tenant, &config.options, config.rdma.as_ref())?,
         }
+    };
+    let result = conn.request(&message, &[bytes.as_ref().as_ref()]);
+    let path = staging_path(conn.transport());
+    if conn.is_usable() {
+        if peers.len() >= MAX_PEERS
+            && let Some(oldest) = peers.iter().min_by_key(|(_, (_, used))| *used).map(|(a, _)| a.clone())
+        {
+            peers.remove(&oldest);
+        }
+        peers.insert(to.to_owned(), (conn, Instant::now()));
+    }
+    match result {
+        Ok(reply) => match reply.message {
+            Message::Kept { kept } => Ok((kept, path)),
+            other => Err((ErrorCode::Internal, format!("the peer at {to} answered a {}", other.kind().name()))),
+        },
+        Err(ClientError::Remote { code, message, .. }) => {
+            Err((code, format!("the peer at {to} refused the tensor: {message}")))
+        }
+        Err(e) => Err((ErrorCode::PeerUnreachable, format!("pushing to {to} failed: {e}"))),
     }
 }
 
-/// Opens a connection to the peer at `to`, for `tenant`, over RDMA on `rdma` when the peer
-/// offers it too. A peer that refuses the node's token says so in its own code (a
-/// misconfiguration, not an unreachable peer).
+/// Says hello to the peer on `conn` with `grant`, for `tenant`: the peer's hello, or its
+/// refusal in its own words (a wrong or spent grant is not an unreachable peer).
+fn hello(conn: &mut ClientConn, to: &str, grant: &str, tenant: &str, rdma: bool) -> Result<Hello, (ErrorCode, String)> {
+    let ours = if rdma { transports::TCP | transports::RDMA } else { transports::TCP };
+    let hello = Hello {
+        token: grant.to_owned(),
+        tenant: tenant.to_owned(),
+        ..Hello::new(&Limits::default(), ours, concat!("djinn-node/", env!("CARGO_PKG_VERSION")))
+    };
+    match conn.hello(hello) {
+        Ok(theirs) => Ok(theirs),
+        Err(ClientError::Remote { code, message, .. }) => {
+            Err((code, format!("the peer at {to} refused the push's grant: {message}")))
+        }
+        Err(e) => Err((ErrorCode::PeerUnreachable, format!("hello to {to} failed: {e}"))),
+    }
+}
+
+/// Opens a connection to the peer at `to` on `grant`, for `tenant`, over RDMA on `rdma` when
+/// the peer offers it too.
 fn connect(
     to: &str,
+    grant: &str,
     tenant: &str,
     options: &ClientOptions,
     rdma: Option<&RdmaPort>,
@@ -179,31 +322,16 @@ fn connect(
     let unreachable = |e: String| (ErrorCode::PeerUnreachable, e);
     let addrs: Vec<_> =
         to.to_socket_addrs().map_err(|e| unreachable(format!("{to:?} is not a reachable address: {e}")))?.collect();
-    let open = |rdma: Option<&RdmaPort>| {
-        let mut conn = ClientConn::connect(&addrs[..], options.clone())
-            .map_err(|e| unreachable(format!("cannot reach {to}: {e}")))?;
-        let ours = if rdma.is_some() { transports::TCP | transports::RDMA } else { transports::TCP };
-        let hello = Hello {
-            token: options.token.clone(),
-            tenant: tenant.to_owned(),
-            ..Hello::new(&Limits::default(), ours, concat!("djinn-node/", env!("CARGO_PKG_VERSION")))
-        };
-        match conn.hello(hello) {
-            Ok(theirs) => Ok((conn, theirs)),
-            Err(ClientError::Remote { code, message, .. }) => {
-                Err((code, format!("the peer at {to} refused this node's hello: {message}")))
-            }
-            Err(e) => Err(unreachable(format!("hello to {to} failed: {e}"))),
-        }
-    };
-    let (mut conn, theirs) = open(rdma)?;
+    let mut conn =
+        ClientConn::connect(&addrs[..], options.clone()).map_err(|e| unreachable(format!("cannot reach {to}: {e}")))?;
+    let theirs = hello(&mut conn, to, grant, tenant, rdma.is_some())?;
     let Some(port) = rdma.filter(|_| theirs.transports & transports::RDMA != 0) else { return Ok(conn) };
     if let Err(e) = conn.upgrade_to_rdma(port, SessionConfig::default()) {
-        // Both ends have RDMA but it does not connect them (another fabric, say): TCP, on this
-        // connection if the peer only refused the upgrade, else on a new one.
+        // Both ends have RDMA but it does not connect them (another fabric, say): TCP on this
+        // connection if the peer only refused the upgrade. A broken one took the grant with it.
         tracing::warn!(peer = %to, error = %e, "no RDMA to the peer; pushing over TCP");
         if !conn.is_usable() {
-            conn = open(None)?.0;
+            return Err(unreachable(format!("RDMA to {to} failed ({e}) and took the push's grant: push again")));
         }
     }
     Ok(conn)

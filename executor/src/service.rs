@@ -17,7 +17,7 @@ use tch::Device;
 
 use crate::handles::HandleTable;
 use crate::models::{ModelStore, Unregistered, Upload};
-use crate::mover::{Mover, PushSource};
+use crate::mover::{Mover, PushPeers, PushSource};
 use crate::parked::{Parked, ParkedTable};
 use crate::sessions::{Op, SessionOptions, SessionTable, lock};
 use crate::store::TensorStore;
@@ -42,10 +42,10 @@ pub struct NodeOptions {
     pub parked_ttl: Duration,
     /// The node's principals, when clients need tokens: what a push names the tenant by.
     pub auth: Option<Arc<Authenticator>>,
-    /// This node's token, presented to the nodes it pushes to.
-    pub token: String,
     /// The RDMA port pushes to other nodes go over, where they offer RDMA too.
     pub push_rdma: Option<djinn_dataplane::rdma::RdmaPort>,
+    /// The nodes pushes may go to.
+    pub push_peers: Arc<PushPeers>,
 }
 
 /// A budget of `limit` bytes in which each tenant of `auth` holds no more than the part of its
@@ -123,7 +123,7 @@ impl NodeService {
             handles,
             sessions,
             parked,
-            mover: Mover::start(options.push_timeout, options.token, options.push_rdma)?,
+            mover: Mover::new(options.push_timeout, options.push_rdma, options.push_peers),
             auth: options.auth,
             workers,
         })
@@ -177,7 +177,14 @@ impl NodeService {
         }
     }
 
-    fn push(&mut self, source: TensorSource, to: String, reply_to: ReplyTo, replier: &Replier) -> Option<Reply> {
+    fn push(
+        &mut self,
+        source: TensorSource,
+        to: String,
+        grant: String,
+        reply_to: ReplyTo,
+        replier: &Replier,
+    ) -> Option<Reply> {
         let tenant = reply_to.tenant;
         let source = match source {
             TensorSource::Named(name) => match self.tensors.shared(tenant, &name) {
@@ -191,7 +198,7 @@ impl NodeService {
         };
         // On the peer, the tensor is the same tenant's.
         let name = self.auth.as_ref().and_then(|a| a.name(tenant)).map_or_else(String::new, |n| n.to_string());
-        self.mover.push(source, to, name, reply_to, replier);
+        self.mover.push(source, to, grant, name, reply_to, replier);
         None
     }
 
@@ -343,7 +350,7 @@ impl Service for NodeService {
             Message::Release { handles } => {
                 Reply::message(Message::Released { released: self.handles().release(tenant, &handles) })
             }
-            Message::Push { source, to: peer } => return self.push(source, peer, to, replier),
+            Message::Push { source, to: peer, grant } => return self.push(source, peer, grant, to, replier),
             Message::SessionOpen { fingerprint, state, reserve } => match self.models().get(tenant, &fingerprint) {
                 Some(model) => {
                     let message = Message::SessionOpen { fingerprint, state, reserve };

@@ -8,9 +8,12 @@
 //!   read sizes.
 //!
 //! Input layout:
-//! - byte 0: bits 0..4 = number of read-size bytes minus one (1..=16 of them); bit 6 = metadata
-//!   limit of 128 KiB instead of 64 KiB (larger than the staging buffer, so it must grow); bit 7 =
-//!   the allocator refuses every other allocation (to exercise the discard path);
+//! - byte 0: bits 0..4 = number of read-size bytes minus one (1..=16 of them); bit 5 = the
+//!   stream starts before a hello: the first frame is held to the node's 4 KiB metadata limit
+//!   (and the reader's staging sized for it), later ones to the full limits, as a node switches
+//!   after a good hello; bit 6 = metadata limit of 128 KiB instead of 64 KiB (larger than the
+//!   staging buffer, so it must grow); bit 7 = the allocator refuses every other allocation (to
+//!   exercise the discard path);
 //! - the read-size bytes, cycled: 0 = as much as the reader offers, 1..=191 = that many bytes,
 //!   192..=255 = (b - 191) × 512 bytes (512 B to 32 KiB);
 //! - the rest: the byte stream.
@@ -20,12 +23,18 @@ use djinn_dataplane::proto::{
     ErrorCode, FrameHeader, FrameReader, HEADER_LEN, Kind, Limits, Message, Payload, PayloadAlloc, ProtocolError,
     RecvEvent, Refusal, payload_layout,
 };
+use djinn_dataplane::tcp::MAX_META_BEFORE_HELLO;
 use djinn_gpudirect::HostBuf;
 use libfuzzer_sys::fuzz_target;
 
 fn limits(large_meta: bool) -> Limits {
     let max_meta = if large_meta { 1 << 17 } else { 1 << 16 };
     Limits { max_payload: 1 << 20, max_meta, ..Default::default() }
+}
+
+/// The limits of the first frame: before a hello, the node's own bound on metadata.
+fn first_limits(limits: Limits, before_hello: bool) -> Limits {
+    if before_hello { Limits { max_meta: MAX_META_BEFORE_HELLO, ..limits } } else { limits }
 }
 
 /// What a reader reports, in a form that can be compared.
@@ -100,15 +109,21 @@ fn read_size(b: u8) -> usize {
 }
 
 /// Drives a `FrameReader` over `stream` with reads of `sizes` (cycled).
-fn drive(stream: &[u8], sizes: &[usize], refuse_odd: bool, large_meta: bool) -> Vec<Seen> {
+fn drive(stream: &[u8], sizes: &[usize], refuse_odd: bool, large_meta: bool, before_hello: bool) -> Vec<Seen> {
     let limits = limits(large_meta);
-    let mut reader = FrameReader::new(limits);
+    let mut reader = FrameReader::new(first_limits(limits, before_hello));
+    let mut switched = !before_hello;
     let mut alloc = FuzzAlloc { limits, refuse_odd, calls: 0 };
     let mut seen = Vec::new();
     let mut pos = 0;
     let mut size = sizes.iter().cycle();
     loop {
-        while let Some(event) = reader.next_event(&mut alloc) {
+        loop {
+            if !switched && !seen.is_empty() {
+                reader.set_limits(limits);
+                switched = true;
+            }
+            let Some(event) = reader.next_event(&mut alloc) else { break };
             match event {
                 RecvEvent::Frame(frame) => {
                     let message = round_trip(&frame.message, &limits);
@@ -150,9 +165,10 @@ fn drive(stream: &[u8], sizes: &[usize], refuse_odd: bool, large_meta: bool) -> 
 }
 
 /// The same protocol, parsed in one pass over the whole stream.
-fn reference(stream: &[u8], refuse_odd: bool, large_meta: bool) -> Vec<Seen> {
-    let limits = limits(large_meta);
-    let mut alloc = FuzzAlloc { limits, refuse_odd, calls: 0 };
+fn reference(stream: &[u8], refuse_odd: bool, large_meta: bool, before_hello: bool) -> Vec<Seen> {
+    let full = limits(large_meta);
+    let limits_of = |seen: &Vec<Seen>| if seen.is_empty() { first_limits(full, before_hello) } else { full };
+    let mut alloc = FuzzAlloc { limits: full, refuse_odd, calls: 0 };
     let mut seen = Vec::new();
     let mut rest = stream;
     let truncated = |part, received: usize, expected: u64| {
@@ -167,6 +183,7 @@ fn reference(stream: &[u8], refuse_odd: bool, large_meta: bool) -> Vec<Seen> {
             seen.push(truncated("header", rest.len(), HEADER_LEN as u64));
             return seen;
         }
+        let limits = limits_of(&seen);
         let header = FrameHeader::parse(rest).unwrap();
         rest = &rest[HEADER_LEN..];
         if let Err(e) = header.validate(&limits) {
@@ -246,13 +263,14 @@ fuzz_target!(|data: &[u8]| {
     let count = (control & 0x0f) as usize + 1;
     let refuse_odd = control & 0x80 != 0;
     let large_meta = control & 0x40 != 0;
+    let before_hello = control & 0x20 != 0;
     if data.len() < count {
         return;
     }
     let (size_bytes, stream) = data.split_at(count);
     let sizes: Vec<usize> = size_bytes.iter().copied().map(read_size).collect();
 
-    let got = drive(stream, &sizes, refuse_odd, large_meta);
-    let want = reference(stream, refuse_odd, large_meta);
+    let got = drive(stream, &sizes, refuse_odd, large_meta, before_hello);
+    let want = reference(stream, refuse_odd, large_meta, before_hello);
     assert_eq!(got, want, "reader events differ from the one-shot parse (read sizes {sizes:?})");
 });

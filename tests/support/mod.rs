@@ -136,6 +136,12 @@ pub fn f32_bytes(n: usize, seed: u64) -> Vec<u8> {
     pattern(n, seed).iter().flat_map(|&b| ((b as f32 - 128.0) / 128.0).to_le_bytes()).collect()
 }
 
+/// A loopback address with a port free now, for a node started later (a peer's list names it).
+pub fn free_addr() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    listener.local_addr().expect("its address").to_string()
+}
+
 /// Registers the model whose blocks are the named archives of `tests/models`.
 pub fn register(client: &mut Client, names: &[&str]) -> djinn_client::Fingerprint {
     let blocks: Vec<Vec<u8>> = names.iter().map(|n| archive(n)).collect();

@@ -10,7 +10,7 @@ use djinn_auth::Authenticator;
 use djinn_dataplane::proto::Limits;
 use djinn_dataplane::rdma::{RdmaChannel, RdmaContext, SessionConfig};
 use djinn_dataplane::tcp::{Backend, Server, ServerConfig, Transport};
-use djinn_executor::{Device, NodeOptions, NodeService, Policy, SessionOptions, tenant_budget};
+use djinn_executor::{Device, ListNodes, NodeOptions, NodeService, Policy, PushPeers, SessionOptions, tenant_budget};
 use djinn_gpudirect::MemoryBudget;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
@@ -109,6 +109,10 @@ pub struct NodeArgs {
     /// or pushed tensor) may lie unused before it is freed.
     #[arg(long, default_value_t = 600.0)]
     handle_ttl: f64,
+    /// Nodes this node may push tensors to, HOST:PORT, comma-separated (as tenants name
+    /// them), besides the live nodes of its --control. Pushes go nowhere else.
+    #[arg(long, value_delimiter = ',')]
+    push_peers: Vec<String>,
     /// Seconds a push to another node may wait on it before failing.
     #[arg(long, default_value_t = 30.0)]
     push_timeout: f64,
@@ -197,6 +201,12 @@ fn hostname() -> String {
     name.filter(|n| !n.is_empty()).unwrap_or("node").to_owned()
 }
 
+/// Lists the live nodes of the control plane at `control`, as this node (its token).
+fn live_nodes(control: &str, token: &str) -> ListNodes {
+    let control = djinn_client::ControlClient::new(control, Duration::from_secs(5)).with_token(token);
+    Box::new(move || control.live_nodes().map_err(|e| e.to_string()))
+}
+
 /// Descriptors a node needs besides its connections: the listener, the poller, RDMA devices
 /// and their completion channels, files, the control plane's connection.
 const SPARE_DESCRIPTORS: u64 = 256;
@@ -282,8 +292,11 @@ pub fn run(args: NodeArgs, auth: Option<Arc<Authenticator>>) -> Result<()> {
         },
         parked_ttl: seconds("--parked-ttl", args.parked_ttl)?,
         auth: auth.clone(),
-        token: token.clone(),
         push_rdma: rdma.as_ref().map(|ctx| ctx.port().clone()),
+        push_peers: Arc::new(PushPeers::new(
+            args.push_peers.clone(),
+            args.control.as_deref().map(|c| live_nodes(c, &token)),
+        )),
     };
     let service = NodeService::new(budget.clone(), options).context("cannot start the executor")?;
     let config = ServerConfig {

@@ -69,7 +69,8 @@ def test_uploaded_once_released_and_collected(client):
 
 
 def test_a_tensor_pushed_node_to_node_is_used_on_the_other_node():
-    a, b = NodeProcess(), NodeProcess()
+    b = NodeProcess()
+    a = NodeProcess("--push-peers", b.address)
     try:
         on_a = djinn.Client(a.address)
         on_b = djinn.Client(b.address)

@@ -17,7 +17,7 @@ use super::limits::Limits;
 pub const MAGIC: [u8; 4] = *b"DJNN";
 /// 2: tensors kept on the node (handles, keep, fetch, release, push); 3: sessions; 4:
 /// breakpoints.
-pub const PROTOCOL_VERSION: u16 = 6;
+pub const PROTOCOL_VERSION: u16 = 7;
 pub const HEADER_LEN: usize = size_of::<FrameHeader>();
 
 #[repr(C)]
@@ -148,4 +148,6 @@ kinds! {
     Inspect = 0x11d,
     Abort = 0x11e,
     Aborted = 0x11f,
+    PushGrant = 0x120,
+    PushGranted = 0x121,
 }

@@ -300,10 +300,20 @@ pub enum Message {
         released: u32,
     },
     /// Copies a tensor of this node into the device memory of the node at `to` (host:port),
-    /// where it is kept.
+    /// where it is kept. `grant` is what that node gave the tenant for it ([`Self::PushGrant`]):
+    /// this node presents it there, in its hello, instead of any credential of its own.
     Push {
         source: TensorSource,
         to: String,
+        grant: String,
+    },
+    /// Asks this node for a one-time capability to receive `tensor` for the caller's tenant,
+    /// pushed from another node. Answered by `PushGranted`.
+    PushGrant {
+        tensor: TensorDesc,
+    },
+    PushGranted {
+        grant: String,
     },
     /// `kept` is the handle on the peer; `path` says how the bytes went there.
     Pushed {
@@ -408,6 +418,8 @@ impl Message {
             Self::Release { .. } => Kind::Release,
             Self::Released { .. } => Kind::Released,
             Self::Push { .. } => Kind::Push,
+            Self::PushGrant { .. } => Kind::PushGrant,
+            Self::PushGranted { .. } => Kind::PushGranted,
             Self::Pushed { .. } => Kind::Pushed,
             Self::SessionOpen { .. } => Kind::SessionOpen,
             Self::SessionOpened { .. } => Kind::SessionOpened,
@@ -446,6 +458,7 @@ impl Message {
                 | Self::Kept { .. }
                 | Self::Released { .. }
                 | Self::Pushed { .. }
+                | Self::PushGranted { .. }
                 | Self::SessionOpened { .. }
                 | Self::SessionSignaled
                 | Self::SessionClosed
@@ -596,7 +609,7 @@ impl Message {
                 }
             }
             Self::Released { released } => w.u32(*released),
-            Self::Push { source, to } => {
+            Self::Push { source, to, grant } => {
                 match source {
                     TensorSource::Named(name) => {
                         w.u8(0);
@@ -608,7 +621,10 @@ impl Message {
                     }
                 }
                 w.str(to);
+                w.str(grant);
             }
+            Self::PushGrant { tensor } => w.tensor(tensor),
+            Self::PushGranted { grant } => w.str(grant),
             Self::Pushed { kept, path } => {
                 w.kept(kept);
                 w.str(path);
@@ -779,8 +795,10 @@ impl Message {
                     1 => TensorSource::Handle(r.handle()?),
                     v => return Err(ProtocolError::MalformedMeta(format!("tensor source {v} is neither 0 nor 1"))),
                 };
-                Self::Push { source, to: r.string("peer address")? }
+                Self::Push { source, to: r.string("peer address")?, grant: r.string("grant")? }
             }
+            Kind::PushGrant => Self::PushGrant { tensor: r.tensor()? },
+            Kind::PushGranted => Self::PushGranted { grant: r.string("grant")? },
             Kind::Pushed => Self::Pushed { kept: r.kept()?, path: r.string("path")? },
             Kind::SessionOpen => {
                 Self::SessionOpen { fingerprint: r.fingerprint()?, state: r.tensors()?, reserve: r.u64("reserve")? }

@@ -176,8 +176,10 @@ fn kept_message() -> impl Strategy<Value = Message> {
         handle().prop_map(|handle| Message::Fetch { handle }),
         prop::collection::vec(handle(), 0..5).prop_map(|handles| Message::Release { handles }),
         any::<u32>().prop_map(|released| Message::Released { released }),
-        (prop_oneof![name().prop_map(TensorSource::Named), handle().prop_map(TensorSource::Handle)], name())
-            .prop_map(|(source, to)| Message::Push { source, to }),
+        (prop_oneof![name().prop_map(TensorSource::Named), handle().prop_map(TensorSource::Handle)], name(), name())
+            .prop_map(|(source, to, grant)| Message::Push { source, to, grant }),
+        tensor().prop_map(|tensor| Message::PushGrant { tensor }),
+        name().prop_map(|grant| Message::PushGranted { grant }),
         (handle_info(), name()).prop_map(|(kept, path)| Message::Pushed { kept, path }),
     ]
 }

@@ -107,6 +107,9 @@ pub struct ClientOptions {
     pub pool_bytes: u64,
     /// The token the hello presents (empty: none, for a node that needs none).
     pub token: String,
+    /// The largest reply payload taken; a larger one is refused before anything is allocated
+    /// (its bytes are skipped) and the request fails.
+    pub max_reply_payload: u64,
 }
 
 impl Default for ClientOptions {
@@ -121,14 +124,22 @@ impl Default for ClientOptions {
             limits: Limits::default(),
             pool_bytes: 1 << 30,
             token: String::new(),
+            max_reply_payload: u64::MAX,
         }
     }
 }
 
-struct PoolAlloc<'a>(&'a BufferPool);
+/// Reply memory from the pool, up to the largest reply payload the options allow.
+struct PoolAlloc<'a>(&'a BufferPool, u64);
 
 impl PayloadAlloc for PoolAlloc<'_> {
     fn alloc(&mut self, _message: &Message, len: usize) -> Result<Payload, Refusal> {
+        if len as u64 > self.1 {
+            return Err(Refusal {
+                code: ErrorCode::FrameTooLarge,
+                message: format!("a reply payload of {len} bytes, where at most {} were expected", self.1),
+            });
+        }
         Ok(Payload { buf: self.0.take(len)?, reservation: None })
     }
 }
@@ -314,7 +325,7 @@ impl ClientConn {
         let deadline = self.options.timeout.map(|t| Instant::now() + t);
         let mut spin_until = Instant::now() + self.options.spin;
         loop {
-            if let Some(event) = self.reader.next_event(&mut PoolAlloc(&self.pool)) {
+            if let Some(event) = self.reader.next_event(&mut PoolAlloc(&self.pool, self.options.max_reply_payload)) {
                 return reply_of(peer, request_id, event);
             }
             let target = self.reader.read_target();
@@ -608,7 +619,7 @@ impl ClientConn {
             for c in completions.drain(..) {
                 let c = c.map_err(|e| ClientError::Rdma { peer, source: e.into() })?;
                 path.channel
-                    .on_completion(c, &mut PoolAlloc(&self.pool))
+                    .on_completion(c, &mut PoolAlloc(&self.pool, self.options.max_reply_payload))
                     .map_err(|source| ClientError::Rdma { peer, source })?;
             }
             path.completions = completions;

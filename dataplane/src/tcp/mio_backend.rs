@@ -175,6 +175,7 @@ impl<S: Service> MioServer<S> {
             let now = Instant::now();
             if now >= next_timeout_check {
                 next_timeout_check = now + self.core.timeout_check_every();
+                self.core.trim_memory(now);
                 let expired: Vec<usize> = self
                     .conns
                     .iter_mut()

@@ -11,7 +11,9 @@ use std::io;
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 
 pub use client::{ClientConn, ClientError, ClientOptions, Transport};
-pub use server::{Backend, Replier, Reply, ReplyTo, ServerConfig, ServerCounters, Service, ShutdownHandle};
+pub use server::{
+    Backend, MAX_META_BEFORE_HELLO, Replier, Reply, ReplyTo, ServerConfig, ServerCounters, Service, ShutdownHandle,
+};
 
 use server::Core;
 

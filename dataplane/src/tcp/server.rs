@@ -16,7 +16,7 @@ use crate::rdma::{ChannelError, Completion, RdmaChannel, RdmaContext, RdmaError,
 
 use crate::proto::{
     ErrorCode, Frame, FrameReader, Hello, Limits, Message, OutFrame, PROTOCOL_VERSION, Payload, PayloadAlloc,
-    ProtocolError, RdmaParams, RecvEvent, Refusal, SendQueue, SharedBytes, transports,
+    ProtocolError, RdmaParams, RecvEvent, Refusal, SendQueue, SharedBytes, TensorDesc, transports,
 };
 
 /// The node's answer to one request.
@@ -215,6 +215,31 @@ pub struct ServerCounters {
 /// The metadata a frame may carry before its connection's hello: a hello, a ping.
 pub const MAX_META_BEFORE_HELLO: u32 = 4096;
 
+/// How long a push grant stays good, and how many a tenant may hold at once.
+pub const GRANT_TTL: Duration = Duration::from_secs(60);
+pub const MAX_GRANTS_PER_TENANT: usize = 64;
+
+/// A one-time capability this node gave a tenant: a node that presents it in its hello (for
+/// that tenant, by name) may deliver one tensor of `tensor`'s description into the tenant's
+/// memory here, and do nothing else. Pushing nodes carry no credential of their own.
+struct Grant {
+    tenant: TenantId,
+    name: String,
+    tensor: TensorDesc,
+    expires: Instant,
+}
+
+/// 32 bytes from the system's random source, in hex.
+fn random_grant() -> std::io::Result<String> {
+    let mut bytes = [0u8; 32];
+    // SAFETY: a writable buffer of the length given.
+    let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    if n != bytes.len() as isize {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
 /// Bytes a stalling connection must move per [`ServerConfig::stall_timeout`] to stay open.
 pub const MIN_PROGRESS: u64 = 64 * 1024;
 
@@ -262,6 +287,9 @@ pub(crate) struct Conn {
     operator: bool,
     /// See [`ReplyTo::torchscript`].
     torchscript: bool,
+    /// Set when the connection came in on a push grant: the tensor it may deliver, and whether
+    /// it did. It may do nothing else.
+    granted: Option<(TensorDesc, bool)>,
     /// When it was accepted, and when a frame last went either way (set by the timeout check
     /// from `active`, which the hot path sets: no clock read per frame).
     accepted: Instant,
@@ -309,6 +337,11 @@ pub(crate) struct Core<S> {
     admission: Option<Admission>,
     /// Connections without a good hello yet, by source address (where clients need tokens).
     unauthenticated: HashMap<IpAddr, usize>,
+    /// Connections closed since the allocator last gave free memory back, and when it did.
+    closed_since_trim: usize,
+    last_trim: Instant,
+    /// Push grants given and not used yet, by their secret.
+    grants: HashMap<String, Grant>,
 }
 
 /// The service's payload memory, for a connection that said who it is (else nothing is
@@ -318,16 +351,37 @@ struct Alloc<'a, S> {
     service: &'a mut S,
     admission: Option<&'a mut Admission>,
     tenant: Option<TenantId>,
+    /// See [`Conn::granted`].
+    granted: Option<&'a (TensorDesc, bool)>,
     counters: &'a mut ServerCounters,
 }
 
 impl<S: Service> PayloadAlloc for Alloc<'_, S> {
     fn alloc(&mut self, message: &Message, len: usize) -> Result<Payload, Refusal> {
         let Some(tenant) = self.tenant else { return Err(unauthenticated()) };
+        if let Some((tensor, used)) = self.granted
+            && (*used || !matches!(message, Message::Keep { tensor: t } if t == tensor))
+        {
+            let message = "this connection came on a push grant: it may deliver the one tensor the grant names".into();
+            return Err(Refusal { code: ErrorCode::Forbidden, message });
+        }
         if let Some(admission) = self.admission.as_deref_mut() {
             admission.admit(tenant, Instant::now()).inspect_err(|_| self.counters.quota_refusals += 1)?;
         }
         self.service.alloc(message, len, tenant)
+    }
+}
+
+/// Whether a connection that came on a push grant may make this request: the delivery the
+/// grant names, once (marked used here), pings and its RDMA upgrade.
+fn grant_allows(granted: &mut (TensorDesc, bool), message: &Message) -> bool {
+    match message {
+        Message::Ping | Message::RdmaConnect(_) => true,
+        Message::Keep { tensor } if !granted.1 && *tensor == granted.0 => {
+            granted.1 = true;
+            true
+        }
+        _ => false,
     }
 }
 
@@ -354,6 +408,57 @@ impl<S: Service> Core<S> {
             replies,
             admission,
             unauthenticated: HashMap::new(),
+            closed_since_trim: 0,
+            last_trim: Instant::now(),
+            grants: HashMap::new(),
+        }
+    }
+
+    /// Gives `tenant` a grant to receive one `tensor` pushed by another node.
+    fn grant(&mut self, tenant: TenantId, tensor: TensorDesc) -> Reply {
+        let now = Instant::now();
+        self.grants.retain(|_, g| g.expires > now);
+        if self.grants.values().filter(|g| g.tenant == tenant).count() >= MAX_GRANTS_PER_TENANT {
+            return Reply::error(
+                ErrorCode::QuotaExceeded,
+                format!("{MAX_GRANTS_PER_TENANT} push grants of this tenant are outstanding already"),
+            );
+        }
+        let secret = match random_grant() {
+            Ok(secret) => secret,
+            Err(e) => return Reply::error(ErrorCode::Internal, format!("no randomness for a grant: {e}")),
+        };
+        let name = self.config.auth.as_ref().and_then(|a| a.name(tenant)).map_or_else(String::new, |n| n.to_string());
+        self.grants.insert(secret.clone(), Grant { tenant, name, tensor, expires: now + GRANT_TTL });
+        Reply::message(Message::PushGranted { grant: secret })
+    }
+
+    /// Takes the grant `secret` for the tenant named `name`, when it is one, unexpired.
+    fn redeem(&mut self, secret: &str, name: &str) -> Option<Grant> {
+        let grant = self.grants.remove(secret)?;
+        (grant.expires > Instant::now() && grant.name == name).then_some(grant)
+    }
+
+    /// Gives the memory of closed connections back to the system: once a second while they
+    /// close by the dozen, else every ten seconds when any closed. Freed in a burst (thousands
+    /// of idle connections timing out), it otherwise stays in the allocator's arenas wherever a
+    /// live allocation sits above it. Backends call this on their timeout tick.
+    pub fn trim_memory(&mut self, now: Instant) {
+        let since = now.saturating_duration_since(self.last_trim);
+        let due = match self.closed_since_trim {
+            0 => false,
+            1..64 => since >= Duration::from_secs(10),
+            _ => since >= Duration::from_secs(1),
+        };
+        if !due {
+            return;
+        }
+        self.closed_since_trim = 0;
+        self.last_trim = now;
+        #[cfg(target_env = "gnu")]
+        // SAFETY: malloc_trim has no preconditions; it only returns free pages to the system.
+        unsafe {
+            libc::malloc_trim(0);
         }
     }
 
@@ -416,6 +521,7 @@ impl<S: Service> Core<S> {
             tenant: if self.config.auth.is_some() { None } else { Some(TenantId::DEFAULT) },
             operator: self.config.auth.is_none(),
             torchscript: self.config.auth.is_none(),
+            granted: None,
             accepted: now,
             last_active: now,
             active: false,
@@ -527,6 +633,7 @@ impl<S: Service> Core<S> {
 
     pub fn on_close(&mut self, conn: &Conn) {
         self.authenticated_or_gone(conn);
+        self.closed_since_trim += 1;
         self.counters.connections_open -= 1;
         self.queued_total -= conn.queue.queued_bytes();
         if conn.rdma.is_some() {
@@ -557,6 +664,7 @@ impl<S: Service> Core<S> {
                 service: &mut self.service,
                 admission: self.admission.as_mut(),
                 tenant: conn.tenant,
+                granted: conn.granted.as_ref(),
                 counters: &mut self.counters,
             };
             let event = match conn.reader.next_event(&mut alloc) {
@@ -580,6 +688,14 @@ impl<S: Service> Core<S> {
                     self.counters.requests_refused += 1;
                     let Refusal { code, message } = unauthenticated();
                     self.send(conn, request_id, Reply::error(code, message));
+                }
+                RecvEvent::Frame(Frame { request_id, message, .. })
+                    if conn.granted.as_mut().is_some_and(|granted| !grant_allows(granted, &message)) =>
+                {
+                    self.counters.frames_in += 1;
+                    self.counters.requests_refused += 1;
+                    let message = "this connection came on a push grant: it may deliver the one tensor the grant names";
+                    self.send(conn, request_id, Reply::error(ErrorCode::Forbidden, message));
                 }
                 RecvEvent::Frame(Frame { request_id, message: Message::RdmaConnect(params), .. }) => {
                     self.counters.frames_in += 1;
@@ -639,6 +755,17 @@ impl<S: Service> Core<S> {
             let e = ProtocolError::VersionMismatch { ours: PROTOCOL_VERSION, theirs: peer.protocol_version };
             return Reply::error(e.code(), e.to_string());
         }
+        if let Some(grant) = self.redeem(&peer.token, &peer.tenant) {
+            tracing::debug!(peer = %conn.peer, agent = %peer.agent, tenant = %grant.name, "hello on a push grant");
+            self.authenticated_or_gone(conn);
+            conn.reader.set_limits(self.config.limits);
+            conn.tenant = Some(grant.tenant);
+            conn.operator = false;
+            conn.torchscript = false;
+            conn.granted = Some((grant.tensor, false));
+            return Reply::message(Message::HelloAck(self.hello.clone()));
+        }
+        conn.granted = None;
         if let Some(auth) = &self.config.auth {
             let principal = auth
                 .verify(&peer.token)
@@ -712,6 +839,7 @@ impl<S: Service> Core<S> {
                 service: &mut self.service,
                 admission: self.admission.as_mut(),
                 tenant: conn.tenant,
+                granted: conn.granted.as_ref(),
                 counters: &mut self.counters,
             };
             channel.on_completion(c, &mut alloc)
@@ -783,6 +911,7 @@ impl<S: Service> Core<S> {
     fn dispatch(&mut self, frame: Frame, to: ReplyTo) -> Option<Reply> {
         let reply = match &frame.message {
             Message::Ping => Reply::message(Message::Pong),
+            Message::PushGrant { tensor } => self.grant(to.tenant, tensor.clone()),
             Message::Stats => {
                 let c = &self.counters;
                 let mut counters: Vec<(String, u64)> = [

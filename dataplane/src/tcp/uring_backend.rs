@@ -160,6 +160,7 @@ impl<S: Service> UringServer<S> {
             let now = Instant::now();
             if now >= next_timeout_check {
                 next_timeout_check = now + self.core.timeout_check_every();
+                self.core.trim_memory(now);
                 for (key, c) in self.conns.iter_mut() {
                     if self.core.check_timeouts(&mut c.conn, now) {
                         self.dirty.push(key);
