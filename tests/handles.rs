@@ -242,3 +242,76 @@ fn kept_tensors_live_in_gpu_memory_on_a_gpu_node() {
         on_b.release(&[pushed.handle]).unwrap();
     }
 }
+
+/// A peer answers a push with what it was asked for, a handle: a reply carrying a payload is
+/// refused before anything is allocated for it. (A real node cannot be made to send one: the
+/// peer here is a listener that speaks just enough of the protocol.)
+#[test]
+fn a_peers_reply_is_bounded_by_what_a_push_asked_for() {
+    use djinn_dataplane::proto::{FrameHeader, Hello, Kind, Limits, Message, transports};
+    use std::io::Write;
+    let fake = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let fake_addr = fake.local_addr().unwrap().to_string();
+    let a = Node::start("mio", &["--push-peers", &fake_addr, "--push-timeout", "5"]);
+    // Memory taken for a reply shows in the node's address space at once, touched or not.
+    let pid = a.pid();
+    let vm_size = move || {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let kib: u64 =
+            status.lines().find_map(|l| l.strip_prefix("VmSize:")?.split_whitespace().next()?.parse().ok()).unwrap();
+        kib << 10
+    };
+    let mut on_a = a.client();
+    on_a.put("x", DType::U8, &[4], &[1, 2, 3, 4]).unwrap();
+    let before = vm_size();
+    let peer = thread::spawn(move || {
+        let (mut s, _) = fake.accept().unwrap();
+        let (header, hello, _) = support::read_reply(&mut s);
+        assert!(matches!(hello, Message::Hello(_)), "{hello:?}");
+        let mut out = Vec::new();
+        let ack = Message::HelloAck(Hello::new(&Limits::default(), transports::TCP, "fake"));
+        djinn_dataplane::proto::encode_head(&mut out, header.request_id.get(), &ack).unwrap();
+        s.write_all(&out).unwrap();
+        let (header, keep, _) = support::read_reply(&mut s);
+        assert!(matches!(keep, Message::Keep { .. }), "{keep:?}");
+        // A 1 GiB tensor in reply, announced, begun and never finished.
+        let reply = Message::GetReply { tensor: TensorDesc::new(DType::U8, vec![1 << 30]).unwrap() };
+        let mut meta = Vec::new();
+        reply.encode(&mut meta);
+        let head = FrameHeader::new(Kind::GetReply, header.request_id.get(), meta.len() as u32, 1 << 30);
+        s.write_all(zerocopy::IntoBytes::as_bytes(&head)).unwrap();
+        s.write_all(&meta).unwrap();
+        s.write_all(&[0u8; 4096]).unwrap();
+        thread::sleep(Duration::from_millis(500));
+        vm_size()
+    });
+    let e = on_a.push(TensorSource::Named("x".into()), &fake_addr, "any").unwrap_err();
+    let during = peer.join().unwrap();
+    assert_eq!(code(&e), Some(ErrorCode::PeerUnreachable), "{e}");
+    // (The push thread and its allocator arena take well under 512 MiB of address space.)
+    assert!(during < before + (512 << 20), "address space {during} with the reply under way, {before} before");
+    on_a.ping().unwrap();
+}
+
+/// A node keeps few connections to its peers, per tenant: past `--push-connections` the least
+/// recently used is closed, and any unused for `--push-connection-idle` seconds.
+#[test]
+fn connections_to_peers_are_bounded_and_closed_when_idle() {
+    let (b, c) = (Node::start("mio", &[]), Node::start("mio", &[]));
+    let peers = format!("{},{}", b.addr, c.addr);
+    let args = ["--push-peers", &peers, "--push-connections", "1", "--push-connection-idle", "1"];
+    let a = Node::start("mio", &args);
+    let (mut on_a, mut on_b, mut on_c) = (a.client(), b.client(), c.client());
+    on_a.put("x", DType::U8, &[3], &[1, 2, 3]).unwrap();
+    let desc = TensorDesc::new(DType::U8, vec![3]).unwrap();
+    let mut push = |to: &mut Client, addr: std::net::SocketAddr| {
+        let grant = to.grant_push(&desc).unwrap();
+        on_a.push(TensorSource::Named("x".into()), &addr.to_string(), &grant).unwrap();
+    };
+    push(&mut on_b, b.addr);
+    b.wait_for_stat(&mut on_b, "connections_open", 2);
+    push(&mut on_c, c.addr);
+    c.wait_for_stat(&mut on_c, "connections_open", 2);
+    b.wait_for_stat(&mut on_b, "connections_open", 1);
+    c.wait_for_stat(&mut on_c, "connections_open", 1);
+}

@@ -711,3 +711,41 @@ fn without_tokens_only_loopback_is_served_unless_insecure() {
     let node = Node::start_at("0.0.0.0:0", "mio", &["--auth-file", file.to_str().unwrap()]);
     connect(&node, ALICE).unwrap().put("x", DType::U8, &[1], &[1]).unwrap();
 }
+
+/// One tenant's pushes wait on no other's: alice's push to a node that stopped answering holds
+/// her push thread until its timeout, while bob's push to a live node goes through at once.
+#[test]
+fn a_tenants_push_to_a_stuck_peer_holds_up_no_other_tenants_pushes() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = token_file(dir.path(), ALICE);
+    let b = node_with_auth(&file);
+    let c = node_with_auth(&file);
+    let peers = format!("{},{}", b.addr, c.addr);
+    let a = Node::start("mio", &["--auth-file", file.to_str().unwrap(), "--push-peers", &peers, "--push-timeout", "4"]);
+    let (mut alice_a, mut bob_a) = (connect(&a, ALICE).unwrap(), connect(&a, BOB).unwrap());
+    let bytes = f32_bytes(1024, 5);
+    let tensor = TensorRef { dtype: DType::F32, shape: &[1024], bytes: &bytes };
+    let (alices, bobs) = (alice_a.keep(tensor).unwrap(), bob_a.keep(tensor).unwrap());
+    let grant_c = connect(&c, ALICE).unwrap().grant_push(&alices.tensor).unwrap();
+    let grant_b = connect(&b, BOB).unwrap().grant_push(&bobs.tensor).unwrap();
+
+    // SAFETY: stopping and continuing our own child.
+    assert_eq!(unsafe { libc::kill(c.pid(), libc::SIGSTOP) }, 0);
+    let to_c = c.addr.to_string();
+    let stuck = thread::spawn(move || {
+        let started = Instant::now();
+        let result = alice_a.push(TensorSource::Handle(alices.handle), &to_c, &grant_c);
+        (result.map(drop), started.elapsed())
+    });
+    thread::sleep(Duration::from_millis(300));
+    let started = Instant::now();
+    let (on_b, _) = bob_a.push(TensorSource::Handle(bobs.handle), &b.addr.to_string(), &grant_b).expect("bob's push");
+    let bobs_took = started.elapsed();
+    let (alices_result, alices_took) = stuck.join().unwrap();
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(c.pid(), libc::SIGCONT) }, 0);
+    assert_eq!(connect(&b, BOB).unwrap().fetch(on_b.handle).unwrap().bytes(), &bytes[..]);
+    assert!(bobs_took < Duration::from_secs(2), "bob's push waited {bobs_took:?} behind alice's");
+    assert_eq!(code(alices_result), ErrorCode::PeerUnreachable);
+    assert!(alices_took >= Duration::from_secs(3), "alice's push gave up after {alices_took:?}");
+}

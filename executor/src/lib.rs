@@ -18,7 +18,7 @@ mod workers;
 pub use error::ExecError;
 pub use handles::{HandleError, HandleTable};
 pub use models::{Model, ModelStore, Scope, Unregistered, Upload, device_name, load, parse_device};
-pub use mover::{ListNodes, PushPeers};
+pub use mover::{ListNodes, PeerLimits, PushPeers};
 pub use parked::{BreakpointError, Ended};
 pub use service::{NodeOptions, NodeService, tenant_budget};
 pub use sessions::{Policy, SessionError, SessionOptions, SessionTable};

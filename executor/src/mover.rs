@@ -23,7 +23,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
-use djinn_dataplane::proto::{ErrorCode, Hello, Limits, Message, SharedBytes, TensorDesc, transports};
+use djinn_dataplane::proto::{
+    ErrorCode, Hello, Limits, Message, PROTOCOL_VERSION, SharedBytes, TensorDesc, transports,
+};
 use djinn_dataplane::rdma::{RdmaPort, SessionConfig};
 use djinn_dataplane::tcp::{ClientConn, ClientError, ClientOptions, Replier, Reply, ReplyTo};
 use tch::Tensor;
@@ -120,6 +122,7 @@ struct Config {
     options: ClientOptions,
     rdma: Option<RdmaPort>,
     peers: Arc<PushPeers>,
+    limits: PeerLimits,
 }
 
 pub struct Mover {
@@ -138,14 +141,24 @@ impl std::fmt::Debug for Mover {
 /// A tenant's push thread and its queue.
 type Worker = (Sender<PushJob>, JoinHandle<()>);
 
-/// Connections to peers one worker keeps, and how long an unused one stays open.
-const MAX_PEERS: usize = 16;
-const PEER_IDLE: Duration = Duration::from_secs(60);
+/// How many connections to peers one tenant's push thread keeps open, and how long an unused
+/// one stays open.
+#[derive(Debug, Clone, Copy)]
+pub struct PeerLimits {
+    pub max: usize,
+    pub idle: Duration,
+}
+
+impl Default for PeerLimits {
+    fn default() -> Self {
+        Self { max: 16, idle: Duration::from_secs(60) }
+    }
+}
 
 impl Mover {
     /// `timeout` bounds each push's wait on its peer; pushes go only to `peers`, over RDMA on
-    /// `rdma` to peers that offer it.
-    pub fn new(timeout: Duration, rdma: Option<RdmaPort>, peers: Arc<PushPeers>) -> Self {
+    /// `rdma` to peers that offer it, on connections kept within `limits`.
+    pub fn new(timeout: Duration, rdma: Option<RdmaPort>, peers: Arc<PushPeers>, limits: PeerLimits) -> Self {
         let options = ClientOptions {
             timeout: Some(timeout),
             connect_timeout: timeout.min(Duration::from_secs(5)),
@@ -156,7 +169,7 @@ impl Mover {
             pool_bytes: 0,
             ..ClientOptions::default()
         };
-        Self { config: Arc::new(Config { options, rdma, peers }), workers: Mutex::default() }
+        Self { config: Arc::new(Config { options, rdma, peers, limits }), workers: Mutex::default() }
     }
 
     /// Pushes `source` to the node at `to` on its `grant`, for `tenant` (by name, empty where
@@ -209,8 +222,15 @@ type Peers = HashMap<String, (ClientConn, Instant)>;
 /// One tenant's pushes, in order.
 fn run(rx: Receiver<PushJob>, tenant: &str, config: &Config) {
     let mut peers: Peers = HashMap::new();
-    while let Ok(PushJob { source, to, grant, reply_to, replier }) = rx.recv() {
-        peers.retain(|_, (_, used)| used.elapsed() < PEER_IDLE);
+    let idle = config.limits.idle;
+    loop {
+        let job = rx.recv_timeout(idle);
+        peers.retain(|_, (_, used)| used.elapsed() < idle);
+        let PushJob { source, to, grant, reply_to, replier } = match job {
+            Ok(job) => job,
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => continue,
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
+        };
         let started = Instant::now();
         let result = if config.peers.allows(&to) {
             push(&mut peers, config, source, &to, &grant, tenant)
@@ -254,26 +274,37 @@ fn push(
             (desc, std::sync::Arc::new(bytes))
         }
     };
-    let message = Message::Keep { tensor: desc };
-    // A kept connection is opened again by this push's grant; one found broken then (the peer
-    // restarted since the last push) is replaced by a new one, once.
-    let mut kept = peers.remove(to).filter(|(c, _)| c.is_usable()).map(|(c, _)| c);
-    let mut conn = loop {
-        match kept.take() {
-            Some(mut conn) => match hello(&mut conn, to, grant, tenant, config.rdma.is_some()) {
-                Ok(_) => break conn,
-                Err(_) if !conn.is_usable() => {
-                    tracing::info!(peer = %to, "connection to the peer lost; opening it again");
-                }
-                Err(e) => return Err(e),
-            },
-            None => break connect(to, grant, tenant, &config.options, config.rdma.as_ref())?,
+    let keep = Message::Keep { tensor: desc };
+    let payload = [bytes.as_ref().as_ref()];
+    // A kept connection is opened again by this push's grant: the hello and the tensor go
+    // together, one round trip. One found broken (the peer restarted since the last push) is
+    // replaced by a new one.
+    let reused = match peers.remove(to).filter(|(c, _)| c.is_usable()).map(|(c, _)| c) {
+        Some(mut conn) => match conn
+            .request_two(&Message::Hello(greeting(grant, tenant, config.rdma.is_some())), (&keep, &payload))
+        {
+            Ok((Ok(ack), result)) if matches!(&ack.message, Message::HelloAck(h) if h.protocol_version == PROTOCOL_VERSION) => {
+                Some((conn, result))
+            }
+            Ok((Err(ClientError::Remote { code, message, .. }), _)) => return Err(refused_grant(to, code, &message)),
+            outcome => {
+                tracing::info!(peer = %to, ?outcome, "connection to the peer lost; opening it again");
+                None
+            }
+        },
+        None => None,
+    };
+    let (conn, result) = match reused {
+        Some(done) => done,
+        None => {
+            let mut conn = connect(to, grant, tenant, &config.options, config.rdma.as_ref())?;
+            let result = conn.request(&keep, &payload);
+            (conn, result)
         }
     };
-    let result = conn.request(&message, &[bytes.as_ref().as_ref()]);
     let path = staging_path(conn.transport());
     if conn.is_usable() {
-        if peers.len() >= MAX_PEERS
+        if peers.len() >= config.limits.max
             && let Some(oldest) = peers.iter().min_by_key(|(_, (_, used))| *used).map(|(a, _)| a.clone())
         {
             peers.remove(&oldest);
@@ -292,22 +323,20 @@ fn push(
     }
 }
 
-/// Says hello to the peer on `conn` with `grant`, for `tenant`: the peer's hello, or its
-/// refusal in its own words (a wrong or spent grant is not an unreachable peer).
-fn hello(conn: &mut ClientConn, to: &str, grant: &str, tenant: &str, rdma: bool) -> Result<Hello, (ErrorCode, String)> {
+/// The hello that presents `grant` for `tenant`.
+fn greeting(grant: &str, tenant: &str, rdma: bool) -> Hello {
     let ours = if rdma { transports::TCP | transports::RDMA } else { transports::TCP };
-    let hello = Hello {
+    Hello {
         token: grant.to_owned(),
         tenant: tenant.to_owned(),
         ..Hello::new(&Limits::default(), ours, concat!("djinn-node/", env!("CARGO_PKG_VERSION")))
-    };
-    match conn.hello(hello) {
-        Ok(theirs) => Ok(theirs),
-        Err(ClientError::Remote { code, message, .. }) => {
-            Err((code, format!("the peer at {to} refused the push's grant: {message}")))
-        }
-        Err(e) => Err((ErrorCode::PeerUnreachable, format!("hello to {to} failed: {e}"))),
     }
+}
+
+/// The peer's refusal of a grant, in its own words (a wrong or spent grant is not an
+/// unreachable peer).
+fn refused_grant(to: &str, code: ErrorCode, message: &str) -> (ErrorCode, String) {
+    (code, format!("the peer at {to} refused the push's grant: {message}"))
 }
 
 /// Opens a connection to the peer at `to` on `grant`, for `tenant`, over RDMA on `rdma` when
@@ -324,7 +353,11 @@ fn connect(
         to.to_socket_addrs().map_err(|e| unreachable(format!("{to:?} is not a reachable address: {e}")))?.collect();
     let mut conn =
         ClientConn::connect(&addrs[..], options.clone()).map_err(|e| unreachable(format!("cannot reach {to}: {e}")))?;
-    let theirs = hello(&mut conn, to, grant, tenant, rdma.is_some())?;
+    let theirs = match conn.hello(greeting(grant, tenant, rdma.is_some())) {
+        Ok(theirs) => theirs,
+        Err(ClientError::Remote { code, message, .. }) => return Err(refused_grant(to, code, &message)),
+        Err(e) => return Err(unreachable(format!("hello to {to} failed: {e}"))),
+    };
     let Some(port) = rdma.filter(|_| theirs.transports & transports::RDMA != 0) else { return Ok(conn) };
     if let Err(e) = conn.upgrade_to_rdma(port, SessionConfig::default()) {
         // Both ends have RDMA but it does not connect them (another fabric, say): TCP on this

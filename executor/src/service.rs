@@ -17,7 +17,7 @@ use tch::Device;
 
 use crate::handles::HandleTable;
 use crate::models::{ModelStore, Unregistered, Upload};
-use crate::mover::{Mover, PushPeers, PushSource};
+use crate::mover::{Mover, PeerLimits, PushPeers, PushSource};
 use crate::parked::{Parked, ParkedTable};
 use crate::sessions::{Op, SessionOptions, SessionTable, lock};
 use crate::store::TensorStore;
@@ -44,8 +44,9 @@ pub struct NodeOptions {
     pub auth: Option<Arc<Authenticator>>,
     /// The RDMA port pushes to other nodes go over, where they offer RDMA too.
     pub push_rdma: Option<djinn_dataplane::rdma::RdmaPort>,
-    /// The nodes pushes may go to.
+    /// The nodes pushes may go to, and the connections to them kept.
     pub push_peers: Arc<PushPeers>,
+    pub push_connections: PeerLimits,
 }
 
 /// A budget of `limit` bytes in which each tenant of `auth` holds no more than the part of its
@@ -123,7 +124,7 @@ impl NodeService {
             handles,
             sessions,
             parked,
-            mover: Mover::new(options.push_timeout, options.push_rdma, options.push_peers),
+            mover: Mover::new(options.push_timeout, options.push_rdma, options.push_peers, options.push_connections),
             auth: options.auth,
             workers,
         })

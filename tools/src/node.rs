@@ -10,7 +10,9 @@ use djinn_auth::Authenticator;
 use djinn_dataplane::proto::Limits;
 use djinn_dataplane::rdma::{RdmaChannel, RdmaContext, SessionConfig};
 use djinn_dataplane::tcp::{Backend, Server, ServerConfig, Transport};
-use djinn_executor::{Device, ListNodes, NodeOptions, NodeService, Policy, PushPeers, SessionOptions, tenant_budget};
+use djinn_executor::{
+    Device, ListNodes, NodeOptions, NodeService, PeerLimits, Policy, PushPeers, SessionOptions, tenant_budget,
+};
 use djinn_gpudirect::MemoryBudget;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
@@ -113,6 +115,12 @@ pub struct NodeArgs {
     /// them), besides the live nodes of its --control. Pushes go nowhere else.
     #[arg(long, value_delimiter = ',')]
     push_peers: Vec<String>,
+    /// Connections to peer nodes each tenant's pushes keep open (the least recently used goes
+    /// first), and seconds an unused one stays open.
+    #[arg(long, default_value_t = 16)]
+    push_connections: usize,
+    #[arg(long, default_value_t = 60.0)]
+    push_connection_idle: f64,
     /// Seconds a push to another node may wait on it before failing.
     #[arg(long, default_value_t = 30.0)]
     push_timeout: f64,
@@ -293,6 +301,10 @@ pub fn run(args: NodeArgs, auth: Option<Arc<Authenticator>>) -> Result<()> {
         parked_ttl: seconds("--parked-ttl", args.parked_ttl)?,
         auth: auth.clone(),
         push_rdma: rdma.as_ref().map(|ctx| ctx.port().clone()),
+        push_connections: PeerLimits {
+            max: args.push_connections.max(1),
+            idle: seconds("--push-connection-idle", args.push_connection_idle)?,
+        },
         push_peers: Arc::new(PushPeers::new(
             args.push_peers.clone(),
             args.control.as_deref().map(|c| live_nodes(c, &token)),

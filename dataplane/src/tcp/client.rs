@@ -66,6 +66,9 @@ impl ClientError {
     }
 }
 
+/// What became of one request of several: its reply, or why there is none.
+pub type Outcome = Result<Frame, ClientError>;
+
 /// Which transport carries frames.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Transport {
@@ -488,6 +491,50 @@ impl ClientConn {
         }
         self.rdma = Some(RdmaPath { channel, ctx, completions: Vec::new(), replies: Vec::new() });
         Ok(())
+    }
+
+    /// Sends `first`, a request without payload, and `then` without waiting between them, and
+    /// returns both outcomes: two requests that must go in order in one round trip over TCP,
+    /// where `first`'s reply is small, so writing `then` cannot stall on it. Over RDMA they go
+    /// one after the other: the node takes memory for a request's payload as it arrives, before
+    /// it has acted on the request before it (a hello that changes what this connection may
+    /// do). Over TCP, an error that ends the connection while the two are sent is the error.
+    pub fn request_two(
+        &mut self,
+        first: &Message,
+        then: (&Message, &[&[u8]]),
+    ) -> Result<(Outcome, Outcome), ClientError> {
+        if self.rdma.is_some() {
+            let one = self.request(first, &[]);
+            let two = match self.is_usable() {
+                true => self.request(then.0, then.1),
+                false => Err(ClientError::Closed { peer: self.peer }),
+            };
+            return Ok((one, two));
+        }
+        if self.broken {
+            return Err(ClientError::Closed { peer: self.peer });
+        }
+        let (id1, id2) = (self.next_id, self.next_id + 1);
+        self.next_id += 2;
+        let sent = self.send(id1, first, &[]).and_then(|()| self.send(id2, then.0, then.1));
+        let result = match sent {
+            // The peer may have refused the first and closed: its answer says why.
+            Err(e) => match self.receive(id1) {
+                Err(refused @ ClientError::Remote { .. }) => Ok((Err(refused), Err(e))),
+                _ => Err(e),
+            },
+            Ok(()) => {
+                let one = self.receive(id1);
+                let two = self.receive(id2);
+                Ok((one, two))
+            }
+        };
+        let fine = |r: &Result<Frame, ClientError>| matches!(r, Ok(_) | Err(ClientError::Remote { .. }));
+        if !matches!(&result, Ok((a, b)) if fine(a) && fine(b)) {
+            self.broken = true;
+        }
+        result
     }
 
     /// Sends every request of `batch` before waiting for the first reply, so that they are in
