@@ -396,3 +396,29 @@ fn sigterm_stops_the_node_cleanly() {
         }
     }
 }
+
+/// A node raises its open-files limit to what `--max-connections` needs; where the hard limit
+/// is lower, it lowers the flag to fit, says so, and serves.
+#[test]
+fn the_connection_limit_fits_the_open_files_limit() {
+    let node = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -n 400 && exec {} node --listen 127.0.0.1:0 --max-connections 4096 --log warn",
+            env!("CARGO_BIN_EXE_djinn")
+        ))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut node = support::Killed(node);
+    let mut stdout = std::io::BufReader::new(node.0.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+    let addr = line.strip_prefix("djinn node listening on ").expect("the node starts").trim().to_owned();
+    djinn_client::Client::connect(addr.as_str()).unwrap().put("x", DType::U8, &[1], &[1]).unwrap();
+    node.0.kill().unwrap();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut node.0.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(stderr.contains("--max-connections lowered to 144"), "{stderr}");
+}
