@@ -420,13 +420,17 @@ fn bad_magic_and_version_are_fatal_and_named() {
     let events = feed(Limits::default(), &wire, &[100]);
     assert!(matches!(events.as_slice(), [RecvEvent::Fatal(ProtocolError::BadMagic { .. })]));
 
+    let theirs = PROTOCOL_VERSION + 1;
     let mut header = FrameHeader::new(Kind::Ping, 1, 0, 0);
-    header.version = 7.into();
+    header.version = theirs.into();
     let events = feed(Limits::default(), &header_bytes(header), &[100]);
     let [RecvEvent::Fatal(e)] = events.as_slice() else { panic!("{events:?}") };
-    assert_eq!(e, &ProtocolError::VersionMismatch { ours: PROTOCOL_VERSION, theirs: 7 });
+    assert_eq!(e, &ProtocolError::VersionMismatch { ours: PROTOCOL_VERSION, theirs });
     let text = e.to_string();
-    assert!(text.contains("version 7") && text.contains(&format!("version {PROTOCOL_VERSION}")), "{text}");
+    assert!(
+        text.contains(&format!("version {theirs}")) && text.contains(&format!("version {PROTOCOL_VERSION}")),
+        "{text}"
+    );
 }
 
 #[test]
