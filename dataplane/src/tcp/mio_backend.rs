@@ -175,7 +175,6 @@ impl<S: Service> MioServer<S> {
             let now = Instant::now();
             if now >= next_timeout_check {
                 next_timeout_check = now + self.core.timeout_check_every();
-                self.core.trim_memory(now);
                 let expired: Vec<usize> = self
                     .conns
                     .iter_mut()
@@ -184,6 +183,7 @@ impl<S: Service> MioServer<S> {
                 for key in expired {
                     self.close(key);
                 }
+                self.core.trim_memory(now);
             }
         }
         tracing::info!(open = self.conns.len(), "poller stopping");
