@@ -56,7 +56,8 @@ pub struct PushPeers {
 
 #[derive(Default)]
 struct Listed {
-    fetched: Option<Instant>,
+    /// When the control plane was last asked (answered or not).
+    asked: Option<Instant>,
     addrs: HashSet<String>,
 }
 
@@ -80,22 +81,25 @@ impl PushPeers {
             return true;
         }
         let Some((list, listed)) = &self.listed else { return false };
-        let mut listed = listed.lock().unwrap_or_else(|e| e.into_inner());
-        let age = listed.fetched.map(|t| t.elapsed());
-        let found = listed.addrs.iter().any(|a| same_peer(a, to));
-        let stale = age.is_none_or(|a| a > LIST_FRESH || (!found && a > REFETCH_MISSING));
-        if !stale {
-            return found;
-        }
-        match list() {
-            Ok(addrs) => {
-                listed.addrs = addrs.into_iter().collect();
-                listed.fetched = Some(Instant::now());
+        let listed = || listed.lock().unwrap_or_else(|e| e.into_inner());
+        {
+            let mut known = listed();
+            let found = known.addrs.iter().any(|a| same_peer(a, to));
+            let age = known.asked.map(|t| t.elapsed());
+            if age.is_some_and(|a| a <= LIST_FRESH && (found || a <= REFETCH_MISSING)) {
+                return found;
             }
-            // The last list stands until the control plane answers again.
+            // Counted as asked now, answered or not: a control plane that is down is not asked
+            // again by every push, and the pushes meanwhile go by the list there is.
+            known.asked = Some(Instant::now());
+        }
+        // Asked without holding the list: a slow control plane delays this push alone, not
+        // other tenants'.
+        match list() {
+            Ok(addrs) => listed().addrs = addrs.into_iter().collect(),
             Err(e) => tracing::warn!(error = %e, "cannot list the cluster's nodes for a push"),
         }
-        listed.addrs.iter().any(|a| same_peer(a, to))
+        listed().addrs.iter().any(|a| same_peer(a, to))
     }
 }
 

@@ -362,8 +362,7 @@ impl<S: Service> PayloadAlloc for Alloc<'_, S> {
         if let Some((tensor, used)) = self.granted
             && (*used || !matches!(message, Message::Keep { tensor: t } if t == tensor))
         {
-            let message = "this connection came on a push grant: it may deliver the one tensor the grant names".into();
-            return Err(Refusal { code: ErrorCode::Forbidden, message });
+            return Err(granted_only());
         }
         if let Some(admission) = self.admission.as_deref_mut() {
             admission.admit(tenant, Instant::now()).inspect_err(|_| self.counters.quota_refusals += 1)?;
@@ -383,6 +382,12 @@ fn grant_allows(granted: &mut (TensorDesc, bool), message: &Message) -> bool {
         }
         _ => false,
     }
+}
+
+/// What a connection that came on a push grant gets for anything but what the grant allows.
+fn granted_only() -> Refusal {
+    let message = "this connection came on a push grant: it may deliver the one tensor the grant names".into();
+    Refusal { code: ErrorCode::Forbidden, message }
 }
 
 fn unauthenticated() -> Refusal {
@@ -694,8 +699,8 @@ impl<S: Service> Core<S> {
                 {
                     self.counters.frames_in += 1;
                     self.counters.requests_refused += 1;
-                    let message = "this connection came on a push grant: it may deliver the one tensor the grant names";
-                    self.send(conn, request_id, Reply::error(ErrorCode::Forbidden, message));
+                    let Refusal { code, message } = granted_only();
+                    self.send(conn, request_id, Reply::error(code, message));
                 }
                 RecvEvent::Frame(Frame { request_id, message: Message::RdmaConnect(params), .. }) => {
                     self.counters.frames_in += 1;
