@@ -755,3 +755,25 @@ fn a_tenants_push_to_a_stuck_peer_holds_up_no_other_tenants_pushes() {
     assert_eq!(code(alices_result), ErrorCode::PeerUnreachable);
     assert!(alices_took >= Duration::from_secs(3), "alice's push gave up after {alices_took:?}");
 }
+
+/// Push grants are memory a node holds for whoever asks: a tenant holds at most 64 unused at
+/// once (more are refused, typed, and another tenant is not held to that), and a grant used
+/// by a push makes room for another.
+#[test]
+fn a_tenant_holds_a_bounded_number_of_push_grants() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = token_file(dir.path(), ALICE);
+    let b = node_with_auth(&file);
+    let a = Node::start("mio", &["--auth-file", file.to_str().unwrap(), "--push-peers", &b.addr.to_string()]);
+    let (mut alice_a, mut alice_b, mut bob_b) =
+        (connect(&a, ALICE).unwrap(), connect(&b, ALICE).unwrap(), connect(&b, BOB).unwrap());
+    let bytes = f32_bytes(16, 7);
+    let kept = alice_a.keep(TensorRef { dtype: DType::F32, shape: &[16], bytes: &bytes }).unwrap();
+    let grants: Vec<String> = (0..64).map(|_| alice_b.grant_push(&kept.tensor).expect("within the bound")).collect();
+    assert_eq!(code(alice_b.grant_push(&kept.tensor)), ErrorCode::QuotaExceeded);
+    bob_b.grant_push(&kept.tensor).expect("bob is not held to alice's grants");
+    let (on_b, _) = alice_a.push(TensorSource::Handle(kept.handle), &b.addr.to_string(), &grants[0]).unwrap();
+    assert_eq!(alice_b.fetch(on_b.handle).unwrap().bytes(), &bytes[..]);
+    alice_b.grant_push(&kept.tensor).expect("the used grant made room");
+    assert_eq!(code(alice_b.grant_push(&kept.tensor)), ErrorCode::QuotaExceeded);
+}
