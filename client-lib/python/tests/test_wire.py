@@ -157,6 +157,27 @@ def test_a_contiguous_cpu_input_is_sent_from_its_own_memory(client):
     assert strided["input_copy_bytes"] == after["input_copy_bytes"] + 32 * MiB
 
 
+def test_a_torchvision_model_takes_inputs_as_users_pass_them(client):
+    """A model no one here wrote (torchvision's ResNet-18, random weights from its config) on
+    crops, transposes, strided and expanded batches and channels_last images: what the node
+    returns is what the model gives here, bit for bit."""
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(weights=None, num_classes=10).eval()
+    rm = djinn.register(model, torch.randn(2, 3, 64, 64))
+    images = torch.randn(4, 3, 80, 80)
+    inputs = {
+        "a channels_last crop": images.contiguous(memory_format=torch.channels_last)[:2, :, :64, :64],
+        "transposed height and width": images.transpose(2, 3)[:2, :, 8:72, 8:72],
+        "every other image": images[::2, :, :64, :64],
+        "one image expanded": images[:1, :, :64, :64].expand(2, 3, 64, 64),
+    }
+    with torch.no_grad():
+        for what, x in inputs.items():
+            assert torch.equal(rm(x), model(x.contiguous())), what
+
+
 def test_unsendable_inputs_are_refused_with_the_reason(client):
     rm = djinn.register(nn.Sequential(Clone()), torch.zeros(4, 4))
     np = pytest.importorskip("numpy")
