@@ -1,5 +1,6 @@
 // Shared by the build scripts of the crates whose binaries and tests link libtorch (included
-// with `include!`). `LIBTORCH` comes from .cargo/config.toml: the torch wheel in .venv.
+// with `include!`). `LIBTORCH` comes from .cargo/config.toml: the torch wheel in .venv (or, for
+// scripts/gpu-bundle.sh, the torch the bundle is for).
 fn link_libtorch() {
     println!("cargo:rerun-if-env-changed=LIBTORCH");
     let Ok(libtorch) = std::env::var("LIBTORCH") else {
@@ -7,8 +8,11 @@ fn link_libtorch() {
         return;
     };
     let lib = format!("{libtorch}/lib");
-    // Run without LD_LIBRARY_PATH.
-    println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
+    // Run without LD_LIBRARY_PATH: from the torch built against, or, for a bundle built for
+    // another host (scripts/gpu-bundle.sh), from that host's torch/lib.
+    println!("cargo:rerun-if-env-changed=DJINN_TORCH_RPATH");
+    let rpath = std::env::var("DJINN_TORCH_RPATH").unwrap_or_else(|_| lib.clone());
+    println!("cargo:rustc-link-arg=-Wl,-rpath,{rpath}");
     // rustc links with --as-needed, which drops libtorch_cuda (nothing references it by name)
     // and with it every CUDA kernel: keep it, so a GPU host sees CUDA.
     if std::path::Path::new(&format!("{lib}/libtorch_cuda.so")).exists() {

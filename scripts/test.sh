@@ -18,6 +18,9 @@ cargo test --workspace --locked
 step "python tests (the real extension against a real node)"
 DJINN_BIN="$PWD/target/debug/djinn" .venv/bin/python -m pytest -q client-lib/python/tests
 
+step "the GPU suite on this build (no GPU here: its GPU parts are reported skipped)"
+TORCH_VENV="$PWD/.venv" DJINN_BIN="$PWD/target/debug/djinn" scripts/gpu-suite.sh target/gpu-suite
+
 step "RDMA tests in the soft-RoCE VM (qemu, TCG: minutes)"
 # Python is slow to start under emulation: the models the tests register are made here.
 models="$PWD/target/test-models"

@@ -11,6 +11,7 @@ use djinn_client::{
     Client, ClientOptions, ClusterClient, ClusterError, DType, ErrorCode, FailoverOptions, Handle, TensorDesc,
     TensorRef, TensorSource, Value,
 };
+use djinn_executor::tch;
 use support::{Node, f32_bytes, pattern, register};
 
 /// Bytes sent and received by `client` while `f` runs.
@@ -217,13 +218,11 @@ fn a_node_pushes_a_tensor_into_another_nodes_memory() {
 }
 
 /// On a GPU node a kept tensor is device memory: uploads land there, outputs stay there, and
-/// pushes go device → host → TCP → host → device. Skipped where there is no CUDA.
+/// pushes go device → host → TCP → host → device. Needs a GPU: gpu-suite.sh runs it.
 #[test]
+#[ignore = "needs a CUDA device: run by gpu-suite.sh (cargo test -- --ignored on a GPU host)"]
 fn kept_tensors_live_in_gpu_memory_on_a_gpu_node() {
-    if !tch::Cuda::is_available() {
-        eprintln!("skipped: libtorch sees no CUDA device here (run it on a GPU host)");
-        return;
-    }
+    assert!(tch::Cuda::is_available(), "libtorch sees no CUDA device");
     let b = Node::start("mio", &["--device", "cuda:0"]);
     let a = Node::start("mio", &["--device", "cuda:0", "--push-peers", &b.addr.to_string()]);
     let mut on_a = a.client();

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::thread;
 
 use djinn_client::{DType, ErrorCode, Fingerprint, TensorRef, Value};
+use djinn_executor::tch;
 use support::{Node, archive, f32_bytes, models_dir, pattern, register};
 use tch::jit::{CModule, IValue};
 use tch::{Kind, Tensor};

@@ -422,3 +422,39 @@ fn the_connection_limit_fits_the_open_files_limit() {
     std::io::Read::read_to_string(&mut node.0.stderr.take().unwrap(), &mut stderr).unwrap();
     assert!(stderr.contains("--max-connections lowered to 144"), "{stderr}");
 }
+
+/// A node runs on whatever libtorch the loader finds first (a bundle on a host's own torch). One
+/// of another release than the build's is refused at start, naming both. The libtorch here is
+/// the build's own, seen through hard links beside a `version.py` of another release: a real
+/// second torch is not installed where the tests run.
+#[test]
+fn a_node_refuses_a_libtorch_of_another_release() {
+    let _ = djinn_executor::tch::Tensor::from(1i64);
+    let real = djinn_executor::libtorch::loaded().expect("this test links libtorch").lib_dir;
+    let real_site = real.parent().and_then(|t| t.parent()).expect("torch/lib in site-packages");
+    // Hard links (same file system as the build) keep the libraries' paths under the fake
+    // torch; their rpaths ($ORIGIN/../../nvidia) find the real CUDA libraries through a link.
+    let site = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let lib = site.path().join("torch/lib");
+    std::fs::create_dir_all(&lib).unwrap();
+    for entry in std::fs::read_dir(&real).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_file() {
+            std::fs::hard_link(&path, lib.join(path.file_name().unwrap())).unwrap();
+        }
+    }
+    if real_site.join("nvidia").exists() {
+        std::os::unix::fs::symlink(real_site.join("nvidia"), site.path().join("nvidia")).unwrap();
+    }
+    std::fs::write(site.path().join("torch/version.py"), "__version__ = '2.9.1+cu128'\n").unwrap();
+    let out = std::process::Command::new(support::djinn_binary())
+        .args(["node", "--listen", "127.0.0.1:0"])
+        .env("LD_LIBRARY_PATH", &lib)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the node started: {stderr}");
+    let built_for = djinn_executor::libtorch::BUILT_FOR;
+    assert!(stderr.contains(&format!("built for torch {built_for}")) && stderr.contains("2.9.1+cu128"), "{stderr}");
+    assert!(stderr.contains(&lib.display().to_string()), "the refusal names where it was loaded from: {stderr}");
+}

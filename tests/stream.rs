@@ -6,6 +6,7 @@ mod support;
 
 use djinn_client::{Client, DType, ErrorCode, TensorRef, Value};
 use djinn_executor::stream::StreamedBlock;
+use djinn_executor::tch;
 use support::{Node, archive, pattern};
 
 fn register(client: &mut Client, names: &[String]) -> djinn_client::Fingerprint {

@@ -21,6 +21,7 @@ use anyhow::{Context, Result, ensure};
 use clap::Args;
 use djinn_client::{Client, DType, Handle, Output, Signal, TensorRef, Value};
 use djinn_executor::Device;
+use djinn_executor::tch;
 use djinn_gpudirect::ByteSize;
 use hdrhistogram::Histogram;
 use tch::jit::CModule;
@@ -71,6 +72,10 @@ pub struct AgentsArgs {
     /// The Python that makes the model (with torch; the package's own).
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../.venv/bin/python"))]
     python: PathBuf,
+    /// The script that writes the model (it imports the Python package's GPT example from
+    /// beside it, as in this repository's layout).
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/agents_model.py"))]
+    model_script: PathBuf,
     /// Append the tables, the command and the machine to this markdown file.
     #[arg(long)]
     results: Option<PathBuf>,
@@ -104,18 +109,18 @@ impl Rng {
 fn decoder(args: &AgentsArgs) -> Result<(Vec<u8>, Vec<i64>)> {
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("decoder.pt");
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/agents_model.py");
+    let script = &args.model_script;
     let output = std::process::Command::new(&args.python)
         .arg(script)
         .arg(args.context.to_string())
         .arg(&path)
         .output()
         .with_context(|| format!("cannot run {} (see --python)", args.python.display()))?;
-    ensure!(output.status.success(), "{script} failed: {}", String::from_utf8_lossy(&output.stderr));
+    ensure!(output.status.success(), "{} failed: {}", script.display(), String::from_utf8_lossy(&output.stderr));
     let shape = String::from_utf8_lossy(&output.stdout)
         .trim()
         .split(',')
-        .map(|d| d.parse().with_context(|| format!("{script} printed {d:?} for a dimension")))
+        .map(|d| d.parse().with_context(|| format!("{} printed {d:?} for a dimension", script.display())))
         .collect::<Result<Vec<i64>>>()?;
     Ok((std::fs::read(&path)?, shape))
 }

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Args;
 use djinn_client::{Client, ClientOptions, ClusterClient, DType, FailoverOptions, TensorRef, Value};
+use djinn_executor::tch;
 use djinn_gpudirect::ByteSize;
 use tch::jit::CModule;
 use tch::{Device, Kind, Tensor, nn, nn::Module};
@@ -27,6 +28,9 @@ pub struct ExecuteArgs {
     /// Node backend.
     #[arg(long, default_value = "mio")]
     backend: String,
+    /// The node's device, and the local forward's: `cpu`, `cuda:N` or `auto`.
+    #[arg(long, default_value = "cpu", value_parser = djinn_executor::parse_device)]
+    device: Device,
     /// Append the tables, the command and the machine to this markdown file.
     #[arg(long)]
     results: Option<PathBuf>,
@@ -72,23 +76,25 @@ pub fn run(args: ExecuteArgs) -> Result<()> {
         "warn",
         "--control",
         &control_url,
+        "--device",
+        &djinn_executor::device_name(args.device),
     ])?;
     let mut client = Client::connect(node.addr)?;
     let mlp_fp = client.register_model(&[&tiny_mlp], |_, _| {})?.fingerprint;
     let id_fp = client.register_model(&[&identity], |_, _| {})?.fingerprint;
-    let local = CModule::load_data(&mut tiny_mlp.as_slice()).context("local load")?;
+    let local = CModule::load_data_on_device(&mut tiny_mlp.as_slice(), args.device).context("local load")?;
+    // The local baseline gives its caller what a remote call does: the output in host memory.
+    let x_local = x.f_to_device(args.device)?;
+    let local_forward = || -> Result<Tensor> { Ok(local.forward_ts(&[&x_local])?.f_to_device(Device::Cpu)?) };
 
     let x_bytes = bytes_of(&x).to_vec();
     let input = [TensorRef { dtype: DType::F32, shape: &[4, 256], bytes: &x_bytes }];
     let remote_out = client.execute(&mlp_fp, &[Value::Tensor(0)], &input)?;
-    let local_out = local.forward_ts(&[&x])?;
+    let local_out = local_forward()?;
     anyhow::ensure!(remote_out.tensor_bytes(0) == bytes_of(&local_out), "remote and local outputs differ");
 
     let n = args.iters;
-    let local_stats = measure(n, || {
-        drop(local.forward_ts(&[&x])?);
-        Ok(())
-    })?;
+    let local_stats = measure(n, || local_forward().map(drop))?;
     let remote = measure(n, || client.execute(&mlp_fp, &[Value::Tensor(0)], &input).map(drop).map_err(Into::into))?;
     // Placed once (the node joins the control plane within a moment: placement is retried
     // until it has), then every call goes by the cached placement.
@@ -120,7 +126,11 @@ pub fn run(args: ExecuteArgs) -> Result<()> {
         "| TinyMLP execute through the cluster client (placed by `djinn control`, placement cached) | {} |",
         us(&placed)
     )?;
-    writeln!(table, "| TinyMLP forward in this process (libtorch, 1 thread) | {} |", us(&local_stats))?;
+    writeln!(
+        table,
+        "| TinyMLP forward in this process (libtorch, 1 thread, output in host memory) | {} |",
+        us(&local_stats)
+    )?;
     writeln!(table, "| raw blocking-socket ping-pong, 4 KiB each way | {} |", us(&pingpong))?;
     writeln!(table, "| 64 MiB identity execute round trip | {} |", us(&big_remote))?;
     writeln!(table, "| raw ping-pong, 64 MiB each way | {} |", us(&big_raw))?;
@@ -145,8 +155,9 @@ pub fn run(args: ExecuteArgs) -> Result<()> {
     print!("{table}");
     if let Some(path) = &args.results {
         let notes = [format!(
-            "Timed iterations: {n} (TinyMLP), {} (64 MiB); node backend {}, payload {}",
+            "Timed iterations: {n} (TinyMLP), {} (64 MiB); node backend {}, device {}, payload {}",
             args.big_iters,
+            djinn_executor::device_name(args.device),
             args.backend,
             ByteSize(64 << 20)
         )];

@@ -12,6 +12,7 @@ use anyhow::Result;
 use clap::Args;
 use djinn_client::{Client, ClientOptions, DType, TensorRef, TensorSource};
 use djinn_executor::Device;
+use djinn_executor::tch;
 use djinn_gpudirect::ByteSize;
 use tch::{Kind, Tensor};
 

@@ -7,6 +7,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use djinn_executor::tch;
 use djinn_gpudirect::ByteSize;
 use hdrhistogram::Histogram;
 

@@ -14,6 +14,7 @@ use std::time::Instant;
 use anyhow::{Result, ensure};
 use clap::Args;
 use djinn_client::{Breakpoint, Client, DType, Fingerprint, Resumed, TensorRef, Value};
+use djinn_executor::tch;
 use tch::nn::Module;
 use tch::{Device, Kind, Tensor, nn};
 
@@ -37,6 +38,9 @@ pub struct ResumeArgs {
     /// The breakpoint: the run stops after this block (default: the middle).
     #[arg(long)]
     after: Option<usize>,
+    /// The node's device: `cpu`, `cuda:N` or `auto` (parked activations stay in its memory).
+    #[arg(long, default_value = "cpu", value_parser = djinn_executor::parse_device)]
+    device: Device,
     /// Append the table, the command and the machine to this markdown file.
     #[arg(long)]
     results: Option<PathBuf>,
@@ -56,7 +60,8 @@ pub fn run(args: ResumeArgs) -> Result<()> {
         vs.freeze();
         archives.push(archive(&format!("block{i}"), &example, &mut |xs| vec![linear.forward(&xs[0]).gelu("none")])?);
     }
-    let node = Spawned::start(&["node", "--listen", "127.0.0.1:0", "--log", "warn"])?;
+    let device = djinn_executor::device_name(args.device);
+    let node = Spawned::start(&["node", "--listen", "127.0.0.1:0", "--log", "warn", "--device", &device])?;
     let mut client = Client::connect(node.addr)?;
     let models = Models {
         whole: client.register_model(&archives, |_, _| {})?.fingerprint,
@@ -88,7 +93,7 @@ pub fn run(args: ResumeArgs) -> Result<()> {
     print!("{table}");
     if let Some(path) = &args.results {
         let notes = [format!(
-            "{} blocks of Linear({w}, {w}) + GELU, f32; stopped after block {after}; {} timed iterations per row",
+            "{} blocks of Linear({w}, {w}) + GELU, f32, on the node's {device}; stopped after block {after}; {} timed iterations per row",
             args.blocks,
             args.iters,
             w = args.width

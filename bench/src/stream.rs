@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use anyhow::{Context, Result, bail, ensure};
 use clap::Args;
 use djinn_dataplane::proto::{Fingerprint, Payload};
+use djinn_executor::tch;
 use djinn_executor::{Device, Model, ModelStore, Upload};
 use djinn_gpudirect::{ByteSize, CopyStream, CudaContext, HostBuf, MemoryBudget, PinnedBuf};
 use tch::jit::{CModule, IValue};

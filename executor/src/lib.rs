@@ -3,9 +3,23 @@
 //! fingerprint onto the node's device (libtorch through `tch`) and run by worker threads that
 //! the data plane's poller feeds.
 
+// One libtorch binding, chosen by feature (tch checks the torch version it is built against).
+#[cfg(all(feature = "torch-2-13", feature = "torch-2-11"))]
+compile_error!(
+    "features torch-2-13 and torch-2-11 exclude each other: build with --no-default-features --features torch-2-11"
+);
+#[cfg(not(any(feature = "torch-2-13", feature = "torch-2-11")))]
+compile_error!("choose the torch to build against: feature torch-2-13 (the default) or torch-2-11");
+/// The libtorch binding this crate was built with, for the crates above it.
+#[cfg(all(feature = "torch-2-11", not(feature = "torch-2-13")))]
+pub extern crate tch_0_24 as tch;
+#[cfg(feature = "torch-2-13")]
+pub use ::tch;
+
 mod convert;
 mod error;
 mod handles;
+pub mod libtorch;
 mod models;
 mod mover;
 mod parked;

@@ -6,6 +6,7 @@
 pub mod budget;
 pub mod cuda;
 pub mod device;
+pub mod dmabuf;
 pub mod host;
 pub mod ring;
 mod size;
@@ -13,6 +14,7 @@ mod size;
 pub use budget::{Charge, MemoryBudget, OverBudget, Reservation, TenantQuota};
 pub use cuda::{CopyStream, CudaContext, Event, PinnedBuf};
 pub use device::{CudaDevice, DeviceError, cuda_devices};
+pub use dmabuf::{DeviceBuf, DmaBufError, export_dmabuf};
 pub use host::{AllocError, BUFFER_ALIGN, BufferPool, HostBuf, PoolStats, align_for};
 pub use ring::{BlockTooLarge, SLOT_ALIGN, SkipEndRing, Slot};
 pub use size::ByteSize;

@@ -37,6 +37,12 @@ pub fn spawn_announcing(mut command: Command, announces: &[&str]) -> (Child, Vec
     (child, addrs)
 }
 
+/// The `djinn` binary the tests start: cargo's build of it, or `DJINN_BIN` (a test binary run
+/// from a bundle, away from the tree it was built in).
+pub fn djinn_binary() -> std::ffi::OsString {
+    std::env::var_os("DJINN_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_djinn").into())
+}
+
 /// A `djinn node` child process, killed on drop.
 pub struct Node {
     child: Child,
@@ -48,9 +54,16 @@ impl Node {
         Self::start_at("127.0.0.1:0", backend, extra)
     }
 
+    /// With `DJINN_TEST_DEVICE` set (gpu-suite.sh sets `cuda:0`), every node of the test runs
+    /// on that device unless the test names another.
     pub fn start_at(listen: &str, backend: &str, extra: &[&str]) -> Self {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_djinn"));
+        let mut command = Command::new(djinn_binary());
         command.args(["node", "--listen", listen, "--tcp-backend", backend, "--log", "error"]).args(extra);
+        if let Ok(device) = std::env::var("DJINN_TEST_DEVICE")
+            && !extra.contains(&"--device")
+        {
+            command.args(["--device", &device]);
+        }
         let (child, addr) = spawn_listening(command, "djinn node listening on ");
         let addr = addr.parse().unwrap_or_else(|_| panic!("not an address: {addr:?}"));
         Self { child, addr }

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use djinn_client::{Client, ClientOptions, ControlClient, ControlError, Transport};
 use djinn_control::{Inventory, Registered};
+use djinn_executor::tch;
 
 /// What the node knows about itself that its stats do not say.
 #[derive(Debug, Clone)]

@@ -3,6 +3,7 @@
 mod agent;
 mod auth;
 mod control;
+mod gpucheck;
 mod metrics;
 mod node;
 mod status;
@@ -43,6 +44,9 @@ enum Command {
     Control(control::ControlArgs),
     /// What a control plane knows: its nodes, models and sessions.
     Status(status::StatusArgs),
+    /// What this host's GPUs can do for a node: CUDA discovery, device and pinned buffers, the
+    /// staging copies from 1 KiB to --max-size, dma-buf export; one PASS/FAIL/SKIP line each.
+    GpuCheck(gpucheck::GpuCheckArgs),
     /// The principals and their tokens, kept in etcd for --auth-etcd.
     #[command(subcommand)]
     Tokens(auth::TokensCommand),
@@ -115,6 +119,7 @@ fn main() -> Result<()> {
         Command::Control(args) => control::run(args),
         Command::Status(args) => status::run(args),
         Command::Tokens(command) => auth::tokens(command),
+        Command::GpuCheck(args) => gpucheck::run(args),
         Command::Ping { addr, count } => {
             let mut client = connect(&addr)?;
             let node = client.node();

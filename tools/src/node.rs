@@ -17,6 +17,7 @@ use djinn_gpudirect::MemoryBudget;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
+use djinn_executor::tch;
 use djinn_gpudirect::ByteSize;
 
 use crate::agent;
@@ -263,6 +264,8 @@ pub fn run(args: NodeArgs, auth: Option<Arc<Authenticator>>) -> Result<()> {
     let limits = Limits { max_meta, max_payload: args.max_payload.0, ..Limits::default() };
     let device_limit = args.device_memory_budget.map_or(physical_memory() / 2, |b| b.0);
     let budget = tenant_budget(device_limit, auth.as_ref(), |q| q.device_memory);
+    let torch = djinn_executor::libtorch::check()?;
+    tracing::info!("{torch}");
     match djinn_gpudirect::cuda_devices() {
         Ok(devices) if devices.is_empty() => tracing::info!("no CUDA driver: device memory is host memory"),
         Ok(devices) => {
