@@ -98,7 +98,8 @@ for torch $TORCH (rpath $TORCH_LIB).
   TORCH_VENV=/opt/torch/.venv ./gpu-suite.sh OUT
 
 runs everything that needs a GPU (at most 9 minutes) and writes OUT/summary.md, the table it
-prints at the end, beside its logs and OUT/bench-results.md.
+prints at the end, beside its logs and OUT/bench-results.md. Needs x86-64 Linux with glibc >= 2.34
+and GCC >= 11's libstdc++.
 EOF
 
 mkdir -p "$(dirname "$OUT")"

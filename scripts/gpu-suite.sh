@@ -89,7 +89,7 @@ log "torch $TORCH_VERSION from $TORCH_DIR; djinn $BIN; results in $OUT"
 
 # --- CUDA discovery, buffers, staging from 1 KiB to 1 GiB, dma-buf export
 start=$SECONDS
-step "gpu-check" 150 "$OUT/gpu-check.txt" "$BIN" gpu-check --max-size 1GiB
+step "gpu-check" 120 "$OUT/gpu-check.txt" "$BIN" gpu-check --max-size 1GiB
 gpu=no
 grep -q '^PASS  *CUDA device 0 ' "$OUT/gpu-check.txt" && gpu=yes
 [ $gpu = no ] && [ "$status" = passed ] && status="skipped: no CUDA device (the libtorch check passed)"
@@ -124,7 +124,7 @@ rust_tests() {
   fi
 }
 if [ $gpu = yes ]; then
-  step "rust tests" 240 "$OUT/tests.log" bash -c "$(declare -f rust_tests); TESTS='$TESTS' ROOT='$ROOT' rust_tests"
+  step "rust tests" 200 "$OUT/tests.log" bash -c "$(declare -f rust_tests); TESTS='$TESTS' ROOT='$ROOT' rust_tests"
   passed=$(grep -hoE 'test result: ok\. [0-9]+ passed' "$OUT/tests.log" | awk '{s += $4} END {print s + 0}')
   row "Rust tests on a GPU node (gpudirect, handles, stream, sessions, breakpoints)" "$status" "$took" "$passed passed"
 elif [ -n "$TESTS" ]; then
@@ -167,12 +167,12 @@ bench() {
   fi
 }
 if [ $gpu = yes ]; then
-  bench stream 90 --device "$DEVICE" --python "$PY"
-  bench agents 150 --device "$DEVICE" --python "$PY" --model-script "$ROOT/bench/agents_model.py" \
+  bench stream 60 --device "$DEVICE" --python "$PY"
+  bench agents 100 --device "$DEVICE" --python "$PY" --model-script "$ROOT/bench/agents_model.py" \
     --agents 16,64,256 --duration 5 --unloaded-duration 10
-  bench push 90 --device "$DEVICE"
-  bench resume 60 --device "$DEVICE"
-  bench execute 90 --device "$DEVICE" --iters 5000
+  bench push 60 --device "$DEVICE"
+  bench resume 40 --device "$DEVICE"
+  bench execute 60 --device "$DEVICE" --iters 5000
 else
   bench stream 60 --device cpu --python "$PY" --blocks 4 --width 256 --iters 3
   bench agents 90 --device cpu --python "$PY" --model-script "$ROOT/bench/agents_model.py" --context 64 \
