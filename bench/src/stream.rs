@@ -76,6 +76,8 @@ fn make_blocks(args: &StreamArgs) -> Result<Vec<Vec<u8>>> {
 fn load(archives: &[Vec<u8>], device: Device, budget: u64) -> Result<(Arc<Model>, Mutex<ModelStore>)> {
     let lens = archives.iter().map(|a| a.len() as u64).collect();
     let mut upload = Upload::new(Fingerprint::of_blocks(archives), lens, (Default::default(), false), 0)?;
+    // The bench's own TorchScript blocks (streaming runs on TorchScript until graphs stream).
+    upload.torchscript = true;
     let mut offset = 0;
     for archive in archives {
         upload.archives.add(offset, Payload { buf: HostBuf::copy_from(archive)?, reservation: None })?;

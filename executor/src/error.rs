@@ -6,6 +6,8 @@ use djinn_dataplane::proto::ErrorCode;
 pub enum ExecError {
     #[error("libtorch: {0}")]
     Torch(#[from] tch::TchError),
+    #[error("reading an archive: {0}")]
+    Io(#[from] std::io::Error),
     #[error("archive rejected: {0}")]
     BadArchive(String),
     #[error("{0}")]
@@ -24,6 +26,18 @@ pub enum ExecError {
     Session(#[from] crate::sessions::SessionError),
     #[error(transparent)]
     Breakpoint(#[from] crate::parked::BreakpointError),
+    /// The principal may not do this (TorchScript without the right).
+    #[error("{0}")]
+    Forbidden(String),
+    /// A graph the node will not run (the check's or the dispatcher's reason).
+    #[error("{0}")]
+    Refused(String),
+    /// A call's inputs do not fit the graph (count, dtype, or sizes outside export's ranges).
+    #[error("{0}")]
+    BadInput(String),
+    /// An operator of a graph failed (its name and libtorch's message).
+    #[error("{0}")]
+    Execution(String),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -31,8 +45,12 @@ pub enum ExecError {
 impl ExecError {
     pub fn code(&self) -> ErrorCode {
         match self {
-            Self::Torch(_) | Self::Unsupported(_) => ErrorCode::ExecutionFailed,
-            Self::BadArchive(_) => ErrorCode::BadArchive,
+            Self::Torch(_) | Self::Unsupported(_) | Self::BadInput(_) | Self::Execution(_) => {
+                ErrorCode::ExecutionFailed
+            }
+            Self::Refused(_) => ErrorCode::GraphRefused,
+            Self::Forbidden(_) => ErrorCode::Forbidden,
+            Self::BadArchive(_) | Self::Io(_) => ErrorCode::BadArchive,
             Self::OverBudget(e) if e.tenant.is_some() => ErrorCode::QuotaExceeded,
             Self::OverBudget(_) | Self::BlockTooLarge { .. } => ErrorCode::OverBudget,
             Self::Handle(e) => e.code(),

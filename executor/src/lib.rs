@@ -18,6 +18,7 @@ pub use ::tch;
 
 mod convert;
 mod error;
+pub mod graph;
 mod handles;
 pub mod libtorch;
 mod models;

@@ -10,6 +10,7 @@
 //! tenants' idle models only while what it holds is within its fair share of the budget.
 
 use std::collections::{BTreeMap, HashMap};
+use std::io::Read as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -20,6 +21,7 @@ use tch::jit::{CModule, IValue};
 use tch::{Device, Tensor};
 
 use crate::error::ExecError;
+use crate::graph::{GraphModule, RtValue};
 use crate::stream::{Plan, StreamStats, StreamedBlock, Streamer, plan};
 use djinn_gpudirect::CudaContext;
 
@@ -27,7 +29,7 @@ use djinn_gpudirect::CudaContext;
 /// whole does not fit.
 pub struct Model {
     pub fingerprint: Fingerprint,
-    blocks: Vec<CModule>,
+    blocks: Vec<Block>,
     pub weight_bytes: u64,
     pub device: Device,
     executions: AtomicU64,
@@ -115,7 +117,7 @@ impl Model {
             if let Some(stream) = stream.as_mut() {
                 stream.before(i)?;
             }
-            let mut out = block.forward_is(&args)?;
+            let mut out = block.forward(&args)?;
             if let Some(stream) = stream.as_mut() {
                 out = stream.after(i, out)?;
             }
@@ -130,9 +132,88 @@ impl Model {
         Err(ExecError::Internal("a model without blocks".into()))
     }
 
+    /// Whether any block is TorchScript (code: only principals with the right may run it).
+    pub fn has_torchscript(&self) -> bool {
+        self.blocks.iter().any(|b| matches!(b, Block::Script(_)))
+    }
+
     /// Device bytes the model holds: its resident blocks and its ring.
     pub fn device_bytes(&self) -> u64 {
         self.reservation.device.bytes()
+    }
+}
+
+/// One block of a model: a checked graph, which is data run through libtorch's dispatcher, or
+/// a TorchScript module, which is code (only principals with the right may register one).
+pub(crate) enum Block {
+    Graph(GraphModule),
+    Script(CModule),
+}
+
+impl std::fmt::Debug for Block {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Block::Graph(g) => g.fmt(f),
+            Block::Script(_) => f.write_str("Script"),
+        }
+    }
+}
+
+impl Block {
+    fn forward(&self, args: &[IValue]) -> Result<IValue, ExecError> {
+        match self {
+            Block::Script(module) => Ok(module.forward_is(args)?),
+            Block::Graph(graph) => {
+                let inputs = args
+                    .iter()
+                    .map(|a| match a {
+                        IValue::Tensor(t) => Ok(t.shallow_clone()),
+                        other => Err(ExecError::BadInput(format!("a graph takes tensors, not {}", ivalue_name(other)))),
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                let mut outputs: Vec<IValue> = graph.run(inputs)?.into_iter().map(rt_to_ivalue).collect();
+                Ok(if outputs.len() == 1 { outputs.remove(0) } else { IValue::Tuple(outputs) })
+            }
+        }
+    }
+
+    /// Its weights by name, and the bytes they take.
+    fn weights(&self) -> Result<(Vec<(String, Tensor)>, u64), ExecError> {
+        match self {
+            Block::Script(module) => {
+                let params = module.named_parameters()?;
+                let bytes = params.iter().map(|(_, t)| tensor_bytes(t)).sum();
+                Ok((params, bytes))
+            }
+            Block::Graph(graph) => Ok((Vec::new(), graph.weight_bytes())),
+        }
+    }
+}
+
+fn ivalue_name(v: &IValue) -> &'static str {
+    match v {
+        IValue::Int(_) => "an int",
+        IValue::Double(_) => "a float",
+        IValue::Bool(_) => "a bool",
+        IValue::None => "None",
+        IValue::Tuple(_) => "a tuple",
+        IValue::GenericList(_)
+        | IValue::TensorList(_)
+        | IValue::IntList(_)
+        | IValue::DoubleList(_)
+        | IValue::BoolList(_) => "a list",
+        _ => "a value of another kind",
+    }
+}
+
+fn rt_to_ivalue(v: RtValue) -> IValue {
+    match v {
+        RtValue::None => IValue::None,
+        RtValue::Tensor(t) => IValue::Tensor(t),
+        RtValue::Int(i) => IValue::Int(i),
+        RtValue::Float(f) => IValue::Double(f),
+        RtValue::Bool(b) => IValue::Bool(b),
+        RtValue::List(items) => IValue::Tuple(items.into_iter().map(rt_to_ivalue).collect()),
     }
 }
 
@@ -144,6 +225,8 @@ pub struct Upload {
     /// The tenant registering it.
     pub tenant: TenantId,
     pub connection: u64,
+    /// Whether the uploader may register TorchScript (the right `torchscript`).
+    pub torchscript: bool,
 }
 
 impl Upload {
@@ -154,7 +237,7 @@ impl Upload {
         connection: u64,
     ) -> Result<Self, ArchiveError> {
         let scope = if public { Scope::Public } else { Scope::Private(tenant) };
-        Ok(Self { archives: Archives::new(fingerprint, block_lens)?, scope, tenant, connection })
+        Ok(Self { archives: Archives::new(fingerprint, block_lens)?, scope, tenant, connection, torchscript: false })
     }
 
     /// Verifies the fingerprint and loads every block onto `device`; or, on a GPU, when the
@@ -169,10 +252,13 @@ impl Upload {
         let mut slot_lens = Vec::with_capacity(count);
         let mut weight_bytes = 0;
         for (i, reader) in self.archives.blocks().into_iter().enumerate() {
-            let block = load_block(reader, i, if size_only { Device::Cpu } else { device })?;
-            let params = block.named_parameters()?;
-            weight_bytes += params.iter().map(|(_, t)| tensor_bytes(t)).sum::<u64>();
-            slot_lens.push(StreamedBlock::slot_len(&params));
+            let block = load_block(reader, i, if size_only { Device::Cpu } else { device }, self.torchscript)?;
+            let (params, bytes) = block.weights()?;
+            weight_bytes += bytes;
+            slot_lens.push(match &block {
+                Block::Script(_) => StreamedBlock::slot_len(&params),
+                Block::Graph(_) => bytes,
+            });
             if !size_only {
                 blocks.push(block);
             }
@@ -189,11 +275,38 @@ impl Upload {
     }
 }
 
-fn load_block(mut reader: BlockReader<'_>, i: usize, device: Device) -> Result<CModule, ExecError> {
-    let mut block = CModule::load_data_on_device(&mut reader, device)
-        .map_err(|e| ExecError::BadArchive(format!("block {i} is not a TorchScript archive: {e}")))?;
+/// Loads block `i`: a graph (its container's magic says so), or TorchScript where `torchscript`
+/// allows it.
+fn load_block(mut reader: BlockReader<'_>, i: usize, device: Device, torchscript: bool) -> Result<Block, ExecError> {
+    let mut head = [0u8; 8];
+    let mut got = 0;
+    while got < head.len() {
+        match reader.read(&mut head[got..])? {
+            0 => break,
+            n => got += n,
+        }
+    }
+    let head = &head[..got];
+    if djinn_graph::is_graph(head) {
+        let mut bytes = head.to_vec();
+        reader.read_to_end(&mut bytes)?;
+        return GraphModule::load(&bytes, device).map(Block::Graph).map_err(|e| match e {
+            ExecError::BadArchive(why) => ExecError::BadArchive(format!("block {i}: {why}")),
+            ExecError::Refused(why) => ExecError::Refused(format!("block {i}: {why}")),
+            other => other,
+        });
+    }
+    if !torchscript {
+        return Err(ExecError::Forbidden(format!(
+            "block {i} is TorchScript, which is code that runs on the node: only a principal given the right \
+             \"torchscript\" may register it. Register the model as a graph instead: djinn.register(model, example) \
+             exports it with torch.export (README, \"From TorchScript to graphs\")"
+        )));
+    }
+    let mut block = CModule::load_data_on_device(&mut std::io::Read::chain(head, reader), device)
+        .map_err(|e| ExecError::BadArchive(format!("block {i} is neither a graph nor a TorchScript archive: {e}")))?;
     block.f_set_eval()?;
-    Ok(block)
+    Ok(Block::Script(block))
 }
 
 /// A line every tenth of the blocks of a model with many.
@@ -229,7 +342,7 @@ pub struct LoadedModel {
 #[derive(Debug)]
 enum LoadedBlocks {
     /// Loaded on the model's device.
-    OnDevice(Vec<CModule>),
+    OnDevice(Vec<Block>),
     /// Sized on the CPU only: [`LoadedModel::into_model`] loads the blocks on the device one at
     /// a time from the upload, taking a streamed block's weights out before loading the next.
     Sized(Upload),
@@ -258,11 +371,19 @@ impl LoadedModel {
                     let reader =
                         readers.next().ok_or_else(|| ExecError::Internal("fewer archives than blocks".into()))?;
                     log_progress(&self.fingerprint, i, count, "loading blocks");
-                    load_block(reader, i, self.device)?
+                    load_block(reader, i, self.device, upload.as_ref().is_some_and(|u| u.torchscript))?
                 }
                 None => on_device.next().ok_or_else(|| ExecError::Internal("fewer modules than blocks".into()))?,
             };
-            streamed.push(if is_streamed { Some(StreamedBlock::take(&block, cuda.as_ref())?) } else { None });
+            streamed.push(match (&block, is_streamed) {
+                (_, false) => None,
+                (Block::Script(module), true) => Some(StreamedBlock::take(module, cuda.as_ref())?),
+                (Block::Graph(_), true) => {
+                    return Err(ExecError::Unsupported(format!(
+                        "block {i} is a graph and does not fit the device budget: streaming graphs is not built yet"
+                    )));
+                }
+            });
             blocks.push(block);
         }
         let stream = if streams {
@@ -379,11 +500,26 @@ impl ModelStore {
     /// True when a registration needs no upload: the tenant holds the model in that scope, or
     /// (public) another tenant registered the same bytes as public, which `tenant` now holds
     /// too, charged to its quota.
-    pub fn claim(&mut self, tenant: TenantId, fingerprint: &Fingerprint, public: bool) -> Result<bool, ExecError> {
+    /// Makes a model the node holds already `tenant`'s too; `Ok(false)` when it holds none.
+    /// A TorchScript model only for a principal with the right (`torchscript`).
+    pub fn claim(
+        &mut self,
+        tenant: TenantId,
+        fingerprint: &Fingerprint,
+        public: bool,
+        torchscript: bool,
+    ) -> Result<bool, ExecError> {
         let scope = if public { Scope::Public } else { Scope::Private(tenant) };
         let key = (scope, *fingerprint);
         let bytes = match self.models.get(&key) {
             None => return Ok(false),
+            Some(entry) if entry.model.has_torchscript() && !torchscript => {
+                return Err(ExecError::Forbidden(
+                    "the model is TorchScript, which is code that runs on the node: only a principal given the right \
+                     \"torchscript\" may register it"
+                        .into(),
+                ));
+            }
             Some(entry) if entry.owners.contains_key(&tenant) => return Ok(true),
             Some(entry) => entry.model.device_bytes(),
         };
@@ -589,7 +725,7 @@ mod tests {
     fn loaded(tag: u8, weight_bytes: u64) -> LoadedModel {
         LoadedModel {
             fingerprint: Fingerprint([tag; 32]),
-            blocks: LoadedBlocks::OnDevice(vec![identity()]),
+            blocks: LoadedBlocks::OnDevice(vec![Block::Script(identity())]),
             slot_lens: vec![weight_bytes],
             weight_bytes,
             device: Device::Cpu,
@@ -653,15 +789,18 @@ mod tests {
         let publish = |store: &mut ModelStore, scope, tenant| publish(store, loaded(7, 10 * K), scope, tenant).unwrap();
         // Private: a's model is unknown to b, and b's registration of the same bytes loads a copy.
         publish(&mut store, Scope::Private(a), a);
-        assert!(store.get(b, &fp).is_none() && !store.claim(b, &fp, false).unwrap());
+        assert!(store.get(b, &fp).is_none() && !store.claim(b, &fp, false, true).unwrap());
         assert!(matches!(store.remove(b, &fp), Unregistered::Unknown));
         publish(&mut store, Scope::Private(b), b);
         assert_eq!(budget.used(), 20 * K);
         assert_eq!(store.list(a).len(), 1);
         // Public: one copy; a second tenant claims it without an upload; it goes with its last holder.
-        assert!(!store.claim(a, &fp, true).unwrap());
+        assert!(!store.claim(a, &fp, true, true).unwrap());
         publish(&mut store, Scope::Public, a);
-        assert!(store.claim(b, &fp, true).unwrap());
+        // The model is TorchScript: a tenant without the right may not claim it either.
+        let e = store.claim(b, &fp, true, false).unwrap_err();
+        assert_eq!(e.code(), ErrorCode::Forbidden, "{e}");
+        assert!(store.claim(b, &fp, true, true).unwrap());
         assert_eq!(budget.used(), 30 * K);
         // Each holder is charged the public weights.
         assert_eq!((budget.used_by(a), budget.used_by(b)), (20 * K, 20 * K));
@@ -693,7 +832,7 @@ mod tests {
         // A public model counts against the quota of each tenant that holds it.
         publish(&mut store, loaded(4, 40 * K), Scope::Public, b).unwrap();
         let fp = Fingerprint([4; 32]);
-        let e = store.claim(a, &fp, true);
+        let e = store.claim(a, &fp, true, true);
         assert!(e.is_ok(), "a lets go of its idle model to hold the public one: {e:?}");
         assert_eq!(store.list(a).iter().map(|m| m.fingerprint).collect::<Vec<_>>(), vec![fp]);
     }

@@ -204,24 +204,17 @@ impl NodeService {
     }
 
     fn register_begin(&mut self, fingerprint: Fingerprint, blocks: Vec<u64>, public: bool, to: ReplyTo) -> Reply {
-        if !to.torchscript {
-            // Even for bytes the node holds already: the tenant would run them as its own.
-            let who = self.auth.as_ref().and_then(|a| a.name(to.tenant)).map_or_else(String::new, |n| n.to_string());
-            return Reply::error(
-                ErrorCode::Forbidden,
-                format!(
-                    "{who:?} may not register TorchScript: an archive is code that runs on the node, so only a \
-                     principal given the right \"torchscript\" in the token document may register one"
-                ),
-            );
-        }
-        match self.models().claim(to.tenant, &fingerprint, public) {
+        // Whether the blocks are graphs or TorchScript shows in their bytes: a TorchScript
+        // block from a principal without the right is refused when it is loaded, and a
+        // TorchScript model the node holds already when it is claimed.
+        match self.models().claim(to.tenant, &fingerprint, public, to.torchscript) {
             Ok(true) => return Reply::message(Message::RegisterReady { upload: 0, registered: true }),
             Ok(false) => {}
             Err(e) => return Reply::error(e.code(), e.to_string()),
         }
         match Upload::new(fingerprint, blocks, (to.tenant, public), to.connection()) {
-            Ok(upload) => {
+            Ok(mut upload) => {
+                upload.torchscript = to.torchscript;
                 let id = self.next_upload;
                 self.next_upload += 1;
                 tracing::info!(model = %fingerprint, bytes = upload.archives.total(), upload = id, "registration started");

@@ -49,10 +49,10 @@ class Client:
         return self._native.mode
 
     def register(
-        self, model, example_inputs, blocks=None, progress=None, policy=None, phase=None, public=False
+        self, model, example_inputs, blocks=None, progress=None, policy=None, phase=None, public=False, dynamic=None
     ) -> "RemoteModel":
         """`djinn.register` on this client."""
-        return register_with(self, model, example_inputs, blocks, progress, policy, phase, public)
+        return register_with(self, model, example_inputs, blocks, progress, policy, phase, public, dynamic)
 
     def cluster(self) -> dict:
         """The control plane's view: nodes (inventory, lease), models (and who holds them),
@@ -139,22 +139,30 @@ def register(
     policy: Optional[str] = None,
     phase: Optional[str] = None,
     public: bool = False,
+    dynamic: Optional[dict] = None,
 ) -> "RemoteModel":
-    """Turns `model` into TorchScript blocks, uploads them (once per node and tenant) and
-    returns a RemoteModel to call. `public` weights are held once per node for every tenant
-    that registers the same bytes as public; else the model is the tenant's alone.
+    """Uploads `model` (once per node and tenant) and returns a RemoteModel to call. `public`
+    weights are held once per node for every tenant that registers the same bytes as public;
+    else the model is the tenant's alone.
 
-    `example_inputs`: one input, or a tuple of positional inputs. `blocks`: submodules or
-    callables in execution order whose chained application reproduces `model`; by default an
-    `nn.Sequential` is split into its layers and anything else is one block.
-    `progress(sent, total)` follows the upload.
+    By default the model is exported with torch.export (non-strict) on `example_inputs` and
+    sent as a graph: data the node checks (every operator on its allowlist) and runs through
+    libtorch's dispatcher. `example_inputs`: one input, a tuple of positional inputs, or a dict
+    of keyword inputs (`{"input_ids": ids}`). `dynamic` names the dimensions that may change
+    between calls, by input name: `{"input_ids": {0: "batch", 1: "seq"}}` (other sizes are
+    those of the example). Non-tensor inputs are fixed at their example values.
 
-    With a control plane, the model is described to it first: each block's weight bytes and
-    FLOPs (counted while the blocks run on the example inputs), the bytes of one call's inputs
-    and outputs, and `phase` when given ("prefill": compute-bound; "decode": bound by reading
-    the weights). `policy` chooses the node: "minimize_latency" (the control plane's default),
-    "maximize_throughput", "load_balance" or "minimize_cost"."""
-    return _client(client).register(model, example_inputs, blocks, progress, policy, phase, public)
+    With `blocks` (submodules or callables in execution order whose chained application
+    reproduces `model`) the model is sent as TorchScript blocks instead, which breakpoints,
+    streaming and sessions still need, and which only principals with the right "torchscript"
+    may register. `progress(sent, total)` follows the upload.
+
+    With a control plane, the model is described to it first: its weight bytes and FLOPs
+    (counted on the example inputs), the bytes of one call's inputs and outputs, and `phase`
+    when given ("prefill": compute-bound; "decode": bound by reading the weights). `policy`
+    chooses the node: "minimize_latency" (the control plane's default), "maximize_throughput",
+    "load_balance" or "minimize_cost"."""
+    return _client(client).register(model, example_inputs, blocks, progress, policy, phase, public, dynamic)
 
 
 class _LazyRemote:

@@ -1,5 +1,5 @@
-"""Models on nodes: a model split into TorchScript blocks, registered once, then run by
-fingerprint (`RemoteModel`)."""
+"""Models on nodes: a model exported as a graph (by default) or split into TorchScript blocks,
+registered once, then run by fingerprint (`RemoteModel`)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from . import graphs
 from ._wire import CallTensors, unflatten
 from .breakpoints import Paused
 from .errors import BlockMismatchError
@@ -119,10 +120,15 @@ def register_with(
     policy: Optional[str] = None,
     phase: Optional[str] = None,
     public: bool = False,
+    dynamic: Optional[dict] = None,
 ) -> RemoteModel:
     """`djinn.register` on `client`: see there."""
     if phase is not None and phase not in _PHASES:
         raise ValueError(f"phase {phase!r}: one of {', '.join(_PHASES)}, or None")
+    if blocks is None and isinstance(model, nn.Module) and not isinstance(model, torch.jit.ScriptModule):
+        return _register_graph(client, model, example_inputs, dynamic, progress, policy, phase, public)
+    if dynamic is not None:
+        raise ValueError("dynamic= is for models registered as graphs (without blocks=)")
     args = _as_args(example_inputs)
     if blocks is None:
         blocks = list(model.children()) if isinstance(model, nn.Sequential) and len(model) > 0 else [model]
@@ -154,6 +160,21 @@ def register_with(
     return RemoteModel(client, archives, progress, description, policy, public)
 
 
+def _register_graph(client, model, example_inputs, dynamic, progress, policy, phase, public) -> "RemoteModel":
+    """The model as one graph: exported with torch.export, checked and run by the node."""
+    if isinstance(example_inputs, dict):
+        args, kwargs = (), example_inputs
+    else:
+        args, kwargs = _as_args(example_inputs), {}
+    graph = graphs.export(model, args, kwargs, dynamic)
+    with torch.no_grad(), FlopCounterMode(display=False) as flops:
+        expected = model(*args, **kwargs)
+    weight_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    io_bytes = _tensor_bytes(args) + _tensor_bytes(kwargs) + _tensor_bytes(expected)
+    description = {"blocks": [(weight_bytes, float(flops.get_total_flops()))], "io_bytes": io_bytes, "phase": phase}
+    return RemoteModel(client, [graph.container], progress, description, policy, public, graph=graph)
+
+
 class RemoteModel:
     """A model registered on a node. Calling it runs it there and returns CPU tensors, in the
     structure the local model returns. The client keeps the archives: a node that lost the
@@ -162,9 +183,18 @@ class RemoteModel:
     __module__ = "djinn"
 
     def __init__(
-        self, client: Client, archives: list[bytes], progress=None, description=None, policy=None, public=False
+        self,
+        client: Client,
+        archives: list[bytes],
+        progress=None,
+        description=None,
+        policy=None,
+        public=False,
+        graph: Optional[graphs.Graph] = None,
     ):
         self._client = client
+        # Set for a model registered as a graph: how calls bind to its inputs and outputs.
+        self._graph = graph
         # The same bytes objects the client keeps: another client can register them as they are.
         self._archives = archives
         self.fingerprint, self.uploaded, self.weight_bytes = client._native.register_model(
@@ -183,14 +213,22 @@ class RemoteModel:
         decision = self._client._native.placement(self.fingerprint)
         return None if decision is None else json.loads(decision)
 
-    def __call__(self, *inputs, keep: bool = False):
+    def __call__(self, *inputs, keep: bool = False, **kwargs):
         """Runs the model on `inputs` (tensors, RemoteTensors, numbers, strings, and tuples,
-        lists and dicts of them). RemoteTensor inputs are used where they are kept: the call
-        runs on their node (which gets the model if it lacks it). With `keep=True` the output
-        tensors stay on the node and come back as RemoteTensors."""
+        lists and dicts of them; a graph takes its inputs as the model's forward does,
+        keywords too). RemoteTensor inputs are used where they are kept: the call runs on
+        their node (which gets the model if it lacks it). With `keep=True` the output tensors
+        stay on the node and come back as RemoteTensors. A graph's output comes back in the
+        model's structure (a Hugging Face ModelOutput as that dataclass)."""
+        if self._graph is not None:
+            inputs = tuple(self._graph.call_tensors(inputs, kwargs))
+        elif kwargs:
+            raise TypeError("keyword inputs are for models registered as graphs")
         wire, call = self._inputs(inputs)
-        out = self._client._native.execute(self.fingerprint, wire, call.tensors, keep, call.node())
-        return unflatten(out, self._client)
+        out = unflatten(self._client._native.execute(self.fingerprint, wire, call.tensors, keep, call.node()), self._client)
+        if self._graph is None:
+            return out
+        return self._graph.outputs(list(out) if isinstance(out, tuple) else [out])
 
     def run_until(self, block: int, *inputs, keep: bool = False, fetch: bool = True) -> "Paused":
         """Runs blocks 0..`block` of the model on `inputs` (as a call does) and stops there:
@@ -211,6 +249,8 @@ class RemoteModel:
     def session(self, *state: torch.Tensor, reserve: int = 0) -> "Session":
         """Opens a session of this model on its node, with `state` as its initial state. See
         `Session`."""
+        if self._graph is not None:
+            raise TypeError("sessions of models registered as graphs are not built yet: register with blocks=[model]")
         return Session(self, state, reserve)
 
     def unregister(self) -> None:

@@ -37,6 +37,12 @@ create_exception!(djinn, BadArchiveError, RemoteError, "The node could not load 
 create_exception!(djinn, OverBudgetError, RemoteError, "The node's device-memory budget cannot hold this.");
 create_exception!(
     djinn,
+    GraphRefusedError,
+    RemoteError,
+    "The node will not run the graph: an operator off its allowlist, a write to a weight or an input, ... (the message names the operator and why)."
+);
+create_exception!(
+    djinn,
     QuotaExceededError,
     RemoteError,
     "The tenant's quota on the node (device memory, swap, concurrent requests or request rate) does not allow this now."
@@ -91,6 +97,7 @@ fn to_py_err(e: ClusterError) -> PyErr {
                 ErrorCode::UnknownModel => UnknownModelError::new_err(message),
                 ErrorCode::ExecutionFailed => ExecutionError::new_err(message),
                 ErrorCode::BadArchive => BadArchiveError::new_err(message),
+                ErrorCode::GraphRefused => GraphRefusedError::new_err(message),
                 ErrorCode::OverBudget => OverBudgetError::new_err(message),
                 ErrorCode::QuotaExceeded => QuotaExceededError::new_err(message),
                 ErrorCode::NotFound => NotFoundError::new_err(message),
@@ -836,6 +843,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         ("BadArchiveError", py.get_type::<BadArchiveError>()),
         ("OverBudgetError", py.get_type::<OverBudgetError>()),
         ("QuotaExceededError", py.get_type::<QuotaExceededError>()),
+        ("GraphRefusedError", py.get_type::<GraphRefusedError>()),
         ("NotFoundError", py.get_type::<NotFoundError>()),
         ("StaleHandleError", py.get_type::<StaleHandleError>()),
         ("HandleLostError", py.get_type::<HandleLostError>()),

@@ -74,8 +74,10 @@ class Stateful(nn.Module):
 
 def main(address: str, node_pid: int) -> None:
     client = djinn.init(address, timeout=1.5, failover=0.0)
-    rm = djinn.register(nn.Sequential(Clone(), Clone()), torch.zeros(4, 4))
-    linear = djinn.register(nn.Linear(256, 8), torch.zeros(2, 256))
+    two = nn.Sequential(Clone(), Clone())
+    rm = djinn.register(two, torch.zeros(4, 4), blocks=list(two))
+    lin = nn.Linear(256, 8)
+    linear = djinn.register(lin, torch.zeros(2, 256), blocks=[lin])
     model = Stateful()
     stateful = djinn.register(model, (torch.zeros(2), torch.zeros(3)), blocks=[model.first, model.second])
     forbidden = []

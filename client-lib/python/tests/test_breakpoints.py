@@ -107,7 +107,7 @@ def test_a_session_paused_at_every_step_generates_the_same_tokens(client, gpt, p
 def test_bad_resumes_raise_and_leave_the_request_parked(client):
     model = mlp_stack()
     x = torch.randn(3, 64)
-    rm = djinn.register(model, x)
+    rm = djinn.register(model, x, blocks=list(model.children()))
     p = rm.run_until(1, x)
     with pytest.raises(djinn.BreakpointError, match=r"f32\[3, 32\] tensor where a f32\[3, 64\] tensor was parked"):
         p.resume(torch.zeros(3, 32))

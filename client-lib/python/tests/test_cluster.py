@@ -58,7 +58,7 @@ def test_a_model_is_described_placed_run_and_explained(cluster):
     assert client.mode == "control"
     model = mlp(1)
     x = torch.randn(1, 256)
-    rm = djinn.register(model, x)
+    rm = djinn.register(model, x, blocks=list(model.children()))
     # FLOPs counted on the example: two matrix products, 2·256·1024 each.
     assert [flops for _, flops in rm.description["blocks"]] == [2 * 256 * 1024, 0.0, 2 * 1024 * 256]
     assert rm.description["blocks"][0][0] == (256 * 1024 + 1024) * 4
@@ -146,7 +146,7 @@ def test_a_session_lives_on_the_node_its_model_was_placed_on_and_is_lost_with_it
     gpt = model()
     cached = CachedGPT(gpt).eval()
     prompt = torch.randint(0, gpt.config.vocab, (1, 8), generator=torch.Generator().manual_seed(6))
-    rm = client.register(cached, (prompt, *cached.empty_state()))
+    rm = client.register(cached, (prompt, *cached.empty_state()), blocks=[cached])
     first = rm.placement
     with rm.session(*cached.empty_state()) as s:
         assert s.node == first["addr"]

@@ -86,7 +86,7 @@ def test_a_tensor_pushed_node_to_node_is_used_on_the_other_node():
         assert moved.node == b.address and moved.path == "staging-tcp"
         assert torch.equal(rm2(moved), expected)
         with pytest.raises(djinn.DjinnError, match="several nodes"):
-            rm2(moved, h)
+            on_b.register(lambda p, q: p + q, (torch.randn(8, 1024), torch.randn(8, 1024)))(moved, h)
     finally:
         a.stop()
         b.stop()

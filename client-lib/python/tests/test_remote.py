@@ -18,7 +18,7 @@ def mlp():
 def test_an_mlp_is_one_block_per_layer_and_runs_exactly_as_locally(client):
     model = mlp()
     x = torch.randn(4, 256)
-    rm = djinn.register(model, x)
+    rm = djinn.register(model, x, blocks=list(model.children()))
     assert rm.blocks == 3
     with torch.no_grad():
         expected = model(x)
@@ -73,8 +73,11 @@ def test_a_dict_of_nested_tuples_comes_back_in_the_same_structure(client):
     model = Structured()
     x = torch.randn(3, 4)
     rm = djinn.register(model, (x, 2))
-    out = rm(x, 5)
-    expected = model(x, 5)
+    # Export fixed k at the example's 2.
+    with pytest.raises(ValueError, match="registered with 2"):
+        rm(x, 5)
+    out = rm(x, 2)
+    expected = model(x, 2)
     assert set(out) == {"a", "b"}
     assert isinstance(out["a"], tuple) and isinstance(out["a"][1][1], list)
     assert torch.equal(out["a"][0], expected["a"][0])
@@ -92,7 +95,8 @@ def test_bf16_and_int64_inputs_and_scalar_outputs(client):
     model = Mixed()
     x = torch.randn(5, 7).to(torch.bfloat16)
     ids = torch.arange(11, dtype=torch.int64) * 1_000_000_007
-    rm = djinn.register(model, (x, ids))
+    # Numbers and a string out: TorchScript (a graph returns tensors and sizes).
+    rm = djinn.register(model, (x, ids), blocks=[model])
     out = rm(x, ids)
     expected = model(x, ids)
     assert out[0].dtype == torch.bfloat16 and torch.equal(out[0], expected[0])
@@ -105,7 +109,10 @@ def test_every_wire_dtype_survives_an_identity(client):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return x
 
-    rm = djinn.register(Identity(), torch.zeros(1))
+    # One TorchScript block for every dtype and rank; a graph takes the dtype and rank it was
+    # exported with.
+    identity = Identity()
+    rm = djinn.register(identity, torch.zeros(1), blocks=[identity])
     for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.int16,
                   torch.int32, torch.int64, torch.uint8, torch.bool):
         x = (torch.randn(3, 5) * 100).to(dtype)
@@ -125,7 +132,7 @@ def test_blocks_that_do_not_reproduce_the_model_are_refused(client):
 def test_bad_requests_raise_clear_errors_and_the_node_keeps_serving(client):
     model = mlp()
     x = torch.randn(4, 256)
-    rm = djinn.register(model, x)
+    rm = djinn.register(model, x, blocks=[model])
     with pytest.raises(djinn.UnknownModelError):
         client._native.execute("ab" * 32, [], [])
     with pytest.raises(djinn.BadArchiveError):
@@ -143,7 +150,9 @@ def test_bad_requests_raise_clear_errors_and_the_node_keeps_serving(client):
                 raise RuntimeError("refusing huge inputs")
             return x
 
-    thrower = djinn.register(Throws(), torch.zeros(2))
+    # A data-dependent branch: export cannot write it as a graph, TorchScript can.
+    throws = Throws()
+    thrower = djinn.register(throws, torch.zeros(2), blocks=[throws])
     with pytest.raises(djinn.ExecutionError, match="refusing huge inputs"):
         thrower(torch.full((2,), 1e10))
     with pytest.raises(TypeError, match="cannot send"):

@@ -37,7 +37,8 @@ def expected(gpt, prompt):
 
 def register(gpt, prompt, client=None):
     cached = CachedGPT(gpt).eval()
-    return djinn.register(cached, (prompt, *cached.empty_state(prompt.shape[0])), client=client), cached
+    # Sessions run TorchScript blocks (graphs with state come with part 2 of issue 31).
+    return djinn.register(cached, (prompt, *cached.empty_state(prompt.shape[0])), blocks=[cached], client=client), cached
 
 
 def state_bytes(cached, batch):

@@ -82,8 +82,11 @@ def test_a_tenant_over_its_quota_gets_a_typed_error(secured):
 
 def test_a_tenant_without_the_right_is_refused_torchscript(secured):
     mallory = djinn.Client(secured.address, token=MALLORY)
+    linear = nn.Linear(4, 4).eval()
     with pytest.raises(djinn.AuthenticationError, match='the right "torchscript"'):
-        mallory.register(nn.Linear(4, 4).eval(), torch.randn(1, 4))
+        mallory.register(linear, torch.randn(1, 4), blocks=[linear])
+    # The same model as a graph is data: mallory may register it.
+    assert torch.equal(mallory.register(linear, torch.randn(1, 4))(torch.ones(2, 4)), linear(torch.ones(2, 4)).detach())
     alice = djinn.Client(secured.address, token=ALICE)
     rm = alice.register(nn.Linear(4, 4).eval(), torch.randn(1, 4))
     assert rm(torch.ones(1, 4)).shape == (1, 4)

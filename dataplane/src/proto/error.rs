@@ -35,6 +35,8 @@ pub enum ErrorCode {
     Forbidden,
     /// The tenant's quota (memory, concurrent requests, request rate) does not allow this now.
     QuotaExceeded,
+    /// A graph the node will not run: an operator off its allowlist, a write to a weight, ...
+    GraphRefused,
     /// A code this build does not know (sent by a newer peer).
     Other(u16),
 }
@@ -67,6 +69,7 @@ impl ErrorCode {
             Self::Unauthenticated => 23,
             Self::Forbidden => 24,
             Self::QuotaExceeded => 25,
+            Self::GraphRefused => 26,
             Self::Other(code) => code,
         }
     }
@@ -98,6 +101,7 @@ impl ErrorCode {
             23 => Self::Unauthenticated,
             24 => Self::Forbidden,
             25 => Self::QuotaExceeded,
+            26 => Self::GraphRefused,
             other => Self::Other(other),
         }
     }

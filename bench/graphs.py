@@ -1,0 +1,142 @@
+"""Graphs against TorchScript and against local eager, on one node, each measured in the same
+run as its baseline:
+
+1. the TinyMLP (256 -> 1024 -> 256, batch 4) as a graph against the same model as TorchScript;
+2. Hugging Face GPT-2 small (124M, the full config, random weights): its registration time
+   (export, upload, the node's check and load) and its forward through the node against the
+   local eager forward (one thread each side);
+3. the runner's cost per operator: a chain of 256 additions on a one-element tensor against a
+   chain of 1, as a graph and as TorchScript.
+
+Usage: .venv/bin/python bench/graphs.py [--node target/release/djinn] [--iters N] [--results FILE]
+"""
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "client-lib" / "python"))
+import djinn  # noqa: E402
+
+
+def percentiles(samples):
+    s = sorted(samples)
+    at = lambda q: s[min(len(s) - 1, int(q * len(s)))]  # noqa: E731
+    return at(0.5), at(0.99), at(0.999)
+
+
+def timed(fn, iters, warmup=20):
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(iters):
+        t = time.perf_counter_ns()
+        fn()
+        out.append((time.perf_counter_ns() - t) / 1e3)
+    return percentiles(out)
+
+
+def row(what, p):
+    return f"| {what} | {p[0]:.1f} | {p[1]:.1f} | {p[2]:.1f} |"
+
+
+class Chain(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.n = n
+
+    def forward(self, x):
+        for _ in range(self.n):
+            x = x + 1.0
+        return x
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--node", default=str(ROOT / "target" / "release" / "djinn"))
+    ap.add_argument("--iters", type=int, default=2000)
+    ap.add_argument("--gpt-iters", type=int, default=30)
+    ap.add_argument("--results")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    node = subprocess.Popen([args.node, "node", "--listen", "127.0.0.1:0", "--log", "warn"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        address = node.stdout.readline().decode().split()[-1]
+        client = djinn.init(address)
+        lines = ["| what | p50 µs | p99 µs | p999 µs |", "|---|---|---|---|"]
+        notes = []
+
+        mlp = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 256)).eval()
+        x = torch.randn(4, 256)
+        graph = djinn.register(mlp, x)
+        script = djinn.register(mlp, x, blocks=[mlp])
+        with torch.no_grad():
+            assert torch.equal(graph(x), mlp(x)) and torch.equal(script(x), mlp(x))
+        g = timed(lambda: graph(x), args.iters)
+        s = timed(lambda: script(x), args.iters)
+        lines += [row("TinyMLP as a graph, through the node", g), row("TinyMLP as TorchScript, through the node", s)]
+        notes.append(f"TinyMLP graph p50 / TorchScript p50 = **{g[0] / s[0]:.2f}**")
+
+        for n in (1, 256):
+            chain = Chain(n)
+            one = torch.ones(1)
+            cg = djinn.register(chain, one)
+            cs = djinn.register(chain, one, blocks=[chain])
+            assert torch.equal(cg(one), one + n) and torch.equal(cs(one), one + n)
+            if n == 1:
+                g1, s1 = timed(lambda: cg(one), args.iters), timed(lambda: cs(one), args.iters)
+            else:
+                gn, sn = timed(lambda: cg(one), args.iters), timed(lambda: cs(one), args.iters)
+        lines += [row("chain of 1 addition, graph", g1), row("chain of 256 additions, graph", gn),
+                  row("chain of 1 addition, TorchScript", s1), row("chain of 256 additions, TorchScript", sn)]
+        per_graph, per_script = (gn[0] - g1[0]) / 255, (sn[0] - s1[0]) / 255
+        notes.append(f"cost per operator, p50: graph **{per_graph:.2f} µs**, TorchScript {per_script:.2f} µs "
+                     f"(ratio **{per_graph / per_script:.2f}**)")
+
+        import transformers
+
+        cfg = transformers.GPT2Config(use_cache=False)
+        gpt = transformers.GPT2LMHeadModel(cfg).eval()
+        ids = torch.randint(0, cfg.vocab_size, (1, 64))
+        start = time.perf_counter()
+        rg = djinn.register(gpt, {"input_ids": ids}, dynamic={"input_ids": {1: ("seq", 2, 1024)}})
+        registration = time.perf_counter() - start
+        with torch.no_grad():
+            want = gpt(input_ids=ids).logits
+        torch.testing.assert_close(rg(input_ids=ids).logits, want)
+
+        def local():
+            with torch.no_grad():
+                gpt(input_ids=ids)
+
+        remote_t = timed(lambda: rg(input_ids=ids), args.gpt_iters, warmup=3)
+        local_t = timed(local, args.gpt_iters, warmup=3)
+        lines += [row("GPT-2 small (124M) forward, 64 tokens, through the node", remote_t),
+                  row("GPT-2 small forward, local eager (1 thread)", local_t)]
+        notes.append(f"GPT-2 small: node p50 / local p50 = **{remote_t[0] / local_t[0]:.3f}** (target ≤ 1.05); "
+                     f"registration (export, upload, check, load) **{registration:.1f} s**")
+        table = "\n".join(lines) + "\n\n" + ";  \n".join(notes) + ".\n"
+        print(table)
+        if args.results:
+            machine = f"{os.cpu_count()} cores, {platform.platform()}"
+            when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+            with open(args.results, "a") as f:
+                f.write(f"\n### `bench/graphs.py` — {when}\n\nCommand: `.venv/bin/python bench/graphs.py "
+                        f"--iters {args.iters} --gpt-iters {args.gpt_iters}` (node: release build, 1 intra-op "
+                        f"thread)  \nMachine: {machine}\n\n{table}")
+    finally:
+        node.terminate()
+        node.wait(timeout=10)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""Models users have, registered as graphs (torch.export, checked and run by the node through
+libtorch's dispatcher) by a tenant without the TorchScript right: Hugging Face GPT-2, Llama and
+BERT from tiny configs with random weights, torchvision's ResNet-18, and a small MLP. Outputs
+equal the local ones: bit for bit where the node runs the same kernels on the same memory
+layout, else within torch.testing's float32 tolerance (rtol 1.3e-6, atol 1e-5); sizes that
+export left dynamic change between calls without registering again."""
+import json
+
+import pytest
+import torch
+from torch import nn
+
+import djinn
+from conftest import NodeProcess
+
+TOKEN = "graphs-tenant-token-0123"
+
+
+@pytest.fixture(scope="module")
+def tenant(tmp_path_factory):
+    """A node with tokens, and a client of a tenant without the right "torchscript"."""
+    path = tmp_path_factory.mktemp("auth") / "tokens.json"
+    path.write_text(json.dumps({"principals": [{"name": "graphs", "tokens": [TOKEN]}]}))
+    node = NodeProcess("--auth-file", str(path))
+    try:
+        yield djinn.init(node.address, token=TOKEN)
+    finally:
+        node.stop()
+
+
+def same(got, want, what):
+    torch.testing.assert_close(got, want, msg=lambda m: f"{what}: {m}")
+
+
+def tiny_gpt2():
+    import transformers
+
+    cfg = transformers.GPT2Config(vocab_size=97, n_positions=64, n_embd=32, n_layer=2, n_head=4,
+                                  bos_token_id=0, eos_token_id=0, use_cache=False)
+    return transformers.GPT2LMHeadModel(cfg)
+
+
+def tiny_llama():
+    import transformers
+
+    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                   bos_token_id=0, eos_token_id=0, pad_token_id=0, use_cache=False)
+    return transformers.LlamaForCausalLM(cfg)
+
+
+def tiny_bert():
+    import transformers
+
+    cfg = transformers.BertConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=64, max_position_embeddings=64, pad_token_id=0)
+    return transformers.BertModel(cfg)
+
+
+@pytest.mark.parametrize("make", [tiny_gpt2, tiny_llama, tiny_bert], ids=["gpt2", "llama", "bert"])
+def test_hugging_face_models_register_as_graphs_and_take_other_sizes(tenant, make):
+    torch.manual_seed(0)
+    model = make().eval()
+    ids = torch.randint(1, 97, (2, 16))
+    rm = djinn.register(model, {"input_ids": ids}, dynamic={"input_ids": {0: "batch", 1: ("seq", 2, 64)}})
+    for batch, seq in [(2, 16), (1, 7), (3, 64)]:
+        x = torch.randint(1, 97, (batch, seq))
+        with torch.no_grad():
+            want = model(input_ids=x)
+        got = rm(input_ids=x)
+        # The output comes back as the model's own dataclass.
+        assert type(got) is type(want)
+        key = "logits" if "logits" in want else "last_hidden_state"
+        same(got[key], want[key], f"{make.__name__} at {batch}×{seq}")
+    # Sizes outside what export allowed are refused by the node, naming the input.
+    with pytest.raises(djinn.ExecutionError, match="input_ids"):
+        rm(input_ids=torch.randint(1, 97, (2, 65)))
+
+
+def test_torchvision_resnet18_registers_as_a_graph(tenant):
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(weights=None, num_classes=10).eval()
+    rm = djinn.register(model, torch.randn(2, 3, 64, 64), dynamic={"x": {0: "batch"}})
+    for batch in (2, 5):
+        x = torch.randn(batch, 3, 64, 64)
+        with torch.no_grad():
+            same(rm(x), model(x), f"batch {batch}")
+    # Users' layouts: channels_last, a transposed crop.
+    images = torch.randn(2, 3, 80, 80)
+    for x in (images.contiguous(memory_format=torch.channels_last)[:, :, :64, :64], images.transpose(2, 3)[:, :, 8:72, 8:72]):
+        with torch.no_grad():
+            same(rm(x), model(x.contiguous()), "a user's layout")
+
+
+def test_a_small_mlp_is_bit_for_bit_and_its_batch_is_dynamic(tenant):
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4)).eval()
+    rm = djinn.register(model, torch.randn(4, 16), dynamic={"input": {0: "batch"}})
+    for batch in (1, 4, 8, 64):
+        x = torch.randn(batch, 16)
+        with torch.no_grad():
+            assert torch.equal(rm(x), model(x)), f"batch {batch}"
+    # A kept output feeds the next call without crossing the network.
+    kept = rm(torch.randn(4, 16), keep=True)
+    assert kept.shape == (4, 4)
+
+
+def test_a_tenant_without_the_right_cannot_register_torchscript_and_is_told_how_to_move(tenant):
+    model = nn.Sequential(nn.Linear(4, 4))
+    with pytest.raises(djinn.AuthenticationError, match="djinn.register"):
+        djinn.register(model, torch.randn(2, 4), blocks=[model])
+
+
+def test_what_export_cannot_write_is_refused_on_the_client_with_the_reason(tenant):
+    class Random(nn.Module):
+        def forward(self, x):
+            return x + torch.rand_like(x)
+
+    with pytest.raises(djinn.GraphRefusedError, match="rand"):
+        djinn.register(Random(), torch.randn(3))

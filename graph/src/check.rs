@@ -1,0 +1,582 @@
+//! What a node checks before it runs a graph: every value defined once and before its use,
+//! every operator on the allowlist, every call's arguments of the schema's types and arity,
+//! writes only to the graph's own intermediates (never an input or a weight, nor a view of
+//! one), and random operators only with their randomness off. A refusal names the node, the
+//! operator and why.
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
+use crate::format::{Arg, MAX_LIST, MAX_RANK, MAX_VALUES, Node, Program, dtype};
+use crate::schema::{self, Schema, Type};
+
+/// The operators a node runs: graph/allowlist.txt (written by graph/allowlist.py).
+pub fn allowlist() -> &'static Allowlist {
+    static LIST: OnceLock<Allowlist> = OnceLock::new();
+    LIST.get_or_init(|| Allowlist::parse(include_str!("../allowlist.txt")).expect("graph/allowlist.txt parses"))
+}
+
+#[derive(Debug)]
+pub struct Allowlist {
+    by_name: HashMap<String, Arc<Schema>>,
+    /// Each schema's text as in the file (the runner compares it with the dispatcher's).
+    texts: HashMap<String, String>,
+}
+
+impl Allowlist {
+    pub fn parse(text: &str) -> Result<Self, schema::SchemaError> {
+        let mut by_name = HashMap::new();
+        let mut texts = HashMap::new();
+        for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
+            let s = schema::parse(line)?;
+            texts.insert(s.qualified(), line.to_owned());
+            by_name.insert(s.qualified(), Arc::new(s));
+        }
+        Ok(Self { by_name, texts })
+    }
+
+    pub fn get(&self, qualified: &str) -> Option<&Arc<Schema>> {
+        self.by_name.get(qualified)
+    }
+
+    pub fn text(&self, qualified: &str) -> Option<&str> {
+        self.texts.get(qualified).map(String::as_str)
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_name.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_name.is_empty()
+    }
+}
+
+/// The runner's own operations, on integers and lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Native {
+    Add,
+    Sub,
+    Mul,
+    FloorDiv,
+    Mod,
+    Neg,
+    Min,
+    Max,
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    /// `(list, index)`: an item of an operator's list output.
+    GetItem,
+    /// `(tensor, dim)`: a dimension's size.
+    Size,
+}
+
+impl Native {
+    fn parse(op: &str) -> Option<Self> {
+        Some(match op.strip_prefix("native::")? {
+            "add" => Native::Add,
+            "sub" => Native::Sub,
+            "mul" => Native::Mul,
+            "floordiv" => Native::FloorDiv,
+            "mod" => Native::Mod,
+            "neg" => Native::Neg,
+            "min" => Native::Min,
+            "max" => Native::Max,
+            "eq" => Native::Eq,
+            "ne" => Native::Ne,
+            "lt" => Native::Lt,
+            "le" => Native::Le,
+            "gt" => Native::Gt,
+            "ge" => Native::Ge,
+            "getitem" => Native::GetItem,
+            "size" => Native::Size,
+            _ => return None,
+        })
+    }
+
+    fn arity(self) -> usize {
+        match self {
+            Native::Neg => 1,
+            _ => 2,
+        }
+    }
+}
+
+/// What a value is, as far as the checker can tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Tensor,
+    Int,
+    Float,
+    Bool,
+    /// A number from a `Scalar` return.
+    Number,
+    TensorList,
+    IntList,
+}
+
+/// One node, checked: an operator of the allowlist with its arguments in the schema's order
+/// (`None`: the schema's default), or a native operation.
+#[derive(Debug, Clone)]
+pub enum Step {
+    Op { schema: Arc<Schema>, args: Vec<Option<Arg>> },
+    Native { op: Native, args: Vec<Arg> },
+}
+
+/// A program that passed the check, with each node's step.
+#[derive(Debug, Clone)]
+pub struct Checked {
+    pub program: Program,
+    pub steps: Vec<Step>,
+    /// One past the largest value id.
+    pub values: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CheckError {
+    #[error("node {node} ({op}): {why}")]
+    Node { node: usize, op: String, why: String },
+    #[error("{0}")]
+    Graph(String),
+}
+
+/// Where a tensor's memory comes from: writing it is allowed only for the graph's own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Root {
+    Input,
+    Weight,
+    Own,
+}
+
+struct State {
+    kinds: Vec<Option<Kind>>,
+    roots: Vec<Root>,
+}
+
+impl State {
+    fn define(&mut self, id: u32, kind: Kind, root: Root) -> Result<(), String> {
+        let i = id as usize;
+        if i >= MAX_VALUES {
+            return Err(format!("value {id} is past the limit of {MAX_VALUES} values"));
+        }
+        if i >= self.kinds.len() {
+            self.kinds.resize(i + 1, None);
+            self.roots.resize(i + 1, Root::Own);
+        }
+        if self.kinds[i].is_some() {
+            return Err(format!("value {id} is defined twice"));
+        }
+        self.kinds[i] = Some(kind);
+        self.roots[i] = root;
+        Ok(())
+    }
+
+    fn kind(&self, id: u32) -> Result<Kind, String> {
+        self.kinds.get(id as usize).copied().flatten().ok_or_else(|| format!("value {id} is used before it is defined"))
+    }
+}
+
+/// Checks `program` against `allowlist`.
+pub fn check(program: Program, allowlist: &Allowlist) -> Result<Checked, CheckError> {
+    let graph = CheckError::Graph;
+    let mut state = State { kinds: Vec::new(), roots: Vec::new() };
+    for input in &program.inputs {
+        if dtype(&input.dtype).is_none() {
+            return Err(graph(format!("input {:?} has the unknown dtype {:?}", input.name, input.dtype)));
+        }
+        if input.dims.len() > MAX_RANK || input.dims.iter().any(|d| d.min < 0 || d.min > d.max) {
+            return Err(graph(format!("input {:?} has bad dimension ranges {:?}", input.name, input.dims)));
+        }
+        state.define(input.value, Kind::Tensor, Root::Input).map_err(graph)?;
+    }
+    for weight in &program.weights {
+        state.define(weight.value, Kind::Tensor, Root::Weight).map_err(graph)?;
+    }
+    let mut steps = Vec::with_capacity(program.nodes.len());
+    for (i, node) in program.nodes.iter().enumerate() {
+        let fail = |why: String| CheckError::Node { node: i, op: schema::qualified(&node.op, &node.overload), why };
+        let step = check_node(node, allowlist, &mut state).map_err(fail)?;
+        steps.push(step);
+    }
+    for out in &program.outputs {
+        match out {
+            Arg::Value(_) | Arg::Int(_) | Arg::Float(_) | Arg::Bool(_) | Arg::None => {}
+            other => return Err(graph(format!("an output is {other:?}: graphs return tensors and numbers"))),
+        }
+        arg_kind(out, &state).map_err(|e| graph(format!("an output: {e}")))?;
+    }
+    let values = state.kinds.len();
+    Ok(Checked { program, steps, values })
+}
+
+fn check_node(node: &Node, allowlist: &Allowlist, state: &mut State) -> Result<Step, String> {
+    if let Some(op) = Native::parse(&node.op) {
+        return check_native(op, node, state);
+    }
+    let qualified = schema::qualified(&node.op, &node.overload);
+    let schema = allowlist.get(&qualified).ok_or_else(|| {
+        "not on the allowlist of operators a node runs (graph/allowlist.txt): operators that touch files, \
+         processes, the network or global state, write their inputs, draw random numbers or return uninitialised \
+         memory are not"
+            .to_owned()
+    })?;
+    // Bind the arguments to the schema's, positional then keyword.
+    let positional = schema.arguments.iter().filter(|a| !a.kwarg_only).count();
+    if node.args.len() > positional {
+        return Err(format!("{} positional arguments; the schema takes {positional}", node.args.len()));
+    }
+    let mut bound: Vec<Option<Arg>> = vec![None; schema.arguments.len()];
+    for (slot, arg) in bound.iter_mut().zip(&node.args) {
+        *slot = Some(arg.clone());
+    }
+    for (name, arg) in &node.kwargs {
+        let at = schema
+            .arguments
+            .iter()
+            .position(|a| &a.name == name)
+            .ok_or_else(|| format!("no argument named {name:?}"))?;
+        if bound[at].is_some() {
+            return Err(format!("argument {name:?} given twice"));
+        }
+        bound[at] = Some(arg.clone());
+    }
+    for (arg, given) in schema.arguments.iter().zip(&bound) {
+        match given {
+            None if !arg.has_default => return Err(format!("argument {:?} is missing", arg.name)),
+            None => {}
+            Some(given) => {
+                conforms(given, &arg.ty, state).map_err(|e| format!("argument {:?} ({}): {e}", arg.name, arg.ty))?
+            }
+        }
+    }
+    random_off(&qualified, schema, &bound)?;
+    // Writes: only to the graph's own memory.
+    for (arg, given) in schema.arguments.iter().zip(&bound) {
+        if arg.alias.as_ref().is_some_and(|a| a.write)
+            && let Some(Arg::Value(id)) = given
+        {
+            match state.roots.get(*id as usize) {
+                Some(Root::Own) => {}
+                Some(Root::Input) => {
+                    return Err(format!("writes argument {:?}, which is (a view of) an input", arg.name));
+                }
+                _ => return Err(format!("writes argument {:?}, which is (a view of) a weight", arg.name)),
+            }
+        }
+    }
+    if node.outputs.len() != schema.returns.len() {
+        return Err(format!("{} outputs; the operator returns {}", node.outputs.len(), schema.returns.len()));
+    }
+    for (ret, &out) in schema.returns.iter().zip(&node.outputs) {
+        let kind = match ret.ty.required() {
+            Type::Tensor => Kind::Tensor,
+            Type::Int | Type::SymInt => Kind::Int,
+            Type::Float => Kind::Float,
+            Type::Bool => Kind::Bool,
+            Type::Scalar => Kind::Number,
+            Type::List(t) if **t == Type::Tensor => Kind::TensorList,
+            Type::List(t) if matches!(**t, Type::Int | Type::SymInt) => Kind::IntList,
+            other => return Err(format!("returns a {other}, which graphs do not carry")),
+        };
+        // An output in an argument's alias set is a view of that argument's memory.
+        let root = ret
+            .alias
+            .as_ref()
+            .and_then(|alias| {
+                schema.arguments.iter().zip(&bound).find(|(a, _)| a.alias.as_ref().is_some_and(|x| x.set == alias.set))
+            })
+            .and_then(|(_, given)| match given {
+                Some(Arg::Value(id)) => state.roots.get(*id as usize).copied(),
+                _ => None,
+            })
+            .unwrap_or(Root::Own);
+        state.define(out, kind, root)?;
+    }
+    Ok(Step::Op { schema: Arc::clone(schema), args: bound })
+}
+
+/// The two operators on the allowlist that are random only through an argument: it must be a
+/// constant that turns the randomness off.
+fn random_off(qualified: &str, schema: &Schema, bound: &[Option<Arg>]) -> Result<(), String> {
+    let (name, off): (&str, fn(&Arg) -> bool) = match qualified {
+        "aten::scaled_dot_product_attention" => ("dropout_p", |a| match a {
+            Arg::Float(f) => f.parse::<f64>().is_ok_and(|f| f == 0.0),
+            Arg::Int(0) => true,
+            _ => false,
+        }),
+        "aten::dropout" => ("train", |a| matches!(a, Arg::Bool(false))),
+        _ => return Ok(()),
+    };
+    let at = schema.arguments.iter().position(|a| a.name == name).ok_or("the schema lost its random argument")?;
+    match &bound[at] {
+        None => Ok(()),
+        Some(arg) if off(arg) => Ok(()),
+        Some(_) => Err(format!(
+            "random unless {name} is a constant that turns it off (per-request generators are not built yet)"
+        )),
+    }
+}
+
+fn check_native(op: Native, node: &Node, state: &mut State) -> Result<Step, String> {
+    if !node.kwargs.is_empty() || node.args.len() != op.arity() || node.outputs.len() != 1 {
+        return Err(format!("takes {} arguments and gives one value", op.arity()));
+    }
+    let int_like = |a: &Arg| matches!(arg_kind(a, state), Ok(Some(Kind::Int | Kind::Bool)));
+    let kind = match op {
+        Native::GetItem => {
+            let Arg::Value(list) = &node.args[0] else { return Err("getitem of a constant".into()) };
+            if !matches!(node.args[1], Arg::Int(_)) {
+                return Err("getitem's index must be a constant".into());
+            }
+            let root = state.roots.get(*list as usize).copied().unwrap_or(Root::Own);
+            let kind = match state.kind(*list)? {
+                Kind::TensorList => Kind::Tensor,
+                Kind::IntList => Kind::Int,
+                other => return Err(format!("getitem of a {other:?}")),
+            };
+            state.define(node.outputs[0], kind, root)?;
+            return Ok(Step::Native { op, args: node.args.clone() });
+        }
+        Native::Size => {
+            if arg_kind(&node.args[0], state)? != Some(Kind::Tensor) || !int_like(&node.args[1]) {
+                return Err("size takes a tensor and a dimension".into());
+            }
+            Kind::Int
+        }
+        Native::Eq | Native::Ne | Native::Lt | Native::Le | Native::Gt | Native::Ge => {
+            if !node.args.iter().all(int_like) {
+                return Err("compares integers".into());
+            }
+            Kind::Bool
+        }
+        _ => {
+            if !node.args.iter().all(int_like) {
+                return Err("computes on integers".into());
+            }
+            Kind::Int
+        }
+    };
+    state.define(node.outputs[0], kind, Root::Own)?;
+    Ok(Step::Native { op, args: node.args.clone() })
+}
+
+/// The kind of a value argument; `None` for a constant.
+fn arg_kind(arg: &Arg, state: &State) -> Result<Option<Kind>, String> {
+    match arg {
+        Arg::Value(id) => state.kind(*id).map(Some),
+        Arg::Int(_) => Ok(Some(Kind::Int)),
+        Arg::Bool(_) => Ok(Some(Kind::Bool)),
+        Arg::List(items) => {
+            for item in items {
+                arg_kind(item, state)?;
+            }
+            Ok(None)
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Whether `arg` can be passed where the schema has `ty`.
+fn conforms(arg: &Arg, ty: &Type, state: &State) -> Result<(), String> {
+    let value = |id: &u32| state.kind(*id);
+    let ok = match (ty, arg) {
+        (Type::Optional(_), Arg::None) => true,
+        (Type::Optional(inner), other) => return conforms(other, inner, state),
+        (Type::Tensor, Arg::Value(id)) => {
+            matches!(value(id)?, Kind::Tensor | Kind::Int | Kind::Float | Kind::Bool | Kind::Number)
+        }
+        // A number where a tensor goes: Python passes it as a wrapped number (a scalar tensor).
+        (Type::Tensor, Arg::Int(_) | Arg::Bool(_)) => true,
+        (Type::Tensor, Arg::Float(f)) => f.parse::<f64>().is_ok(),
+        (Type::Int | Type::SymInt, Arg::Int(_)) => true,
+        (Type::Int | Type::SymInt, Arg::Value(id)) => matches!(value(id)?, Kind::Int),
+        (Type::Float, Arg::Float(f)) => f.parse::<f64>().is_ok(),
+        (Type::Float, Arg::Int(_)) => true,
+        (Type::Float, Arg::Value(id)) => matches!(value(id)?, Kind::Int | Kind::Float | Kind::Number),
+        (Type::Bool, Arg::Bool(_)) => true,
+        (Type::Bool, Arg::Value(id)) => value(id)? == Kind::Bool,
+        (Type::Scalar, Arg::Int(_) | Arg::Bool(_)) => true,
+        (Type::Scalar, Arg::Float(f)) => f.parse::<f64>().is_ok(),
+        (Type::Scalar, Arg::Value(id)) => matches!(value(id)?, Kind::Int | Kind::Float | Kind::Bool | Kind::Number),
+        (Type::ScalarType, Arg::Dtype(name)) => dtype(name).is_some(),
+        (Type::Layout, Arg::Layout(l)) => l == "strided",
+        (Type::Device, Arg::Device(d)) => d == "node",
+        (Type::MemoryFormat, Arg::MemoryFormat(m)) => {
+            matches!(m.as_str(), "contiguous" | "preserve" | "channels_last" | "channels_last_3d")
+        }
+        (Type::Str, Arg::Str(_)) => true,
+        (Type::List(inner), Arg::List(items)) => {
+            if items.len() > MAX_LIST {
+                return Err(format!("a list of {} items, over {MAX_LIST}", items.len()));
+            }
+            for item in items {
+                conforms(item, inner, state)?;
+            }
+            true
+        }
+        (Type::List(inner), Arg::Value(id)) => match value(id)? {
+            Kind::TensorList => **inner == Type::Tensor,
+            Kind::IntList => matches!(**inner, Type::Int | Type::SymInt),
+            _ => false,
+        },
+        _ => false,
+    };
+    if ok { Ok(()) } else { Err(format!("{arg:?} is not a {ty}")) }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::format::{DimRange, FORMAT, Input, Weight};
+
+    fn node(op: &str, overload: &str, args: Vec<Arg>, outputs: Vec<u32>) -> Node {
+        Node { op: op.into(), overload: overload.into(), args, kwargs: BTreeMap::new(), outputs }
+    }
+
+    /// x (value 0) and a weight w (value 1), then `nodes`, returning value `out`.
+    fn program(nodes: Vec<Node>, out: u32) -> Program {
+        Program {
+            format: FORMAT,
+            inputs: vec![Input {
+                name: "x".into(),
+                value: 0,
+                dtype: "float32".into(),
+                dims: vec![DimRange { min: 1, max: 8 }, DimRange { min: 4, max: 4 }],
+            }],
+            weights: vec![Weight { name: "w".into(), value: 1, dtype: "float32".into(), shape: vec![4, 4], offset: 0 }],
+            nodes,
+            outputs: vec![Arg::Value(out)],
+        }
+    }
+
+    fn refusal(p: Program) -> String {
+        check(p, allowlist()).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn the_allowlist_is_what_the_generator_wrote() {
+        let list = allowlist();
+        assert!(list.len() > 250, "{} operators", list.len());
+        for op in
+            ["aten::linear", "aten::scaled_dot_product_attention", "aten::layer_norm", "aten::embedding", "aten::view"]
+        {
+            assert!(list.get(op).is_some(), "{op}");
+        }
+        for op in [
+            "aten::from_file",
+            "aten::save",
+            "aten::empty.memory_format",
+            "aten::bernoulli",
+            "aten::add.out",
+            "aten::add_.Tensor",
+            "aten::_local_scalar_dense",
+        ] {
+            assert!(list.get(op).is_none(), "{op} must not be on it");
+        }
+    }
+
+    #[test]
+    fn a_well_formed_graph_passes() {
+        let p = program(
+            vec![
+                node("aten::linear", "", vec![Arg::Value(0), Arg::Value(1), Arg::None], vec![2]),
+                node("native::size", "", vec![Arg::Value(2), Arg::Int(0)], vec![3]),
+                node("native::mul", "", vec![Arg::Value(3), Arg::Int(4)], vec![4]),
+                node("aten::view", "", vec![Arg::Value(2), Arg::List(vec![Arg::Value(4)])], vec![5]),
+                node("aten::split", "Tensor", vec![Arg::Value(5), Arg::Int(2)], vec![6]),
+                node("native::getitem", "", vec![Arg::Value(6), Arg::Int(1)], vec![7]),
+            ],
+            7,
+        );
+        let checked = check(p, allowlist()).unwrap();
+        assert_eq!(checked.steps.len(), 6);
+        assert_eq!(checked.values, 8);
+        let Step::Op { args, .. } = &checked.steps[0] else { panic!() };
+        assert_eq!(args.len(), 3);
+    }
+
+    #[test]
+    fn operators_off_the_allowlist_are_refused_by_name() {
+        let p = program(
+            vec![node(
+                "aten::from_file",
+                "",
+                vec![Arg::Str("/etc/passwd".into()), Arg::Bool(false), Arg::Int(100)],
+                vec![2],
+            )],
+            2,
+        );
+        let e = refusal(p);
+        assert!(e.contains("aten::from_file") && e.contains("not on the allowlist"), "{e}");
+        assert!(
+            refusal(program(vec![node("c10d::allreduce_", "", vec![], vec![2])], 2)).contains("not on the allowlist")
+        );
+    }
+
+    #[test]
+    fn writes_to_inputs_weights_and_their_views_are_refused() {
+        let write_weight = program(vec![node("aten::copy_", "", vec![Arg::Value(1), Arg::Value(0)], vec![2])], 2);
+        assert!(refusal(write_weight).contains("a weight"));
+        let write_input = program(vec![node("aten::fill_", "Scalar", vec![Arg::Value(0), Arg::Int(0)], vec![2])], 2);
+        assert!(refusal(write_input).contains("an input"));
+        // A view of the weight, then written.
+        let through_view = program(
+            vec![
+                node("aten::t", "", vec![Arg::Value(1)], vec![2]),
+                node("aten::zero_", "", vec![Arg::Value(2)], vec![3]),
+            ],
+            3,
+        );
+        assert!(refusal(through_view).contains("a weight"));
+        // Its own memory may be written.
+        let own = program(
+            vec![
+                node("aten::mul", "Tensor", vec![Arg::Value(0), Arg::Value(0)], vec![2]),
+                node("aten::zero_", "", vec![Arg::Value(2)], vec![3]),
+            ],
+            3,
+        );
+        check(own, allowlist()).unwrap();
+    }
+
+    #[test]
+    fn wiring_arity_types_and_randomness_are_checked() {
+        let cases = [
+            (vec![node("aten::relu", "", vec![Arg::Value(9)], vec![2])], "used before"),
+            (vec![node("aten::relu", "", vec![Arg::Value(0)], vec![0])], "defined twice"),
+            (vec![node("aten::relu", "", vec![], vec![2])], "missing"),
+            (vec![node("aten::relu", "", vec![Arg::Value(0), Arg::Value(0)], vec![2])], "positional"),
+            (vec![node("aten::relu", "", vec![Arg::Str("x".into())], vec![2])], "is not a Tensor"),
+            (vec![node("aten::relu", "", vec![Arg::Value(0)], vec![2, 3])], "outputs"),
+            (
+                vec![node("aten::view", "", vec![Arg::Value(0), Arg::List(vec![Arg::Float("1.5".into())])], vec![2])],
+                "is not a SymInt",
+            ),
+            (
+                vec![node(
+                    "aten::dropout",
+                    "",
+                    vec![Arg::Value(0), Arg::Float("0.1".into()), Arg::Bool(true)],
+                    vec![2],
+                )],
+                "random",
+            ),
+            (vec![node("native::getitem", "", vec![Arg::Value(0), Arg::Int(0)], vec![2])], "getitem of a Tensor"),
+            (vec![node("native::frobnicate", "", vec![], vec![2])], "not on the allowlist"),
+        ];
+        for (nodes, why) in cases {
+            let e = refusal(program(nodes, 2));
+            assert!(e.contains(why), "{e} (expected {why:?})");
+        }
+        let mut with_kwarg =
+            node("aten::sum", "dim_IntList", vec![Arg::Value(0), Arg::List(vec![Arg::Int(0)])], vec![2]);
+        with_kwarg.kwargs.insert("nope".into(), Arg::Int(1));
+        assert!(refusal(program(vec![with_kwarg], 2)).contains("no argument named"));
+    }
+}

@@ -1,0 +1,319 @@
+//! The graph container and the program it holds (docs/graph-format.md).
+//!
+//! ```text
+//! magic "DJINNGR1" | u64 LE length of the program | the program (JSON, UTF-8)
+//! | zeros up to a multiple of 64 | the weights: each tensor at its offset (a multiple of 64)
+//! ```
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+pub const MAGIC: &[u8; 8] = b"DJINNGR1";
+/// The program's format version.
+pub const FORMAT: u32 = 1;
+/// Where each weight starts, from the start of the weights.
+pub const WEIGHT_ALIGN: u64 = 64;
+/// Bounds on what a program may hold, checked before anything is built from it.
+pub const MAX_PROGRAM_BYTES: u64 = 64 << 20;
+pub const MAX_VALUES: usize = 1 << 20;
+pub const MAX_LIST: usize = 1 << 16;
+pub const MAX_RANK: usize = 16;
+
+/// Whether `bytes` start like a graph container (rather than, say, a TorchScript zip).
+pub fn is_graph(bytes: &[u8]) -> bool {
+    bytes.starts_with(MAGIC)
+}
+
+/// A model as data.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Program {
+    pub format: u32,
+    /// The caller's tensors, in call order.
+    pub inputs: Vec<Input>,
+    /// Parameters, buffers and constants, in the container's weights.
+    pub weights: Vec<Weight>,
+    pub nodes: Vec<Node>,
+    /// What a call returns, flattened (the client rebuilds the structure).
+    pub outputs: Vec<Arg>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Input {
+    pub name: String,
+    pub value: u32,
+    /// torch's name for it: `float32`, `int64`, ...
+    pub dtype: String,
+    /// One per dimension: the sizes a call may give it (export's range constraints).
+    pub dims: Vec<DimRange>,
+}
+
+/// Sizes `min..=max` (equal for a static dimension).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DimRange {
+    pub min: i64,
+    pub max: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Weight {
+    pub name: String,
+    pub value: u32,
+    pub dtype: String,
+    pub shape: Vec<i64>,
+    /// From the start of the weights; a multiple of [`WEIGHT_ALIGN`].
+    pub offset: u64,
+}
+
+/// One call: an operator of the allowlist (`aten::linear`, overload `""`) or one of the
+/// runner's own integer and list operations (`native::add`, `native::getitem`, ...).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Node {
+    pub op: String,
+    #[serde(default)]
+    pub overload: String,
+    #[serde(default)]
+    pub args: Vec<Arg>,
+    #[serde(default)]
+    pub kwargs: BTreeMap<String, Arg>,
+    /// One value per return of the operator.
+    #[serde(default)]
+    pub outputs: Vec<u32>,
+}
+
+/// An argument: a value of the graph or a constant.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Arg {
+    #[serde(rename = "none")]
+    None,
+    /// A value: an input, a weight or a node's output.
+    #[serde(rename = "v")]
+    Value(u32),
+    #[serde(rename = "i")]
+    Int(i64),
+    /// As Python's `repr` writes it (`0.5`, `inf`, `nan`): JSON has no infinities.
+    #[serde(rename = "f")]
+    Float(String),
+    #[serde(rename = "b")]
+    Bool(bool),
+    #[serde(rename = "s")]
+    Str(String),
+    #[serde(rename = "dtype")]
+    Dtype(String),
+    /// Always `node`: whatever device the node runs the model on.
+    #[serde(rename = "device")]
+    Device(String),
+    #[serde(rename = "layout")]
+    Layout(String),
+    #[serde(rename = "memory_format")]
+    MemoryFormat(String),
+    #[serde(rename = "list")]
+    List(Vec<Arg>),
+}
+
+/// torch's dtypes that graphs may name, with their element sizes and c10::ScalarType codes.
+pub const DTYPES: &[(&str, u64, i32)] = &[
+    ("uint8", 1, 0),
+    ("int8", 1, 1),
+    ("int16", 2, 2),
+    ("int32", 4, 3),
+    ("int64", 8, 4),
+    ("float16", 2, 5),
+    ("float32", 4, 6),
+    ("float64", 8, 7),
+    ("bool", 1, 11),
+    ("bfloat16", 2, 15),
+];
+
+pub fn dtype(name: &str) -> Option<(u64, i32)> {
+    DTYPES.iter().find(|(n, ..)| *n == name).map(|&(_, size, code)| (size, code))
+}
+
+/// A container's parts: the program, and where the weights start in the container's bytes.
+#[derive(Debug)]
+pub struct Decoded {
+    pub program: Program,
+    pub weights_start: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error("not a graph container (no {MAGIC:?} magic)")]
+    NotAGraph,
+    #[error("the container is truncated: {0}")]
+    Truncated(&'static str),
+    #[error("the program is {0} bytes, over the limit of {MAX_PROGRAM_BYTES}")]
+    ProgramTooLarge(u64),
+    #[error("the program is not valid: {0}")]
+    Program(#[from] serde_json::Error),
+    #[error("program format {0}; this node reads format {FORMAT}")]
+    Format(u32),
+    #[error("weight {name:?}: {why}")]
+    Weight { name: String, why: String },
+}
+
+/// Encodes a container: `program` with `weights` (each at the offset the program gives it).
+pub fn encode(program: &Program, weights: &[&[u8]]) -> Result<Vec<u8>, serde_json::Error> {
+    let json = serde_json::to_vec(program)?;
+    let mut out = Vec::with_capacity(16 + json.len() + 64);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&(json.len() as u64).to_le_bytes());
+    out.extend_from_slice(&json);
+    out.resize(out.len().next_multiple_of(WEIGHT_ALIGN as usize), 0);
+    let start = out.len();
+    for (weight, bytes) in program.weights.iter().zip(weights) {
+        let at = start + weight.offset as usize;
+        if out.len() < at {
+            out.resize(at, 0);
+        }
+        out.truncate(at);
+        out.extend_from_slice(bytes);
+    }
+    Ok(out)
+}
+
+/// Decodes a container and checks its weights' layout: known dtypes, shapes whose bytes fit
+/// the container at aligned offsets that do not overlap. The program's graph is checked by
+/// [`crate::check`].
+pub fn decode(bytes: &[u8]) -> Result<Decoded, DecodeError> {
+    if !is_graph(bytes) {
+        return Err(DecodeError::NotAGraph);
+    }
+    let len_bytes: [u8; 8] =
+        bytes.get(8..16).and_then(|b| b.try_into().ok()).ok_or(DecodeError::Truncated("no program length"))?;
+    let len = u64::from_le_bytes(len_bytes);
+    if len > MAX_PROGRAM_BYTES {
+        return Err(DecodeError::ProgramTooLarge(len));
+    }
+    let end = 16 + len as usize;
+    let json = bytes.get(16..end).ok_or(DecodeError::Truncated("the program"))?;
+    let program: Program = serde_json::from_slice(json)?;
+    if program.format != FORMAT {
+        return Err(DecodeError::Format(program.format));
+    }
+    let weights_start = end.next_multiple_of(WEIGHT_ALIGN as usize);
+    let available = bytes.len().saturating_sub(weights_start) as u64;
+    let mut spans: Vec<(u64, u64, &str)> = Vec::with_capacity(program.weights.len());
+    for w in &program.weights {
+        let fail = |why: String| DecodeError::Weight { name: w.name.clone(), why };
+        let (size, _) = dtype(&w.dtype).ok_or_else(|| fail(format!("unknown dtype {:?}", w.dtype)))?;
+        if w.shape.len() > MAX_RANK {
+            return Err(fail(format!("rank {} over {MAX_RANK}", w.shape.len())));
+        }
+        let len = w
+            .shape
+            .iter()
+            .try_fold(size, |acc, &d| u64::try_from(d).ok().and_then(|d| acc.checked_mul(d)))
+            .ok_or_else(|| fail(format!("shape {:?} is negative or too large", w.shape)))?;
+        if !w.offset.is_multiple_of(WEIGHT_ALIGN) {
+            return Err(fail(format!("offset {} is not a multiple of {WEIGHT_ALIGN}", w.offset)));
+        }
+        let stop = w.offset.checked_add(len).filter(|&s| s <= available);
+        let stop = stop.ok_or_else(|| fail(format!("{len} bytes at {} pass the container's end", w.offset)))?;
+        spans.push((w.offset, stop, &w.name));
+    }
+    spans.sort_unstable();
+    for pair in spans.windows(2) {
+        if pair[1].0 < pair[0].1 {
+            return Err(DecodeError::Weight { name: pair[1].2.to_owned(), why: format!("overlaps {:?}", pair[0].2) });
+        }
+    }
+    Ok(Decoded { program, weights_start })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn program(weights: Vec<Weight>) -> Program {
+        Program { format: FORMAT, inputs: vec![], weights, nodes: vec![], outputs: vec![] }
+    }
+
+    #[test]
+    fn arguments_are_written_as_the_format_says() {
+        let args = vec![
+            Arg::None,
+            Arg::Value(3),
+            Arg::Int(-2),
+            Arg::Float("inf".into()),
+            Arg::Dtype("float32".into()),
+            Arg::List(vec![Arg::Int(1), Arg::Value(4)]),
+        ];
+        let json = serde_json::to_string(&args).unwrap();
+        assert_eq!(json, r#"["none",{"v":3},{"i":-2},{"f":"inf"},{"dtype":"float32"},{"list":[{"i":1},{"v":4}]}]"#);
+        assert_eq!(serde_json::from_str::<Vec<Arg>>(&json).unwrap(), args);
+    }
+
+    #[test]
+    fn weights_out_of_bounds_misaligned_or_overlapping_are_refused() {
+        let w = |name: &str, shape: Vec<i64>, offset| Weight {
+            name: name.into(),
+            value: 0,
+            dtype: "float32".into(),
+            shape,
+            offset,
+        };
+        let ok = program(vec![w("a", vec![4], 0), w("b", vec![2, 2], 64)]);
+        let bytes = encode(&ok, &[&[1u8; 16], &[2u8; 16]]).unwrap();
+        let decoded = decode(&bytes).unwrap();
+        assert_eq!(&bytes[decoded.weights_start + 64..decoded.weights_start + 80], &[2u8; 16]);
+        for (bad, why) in [
+            (program(vec![w("a", vec![4], 32)]), "not a multiple"),
+            (program(vec![w("a", vec![4], 0), w("b", vec![20], 0)]), "overlaps"),
+            (program(vec![w("a", vec![-1], 0)]), "negative"),
+            (program(vec![w("a", vec![i64::MAX, 4], 0)]), "too large"),
+            (program(vec![w("a", vec![1 << 20], 0)]), "end"),
+        ] {
+            let mut bytes = encode(&program(vec![]), &[]).unwrap();
+            // The bad program, over the same 128 bytes of weights.
+            let json = serde_json::to_vec(&bad).unwrap();
+            bytes.truncate(8);
+            bytes.extend_from_slice(&(json.len() as u64).to_le_bytes());
+            bytes.extend_from_slice(&json);
+            bytes.resize(bytes.len().next_multiple_of(64) + 128, 0);
+            let e = decode(&bytes).unwrap_err().to_string();
+            assert!(e.contains(why), "{e} (expected {why:?})");
+        }
+    }
+
+    #[test]
+    fn truncated_and_foreign_bytes_are_refused() {
+        assert!(matches!(decode(b"PK\x03\x04rest"), Err(DecodeError::NotAGraph)));
+        assert!(matches!(decode(MAGIC), Err(DecodeError::Truncated(_))));
+        let mut huge = MAGIC.to_vec();
+        huge.extend_from_slice(&u64::MAX.to_le_bytes());
+        assert!(matches!(decode(&huge), Err(DecodeError::ProgramTooLarge(_))));
+        let bytes = encode(&program(vec![]), &[]).unwrap();
+        assert!(matches!(decode(&bytes[..20]), Err(DecodeError::Truncated(_))));
+    }
+
+    proptest! {
+        /// Whatever the weights, a container decodes to the program it was made from, each
+        /// weight's bytes where the program says.
+        #[test]
+        fn containers_round_trip(lens in proptest::collection::vec(0usize..300, 0..6)) {
+            let mut offset = 0u64;
+            let mut weights = Vec::new();
+            let data: Vec<Vec<u8>> = lens.iter().enumerate().map(|(i, &n)| vec![i as u8 + 1; n]).collect();
+            for (i, &n) in lens.iter().enumerate() {
+                weights.push(Weight { name: format!("w{i}"), value: i as u32, dtype: "uint8".into(), shape: vec![n as i64], offset });
+                offset = (offset + n as u64).next_multiple_of(WEIGHT_ALIGN);
+            }
+            let p = program(weights);
+            let slices: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
+            let bytes = encode(&p, &slices).unwrap();
+            let decoded = decode(&bytes).unwrap();
+            prop_assert_eq!(&decoded.program, &p);
+            for (w, d) in p.weights.iter().zip(&data) {
+                let at = decoded.weights_start + w.offset as usize;
+                prop_assert_eq!(&bytes[at..at + d.len()], d.as_slice());
+            }
+        }
+    }
+}

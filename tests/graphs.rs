@@ -1,0 +1,127 @@
+//! Graphs sent by the Rust client to a node, as a tenant without the TorchScript right: a
+//! hand-written graph runs through the dispatcher and gives what libtorch gives here; graphs
+//! naming operators off the allowlist, or writing a weight, are refused with a typed error
+//! naming the operator, and the node goes on serving.
+
+mod support;
+
+use std::collections::BTreeMap;
+
+use djinn_client::{Client, ClientOptions, DType, ErrorCode, TensorRef, Value};
+use djinn_executor::tch::{Kind, Tensor};
+use djinn_graph::format::FORMAT;
+use djinn_graph::{Arg, DimRange, Input, Node as GraphNode, Program, Weight};
+use support::Node;
+
+const TOKEN: &str = "graphs-tenant-token-0123456789";
+
+/// A node with one tenant, which has no right to TorchScript, and its client.
+fn tenant_node(dir: &std::path::Path) -> (Node, Client) {
+    let file = dir.join("tokens.json");
+    std::fs::write(&file, format!(r#"{{"principals": [{{"name": "graphs", "tokens": ["{TOKEN}"]}}]}}"#)).unwrap();
+    let node = Node::start("mio", &["--auth-file", file.to_str().unwrap()]);
+    let client = Client::connect_with(node.addr, ClientOptions { token: TOKEN.into(), ..Default::default() }).unwrap();
+    (node, client)
+}
+
+fn op(name: &str, overload: &str, args: Vec<Arg>, outputs: Vec<u32>) -> GraphNode {
+    GraphNode { op: name.into(), overload: overload.into(), args, kwargs: BTreeMap::new(), outputs }
+}
+
+/// `x` (value 0: f32, 1 to 8 rows of 4) and the weight `w` (value 1: 4 × 4), then `nodes`.
+fn program(nodes: Vec<GraphNode>, out: u32) -> Program {
+    Program {
+        format: FORMAT,
+        inputs: vec![Input {
+            name: "x".into(),
+            value: 0,
+            dtype: "float32".into(),
+            dims: vec![DimRange { min: 1, max: 8 }, DimRange { min: 4, max: 4 }],
+        }],
+        weights: vec![Weight { name: "w".into(), value: 1, dtype: "float32".into(), shape: vec![4, 4], offset: 0 }],
+        nodes,
+        outputs: vec![Arg::Value(out)],
+    }
+}
+
+fn weight() -> Vec<f32> {
+    (0..16).map(|i| i as f32 / 8.0 - 1.0).collect()
+}
+
+fn container(p: &Program) -> Vec<u8> {
+    let w: Vec<u8> = weight().iter().flat_map(|v| v.to_le_bytes()).collect();
+    djinn_graph::encode(p, &[&w]).unwrap()
+}
+
+#[test]
+fn a_hand_written_graph_runs_through_the_dispatcher_for_every_size_its_ranges_allow() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_node, mut client) = tenant_node(dir.path());
+    // relu(linear(x, w)) * (rows of x): an operator, a size and the runner's arithmetic.
+    let graph = program(
+        vec![
+            op("aten::linear", "", vec![Arg::Value(0), Arg::Value(1), Arg::None], vec![2]),
+            op("aten::relu", "", vec![Arg::Value(2)], vec![3]),
+            op("native::size", "", vec![Arg::Value(0), Arg::Int(0)], vec![4]),
+            op("aten::mul", "Tensor", vec![Arg::Value(3), Arg::Value(4)], vec![5]),
+        ],
+        5,
+    );
+    let model = client.register_model(&[container(&graph)], |_, _| {}).unwrap().fingerprint;
+    let w = Tensor::from_slice(&weight()).reshape([4, 4]);
+    for rows in [1usize, 3, 8] {
+        let x: Vec<f32> = (0..rows * 4).map(|i| (i as f32 * 0.37).sin()).collect();
+        let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let input = [TensorRef { dtype: DType::F32, shape: &[rows as u64, 4], bytes: &bytes }];
+        let out = client.execute(&model, &[Value::Tensor(0)], &input).unwrap();
+        let local = (Tensor::from_slice(&x).reshape([rows as i64, 4]).linear::<Tensor>(&w, None).relu() * rows as f64)
+            .to_kind(Kind::Float);
+        let mut want = vec![0f32; rows * 4];
+        local.copy_data(&mut want, rows * 4);
+        let want: Vec<u8> = want.iter().flat_map(|v| v.to_le_bytes()).collect();
+        assert_eq!(out.tensor_bytes(0), &want[..], "{rows} rows");
+    }
+    // Nine rows are outside the input's range: refused before anything runs.
+    let bytes = vec![0u8; 9 * 16];
+    let e = client
+        .execute(&model, &[Value::Tensor(0)], &[TensorRef { dtype: DType::F32, shape: &[9, 4], bytes: &bytes }])
+        .unwrap_err();
+    assert_eq!(e.remote_code(), Some(ErrorCode::ExecutionFailed), "{e}");
+    assert!(e.to_string().contains("\"x\"") && e.to_string().contains("1..=8"), "{e}");
+}
+
+#[test]
+fn graphs_off_the_allowlist_or_writing_a_weight_are_refused_by_name_and_the_node_serves_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_node, mut client) = tenant_node(dir.path());
+    let cases = [
+        (
+            op("aten::from_file", "", vec![Arg::Str("/etc/passwd".into()), Arg::Bool(false), Arg::Int(4096)], vec![2]),
+            "aten::from_file",
+        ),
+        (op("aten::save", "", vec![Arg::Value(1), Arg::Str("/tmp/stolen".into())], vec![]), "aten::save"),
+        (op("aten::copy_", "", vec![Arg::Value(1), Arg::Value(0)], vec![2]), "a weight"),
+        (op("aten::bernoulli", "p", vec![Arg::Value(0), Arg::Float("0.5".into())], vec![2]), "aten::bernoulli.p"),
+    ];
+    for (node, why) in cases {
+        let graph = program(vec![node], 2);
+        let e = client.register_model(&[container(&graph)], |_, _| {}).unwrap_err();
+        assert_eq!(e.remote_code(), Some(ErrorCode::GraphRefused), "{e}");
+        assert!(e.to_string().contains(why), "{e} (expected {why:?})");
+    }
+    // Bytes that are neither a graph nor allowed TorchScript.
+    let e = client.register_model(&[b"DJINNGR1\xff\xff".to_vec()], |_, _| {}).unwrap_err();
+    assert_eq!(e.remote_code(), Some(ErrorCode::BadArchive), "{e}");
+    let e = client.register_model(&[support::archive("identity")], |_, _| {}).unwrap_err();
+    assert_eq!(e.remote_code(), Some(ErrorCode::Forbidden), "{e}");
+    assert!(e.to_string().contains("djinn.register"), "the refusal says how to move: {e}");
+    // Still serving, the same connection.
+    let good = program(vec![op("aten::relu", "", vec![Arg::Value(0)], vec![2])], 2);
+    let model = client.register_model(&[container(&good)], |_, _| {}).unwrap().fingerprint;
+    let bytes: Vec<u8> = [-1f32, 2.0, -3.0, 4.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let out = client
+        .execute(&model, &[Value::Tensor(0)], &[TensorRef { dtype: DType::F32, shape: &[1, 4], bytes: &bytes }])
+        .unwrap();
+    let want: Vec<u8> = [0f32, 2.0, 0.0, 4.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+    assert_eq!(out.tensor_bytes(0), &want[..]);
+}
