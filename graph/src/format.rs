@@ -166,13 +166,12 @@ pub fn encode(program: &Program, weights: &[&[u8]]) -> Result<Vec<u8>, serde_jso
     out.extend_from_slice(&json);
     out.resize(out.len().next_multiple_of(WEIGHT_ALIGN as usize), 0);
     let start = out.len();
+    // Weights in any order of their offsets (a zero-length one may share another's).
+    let end = program.weights.iter().zip(weights).map(|(w, b)| w.offset as usize + b.len()).max().unwrap_or(0);
+    out.resize(start + end, 0);
     for (weight, bytes) in program.weights.iter().zip(weights) {
         let at = start + weight.offset as usize;
-        if out.len() < at {
-            out.resize(at, 0);
-        }
-        out.truncate(at);
-        out.extend_from_slice(bytes);
+        out[at..at + bytes.len()].copy_from_slice(bytes);
     }
     Ok(out)
 }
@@ -291,6 +290,25 @@ mod tests {
         assert!(matches!(decode(&huge), Err(DecodeError::ProgramTooLarge(_))));
         let bytes = encode(&program(vec![]), &[]).unwrap();
         assert!(matches!(decode(&bytes[..20]), Err(DecodeError::Truncated(_))));
+    }
+
+    /// Found by fuzz/fuzz_targets/graph_decode.rs: an empty weight at the offset of another,
+    /// listed after it, cut the other's bytes when the program was written again.
+    #[test]
+    fn weights_are_written_whatever_the_order_of_their_offsets() {
+        let w = |name: &str, len: i64, offset| Weight {
+            name: name.into(),
+            value: 0,
+            dtype: "uint8".into(),
+            shape: vec![len],
+            offset,
+        };
+        let p = program(vec![w("late", 8, 64), w("early", 4, 0), w("empty", 0, 64)]);
+        let bytes = encode(&p, &[&[7u8; 8], &[9u8; 4], &[]]).unwrap();
+        let decoded = decode(&bytes).unwrap();
+        let at = decoded.weights_start;
+        assert_eq!(&bytes[at..at + 4], &[9u8; 4]);
+        assert_eq!(&bytes[at + 64..at + 72], &[7u8; 8]);
     }
 
     proptest! {

@@ -84,9 +84,23 @@ class Graph:
     out_spec: Any
     signature: inspect.Signature
 
+    def __post_init__(self):
+        # The common case costs no binding: positional tensors, one per parameter, in order.
+        params = list(self.signature.parameters.values())
+        self._positional = (
+            all(leaf is _TENSOR for leaf in self.leaves)
+            and self.in_spec == pytree.tree_flatten(((), {p.name: 0 for p in params[: len(self.leaves)]}))[1]
+            and all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params[: len(self.leaves)])
+        )
+        self._single_output = self.out_spec.is_leaf()
+
     def call_tensors(self, args: tuple, kwargs: dict) -> list:
         """What a call sends: the tensors (or kept tensors) at the leaves where the example had
         tensors, its arguments bound to the forward's as the example's were."""
+        if self._positional and not kwargs and len(args) == len(self.leaves) and all(
+            not isinstance(a, (tuple, list, dict)) for a in args
+        ):
+            return list(args)
         try:
             bound = self.signature.bind(*args, **kwargs).arguments
         except TypeError as e:
@@ -103,6 +117,8 @@ class Graph:
         return out
 
     def outputs(self, flat: list) -> Any:
+        if self._single_output and len(flat) == 1:
+            return flat[0]
         return pytree.tree_unflatten(flat, self.out_spec)
 
 
@@ -151,30 +167,42 @@ def export(model: torch.nn.Module, args: tuple, kwargs: Optional[dict] = None, d
     # should not need registering twice.
     auto = lambda v: {i: torch.export.Dim.AUTO for i in range(v.dim())} if isinstance(v, torch.Tensor) else None  # noqa: E731
     shapes = {n: ({**auto(v), **_dims(dynamic[n], names)} if n in dynamic else pytree.tree_map(auto, v)) for n, v in example.items()}
+    everywhere_auto = {n: pytree.tree_map(auto, v) for n, v in example.items()}
+    # The bounds the caller gave, which the node enforces whichever attempt below succeeds.
+    bounds = {n: {d: (label[1], label[2]) for d, label in dims.items() if isinstance(label, tuple)} for n, dims in dynamic.items()}
+    # Export's symbolic reasoning cannot always prove what named dimensions promise (a model
+    # that branches on a size being 1; torch 2.11 on grouped-query attention): then the same
+    # with every dimension left to export, the caller's bounds enforced by the node.
+    attempts = [(shapes, True), (shapes, False), (everywhere_auto, True), (everywhere_auto, False)]
     was_training = model.training
     model.eval()
+    first_error = None
+    ep = None
     try:
         with torch.no_grad():
-            try:
-                with _size_oblivious():
-                    ep = torch.export.export(model, (), kwargs=example, dynamic_shapes=shapes, strict=False)
-            except Exception:  # noqa: BLE001 - a model that branches on a size being 1: as export does
-                ep = torch.export.export(model, (), kwargs=example, dynamic_shapes=shapes, strict=False)
-    except Exception as e:  # export raises many kinds; all mean the same to the caller
-        raise ExportError(f"torch.export could not export the model: {type(e).__name__}: {e}") from e
+            for dynamic_shapes, oblivious in attempts:
+                try:
+                    with _size_oblivious(oblivious):
+                        ep = torch.export.export(model, (), kwargs=example, dynamic_shapes=dynamic_shapes, strict=False)
+                    break
+                except Exception as e:  # noqa: BLE001 - export raises many kinds; the first is reported
+                    first_error = first_error or e
     finally:
         model.train(was_training)
+    if ep is None:
+        e = first_error
+        raise ExportError(f"torch.export could not export the model: {type(e).__name__}: {e}") from e
     ep = ep.run_decompositions({})
-    return _write(ep, signature)
+    return _write(ep, signature, bounds)
 
 
-def _size_oblivious():
+def _size_oblivious(on: bool):
     import torch.fx.experimental._config as fx_config
 
-    return fx_config.patch(backed_size_oblivious=True)
+    return fx_config.patch(backed_size_oblivious=on)
 
 
-def _write(ep, signature: inspect.Signature) -> Graph:
+def _write(ep, signature: inspect.Signature, bounds: dict) -> Graph:
     graph = ep.graph
     sig = ep.graph_signature
     ids: dict[str, int] = {}
@@ -202,12 +230,16 @@ def _write(ep, signature: inspect.Signature) -> Graph:
             if val.dtype not in _DTYPES:
                 raise ExportError(f"input {name!r} is {val.dtype}, which graphs do not carry")
             dims = []
-            for d in val.shape:
+            given = bounds.get(name, {})
+            for at, d in enumerate(val.shape):
                 if isinstance(d, int):
                     dims.append({"min": d, "max": d})
                 else:
                     r = ep.range_constraints.get(d.node.expr)
-                    dims.append({"min": _bound(r and r.lower, 0), "max": min(_bound(r and r.upper, UNBOUNDED), UNBOUNDED)})
+                    lo, hi = _bound(r and r.lower, 0), min(_bound(r and r.upper, UNBOUNDED), UNBOUNDED)
+                    if at in given:
+                        lo, hi = max(lo, given[at][0]), min(hi, given[at][1])
+                    dims.append({"min": lo, "max": hi})
             inputs.append({"name": name, "value": new_id(name), "dtype": _DTYPES[val.dtype], "dims": dims})
             leaves.append(_TENSOR)
         elif kind in ("PARAMETER", "BUFFER", "CONSTANT_TENSOR"):
