@@ -8,8 +8,8 @@ and the operators that torch.export leaves in the graphs of the models our tests
 (EXPORTED below, kept in step with client-lib/python/tests/test_graphs.py). What is kept off,
 whatever its tags: operators that write an argument other than through the alias rules the
 checker enforces (out= variants, in-place variants but those state updates need), random ones
-(they would need a per-request generator, not built yet; the two that are random only through
-an argument are on it, and the checker requires that argument off), uninitialised memory (`empty*`: the
+but those that take a generator, which the node gives per request; the two that are random only
+through an argument are on it, and the checker requires that argument off), uninitialised memory (`empty*`: the
 client rewrites them to `zeros*`), anything that reads or writes files, processes, the network
 or global state, and operators whose arguments a graph cannot carry (generators, storages,
 streams).
@@ -35,6 +35,12 @@ __or__ __rshift__ __lshift__ __xor__ remainder fmod sign
 # train = False): graph/src/check.rs.
 RANDOM_UNLESS = {"scaled_dot_product_attention", "dropout"}
 
+# Random operators that take a generator: the node gives each request's run its own, freshly
+# seeded, so no tenant's draws depend on or reveal another's. (The client rewrites rand_like
+# and the like to these overloads.)
+RANDOM = {"rand", "randn", "rand_like", "randn_like", "randint", "randint_like", "randperm", "bernoulli",
+          "multinomial", "normal", "uniform"}
+
 # Updates a session's state in place (part 2); the checker lets them write only state.
 IN_PLACE = {"copy_", "index_copy_", "fill_", "zero_", "masked_fill_"}
 
@@ -48,7 +54,7 @@ UNCARRIABLE = ("Generator", "Storage", "Stream", "Dimname", "Any", "Dict", "Futu
 
 
 def candidates():
-    names = set(EXPORTED) | set(IN_PLACE) | RANDOM_UNLESS
+    names = set(EXPORTED) | set(IN_PLACE) | RANDOM_UNLESS | RANDOM
     for name in dir(torch.ops.aten):
         packet = getattr(torch.ops.aten, name, None)
         if not isinstance(packet, torch._ops.OpOverloadPacket):
@@ -65,7 +71,8 @@ def admissible(op):
     name = schema.name.split("::", 1)[1]
     if any(word in name for word in FORBIDDEN_WORDS):
         return False
-    if torch.Tag.nondeterministic_seeded in op.tags and name not in RANDOM_UNLESS:
+    takes_generator = any("Generator" in str(a.type) for a in schema.arguments)
+    if torch.Tag.nondeterministic_seeded in op.tags and name not in RANDOM_UNLESS and not (name in RANDOM and takes_generator):
         return False
     writes = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
     if writes and (name not in IN_PLACE or any(a.kwarg_only for a in writes)):
@@ -75,9 +82,10 @@ def admissible(op):
     types = [str(a.type) for a in schema.arguments] + [str(r.type) for r in schema.returns]
     if not any("Tensor" in t for t in types) or any(t.split("[")[0].rstrip("?") in ("t", "t1", "t2", "tVal") for t in types):
         return False
-    # An argument a graph cannot carry must be one it can leave to its default.
+    # An argument a graph cannot carry must be one it can leave to its default, or the
+    # generator the node passes.
     for a in schema.arguments:
-        if any(word in str(a.type) for word in UNCARRIABLE) and not a.has_default_value():
+        if any(word in str(a.type) for word in UNCARRIABLE) and not a.has_default_value() and str(a.type) != "Optional[Generator]":
             return False
     for r in schema.returns:
         if any(word in str(r.type) for word in UNCARRIABLE):

@@ -101,7 +101,10 @@ fn graphs_off_the_allowlist_or_writing_a_weight_are_refused_by_name_and_the_node
         ),
         (op("aten::save", "", vec![Arg::Value(1), Arg::Str("/tmp/stolen".into())], vec![]), "aten::save"),
         (op("aten::copy_", "", vec![Arg::Value(1), Arg::Value(0)], vec![2]), "a weight"),
-        (op("aten::bernoulli", "p", vec![Arg::Value(0), Arg::Float("0.5".into())], vec![2]), "aten::bernoulli.p"),
+        (
+            op("aten::native_dropout", "", vec![Arg::Value(0), Arg::Float("0.5".into()), Arg::Bool(true)], vec![2, 3]),
+            "aten::native_dropout",
+        ),
     ];
     for (node, why) in cases {
         let graph = program(vec![node], 2);

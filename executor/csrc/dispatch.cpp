@@ -11,6 +11,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/ScalarOps.h>
+#include <ATen/core/Generator.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 #include <c10/core/InferenceMode.h>
@@ -75,6 +76,27 @@ extern "C" {
 
 void djinn_free_message(char* message) { std::free(message); }
 
+// A generator of its own for one request's run on a device (type: 0 CPU, 1 CUDA), seeded with
+// `seed`: a copy of the device's default generator's kind, never the default itself, so no
+// request's draws depend on or reveal another's.
+at::Generator* djinn_generator_new(int32_t type, int32_t index, uint64_t seed, char** err) {
+    at::Generator* out = nullptr;
+    guarded(err, [&] {
+        at::Device device(static_cast<c10::DeviceType>(type), static_cast<c10::DeviceIndex>(index));
+        at::Generator base = at::globalContext().defaultGenerator(device);
+        at::Generator gen;
+        {
+            std::lock_guard<std::mutex> lock(base.mutex());
+            gen = base.clone();
+        }
+        gen.set_current_seed(seed);
+        out = new at::Generator(std::move(gen));
+    });
+    return out;
+}
+
+void djinn_generator_free(at::Generator* gen) { delete gen; }
+
 // Prepares a call of `name`.`overload` ("" for the default overload). Writes the operator's
 // schema as the dispatcher has it into `*schema` (the caller compares it with the allowlist's).
 djinn_call* djinn_call_new(const char* name, const char* overload, char** schema, char** err) {
@@ -127,7 +149,7 @@ void djinn_call_set_bool_list(djinn_call* c, size_t i, const bool* v, size_t n) 
 enum djinn_arg_kind : int32_t {
     ARG_NONE = 0, ARG_INT = 1, ARG_DOUBLE = 2, ARG_BOOL = 3, ARG_TENSOR = 4,
     ARG_INT_LIST = 5, ARG_DOUBLE_LIST = 6, ARG_TENSOR_LIST = 7, ARG_OPT_TENSOR_LIST = 8,
-    ARG_WRAPPED_INT = 9, ARG_WRAPPED_DOUBLE = 10, ARG_WRAPPED_BOOL = 11,
+    ARG_WRAPPED_INT = 9, ARG_WRAPPED_DOUBLE = 10, ARG_WRAPPED_BOOL = 11, ARG_GENERATOR = 12,
 };
 struct djinn_arg {
     size_t index;
@@ -139,6 +161,7 @@ struct djinn_arg {
     const double* doubles;
     const at::Tensor* const* tensors;
     size_t len;
+    const at::Generator* generator;
 };
 
 static c10::IValue to_ivalue(const djinn_arg& a) {
@@ -150,6 +173,7 @@ static c10::IValue to_ivalue(const djinn_arg& a) {
         case ARG_WRAPPED_INT: return c10::IValue(wrapped_number(a.i));
         case ARG_WRAPPED_DOUBLE: return c10::IValue(wrapped_number(a.d));
         case ARG_WRAPPED_BOOL: return c10::IValue(wrapped_number(a.i != 0));
+        case ARG_GENERATOR: return c10::IValue(*a.generator);
         case ARG_INT_LIST: return c10::IValue(std::vector<int64_t>(a.ints, a.ints + a.len));
         case ARG_DOUBLE_LIST: return c10::IValue(std::vector<double>(a.doubles, a.doubles + a.len));
         case ARG_TENSOR_LIST: {

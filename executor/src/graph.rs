@@ -48,6 +48,7 @@ mod ffi {
     pub const ARG_WRAPPED_INT: i32 = 9;
     pub const ARG_WRAPPED_DOUBLE: i32 = 10;
     pub const ARG_WRAPPED_BOOL: i32 = 11;
+    pub const ARG_GENERATOR: i32 = 12;
 
     #[repr(C)]
     pub struct VaryingArg {
@@ -60,10 +61,13 @@ mod ffi {
         pub doubles: *const f64,
         pub tensors: *const *const c_void,
         pub len: usize,
+        pub generator: *const c_void,
     }
 
     unsafe extern "C" {
         pub fn djinn_free_message(message: *mut c_char);
+        pub fn djinn_generator_new(kind: i32, index: i32, seed: u64, err: *mut *mut c_char) -> *mut c_void;
+        pub fn djinn_generator_free(generator: *mut c_void);
         pub fn djinn_call_new(
             name: *const c_char,
             overload: *const c_char,
@@ -139,10 +143,48 @@ impl RtValue {
     }
 }
 
+/// One request's generator: random operators draw from it and from nothing shared.
+struct RequestGenerator(NonNull<c_void>);
+
+impl RequestGenerator {
+    fn new(device: Device) -> Result<Self, ExecError> {
+        let (kind, index) = match device {
+            Device::Cuda(n) => (1, n as i32),
+            _ => (0, -1),
+        };
+        let mut err: *mut c_char = std::ptr::null_mut();
+        // SAFETY: plain values in; a new generator or an error message out.
+        let raw = unsafe { ffi::djinn_generator_new(kind, index, fresh_seed(), &mut err) };
+        NonNull::new(raw).map(Self).ok_or_else(|| ExecError::Execution(format!("a generator: {}", take_message(err))))
+    }
+}
+
+impl Drop for RequestGenerator {
+    fn drop(&mut self) {
+        // SAFETY: made by `djinn_generator_new`, freed once.
+        unsafe { ffi::djinn_generator_free(self.0.as_ptr()) };
+    }
+}
+
+/// A seed no other request can predict: from the kernel's random source.
+fn fresh_seed() -> u64 {
+    let mut seed = [0u8; 8];
+    // SAFETY: getrandom writes at most the 8 bytes of `seed`.
+    let n = unsafe { libc::getrandom(seed.as_mut_ptr().cast(), seed.len(), 0) };
+    if n != seed.len() as isize {
+        // No getrandom (very old kernels): the clock and the address of a stack slot.
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        return now.as_nanos() as u64 ^ (&seed as *const _ as u64).rotate_left(32);
+    }
+    u64::from_le_bytes(seed)
+}
+
 /// One operator call, prepared: its constants set, its varying arguments listed by slot.
 struct PreparedCall {
     raw: NonNull<ffi::Call>,
     varying: Vec<(usize, Type, Arg)>,
+    /// The slot of its generator argument (a random operator's).
+    generator: Option<usize>,
     /// The most flattened outputs it can give (list returns are not bounded by the schema).
     cap: usize,
     name: String,
@@ -229,7 +271,12 @@ impl GraphModule {
             .zip(&checked.program.nodes)
             .map(|(step, node)| match step {
                 Step::Native { .. } => Ok(None),
-                Step::Op { schema, args } => prepare(&node.op, &node.overload, schema, args, device).map(Some),
+                Step::Op { schema, args, generator } => {
+                    prepare(&node.op, &node.overload, schema, args, device).map(|mut call| {
+                        call.generator = *generator;
+                        Some(call)
+                    })
+                }
             })
             .collect::<Result<Vec<_>, ExecError>>()?;
         Ok(Self { checked, calls, weights, device })
@@ -259,6 +306,8 @@ impl GraphModule {
             env[*id as usize] = Some(RtValue::Tensor(w.shallow_clone()));
         }
         let mut outs: Vec<ffi::Out> = Vec::new();
+        // Made at the first random operator of the run.
+        let mut generator: Option<RequestGenerator> = None;
         for ((step, call), node) in self.checked.steps.iter().zip(&self.calls).zip(&program.nodes) {
             match (step, call) {
                 (Step::Native { op, args }, _) => {
@@ -266,7 +315,12 @@ impl GraphModule {
                     env[node.outputs[0] as usize] = Some(v);
                 }
                 (Step::Op { .. }, Some(call)) => {
-                    let results = run_call(call, &env, &mut outs)?;
+                    let request_generator = match (call.generator, &mut generator) {
+                        (None, _) => None,
+                        (Some(_), Some(g)) => Some(&*g),
+                        (Some(_), slot @ None) => Some(&*slot.insert(RequestGenerator::new(self.device)?)),
+                    };
+                    let results = run_call(call, &env, request_generator, &mut outs)?;
                     if results.len() != node.outputs.len() {
                         return Err(ExecError::Execution(format!("{} returned {} values", call.name, results.len())));
                     }
@@ -402,7 +456,7 @@ fn prepare(
             take_message(err)
         )));
     };
-    let mut call = PreparedCall { raw, varying: Vec::new(), cap: 0, name: name.clone() };
+    let mut call = PreparedCall { raw, varying: Vec::new(), generator: None, cap: 0, name: name.clone() };
     let dispatcher = take_message(schema_text);
     let expected = djinn_graph::allowlist().text(&name).unwrap_or_default();
     if normalise(&dispatcher) != normalise(expected) {
@@ -508,13 +562,24 @@ struct Scratch {
     held: Vec<Tensor>,
 }
 
-fn run_call(call: &PreparedCall, env: &[Option<RtValue>], outs: &mut Vec<ffi::Out>) -> Result<Vec<RtValue>, ExecError> {
+fn run_call(
+    call: &PreparedCall,
+    env: &[Option<RtValue>],
+    generator: Option<&RequestGenerator>,
+    outs: &mut Vec<ffi::Out>,
+) -> Result<Vec<RtValue>, ExecError> {
     let mut scratch = Scratch::default();
-    let mut varying = Vec::with_capacity(call.varying.len());
+    let mut varying = Vec::with_capacity(call.varying.len() + 1);
     let fail = |why: String| ExecError::Execution(format!("{}: {why}", call.name));
     for (index, ty, arg) in &call.varying {
         let value = value_of(arg, env).map_err(fail)?;
         varying.push(to_varying(*index, ty, value, &mut scratch).map_err(fail)?);
+    }
+    if let (Some(index), Some(generator)) = (call.generator, generator) {
+        let mut arg = to_varying(index, &Type::Other("Generator".into()), RtValue::None, &mut scratch).map_err(fail)?;
+        arg.kind = ffi::ARG_GENERATOR;
+        arg.generator = generator.0.as_ptr();
+        varying.push(arg);
     }
     outs.clear();
     outs.resize(call.cap, ffi::Out { tag: ffi::OUT_NONE, i: 0, d: 0.0, tensor: std::ptr::null_mut() });
@@ -570,6 +635,7 @@ fn to_varying(index: usize, ty: &Type, value: RtValue, scratch: &mut Scratch) ->
         doubles: std::ptr::null(),
         tensors: std::ptr::null(),
         len: 0,
+        generator: std::ptr::null(),
     };
     match (ty.required(), value) {
         (_, RtValue::None) => {}

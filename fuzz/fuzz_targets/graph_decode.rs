@@ -55,7 +55,7 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(checked) = check(decoded.program, allowlist()) {
         assert_eq!(checked.steps.len(), nodes);
         for step in &checked.steps {
-            if let Step::Op { schema, args } = step {
+            if let Step::Op { schema, args, .. } = step {
                 assert_eq!(args.len(), schema.arguments.len());
             }
         }

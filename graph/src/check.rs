@@ -123,8 +123,17 @@ pub enum Kind {
 /// (`None`: the schema's default), or a native operation.
 #[derive(Debug, Clone)]
 pub enum Step {
-    Op { schema: Arc<Schema>, args: Vec<Option<Arg>> },
-    Native { op: Native, args: Vec<Arg> },
+    /// `generator`: the slot of the operator's generator argument, which the node fills with
+    /// the request's own generator.
+    Op {
+        schema: Arc<Schema>,
+        args: Vec<Option<Arg>>,
+        generator: Option<usize>,
+    },
+    Native {
+        op: Native,
+        args: Vec<Arg>,
+    },
 }
 
 /// A program that passed the check, with each node's step.
@@ -220,8 +229,8 @@ fn check_node(node: &Node, allowlist: &Allowlist, state: &mut State) -> Result<S
     let qualified = schema::qualified(&node.op, &node.overload);
     let schema = allowlist.get(&qualified).ok_or_else(|| {
         "not on the allowlist of operators a node runs (graph/allowlist.txt): operators that touch files, \
-         processes, the network or global state, write their inputs, draw random numbers or return uninitialised \
-         memory are not"
+         processes, the network or global state, write their inputs, draw random numbers without a generator the \
+         node can give, or return uninitialised memory are not"
             .to_owned()
     })?;
     // Bind the arguments to the schema's, positional then keyword.
@@ -244,7 +253,18 @@ fn check_node(node: &Node, allowlist: &Allowlist, state: &mut State) -> Result<S
         }
         bound[at] = Some(arg.clone());
     }
-    for (arg, given) in schema.arguments.iter().zip(&bound) {
+    let mut generator = None;
+    for (i, (arg, given)) in schema.arguments.iter().zip(&bound).enumerate() {
+        if matches!(arg.ty.required(), Type::Other(name) if name == "Generator") {
+            if given.as_ref().is_some_and(|g| *g != Arg::None) {
+                return Err(format!(
+                    "argument {:?}: a graph passes no generator (the node gives each request its own)",
+                    arg.name
+                ));
+            }
+            generator = Some(i);
+            continue;
+        }
         match given {
             None if !arg.has_default => return Err(format!("argument {:?} is missing", arg.name)),
             None => {}
@@ -296,7 +316,7 @@ fn check_node(node: &Node, allowlist: &Allowlist, state: &mut State) -> Result<S
             .unwrap_or(Root::Own);
         state.define(out, kind, root)?;
     }
-    Ok(Step::Op { schema: Arc::clone(schema), args: bound })
+    Ok(Step::Op { schema: Arc::clone(schema), args: bound, generator })
 }
 
 /// The two operators on the allowlist that are random only through an argument: it must be a
@@ -472,7 +492,8 @@ mod tests {
             "aten::from_file",
             "aten::save",
             "aten::empty.memory_format",
-            "aten::bernoulli",
+            "aten::rand_like",
+            "aten::native_dropout",
             "aten::add.out",
             "aten::add_.Tensor",
             "aten::_local_scalar_dense",

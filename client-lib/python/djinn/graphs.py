@@ -60,6 +60,20 @@ _NATIVE = {
 # size ranges), and these would pin the device.
 _DROPPED = {"aten::_assert_tensor_metadata", "aten::_assert_scalar", "aten::sym_constrain_range_for_size",
             "aten::sym_constrain_range", "aten::_assert_async"}
+# Random operators without a generator argument become the overloads that take one: the node
+# passes each request's own generator there.
+_WITH_GENERATOR = {
+    ("aten::rand", ""): "generator",
+    ("aten::randn", ""): "generator",
+    ("aten::rand_like", ""): "generator",
+    ("aten::randn_like", ""): "generator",
+    ("aten::randint", ""): "generator",
+    ("aten::randint", "low"): "low_generator",
+    ("aten::randint_like", ""): "generator",
+    ("aten::randint_like", "Tensor"): "Tensor_generator",
+    ("aten::randint_like", "low_dtype"): "low_generator_dtype",
+    ("aten::randperm", ""): "generator",
+}
 # Uninitialised memory may hold another tenant's bytes: these become their zeroed forms.
 _ZEROED = {"aten::empty": "aten::zeros", "aten::new_empty": "aten::new_zeros", "aten::empty_like": "aten::zeros_like",
            "aten::empty_strided": "aten::zeros"}
@@ -309,6 +323,7 @@ def _write(ep, signature: inspect.Signature, bounds: dict) -> Graph:
                 nodes.append({"op": "native::size", "args": [arg(a) for a in node.args], "outputs": [new_id(node.name)]})
                 continue
             kwargs = {k: arg(v) for k, v in node.kwargs.items()}
+            overload = _WITH_GENERATOR.get((name, overload), overload)
             if name in _ZEROED:
                 name = _ZEROED[name]
                 overload = ""

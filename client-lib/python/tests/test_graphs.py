@@ -113,10 +113,26 @@ def test_a_tenant_without_the_right_cannot_register_torchscript_and_is_told_how_
         djinn.register(model, torch.randn(2, 4), blocks=[model])
 
 
-def test_what_export_cannot_write_is_refused_on_the_client_with_the_reason(tenant):
-    class Random(nn.Module):
+def test_random_operators_draw_from_each_requests_own_generator(tenant):
+    class Noisy(nn.Module):
         def forward(self, x):
-            return x + torch.rand_like(x)
+            return x + torch.rand_like(x), torch.randn(x.shape[0], 3) * 0
 
-    with pytest.raises(djinn.GraphRefusedError, match="rand"):
-        djinn.register(Random(), torch.randn(3))
+    rm = djinn.register(Noisy(), torch.zeros(1000), dynamic={"x": {0: "n"}})
+    first, zeros = rm(torch.zeros(1000))
+    second, _ = rm(torch.zeros(1000))
+    assert torch.equal(zeros, torch.zeros(1000, 3))
+    assert ((first >= 0) & (first < 1)).all() and first.std() > 0.2, "uniform draws"
+    assert not torch.equal(first, second), "each request draws afresh"
+
+
+def test_what_the_node_will_not_run_is_refused_with_the_operator_and_why(tenant):
+    class TrainingDropout(nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.dropout(x, 0.5, training=True)
+
+    with pytest.raises(djinn.GraphRefusedError, match="aten::native_dropout.*not on the allowlist"):
+        djinn.register(TrainingDropout(), torch.randn(3))
+    # Still serving.
+    linear = nn.Linear(3, 2).eval()
+    assert djinn.register(linear, torch.randn(1, 3))(torch.ones(1, 3)).shape == (1, 2)
