@@ -1,5 +1,5 @@
 """Graphs against TorchScript and against local eager, on one node, each measured in the same
-run as its baseline:
+run as its baseline, call for call in turn:
 
 1. the TinyMLP (256 -> 1024 -> 256, batch 4) as a graph against the same model as TorchScript;
 2. Hugging Face GPT-2 small (124M, the full config, random weights): its registration time
@@ -32,15 +32,19 @@ def percentiles(samples):
     return at(0.5), at(0.99), at(0.999)
 
 
-def timed(fn, iters, warmup=20):
+def interleaved(fa, fb, iters, warmup=20):
+    """`fa` and `fb` timed in turn, call for call: a burst of noise on this shared machine hits
+    both, not whichever happens to be timed then."""
     for _ in range(warmup):
-        fn()
-    out = []
+        fa()
+        fb()
+    a, b = [], []
     for _ in range(iters):
-        t = time.perf_counter_ns()
-        fn()
-        out.append((time.perf_counter_ns() - t) / 1e3)
-    return percentiles(out)
+        for fn, out in ((fa, a), (fb, b)):
+            t = time.perf_counter_ns()
+            fn()
+            out.append((time.perf_counter_ns() - t) / 1e3)
+    return percentiles(a), percentiles(b)
 
 
 def row(what, p):
@@ -81,8 +85,7 @@ def main():
         script = djinn.register(mlp, x, blocks=[mlp])
         with torch.no_grad():
             assert torch.equal(graph(x), mlp(x)) and torch.equal(script(x), mlp(x))
-        g = timed(lambda: graph(x), args.iters)
-        s = timed(lambda: script(x), args.iters)
+        g, s = interleaved(lambda: graph(x), lambda: script(x), args.iters)
         lines += [row("TinyMLP as a graph, through the node", g), row("TinyMLP as TorchScript, through the node", s)]
         notes.append(f"TinyMLP graph p50 / TorchScript p50 = **{g[0] / s[0]:.2f}**")
 
@@ -93,9 +96,9 @@ def main():
             cs = djinn.register(chain, one, blocks=[chain])
             assert torch.equal(cg(one), one + n) and torch.equal(cs(one), one + n)
             if n == 1:
-                g1, s1 = timed(lambda: cg(one), args.iters), timed(lambda: cs(one), args.iters)
+                g1, s1 = interleaved(lambda: cg(one), lambda: cs(one), args.iters)
             else:
-                gn, sn = timed(lambda: cg(one), args.iters), timed(lambda: cs(one), args.iters)
+                gn, sn = interleaved(lambda: cg(one), lambda: cs(one), args.iters)
         lines += [row("chain of 1 addition, graph", g1), row("chain of 256 additions, graph", gn),
                   row("chain of 1 addition, TorchScript", s1), row("chain of 256 additions, TorchScript", sn)]
         per_graph, per_script = (gn[0] - g1[0]) / 255, (sn[0] - s1[0]) / 255
@@ -118,8 +121,7 @@ def main():
             with torch.no_grad():
                 gpt(input_ids=ids)
 
-        remote_t = timed(lambda: rg(input_ids=ids), args.gpt_iters, warmup=3)
-        local_t = timed(local, args.gpt_iters, warmup=3)
+        remote_t, local_t = interleaved(lambda: rg(input_ids=ids), local, args.gpt_iters, warmup=3)
         lines += [row("GPT-2 small (124M) forward, 64 tokens, through the node", remote_t),
                   row("GPT-2 small forward, local eager (1 thread)", local_t)]
         notes.append(f"GPT-2 small: node p50 / local p50 = **{remote_t[0] / local_t[0]:.3f}** (target ≤ 1.05); "
