@@ -581,8 +581,11 @@ fn run_call(
         arg.generator = generator.0.as_ptr();
         varying.push(arg);
     }
-    outs.clear();
-    outs.resize(call.cap, ffi::Out { tag: ffi::OUT_NONE, i: 0, d: 0.0, tensor: std::ptr::null_mut() });
+    // Grown once per run to the largest call's room; the shim writes every entry it counts, and
+    // only those are read, so what earlier calls left past them needs no clearing.
+    if outs.len() < call.cap {
+        outs.resize(call.cap, ffi::Out { tag: ffi::OUT_NONE, i: 0, d: 0.0, tensor: std::ptr::null_mut() });
+    }
     let mut n = 0usize;
     let mut err: *mut c_char = std::ptr::null_mut();
     // SAFETY: the varying arguments point into `scratch` and `env`'s tensors, which live past the

@@ -229,6 +229,7 @@ def _write(ep, signature: inspect.Signature, bounds: dict) -> Graph:
     inputs, weights, blobs, offset = [], [], [], 0
     leaves = []
     params = {**ep.state_dict, **getattr(ep, "constants", {})}
+    placeholders = {n.name: n for n in graph.nodes if n.op == "placeholder"}
     for spec in sig.input_specs:
         kind = spec.kind.name
         name = spec.arg.name
@@ -237,8 +238,7 @@ def _write(ep, signature: inspect.Signature, bounds: dict) -> Graph:
                 constants_of[name] = spec.arg.value
                 leaves.append(spec.arg.value)
                 continue
-            node = next(n for n in graph.nodes if n.op == "placeholder" and n.name == name)
-            val = node.meta.get("val")
+            val = placeholders[name].meta.get("val")
             if not isinstance(val, torch.Tensor):
                 raise ExportError(f"input {name!r} is not a tensor")
             if val.dtype not in _DTYPES:

@@ -72,6 +72,13 @@ def test_hugging_face_models_register_as_graphs_and_take_other_sizes(tenant, mak
         assert type(got) is type(want)
         key = "logits" if "logits" in want else "last_hidden_state"
         same(got[key], want[key], f"{make.__name__} at {batch}×{seq}")
+    # Token ids as users hold them: a transposed batch, every other column of a wider one.
+    wide = torch.randint(1, 97, (24, 2))
+    for x in (wide.t(), torch.randint(1, 97, (2, 40))[:, ::2]):
+        with torch.no_grad():
+            want = model(input_ids=x.contiguous())
+        key = "logits" if "logits" in want else "last_hidden_state"
+        same(rm(input_ids=x)[key], want[key], f"{make.__name__} on a {'transposed' if x.stride(0) == 1 else 'strided'} input")
     # Sizes outside what export allowed are refused by the node, naming the input.
     with pytest.raises(djinn.ExecutionError, match="input_ids"):
         rm(input_ids=torch.randint(1, 97, (2, 65)))
