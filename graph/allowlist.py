@@ -28,7 +28,7 @@ max max_pool2d max_pool2d_with_indices mean min mm mul native_layer_norm ne neg 
 new_zeros ones ones_like permute pow reciprocal relu reshape rsqrt scaled_dot_product_attention
 select sigmoid silu sin slice softmax split split_with_sizes sqrt squeeze stack sub sum t tanh
 to transpose tril triu type_as unbind unflatten unsqueeze view where zeros zeros_like __and__
-__or__ __rshift__ __lshift__ __xor__ remainder fmod sign
+__or__ __rshift__ __lshift__ __xor__ remainder fmod sign index_copy
 """.split()
 
 # Random only through an argument the checker requires to be constant and off (dropout_p = 0,
@@ -41,7 +41,8 @@ RANDOM_UNLESS = {"scaled_dot_product_attention", "dropout"}
 RANDOM = {"rand", "randn", "rand_like", "randn_like", "randint", "randint_like", "randperm", "bernoulli",
           "multinomial", "normal", "uniform"}
 
-# Updates a session's state in place (part 2); the checker lets them write only state.
+# Updates a session's state in place (what graphs.py makes of export's functional updates of
+# the buffers a model writes); the checker lets them write only the state and the graph's own.
 IN_PLACE = {"copy_", "index_copy_", "fill_", "zero_", "masked_fill_"}
 
 FORBIDDEN_WORDS = (

@@ -37,10 +37,13 @@ fn program(nodes: Vec<GraphNode>, out: u32) -> Program {
             value: 0,
             dtype: "float32".into(),
             dims: vec![DimRange { min: 1, max: 8 }, DimRange { min: 4, max: 4 }],
+            state: false,
         }],
         weights: vec![Weight { name: "w".into(), value: 1, dtype: "float32".into(), shape: vec![4, 4], offset: 0 }],
         nodes,
         outputs: vec![Arg::Value(out)],
+        state: vec![],
+        entries: vec![],
     }
 }
 

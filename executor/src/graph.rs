@@ -210,19 +210,28 @@ fn normalise(schema: &str) -> String {
 /// A graph ready to run on one device.
 pub struct GraphModule {
     checked: Checked,
-    calls: Vec<Option<PreparedCall>>,
+    /// Per graph of the program, per node: its prepared call (`None` for a native step).
+    calls: Vec<Vec<Option<PreparedCall>>>,
     weights: Vec<(u32, Tensor)>,
+    /// The initial values of a session's state, in host memory (`None`: zeros).
+    state: Vec<Option<Tensor>>,
     device: Device,
 }
 
-// SAFETY: after `load`, nothing changes a GraphModule: runs read its prepared calls (see
-// `PreparedCall`) and take new references to its weights (`shallow_clone`, an atomic reference
-// count in libtorch); no run writes a weight (the checker refuses graphs that would).
+// SAFETY: runs read its prepared calls (see `PreparedCall`) and take new references to its
+// weights (`shallow_clone`, an atomic reference count in libtorch); no run writes a weight (the
+// checker refuses graphs that would). The one change after `load` is a streamed block's weights
+// re-pointed at its ring slot (stream.rs), which happens with the model's streamer locked, as
+// every run of a streamed model is.
 unsafe impl Sync for GraphModule {}
 
 impl std::fmt::Debug for GraphModule {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GraphModule").field("nodes", &self.calls.len()).field("weights", &self.weights.len()).finish()
+        f.debug_struct("GraphModule")
+            .field("graphs", &self.calls.len())
+            .field("weights", &self.weights.len())
+            .field("state", &self.state.len())
+            .finish()
     }
 }
 
@@ -265,40 +274,131 @@ impl GraphModule {
             let t = if device == Device::Cpu { t } else { t.f_to_device(device)? };
             weights.push((w.value, t));
         }
-        let calls = checked
-            .steps
-            .iter()
-            .zip(&checked.program.nodes)
-            .map(|(step, node)| match step {
-                Step::Native { .. } => Ok(None),
-                Step::Op { schema, args, generator } => {
-                    prepare(&node.op, &node.overload, schema, args, device).map(|mut call| {
-                        call.generator = *generator;
-                        Some(call)
-                    })
+        let mut state = Vec::with_capacity(checked.program.state.len());
+        for s in &checked.program.state {
+            let kind = kind_of(&s.dtype).ok_or_else(|| bad(format!("state {:?}: dtype {}", s.name, s.dtype)))?;
+            state.push(match s.offset {
+                None => None,
+                Some(offset) => {
+                    let len = djinn_graph::tensor_len(&s.dtype, &s.shape).ok_or_else(|| bad("a state's shape"))?;
+                    let start = decoded.weights_start + offset as usize;
+                    let data = bytes.get(start..start + len as usize).ok_or_else(|| bad("a state is truncated"))?;
+                    Some(Tensor::f_from_data_size(data, &s.shape, kind)?)
                 }
+            });
+        }
+        let calls = checked
+            .graphs
+            .iter()
+            .zip(checked.program.graphs())
+            .map(|(graph, g)| {
+                graph
+                    .steps
+                    .iter()
+                    .zip(g.nodes)
+                    .map(|(step, node)| match step {
+                        Step::Native { .. } => Ok(None),
+                        Step::Op { schema, args, generator } => prepare(&node.op, &node.overload, schema, args, device)
+                            .map(|mut call| {
+                                call.generator = *generator;
+                                Some(call)
+                            }),
+                    })
+                    .collect::<Result<Vec<_>, ExecError>>()
             })
             .collect::<Result<Vec<_>, ExecError>>()?;
-        Ok(Self { checked, calls, weights, device })
+        Ok(Self { checked, calls, weights, state, device })
     }
 
-    pub fn weight_bytes(&self) -> u64 {
-        self.weights.iter().map(|(_, t)| crate::models::tensor_bytes(t)).sum()
+    /// Tensors of a session's state (0 for a graph without).
+    pub fn state_len(&self) -> usize {
+        self.state.len()
     }
 
-    /// Runs the graph on `inputs` (on the model's device), returning its flattened outputs.
-    pub fn run(&self, inputs: Vec<Tensor>) -> Result<Vec<RtValue>, ExecError> {
-        let program = &self.checked.program;
-        if inputs.len() != program.inputs.len() {
+    /// Device bytes the session state takes.
+    pub fn state_bytes(&self) -> u64 {
+        self.checked.program.state.iter().filter_map(|s| djinn_graph::tensor_len(&s.dtype, &s.shape)).sum()
+    }
+
+    /// A new session's state on the model's device: a copy of the initial values.
+    pub fn initial_state(&self) -> Result<Vec<Tensor>, ExecError> {
+        let specs = &self.checked.program.state;
+        specs
+            .iter()
+            .zip(&self.state)
+            .map(|(spec, stored)| {
+                Ok(match stored {
+                    None => {
+                        let kind = kind_of(&spec.dtype).ok_or_else(|| bad("a state's dtype"))?;
+                        Tensor::f_zeros(spec.shape.as_slice(), (kind, self.device))?
+                    }
+                    Some(t) if self.device == Device::Cpu => t.f_detach_copy()?,
+                    Some(t) => t.f_to_device(self.device)?,
+                })
+            })
+            .collect()
+    }
+
+    /// Checks a state a client gave for a new session: the program's tensors, dtypes and shapes.
+    pub fn check_state(&self, state: &[Tensor]) -> Result<(), ExecError> {
+        let specs = &self.checked.program.state;
+        if state.len() != specs.len() {
             return Err(ExecError::BadInput(format!(
-                "{} inputs; the graph takes {}",
-                inputs.len(),
-                program.inputs.len()
+                "{} state tensors; the model's state has {}",
+                state.len(),
+                specs.len()
             )));
         }
-        let mut env: Vec<Option<RtValue>> = (0..self.checked.values).map(|_| None).collect();
+        for (t, spec) in state.iter().zip(specs) {
+            let dims: Vec<DimRange> = spec.shape.iter().map(|&n| DimRange { min: n, max: n }).collect();
+            check_input(&spec.name, &spec.dtype, &dims, t)?;
+        }
+        Ok(())
+    }
+
+    /// The first graph whose inputs `inputs` fit.
+    fn select(&self, inputs: &[Tensor]) -> Result<usize, ExecError> {
+        let mut why = Vec::new();
+        for (i, g) in self.checked.program.graphs().enumerate() {
+            let fits = if inputs.len() != g.inputs.len() {
+                Err(ExecError::BadInput(format!("{} inputs; the graph takes {}", inputs.len(), g.inputs.len())))
+            } else {
+                g.inputs
+                    .iter()
+                    .zip(inputs)
+                    .try_for_each(|(spec, t)| check_input(&spec.name, &spec.dtype, &spec.dims, t))
+            };
+            match fits {
+                Ok(()) => return Ok(i),
+                Err(e) => why.push(e),
+            }
+        }
+        Err(match why.len() {
+            1 => why.remove(0),
+            n => ExecError::BadInput(format!(
+                "the inputs fit none of the model's {n} graphs: {}",
+                why.iter().enumerate().map(|(i, e)| format!("graph {i}: {e}")).collect::<Vec<_>>().join("; ")
+            )),
+        })
+    }
+
+    /// Handles on its weights (the tensors its runs read), named as in the program.
+    pub fn weights(&self) -> Vec<(String, Tensor)> {
+        let names = &self.checked.program.weights;
+        names.iter().zip(&self.weights).map(|(w, (_, t))| (w.name.clone(), t.shallow_clone())).collect()
+    }
+
+    /// Runs the first graph of the program whose inputs `inputs` fit (on the model's device),
+    /// returning its flattened outputs.
+    pub fn run(&self, inputs: Vec<Tensor>) -> Result<Vec<RtValue>, ExecError> {
+        let index = self.select(&inputs)?;
+        let (Some(program), Some(checked), Some(calls)) =
+            (self.checked.program.graph(index), self.checked.graphs.get(index), self.calls.get(index))
+        else {
+            return Err(ExecError::Internal(format!("graph {index} is not prepared")));
+        };
+        let mut env: Vec<Option<RtValue>> = (0..checked.values).map(|_| None).collect();
         for (spec, t) in program.inputs.iter().zip(inputs) {
-            check_input(&spec.name, &spec.dtype, &spec.dims, &t)?;
             let t = if t.device() == self.device { t } else { t.f_to_device(self.device)? };
             env[spec.value as usize] = Some(RtValue::Tensor(t));
         }
@@ -308,7 +408,7 @@ impl GraphModule {
         let mut outs: Vec<ffi::Out> = Vec::new();
         // Made at the first random operator of the run.
         let mut generator: Option<RequestGenerator> = None;
-        for ((step, call), node) in self.checked.steps.iter().zip(&self.calls).zip(&program.nodes) {
+        for ((step, call), node) in checked.steps.iter().zip(calls).zip(program.nodes) {
             match (step, call) {
                 (Step::Native { op, args }, _) => {
                     let v = native(*op, args, &env).map_err(|e| ExecError::Execution(format!("{}: {e}", node.op)))?;

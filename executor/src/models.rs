@@ -132,6 +132,14 @@ impl Model {
         Err(ExecError::Internal("a model without blocks".into()))
     }
 
+    /// The graph whose state a session of the model keeps (a KV cache), if it has one.
+    pub fn stateful(&self) -> Option<&GraphModule> {
+        match self.blocks.as_slice() {
+            [Block::Graph(g)] if g.state_len() > 0 => Some(g.as_ref()),
+            _ => None,
+        }
+    }
+
     /// Whether any block is TorchScript (code: only principals with the right may run it).
     pub fn has_torchscript(&self) -> bool {
         self.blocks.iter().any(|b| matches!(b, Block::Script(_)))
@@ -146,7 +154,7 @@ impl Model {
 /// One block of a model: a checked graph, which is data run through libtorch's dispatcher, or
 /// a TorchScript module, which is code (only principals with the right may register one).
 pub(crate) enum Block {
-    Graph(GraphModule),
+    Graph(Box<GraphModule>),
     Script(CModule),
 }
 
@@ -185,7 +193,11 @@ impl Block {
                 let bytes = params.iter().map(|(_, t)| tensor_bytes(t)).sum();
                 Ok((params, bytes))
             }
-            Block::Graph(graph) => Ok((Vec::new(), graph.weight_bytes())),
+            Block::Graph(graph) => {
+                let weights = graph.weights();
+                let bytes = weights.iter().map(|(_, t)| tensor_bytes(t)).sum();
+                Ok((weights, bytes))
+            }
         }
     }
 }
@@ -251,14 +263,13 @@ impl Upload {
         let mut blocks = Vec::with_capacity(count);
         let mut slot_lens = Vec::with_capacity(count);
         let mut weight_bytes = 0;
+        let mut stateful = false;
         for (i, reader) in self.archives.blocks().into_iter().enumerate() {
             let block = load_block(reader, i, if size_only { Device::Cpu } else { device }, self.torchscript)?;
             let (params, bytes) = block.weights()?;
             weight_bytes += bytes;
-            slot_lens.push(match &block {
-                Block::Script(_) => StreamedBlock::slot_len(&params),
-                Block::Graph(_) => bytes,
-            });
+            stateful |= matches!(&block, Block::Graph(g) if g.state_len() > 0);
+            slot_lens.push(StreamedBlock::slot_len(&params));
             if !size_only {
                 blocks.push(block);
             }
@@ -270,6 +281,11 @@ impl Upload {
             );
         }
         let fingerprint = self.archives.fingerprint();
+        if count > 1 && stateful {
+            return Err(ExecError::Unsupported(
+                "a graph with session state in a model of several blocks: state is kept by models of one block".into(),
+            ));
+        }
         let blocks = if size_only { LoadedBlocks::Sized(self) } else { LoadedBlocks::OnDevice(blocks) };
         Ok(LoadedModel { fingerprint, blocks, slot_lens, weight_bytes, device })
     }
@@ -290,7 +306,7 @@ fn load_block(mut reader: BlockReader<'_>, i: usize, device: Device, torchscript
     if djinn_graph::is_graph(head) {
         let mut bytes = head.to_vec();
         reader.read_to_end(&mut bytes)?;
-        return GraphModule::load(&bytes, device).map(Block::Graph).map_err(|e| match e {
+        return GraphModule::load(&bytes, device).map(|g| Block::Graph(Box::new(g))).map_err(|e| match e {
             ExecError::BadArchive(why) => ExecError::BadArchive(format!("block {i}: {why}")),
             ExecError::Refused(why) => ExecError::Refused(format!("block {i}: {why}")),
             other => other,
@@ -375,14 +391,9 @@ impl LoadedModel {
                 }
                 None => on_device.next().ok_or_else(|| ExecError::Internal("fewer modules than blocks".into()))?,
             };
-            streamed.push(match (&block, is_streamed) {
-                (_, false) => None,
-                (Block::Script(module), true) => Some(StreamedBlock::take(module, cuda.as_ref())?),
-                (Block::Graph(_), true) => {
-                    return Err(ExecError::Unsupported(format!(
-                        "block {i} is a graph and does not fit the device budget: streaming graphs is not built yet"
-                    )));
-                }
+            streamed.push(match is_streamed {
+                false => None,
+                true => Some(StreamedBlock::take(block.weights()?.0, cuda.as_ref())?),
             });
             blocks.push(block);
         }

@@ -25,7 +25,7 @@ use tch::{Device, Tensor};
 
 use crate::error::ExecError;
 use crate::handles::fresh_epoch;
-use crate::models::Model;
+use crate::models::{Model, tensor_bytes};
 
 /// Which resident session makes room for another.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -174,6 +174,8 @@ struct Counters {
     swaps_in: u64,
     restores_ahead: u64,
     swaps_refused: u64,
+    state_bytes_in_place: u64,
+    state_bytes_replaced: u64,
 }
 
 pub struct SessionTable {
@@ -234,6 +236,15 @@ impl SessionTable {
     /// The thread to wake when a restore is scheduled.
     pub fn set_clock(&mut self, thread: std::thread::Thread) {
         self.clock = Some(thread);
+    }
+
+    /// Refuses, before it is made, a state larger than the budgets could ever hold.
+    pub fn could_hold(&self, bytes: u64) -> Result<(), SessionError> {
+        let limit = self.budget.limit().min(self.device_budget.limit());
+        if bytes > limit {
+            return Err(SessionError::Full(format!("a state of {bytes} bytes; session state may take {limit}")));
+        }
+        Ok(())
     }
 
     /// Opens a session whose initial state (already on the device) is `state`.
@@ -364,8 +375,17 @@ impl SessionTable {
             s.charge = bytes;
         }
         let s = self.session_mut(id)?;
+        // State the step wrote where it was (a graph's KV cache) against state it replaced.
+        let in_place: u64 = state
+            .iter()
+            .zip(&s.state)
+            .filter(|(new, old)| new.numel() > 0 && new.data_ptr() == old.data_ptr())
+            .map(|(new, _)| tensor_bytes(new))
+            .sum();
         s.state = state;
         self.counters.steps += 1;
+        self.counters.state_bytes_in_place += in_place;
+        self.counters.state_bytes_replaced += bytes - in_place;
         Ok(())
     }
 
@@ -474,6 +494,8 @@ impl SessionTable {
                 ("session_swaps_in", c.swaps_in),
                 ("session_restores_ahead", c.restores_ahead),
                 ("session_swaps_refused", c.swaps_refused),
+                ("session_state_bytes_in_place", c.state_bytes_in_place),
+                ("session_state_bytes_replaced", c.state_bytes_replaced),
             ]
             .map(|(k, v)| (k.to_owned(), v)),
         );

@@ -22,7 +22,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use djinn_gpudirect::{CopyStream, CudaContext, Event, HostBuf, PinnedBuf, SLOT_ALIGN, SkipEndRing, Slot};
-use tch::jit::{CModule, IValue};
+use tch::jit::IValue;
 use tch::{Device, Kind, Tensor};
 
 use crate::error::ExecError;
@@ -141,11 +141,10 @@ impl StreamedBlock {
         (offsets, end)
     }
 
-    /// Moves `block`'s parameters out of the module into host memory (pinned in `cuda`'s
-    /// context, if given): the module keeps empty tensors (it cannot run unbound) until
-    /// [`Streamer`] binds them to a slot.
-    pub fn take(block: &CModule, cuda: Option<&Arc<CudaContext>>) -> Result<Self, ExecError> {
-        let named = block.named_parameters()?;
+    /// Moves a block's weights (`named`: handles on the tensors the block runs with) into host
+    /// memory (pinned in `cuda`'s context, if given): the block keeps empty tensors (it cannot
+    /// run unbound) until [`Streamer`] binds them to a slot.
+    pub fn take(named: Vec<(String, Tensor)>, cuda: Option<&Arc<CudaContext>>) -> Result<Self, ExecError> {
         let (offsets, len) = Self::layout(&named);
         let mut host = HostWeights::zeroed(len as usize, cuda)?;
         let mut params = Vec::with_capacity(named.len());

@@ -555,10 +555,19 @@ fn open_session(
     };
     let payload = frame.payload.map(Arc::new);
     // On the CPU the tensors are views of the request's payload, which goes back to the pool.
-    let state = input_tensors(&state, payload.as_ref(), model.device)?
+    let mut state = input_tensors(&state, payload.as_ref(), model.device)?
         .into_iter()
         .map(|t| if aliases(&t, payload.as_ref()) { t.f_detach_copy().map_err(Into::into) } else { Ok(t) })
         .collect::<Result<Vec<_>, ExecError>>()?;
+    // A graph with state starts from its initial values, or from a state the client gave.
+    if let Some(graph) = model.stateful() {
+        if state.is_empty() {
+            lock(sessions).could_hold(graph.state_bytes())?;
+            state = graph.initial_state()?;
+        } else {
+            graph.check_state(&state)?;
+        }
+    }
     let session = lock(sessions).open(tenant, model, state, reserve)?;
     Ok(Reply::message(Message::SessionOpened { session }))
 }
@@ -567,6 +576,11 @@ fn execute(tenant: TenantId, model: Arc<Model>, frame: Frame, shared: &Shared) -
     let Message::Execute { tensors, inputs, keep, until, .. } = frame.message else {
         return Err(ExecError::Internal("not an execute request".into()));
     };
+    if model.stateful().is_some() {
+        return Err(ExecError::BadInput(
+            "the model keeps state between calls (a KV cache): run it in a session (rm.session())".into(),
+        ));
+    }
     let payload = frame.payload.map(Arc::new);
     let tensors = input_tensors(&tensors, payload.as_ref(), model.device)?;
     let kept = kept_inputs(tenant, &inputs, &shared.handles)?;

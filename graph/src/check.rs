@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
-use crate::format::{Arg, MAX_LIST, MAX_RANK, MAX_VALUES, Node, Program, dtype};
+use crate::format::{Arg, Graph, MAX_LIST, MAX_RANK, MAX_VALUES, Node, Program, dtype};
 use crate::schema::{self, Schema, Type};
 
 /// The operators a node runs: graph/allowlist.txt (written by graph/allowlist.py).
@@ -140,6 +140,13 @@ pub enum Step {
 #[derive(Debug, Clone)]
 pub struct Checked {
     pub program: Program,
+    /// One per graph of the program: its own, then its entries'.
+    pub graphs: Vec<CheckedGraph>,
+}
+
+/// One graph of a checked program: a step per node.
+#[derive(Debug, Clone)]
+pub struct CheckedGraph {
     pub steps: Vec<Step>,
     /// One past the largest value id.
     pub values: usize,
@@ -153,11 +160,13 @@ pub enum CheckError {
     Graph(String),
 }
 
-/// Where a tensor's memory comes from: writing it is allowed only for the graph's own.
+/// Where a tensor's memory comes from: writing it is allowed only for the graph's own and a
+/// session's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Root {
     Input,
     Weight,
+    State,
     Own,
 }
 
@@ -189,37 +198,96 @@ impl State {
     }
 }
 
-/// Checks `program` against `allowlist`.
+/// Checks `program` against `allowlist`: each of its graphs.
 pub fn check(program: Program, allowlist: &Allowlist) -> Result<Checked, CheckError> {
+    for s in &program.state {
+        if crate::format::tensor_len(&s.dtype, &s.shape).is_none() {
+            return Err(CheckError::Graph(format!("state {:?} is a {} {:?} tensor", s.name, s.dtype, s.shape)));
+        }
+    }
+    let mut graphs = Vec::with_capacity(1 + program.entries.len());
+    for (i, g) in program.graphs().enumerate() {
+        let checked = check_graph(&program, g, allowlist).map_err(|e| match i {
+            0 => e,
+            _ => CheckError::Graph(format!("entry {i}: {e}")),
+        })?;
+        graphs.push(checked);
+    }
+    Ok(Checked { program, graphs })
+}
+
+fn check_graph(program: &Program, g: Graph<'_>, allowlist: &Allowlist) -> Result<CheckedGraph, CheckError> {
     let graph = CheckError::Graph;
     let mut state = State { kinds: Vec::new(), roots: Vec::new() };
-    for input in &program.inputs {
+    // The session's state comes last, one input per tensor of it, as the program declares it.
+    let first_state = g.inputs.len().checked_sub(program.state.len()).ok_or_else(|| {
+        graph(format!("{} inputs; the program's state alone has {} tensors", g.inputs.len(), program.state.len()))
+    })?;
+    for (i, input) in g.inputs.iter().enumerate() {
         if dtype(&input.dtype).is_none() {
             return Err(graph(format!("input {:?} has the unknown dtype {:?}", input.name, input.dtype)));
         }
         if input.dims.len() > MAX_RANK || input.dims.iter().any(|d| d.min < 0 || d.min > d.max) {
             return Err(graph(format!("input {:?} has bad dimension ranges {:?}", input.name, input.dims)));
         }
-        state.define(input.value, Kind::Tensor, Root::Input).map_err(graph)?;
+        if input.state != (i >= first_state) {
+            return Err(graph(format!(
+                "input {:?}: the program's {} state tensors are the last inputs, and only they",
+                input.name,
+                program.state.len()
+            )));
+        }
+        let root = if input.state {
+            let spec = &program.state[i - first_state];
+            let same = spec.dtype == input.dtype
+                && spec.shape.len() == input.dims.len()
+                && spec.shape.iter().zip(&input.dims).all(|(&n, d)| d.min == n && d.max == n);
+            if !same {
+                return Err(graph(format!("input {:?} is not shaped as state {:?}", input.name, spec.name)));
+            }
+            Root::State
+        } else {
+            Root::Input
+        };
+        state.define(input.value, Kind::Tensor, root).map_err(graph)?;
     }
     for weight in &program.weights {
         state.define(weight.value, Kind::Tensor, Root::Weight).map_err(graph)?;
     }
-    let mut steps = Vec::with_capacity(program.nodes.len());
-    for (i, node) in program.nodes.iter().enumerate() {
+    let mut steps = Vec::with_capacity(g.nodes.len());
+    for (i, node) in g.nodes.iter().enumerate() {
         let fail = |why: String| CheckError::Node { node: i, op: schema::qualified(&node.op, &node.overload), why };
         let step = check_node(node, allowlist, &mut state).map_err(fail)?;
         steps.push(step);
     }
-    for out in &program.outputs {
+    for out in g.outputs {
         match out {
             Arg::Value(_) | Arg::Int(_) | Arg::Float(_) | Arg::Bool(_) | Arg::None => {}
             other => return Err(graph(format!("an output is {other:?}: graphs return tensors and numbers"))),
         }
         arg_kind(out, &state).map_err(|e| graph(format!("an output: {e}")))?;
     }
-    let values = state.kinds.len();
-    Ok(Checked { program, steps, values })
+    // The new state, last: tensors of the graph's own or of the state (never a weight or an
+    // input, which a later step's writes to the state would then write).
+    let new_state = g.outputs.len().checked_sub(program.state.len()).map(|at| &g.outputs[at..]);
+    let new_state =
+        new_state.ok_or_else(|| graph(format!("fewer outputs than the {} state tensors", program.state.len())))?;
+    for (out, spec) in new_state.iter().zip(&program.state) {
+        let fits = match out {
+            Arg::Value(id) => {
+                state.kind(*id).ok() == Some(Kind::Tensor)
+                    && matches!(state.roots.get(*id as usize), Some(Root::Own | Root::State))
+            }
+            _ => false,
+        };
+        if !fits {
+            return Err(graph(format!(
+                "the new value of state {:?} is {out:?}: a tensor the graph computed, or the state",
+                spec.name
+            )));
+        }
+    }
+    Ok(CheckedGraph { steps, values: state.kinds.len() })
 }
 
 fn check_node(node: &Node, allowlist: &Allowlist, state: &mut State) -> Result<Step, String> {
@@ -280,7 +348,7 @@ fn check_node(node: &Node, allowlist: &Allowlist, state: &mut State) -> Result<S
             && let Some(Arg::Value(id)) = given
         {
             match state.roots.get(*id as usize) {
-                Some(Root::Own) => {}
+                Some(Root::Own | Root::State) => {}
                 Some(Root::Input) => {
                     return Err(format!("writes argument {:?}, which is (a view of) an input", arg.name));
                 }
@@ -468,10 +536,13 @@ mod tests {
                 value: 0,
                 dtype: "float32".into(),
                 dims: vec![DimRange { min: 1, max: 8 }, DimRange { min: 4, max: 4 }],
+                state: false,
             }],
             weights: vec![Weight { name: "w".into(), value: 1, dtype: "float32".into(), shape: vec![4, 4], offset: 0 }],
             nodes,
             outputs: vec![Arg::Value(out)],
+            state: vec![],
+            entries: vec![],
         }
     }
 
@@ -516,9 +587,10 @@ mod tests {
             7,
         );
         let checked = check(p, allowlist()).unwrap();
-        assert_eq!(checked.steps.len(), 6);
-        assert_eq!(checked.values, 8);
-        let Step::Op { args, .. } = &checked.steps[0] else { panic!() };
+        assert_eq!(checked.graphs.len(), 1);
+        assert_eq!(checked.graphs[0].steps.len(), 6);
+        assert_eq!(checked.graphs[0].values, 8);
+        let Step::Op { args, .. } = &checked.graphs[0].steps[0] else { panic!() };
         assert_eq!(args.len(), 3);
     }
 
@@ -599,5 +671,84 @@ mod tests {
             node("aten::sum", "dim_IntList", vec![Arg::Value(0), Arg::List(vec![Arg::Int(0)])], vec![2]);
         with_kwarg.kwargs.insert("nope".into(), Arg::Int(1));
         assert!(refusal(program(vec![with_kwarg], 2)).contains("no argument named"));
+    }
+
+    /// `program` with a state of one f32 [1, 4] tensor: a last input (value 9) and a last
+    /// output.
+    fn with_state(mut p: Program, new_state: Arg) -> Program {
+        p.state = vec![crate::format::State {
+            name: "cache".into(),
+            dtype: "float32".into(),
+            shape: vec![1, 4],
+            offset: None,
+        }];
+        p.inputs.push(Input {
+            name: "cache".into(),
+            value: 9,
+            dtype: "float32".into(),
+            dims: vec![DimRange { min: 1, max: 1 }, DimRange { min: 4, max: 4 }],
+            state: true,
+        });
+        p.outputs.push(new_state);
+        p
+    }
+
+    #[test]
+    fn a_session_state_may_be_written_in_place_and_only_it() {
+        let index_copy = |target: u32, out: u32| {
+            node(
+                "aten::index_copy_",
+                "",
+                vec![Arg::Value(target), Arg::Int(0), Arg::Value(3), Arg::Value(0)],
+                vec![out],
+            )
+        };
+        let zeros = node("aten::zeros", "", vec![Arg::List(vec![Arg::Int(1)])], vec![2]);
+        let index = node("aten::_to_copy", "", vec![Arg::Value(2)], vec![3]);
+        // The state written in place, and given back as the new state.
+        let ok = with_state(program(vec![zeros.clone(), index.clone(), index_copy(9, 4)], 4), Arg::Value(4));
+        check(ok, allowlist()).unwrap();
+        // The same write to the caller's input or a weight is refused.
+        let on_input = with_state(program(vec![zeros.clone(), index.clone(), index_copy(0, 4)], 4), Arg::Value(9));
+        assert!(refusal(on_input).contains("an input"));
+        let on_weight = with_state(program(vec![zeros.clone(), index.clone(), index_copy(1, 4)], 4), Arg::Value(9));
+        assert!(refusal(on_weight).contains("a weight"));
+        // A weight, or a view of the caller's input, never becomes the state (a later step would
+        // write it).
+        let e = refusal(with_state(program(vec![], 0), Arg::Value(1)));
+        assert!(e.contains("new value of state"), "{e}");
+        let view = node("aten::t", "", vec![Arg::Value(0)], vec![5]);
+        let e = refusal(with_state(program(vec![view], 5), Arg::Value(5)));
+        assert!(e.contains("new value of state"), "{e}");
+        // State inputs are the last ones, shaped as the program declares.
+        let mut misplaced = with_state(program(vec![], 0), Arg::Value(9));
+        misplaced.inputs.swap(0, 1);
+        assert!(refusal(misplaced).contains("last inputs"));
+        let mut reshaped = with_state(program(vec![], 0), Arg::Value(9));
+        reshaped.inputs[1].dims[1].max = 8;
+        assert!(refusal(reshaped).contains("not shaped as state"));
+        let mut missing = with_state(program(vec![], 0), Arg::Value(9));
+        missing.outputs.clear();
+        assert!(refusal(missing).contains("fewer outputs"));
+    }
+
+    #[test]
+    fn every_entry_is_checked_over_the_same_weights() {
+        let mut p = program(vec![node("aten::relu", "", vec![Arg::Value(0)], vec![2])], 2);
+        let entry = |nodes: Vec<Node>, out: u32| crate::format::Entry {
+            inputs: p.inputs.clone(),
+            nodes,
+            outputs: vec![Arg::Value(out)],
+        };
+        // A second graph reading the weight (value 1) with ids of its own.
+        let reads_weight = entry(vec![node("aten::linear", "", vec![Arg::Value(0), Arg::Value(1)], vec![7])], 7);
+        let bad = entry(vec![node("aten::from_file", "", vec![Arg::Str("/etc/passwd".into())], vec![7])], 7);
+        p.entries = vec![reads_weight];
+        let checked = check(p.clone(), allowlist()).unwrap();
+        assert_eq!(checked.graphs.len(), 2);
+        assert_eq!(checked.graphs[1].values, 8);
+        p.entries.push(bad);
+        let e = refusal(p);
+        assert!(e.starts_with("entry 2: node 0 (aten::from_file)"), "{e}");
     }
 }

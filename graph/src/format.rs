@@ -19,6 +19,7 @@ pub const MAX_PROGRAM_BYTES: u64 = 64 << 20;
 pub const MAX_VALUES: usize = 1 << 20;
 pub const MAX_LIST: usize = 1 << 16;
 pub const MAX_RANK: usize = 16;
+pub const MAX_ENTRIES: usize = 16;
 
 /// Whether `bytes` start like a graph container (rather than, say, a TorchScript zip).
 pub fn is_graph(bytes: &[u8]) -> bool {
@@ -37,6 +38,63 @@ pub struct Program {
     pub nodes: Vec<Node>,
     /// What a call returns, flattened (the client rebuilds the structure).
     pub outputs: Vec<Arg>,
+    /// What a session of the model keeps between steps (a KV cache), with its initial values.
+    /// Every graph of the program takes the state as its last inputs (flagged `state`), may
+    /// write them in place, and gives the new state as its last outputs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub state: Vec<State>,
+    /// More graphs over the same weights (a decode step beside a prefill): a call runs the
+    /// first graph, the program's own then these, whose inputs it fits.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub entries: Vec<Entry>,
+}
+
+impl Program {
+    /// The program's graphs: its own, then its entries'.
+    pub fn graphs(&self) -> impl Iterator<Item = Graph<'_>> {
+        std::iter::once(Graph { inputs: &self.inputs, nodes: &self.nodes, outputs: &self.outputs })
+            .chain(self.entries.iter().map(|e| Graph { inputs: &e.inputs, nodes: &e.nodes, outputs: &e.outputs }))
+    }
+
+    /// The program's graph `i` (0: its own).
+    pub fn graph(&self, i: usize) -> Option<Graph<'_>> {
+        self.graphs().nth(i)
+    }
+
+    /// Where the tensors with bytes in the container start: the weights', then those of the
+    /// state's initial values that are not zeros.
+    pub fn stored_offsets(&self) -> impl Iterator<Item = u64> + '_ {
+        self.weights.iter().map(|w| w.offset).chain(self.state.iter().filter_map(|s| s.offset))
+    }
+}
+
+/// One graph of a program: its inputs, nodes and outputs, over the program's weights.
+#[derive(Debug, Clone, Copy)]
+pub struct Graph<'a> {
+    pub inputs: &'a [Input],
+    pub nodes: &'a [Node],
+    pub outputs: &'a [Arg],
+}
+
+/// A graph beside the program's own, over the same weights and state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Entry {
+    pub inputs: Vec<Input>,
+    pub nodes: Vec<Node>,
+    pub outputs: Vec<Arg>,
+}
+
+/// One tensor of a session's state: its initial value is zeros, or the bytes at `offset` in
+/// the container's weights.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct State {
+    pub name: String,
+    pub dtype: String,
+    pub shape: Vec<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offset: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -48,6 +106,9 @@ pub struct Input {
     pub dtype: String,
     /// One per dimension: the sizes a call may give it (export's range constraints).
     pub dims: Vec<DimRange>,
+    /// A tensor of the session's state (the graph may write it in place), not the caller's.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub state: bool,
 }
 
 /// Sizes `min..=max` (equal for a static dimension).
@@ -155,9 +216,22 @@ pub enum DecodeError {
     Format(u32),
     #[error("weight {name:?}: {why}")]
     Weight { name: String, why: String },
+    #[error("{0} entries, over the limit of {MAX_ENTRIES}")]
+    Entries(usize),
 }
 
-/// Encodes a container: `program` with `weights` (each at the offset the program gives it).
+/// Bytes of a tensor of `dtype` and `shape`; `None` for an unknown dtype, a negative size, a
+/// rank over [`MAX_RANK`] or a size past `u64`.
+pub fn tensor_len(dtype_name: &str, shape: &[i64]) -> Option<u64> {
+    let (size, _) = dtype(dtype_name)?;
+    if shape.len() > MAX_RANK {
+        return None;
+    }
+    shape.iter().try_fold(size, |acc, &d| u64::try_from(d).ok().and_then(|d| acc.checked_mul(d)))
+}
+
+/// Encodes a container: `program` with `weights`, the bytes of each tensor of
+/// [`Program::stored_offsets`] (each at the offset the program gives it).
 pub fn encode(program: &Program, weights: &[&[u8]]) -> Result<Vec<u8>, serde_json::Error> {
     let json = serde_json::to_vec(program)?;
     let mut out = Vec::with_capacity(16 + json.len() + 64);
@@ -167,10 +241,10 @@ pub fn encode(program: &Program, weights: &[&[u8]]) -> Result<Vec<u8>, serde_jso
     out.resize(out.len().next_multiple_of(WEIGHT_ALIGN as usize), 0);
     let start = out.len();
     // Weights in any order of their offsets (a zero-length one may share another's).
-    let end = program.weights.iter().zip(weights).map(|(w, b)| w.offset as usize + b.len()).max().unwrap_or(0);
+    let end = program.stored_offsets().zip(weights).map(|(o, b)| o as usize + b.len()).max().unwrap_or(0);
     out.resize(start + end, 0);
-    for (weight, bytes) in program.weights.iter().zip(weights) {
-        let at = start + weight.offset as usize;
+    for (offset, bytes) in program.stored_offsets().zip(weights) {
+        let at = start + offset as usize;
         out[at..at + bytes.len()].copy_from_slice(bytes);
     }
     Ok(out)
@@ -195,26 +269,32 @@ pub fn decode(bytes: &[u8]) -> Result<Decoded, DecodeError> {
     if program.format != FORMAT {
         return Err(DecodeError::Format(program.format));
     }
+    if program.entries.len() > MAX_ENTRIES {
+        return Err(DecodeError::Entries(program.entries.len()));
+    }
     let weights_start = end.next_multiple_of(WEIGHT_ALIGN as usize);
     let available = bytes.len().saturating_sub(weights_start) as u64;
     let mut spans: Vec<(u64, u64, &str)> = Vec::with_capacity(program.weights.len());
-    for w in &program.weights {
-        let fail = |why: String| DecodeError::Weight { name: w.name.clone(), why };
-        let (size, _) = dtype(&w.dtype).ok_or_else(|| fail(format!("unknown dtype {:?}", w.dtype)))?;
-        if w.shape.len() > MAX_RANK {
-            return Err(fail(format!("rank {} over {MAX_RANK}", w.shape.len())));
+    let stored = program.weights.iter().map(|w| (&w.name, &w.dtype, &w.shape, Some(w.offset)));
+    let state = program.state.iter().map(|s| (&s.name, &s.dtype, &s.shape, s.offset));
+    for (name, dtype_name, shape, offset) in stored.chain(state) {
+        let fail = |why: String| DecodeError::Weight { name: name.clone(), why };
+        if dtype(dtype_name).is_none() {
+            return Err(fail(format!("unknown dtype {dtype_name:?}")));
         }
-        let len = w
-            .shape
-            .iter()
-            .try_fold(size, |acc, &d| u64::try_from(d).ok().and_then(|d| acc.checked_mul(d)))
-            .ok_or_else(|| fail(format!("shape {:?} is negative or too large", w.shape)))?;
-        if !w.offset.is_multiple_of(WEIGHT_ALIGN) {
-            return Err(fail(format!("offset {} is not a multiple of {WEIGHT_ALIGN}", w.offset)));
+        if shape.len() > MAX_RANK {
+            return Err(fail(format!("rank {} over {MAX_RANK}", shape.len())));
         }
-        let stop = w.offset.checked_add(len).filter(|&s| s <= available);
-        let stop = stop.ok_or_else(|| fail(format!("{len} bytes at {} pass the container's end", w.offset)))?;
-        spans.push((w.offset, stop, &w.name));
+        let len =
+            tensor_len(dtype_name, shape).ok_or_else(|| fail(format!("shape {shape:?} is negative or too large")))?;
+        // A state of zeros has no bytes in the container.
+        let Some(offset) = offset else { continue };
+        if !offset.is_multiple_of(WEIGHT_ALIGN) {
+            return Err(fail(format!("offset {offset} is not a multiple of {WEIGHT_ALIGN}")));
+        }
+        let stop = offset.checked_add(len).filter(|&s| s <= available);
+        let stop = stop.ok_or_else(|| fail(format!("{len} bytes at {offset} pass the container's end")))?;
+        spans.push((offset, stop, name));
     }
     spans.sort_unstable();
     for pair in spans.windows(2) {
@@ -231,7 +311,15 @@ mod tests {
     use proptest::prelude::*;
 
     fn program(weights: Vec<Weight>) -> Program {
-        Program { format: FORMAT, inputs: vec![], weights, nodes: vec![], outputs: vec![] }
+        Program {
+            format: FORMAT,
+            inputs: vec![],
+            weights,
+            nodes: vec![],
+            outputs: vec![],
+            state: vec![],
+            entries: vec![],
+        }
     }
 
     #[test]

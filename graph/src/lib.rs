@@ -8,5 +8,8 @@ pub mod check;
 pub mod format;
 pub mod schema;
 
-pub use check::{Allowlist, CheckError, Checked, Kind, Native, Step, allowlist, check};
-pub use format::{Arg, DecodeError, Decoded, DimRange, Input, Node, Program, Weight, decode, encode, is_graph};
+pub use check::{Allowlist, CheckError, Checked, CheckedGraph, Kind, Native, Step, allowlist, check};
+pub use format::{
+    Arg, DecodeError, Decoded, DimRange, Entry, Graph, Input, Node, Program, State, Weight, decode, encode, is_graph,
+    tensor_len,
+};

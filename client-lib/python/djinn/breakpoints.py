@@ -17,6 +17,7 @@ class Paused:
 
         p = rm.run_until(2, x)     # blocks 0, 1, 2 run
         a = p.activation           # block 2's output: a tensor, or a tuple if the block returns several
+                                   # (a graph's: a dict of what block 2 passes on, by name)
         y = p.resume()             # blocks 3.. run on the kept activation; y is what rm(x) returns
         y = p.resume(a + delta)    # ... or on a replacement of the same structure, shapes and dtypes
         q = p.resume(until=5)      # ... or stop again after block 5 (a new Paused)
@@ -28,15 +29,20 @@ class Paused:
     is aborted with the client's next call."""
 
     __module__ = "djinn"
-    __slots__ = ("block", "_client", "_native", "_activation", "_fetched", "_done")
+    __slots__ = ("block", "_client", "_native", "_activation", "_fetched", "_done", "_graph")
 
-    def __init__(self, client: Client, native, block: int, activation, fetched: bool):
+    def __init__(self, client: Client, native, block: int, activation, fetched: bool, graph=None):
         self.block = block
         self._client = client
         self._native = native
-        self._activation = unflatten(activation, client) if fetched else None
+        # A model registered as a graph names what each block passes on, and shapes its output.
+        self._graph = graph
+        self._activation = self._named(unflatten(activation, client)) if fetched else None
         self._fetched = fetched
         self._done = False
+
+    def _named(self, activation):
+        return activation if self._graph is None else self._graph.activation(self.block, activation)
 
     @property
     def node(self) -> str:
@@ -49,7 +55,7 @@ class Paused:
         first use when `run_until(..., fetch=False)`)."""
         if not self._fetched:
             self._check()
-            self._activation = unflatten(self._client._native.inspect(self._native), self._client)
+            self._activation = self._named(unflatten(self._client._native.inspect(self._native), self._client))
             self._fetched = True
         return self._activation
 
@@ -58,6 +64,8 @@ class Paused:
         the model's output; with `until`, stops again after that block and returns a new
         Paused (`fetch` as for `run_until`)."""
         self._check()
+        if activation is not None and self._graph is not None:
+            activation = self._graph.replacement(self.block, activation)
         call = CallTensors()
         wire = None if activation is None else call.flatten(activation)
         if call.nodes:
@@ -71,8 +79,9 @@ class Paused:
             raise
         self._done = True
         if parked is None:
-            return unflatten(out, self._client)
-        return Paused(self._client, parked, int(until), out, fetch)
+            out = unflatten(out, self._client)
+            return out if self._graph is None else self._graph.outputs(list(out) if isinstance(out, tuple) else [out])
+        return Paused(self._client, parked, int(until), out, fetch, self._graph)
 
     def abort(self) -> None:
         """Drops the request (a session step's state stays as it was before the step)."""

@@ -49,10 +49,13 @@ class Client:
         return self._native.mode
 
     def register(
-        self, model, example_inputs, blocks=None, progress=None, policy=None, phase=None, public=False, dynamic=None
+        self, model, example_inputs, blocks=None, progress=None, policy=None, phase=None, public=False, dynamic=None,
+        split=None, cache_len=None,
     ) -> "RemoteModel":
         """`djinn.register` on this client."""
-        return register_with(self, model, example_inputs, blocks, progress, policy, phase, public, dynamic)
+        return register_with(
+            self, model, example_inputs, blocks, progress, policy, phase, public, dynamic, split, cache_len
+        )
 
     def cluster(self) -> dict:
         """The control plane's view: nodes (inventory, lease), models (and who holds them),
@@ -140,6 +143,8 @@ def register(
     phase: Optional[str] = None,
     public: bool = False,
     dynamic: Optional[dict] = None,
+    split=None,
+    cache_len: Optional[int] = None,
 ) -> "RemoteModel":
     """Uploads `model` (once per node and tenant) and returns a RemoteModel to call. `public`
     weights are held once per node for every tenant that registers the same bytes as public;
@@ -152,17 +157,36 @@ def register(
     between calls, by input name: `{"input_ids": {0: "batch", 1: "seq"}}` (other sizes are
     those of the example). Non-tensor inputs are fixed at their example values.
 
+    `split` cuts the exported graph into blocks after submodules: `split=True` after each
+    decoder layer of a Hugging Face model (the classes its `_no_split_modules` names; else
+    after each item of the model's longest ModuleList), or after the submodules named
+    (`["model.layers.3"]`). Block k ends with the k-th cut module, and what it passes on to
+    the next block is every value computed up to there and used after it (for a decoder:
+    the hidden states, the attention mask, the position embeddings), which a breakpoint
+    (`run_until(k, ...)`) hands back as a dict, named by the module that computed each value
+    (`"model.layers.3"`: that layer's output, as a forward hook on it sees it). A model
+    larger than the node's memory streams its blocks' weights. A weight used in several
+    blocks (tied embeddings) is held once per block.
+
+    `cache_len` registers a Hugging Face causal LM with a static KV cache of that many
+    positions, for sessions: `example_inputs` is a prompt (`{"input_ids": ids}`, `dynamic`
+    naming its length), and the model is sent as two graphs over one copy of the weights, a
+    prefill on prompts and a decode step of one token. `rm.session()` opens a cache on the
+    node; each `s.step(input_ids=...)` sends only its tokens and returns their logits, the
+    node writing their keys and values into the cache in place.
+
     With `blocks` (submodules or callables in execution order whose chained application
-    reproduces `model`) the model is sent as TorchScript blocks instead, which breakpoints,
-    streaming and sessions still need, and which only principals with the right "torchscript"
-    may register. `progress(sent, total)` follows the upload.
+    reproduces `model`) the model is sent as TorchScript blocks instead, which sessions still
+    need, and which only principals with the right "torchscript" may register. `progress(sent, total)` follows the upload.
 
     With a control plane, the model is described to it first: its weight bytes and FLOPs
     (counted on the example inputs), the bytes of one call's inputs and outputs, and `phase`
     when given ("prefill": compute-bound; "decode": bound by reading the weights). `policy`
     chooses the node: "minimize_latency" (the control plane's default), "maximize_throughput",
     "load_balance" or "minimize_cost"."""
-    return _client(client).register(model, example_inputs, blocks, progress, policy, phase, public, dynamic)
+    return _client(client).register(
+        model, example_inputs, blocks, progress, policy, phase, public, dynamic, split, cache_len
+    )
 
 
 class _LazyRemote:

@@ -8,8 +8,8 @@ import inspect
 import json
 import operator
 import struct
-from dataclasses import dataclass
-from typing import Any, Optional
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
 
 import torch
 from torch.utils import _pytree as pytree
@@ -88,15 +88,19 @@ _TENSOR = object()
 
 @dataclass
 class Graph:
-    """A model written as a graph: the container's bytes, what a call's inputs must look like
-    (the example's structure, each leaf a tensor the call sends or a constant export fixed),
-    and how to rebuild the output structure."""
+    """A model written as graphs: one container per block (one block unless the model was
+    split), what a call's inputs must look like (the example's structure, each leaf a tensor
+    the call sends or a constant export fixed), how to rebuild the output structure, and the
+    names of the values each block hands the next (`cuts[k]`: what block k passes on)."""
 
-    container: bytes
+    containers: list
     in_spec: Any
     leaves: list  # _TENSOR, or the constant export fixed there
     out_spec: Any
     signature: inspect.Signature
+    cuts: list = field(default_factory=list)
+    # Tensors of the session state the model keeps on the node (a KV cache); 0 for none.
+    state: int = 0
 
     def __post_init__(self):
         # The common case costs no binding: positional tensors, one per parameter, in order.
@@ -135,6 +139,26 @@ class Graph:
             return flat[0]
         return pytree.tree_unflatten(flat, self.out_spec)
 
+    def activation(self, block: int, value) -> dict:
+        """What block `block` hands the next, as it came from the node (one tensor, or a tuple),
+        by name."""
+        names = self.cuts[block]
+        items = list(value) if isinstance(value, (tuple, list)) and len(names) != 1 else [value]
+        if len(items) != len(names):
+            raise ValueError(f"block {block} passes on {len(names)} values; the node sent {len(items)}")
+        return dict(zip(names, items))
+
+    def replacement(self, block: int, activation) -> Any:
+        """A replacement for what block `block` passes on, from the dict `activation` gave
+        (the same names, each a tensor of the same shape and dtype: the node checks those),
+        as the node takes it."""
+        names = self.cuts[block]
+        if not isinstance(activation, dict) or set(activation) != set(names):
+            got = sorted(activation) if isinstance(activation, dict) else type(activation).__name__
+            raise ValueError(f"block {block} passes on {{{', '.join(names)}}}; the replacement has {got}")
+        items = [activation[n] for n in names]
+        return items[0] if len(items) == 1 else tuple(items)
+
 
 def _bound(value, otherwise: int) -> int:
     """A range's bound as an int; `otherwise` for none or an infinite one."""
@@ -157,14 +181,32 @@ def _dims(shapes: dict, names: dict[str, torch.export.Dim]) -> dict:
     return out
 
 
-def export(model: torch.nn.Module, args: tuple, kwargs: Optional[dict] = None, dynamic: Optional[dict] = None) -> Graph:
+def export(model: torch.nn.Module, args: tuple, kwargs: Optional[dict] = None, dynamic: Optional[dict] = None,
+           split=None, entries: Sequence[dict] = ()) -> Graph:
     """Exports `model` on the example inputs (`args`, `kwargs`) with torch.export (non-strict)
     and writes the graph. `dynamic` names the dimensions that may change between calls, by
     input name: `{"input_ids": {0: "batch", 1: "seq"}}`, or with bounds the node enforces:
-    `{1: ("seq", 2, 64)}`; a name used twice is one size."""
+    `{1: ("seq", 2, 64)}`; a name used twice is one size. `split` cuts the graph into blocks
+    at submodules (see `split_points`). `entries`: more examples (keyword inputs), each
+    exported with its sizes fixed as a further graph over the same weights (a decode step
+    beside a prefill); a call runs the first graph whose inputs it fits.
+
+    Buffers the model writes in place (a static KV cache) are the state a session keeps on
+    the node: their values now are its initial values, each graph takes them as its last
+    inputs and writes them in place where the graph's update allows it."""
+    points = split_points(model, split)
     signature = inspect.signature(model.forward)
+    if entries and points:
+        raise ExportError("split= with entries: a model cut into blocks has one graph")
+    ep, bounds = _export_one(model, signature, args, kwargs or {}, dynamic)
+    eps = [ep] + [_export_one(model, signature, (), entry, None, static=True)[0] for entry in entries]
+    return _write(eps, signature, bounds, points)
+
+
+def _export_one(model, signature, args, kwargs, dynamic, static=False):
+    """One export of `model` on one example, decomposed; and the bounds the caller gave."""
     try:
-        bound = signature.bind(*args, **(kwargs or {}))
+        bound = signature.bind(*args, **kwargs)
     except TypeError as e:
         raise ExportError(f"the example inputs do not fit the model's forward: {e}") from None
     example = dict(bound.arguments)
@@ -187,8 +229,9 @@ def export(model: torch.nn.Module, args: tuple, kwargs: Optional[dict] = None, d
     # Export's symbolic reasoning cannot always prove what named dimensions promise (a model
     # that branches on a size being 1; torch 2.11 on grouped-query attention): then the same
     # with every dimension left to export, the caller's bounds enforced by the node.
-    attempts = [(shapes, True), (shapes, False), (everywhere_auto, True), (everywhere_auto, False)]
-    was_training = model.training
+    attempts = [(None, False)] if static else [(shapes, True), (shapes, False), (everywhere_auto, True), (everywhere_auto, False)]
+    # Each module's own mode is put back after (a wrapper's mode is not its children's).
+    modes = [(m, m.training) for m in model.modules()]
     model.eval()
     first_error = None
     ep = None
@@ -202,12 +245,12 @@ def export(model: torch.nn.Module, args: tuple, kwargs: Optional[dict] = None, d
                 except Exception as e:  # noqa: BLE001 - export raises many kinds; the first is reported
                     first_error = first_error or e
     finally:
-        model.train(was_training)
+        for m, training in modes:
+            m.training = training
     if ep is None:
         e = first_error
         raise ExportError(f"torch.export could not export the model: {type(e).__name__}: {e}") from e
-    ep = ep.run_decompositions({})
-    return _write(ep, signature, bounds)
+    return ep.run_decompositions({}), bounds
 
 
 def _size_oblivious(on: bool):
@@ -216,71 +259,261 @@ def _size_oblivious(on: bool):
     return fx_config.patch(backed_size_oblivious=on)
 
 
-def _write(ep, signature: inspect.Signature, bounds: dict) -> Graph:
-    graph = ep.graph
-    sig = ep.graph_signature
-    ids: dict[str, int] = {}
-    constants_of: dict[str, Any] = {}  # placeholder name -> constant value (baked inputs)
+def split_points(model: torch.nn.Module, split) -> list[str]:
+    """The submodules after which the graph is cut into blocks, in execution order: none for
+    `split=None`; for `split=True` a Hugging Face model's decoder layers (the classes its
+    `_no_split_modules` names), else the items of the model's longest ModuleList; or the
+    names given (`["model.layers.3", ...]`, as `named_modules` names them)."""
+    if split is None or split is False:
+        return []
+    modules = dict(model.named_modules())
+    if split is True:
+        classes = set(getattr(model, "_no_split_modules", None) or ())
+        found = [n for n, m in modules.items() if n and type(m).__name__ in classes]
+        if not found:
+            lists = [(n, m) for n, m in modules.items() if isinstance(m, torch.nn.ModuleList) and len(m)]
+            if lists:
+                name, longest = max(lists, key=lambda item: len(item[1]))
+                found = [f"{name}.{i}" if name else str(i) for i in range(len(longest))]
+        # A layer inside another (an encoder's blocks of layers) is cut at the outer one.
+        found = [n for n in found if not any(n.startswith(f"{o}.") for o in found)]
+        if not found:
+            raise ExportError(f"split=True finds no layers in {type(model).__name__}: name the submodules to cut after")
+        return found
+    names = [split] if isinstance(split, str) else list(split)
+    unknown = [n for n in names if n not in modules or not n]
+    if unknown:
+        raise ExportError(f"split names {', '.join(map(repr, unknown))}, which are not submodules of the model")
+    return names
 
-    def new_id(name: str) -> int:
-        ids[name] = len(ids)
-        return ids[name]
 
-    inputs, weights, blobs, offset = [], [], [], 0
-    leaves = []
-    params = {**ep.state_dict, **getattr(ep, "constants", {})}
-    placeholders = {n.name: n for n in graph.nodes if n.op == "placeholder"}
-    for spec in sig.input_specs:
-        kind = spec.kind.name
-        name = spec.arg.name
-        if kind == "USER_INPUT":
-            if type(spec.arg).__name__ == "ConstantArgument":
-                constants_of[name] = spec.arg.value
-                leaves.append(spec.arg.value)
-                continue
-            val = placeholders[name].meta.get("val")
-            if not isinstance(val, torch.Tensor):
-                raise ExportError(f"input {name!r} is not a tensor")
-            if val.dtype not in _DTYPES:
-                raise ExportError(f"input {name!r} is {val.dtype}, which graphs do not carry")
-            dims = []
-            given = bounds.get(name, {})
-            for at, d in enumerate(val.shape):
-                if isinstance(d, int):
-                    dims.append({"min": d, "max": d})
-                else:
-                    r = ep.range_constraints.get(d.node.expr)
-                    lo, hi = _bound(r and r.lower, 0), min(_bound(r and r.upper, UNBOUNDED), UNBOUNDED)
-                    if at in given:
-                        lo, hi = max(lo, given[at][0]), min(hi, given[at][1])
-                    dims.append({"min": lo, "max": hi})
-            inputs.append({"name": name, "value": new_id(name), "dtype": _DTYPES[val.dtype], "dims": dims})
-            leaves.append(_TENSOR)
-        elif kind in ("PARAMETER", "BUFFER", "CONSTANT_TENSOR"):
-            tensor = params[spec.target]
-            if not isinstance(tensor, torch.Tensor):
-                raise ExportError(f"{spec.target} is a {type(tensor).__name__}, not a tensor")
-            if tensor.dtype not in _DTYPES:
-                raise ExportError(f"{spec.target} is {tensor.dtype}, which graphs do not carry")
-            data = tensor.detach().to("cpu").contiguous()
-            raw = data.reshape(-1).view(torch.uint8).numpy().tobytes() if data.numel() else b""
-            weights.append({"name": spec.target, "value": new_id(name), "dtype": _DTYPES[data.dtype],
-                            "shape": list(data.shape), "offset": offset})
-            blobs.append((offset, raw))
-            offset = (offset + len(raw) + ALIGN - 1) // ALIGN * ALIGN
-        else:
-            raise ExportError(f"an input of kind {kind} ({name}): not in graphs of this format")
-    for spec in sig.output_specs:
-        if spec.kind.name != "USER_OUTPUT":
-            raise ExportError(f"the model updates its state ({spec.kind.name} {spec.target}): sessions are not graphs yet")
+def _range(expr, ranges: dict) -> dict:
+    """The sizes a symbolic dimension may take, as export's range constraints bound them."""
+    from torch.utils._sympy.value_ranges import bound_sympy
 
-    def arg(a) -> Any:
+    try:
+        r = bound_sympy(expr, ranges)
+        lo, hi = _bound(r.lower, 0), _bound(r.upper, UNBOUNDED)
+    except Exception:  # noqa: BLE001 - an expression sympy cannot bound is left open
+        lo, hi = 0, UNBOUNDED
+    return {"min": max(lo, 0), "max": min(hi, UNBOUNDED)}
+
+
+def _module_of(node) -> str:
+    """The innermost module a node of the exported graph runs in ("" for the model's own)."""
+    stack = node.meta.get("nn_module_stack") or {}
+    for path, _ in reversed(list(stack.values())):
+        if isinstance(path, str) and not path.startswith("_"):
+            return path
+    return ""
+
+
+def _raw(tensor, what: str) -> tuple:
+    """A tensor as the container stores it: (dtype, shape, bytes)."""
+    if not isinstance(tensor, torch.Tensor):
+        raise ExportError(f"{what} is a {type(tensor).__name__}, not a tensor")
+    if tensor.dtype not in _DTYPES:
+        raise ExportError(f"{what} is {tensor.dtype}, which graphs do not carry")
+    data = tensor.detach().to("cpu").contiguous()
+    raw = data.reshape(-1).view(torch.uint8).numpy().tobytes() if data.numel() else b""
+    return _DTYPES[data.dtype], list(data.shape), raw
+
+
+# Functional updates export leaves for a buffer written in place, and the in-place operators
+# (on the allowlist, for a session's state only) that write it where it is.
+_IN_PLACE = {
+    ("aten::index_copy", ""): ("aten::index_copy_", ""),
+    ("aten::masked_fill", "Scalar"): ("aten::masked_fill_", "Scalar"),
+    ("aten::masked_fill", "Tensor"): ("aten::masked_fill_", "Tensor"),
+    ("aten::fill", "Scalar"): ("aten::fill_", "Scalar"),
+    ("aten::fill", "Tensor"): ("aten::fill_", "Tensor"),
+    ("aten::zero", ""): ("aten::zero_", ""),
+    ("aten::copy", ""): ("aten::copy_", ""),
+}
+
+
+class _Export:
+    """One exported program, as its graphs draw on it: its weights, the constants export fixed,
+    the buffers it writes (a session's state) and how each is written."""
+
+    def __init__(self, ep):
+        self.ep = ep
+        self.params = {**ep.state_dict, **getattr(ep, "constants", {})}
+        self.weight_of: dict[str, str] = {}  # placeholder name -> weight name
+        self.constants: dict[str, Any] = {}  # placeholder name -> the value export fixed
+        self.state_of: dict[str, str] = {}  # placeholder name -> the buffer it is
+        self.updates: dict[str, Any] = {}  # buffer -> the node of its new value
+        # Nodes whose functional update becomes its in-place operator: node name -> (op, overload).
+        self.in_place: dict[str, tuple] = {}
+        sig = ep.graph_signature
+        mutations = [spec for spec in sig.output_specs if spec.kind.name == "BUFFER_MUTATION"]
+        mutated = {spec.target for spec in mutations}
+        for spec in sig.input_specs:
+            name = spec.arg.name
+            if spec.kind.name == "BUFFER" and spec.target in mutated:
+                self.state_of[name] = spec.target
+            elif spec.kind.name in ("PARAMETER", "BUFFER", "CONSTANT_TENSOR"):
+                self.weight_of[name] = spec.target
+        placeholder_of = {target: name for name, target in self.state_of.items()}
+        for spec in sig.output_specs:
+            if spec.kind.name not in ("USER_OUTPUT", "BUFFER_MUTATION"):
+                raise ExportError(f"the model updates {spec.kind.name} {spec.target}, which graphs do not carry")
+        nodes = {n.name: n for n in ep.graph.nodes}
+        out_node = next(n for n in ep.graph.nodes if n.op == "output")
+        new_values = out_node.args[0][: len(mutations)]
+        for spec, value in zip(mutations, new_values):
+            self.updates[spec.target] = value
+            placeholder = nodes[placeholder_of[spec.target]]
+            if _writable_in_place(ep.graph, placeholder, value):
+                schema = value.target._schema
+                self.in_place[value.name] = _IN_PLACE[(schema.name, schema.overload_name)]
+        # The state's values now (before any eager call writes them) are a session's first.
+        self.initial = {target: _raw(self.params[target], target) for target in self.state_of.values()}
+
+
+def _writable_in_place(graph, buffer, value) -> bool:
+    """Whether `value`, the buffer's new value, can be computed by writing the buffer in place:
+    a functional update of the buffer with an in-place form, after which nothing reads the
+    buffer or a view of it."""
+    if value.op != "call_function" or not isinstance(value.target, torch._ops.OpOverload):
+        return False
+    schema = value.target._schema
+    if (schema.name, schema.overload_name) not in _IN_PLACE or not value.args or value.args[0] is not buffer:
+        return False
+    aliases = {buffer}
+    after = False
+    for node in graph.nodes:
+        if node is value:
+            after = True
+            continue
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            if after and node.op != "output" and any(a in aliases for a in node.all_input_nodes):
+                return False
+            continue
+        if node.target._schema.name in _DROPPED:
+            continue
+        reads = any(a in aliases for a in node.all_input_nodes)
+        if after and reads:
+            return False
+        returns = node.target._schema.returns
+        if reads and returns and returns[0].alias_info is not None and node.args and node.args[0] in aliases:
+            aliases.add(node)
+    return True
+
+
+class _Container:
+    """One container: the weights its graphs share, the session's state, and the value ids,
+    which its graphs number from one count (each graph's own never meet another's)."""
+
+    def __init__(self):
+        self.count = 0
+        self.weights, self.state, self.blobs = [], [], []
+        self.offset = 0
+        self.weight_ids: dict[str, int] = {}
+
+    def new_id(self) -> int:
+        self.count += 1
+        return self.count - 1
+
+    def store(self, raw: bytes) -> int:
+        at = self.offset
+        self.blobs.append((at, raw))
+        self.offset = (self.offset + len(raw) + ALIGN - 1) // ALIGN * ALIGN
+        return at
+
+    def weight(self, target: str, raw: tuple) -> int:
+        if target not in self.weight_ids:
+            dtype, shape, data = raw
+            self.weight_ids[target] = self.new_id()
+            self.weights.append({"name": target, "value": self.weight_ids[target], "dtype": dtype, "shape": shape,
+                                 "offset": self.store(data)})
+        return self.weight_ids[target]
+
+    def add_state(self, target: str, raw: tuple) -> None:
+        dtype, shape, data = raw
+        spec = {"name": target, "dtype": dtype, "shape": shape}
+        if any(data):
+            spec["offset"] = self.store(data)
+        self.state.append(spec)
+
+    def encode(self, graphs: list[dict]) -> bytes:
+        program = {"format": FORMAT, **graphs[0], "weights": self.weights}
+        if self.state:
+            program["state"] = self.state
+        if len(graphs) > 1:
+            program["entries"] = graphs[1:]
+        text = json.dumps(program, separators=(",", ":")).encode()
+        head = MAGIC + struct.pack("<Q", len(text)) + text
+        head += b"\0" * (-len(head) % ALIGN)
+        body = bytearray(self.offset)
+        for at, raw in self.blobs:
+            body[at:at + len(raw)] = raw
+        return bytes(head) + bytes(body)
+
+
+class _Program:
+    """One graph: its inputs (the caller's, or what the block before passes on, then the
+    session's state), its nodes, its outputs; over its container's weights."""
+
+    def __init__(self, container: _Container, export: _Export):
+        self.c = container
+        self.x = export
+        self.ids: dict[str, int] = {}
+        self.inputs, self.nodes = [], []
+        # Each tensor input's dimensions as export's symbolic expressions, for sizes computed
+        # in an earlier block (read again here from what this block receives).
+        self.shapes: list[tuple[str, list]] = []
+
+    def new_id(self, name: str) -> int:
+        self.ids[name] = self.c.new_id()
+        return self.ids[name]
+
+    def add_input(self, node, name: str, dims: list, state: bool = False) -> None:
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            raise ExportError(f"input {name!r} is not a tensor")
+        if val.dtype not in _DTYPES:
+            raise ExportError(f"input {name!r} is {val.dtype}, which graphs do not carry")
+        spec = {"name": name, "value": self.new_id(node.name), "dtype": _DTYPES[val.dtype], "dims": dims}
+        if state:
+            spec["state"] = True
+        self.inputs.append(spec)
+        self.shapes.append((node.name, [d.node.expr if isinstance(d, torch.SymInt) else None for d in val.shape]))
+
+    def value(self, node) -> dict:
+        if node.name in self.ids:
+            return {"v": self.ids[node.name]}
+        if node.name in self.x.constants:
+            return self.arg(self.x.constants[node.name])
+        if node.name in self.x.weight_of:
+            target = self.x.weight_of[node.name]
+            self.ids[node.name] = self.c.weight(target, _raw(self.x.params[target], target))
+            return {"v": self.ids[node.name]}
+        val = node.meta.get("val")
+        if isinstance(val, torch.SymInt):
+            return self.size(node, val.node.expr)
+        raise ExportError(f"{node.name} is used before it is defined")
+
+    def graph(self, outputs: list) -> dict:
+        return {"inputs": self.inputs, "nodes": self.nodes, "outputs": [self.arg(a) for a in outputs]}
+
+    def size(self, node, expr) -> dict:
+        """A size computed in an earlier block: read from a tensor this block receives, or
+        computed again from such sizes."""
+        for source, exprs in self.shapes:
+            for dim, e in enumerate(exprs):
+                if e is not None and e == expr:
+                    self.nodes.append({"op": "native::size", "args": [{"v": self.ids[source]}, {"i": dim}],
+                                       "outputs": [self.new_id(node.name)]})
+                    return {"v": self.ids[node.name]}
+        if node.op == "call_function" and (node.target in _NATIVE or _is_sym_size(node.target)):
+            self.emit(node)
+            return {"v": self.ids[node.name]}
+        raise ExportError(f"the size {expr} is needed after a cut, and no tensor passed on has it")
+
+    def arg(self, a) -> Any:
         if isinstance(a, torch.fx.Node):
-            if a.name in constants_of:
-                return arg(constants_of[a.name])
-            if a.name not in ids:
-                raise ExportError(f"{a.name} is used before it is defined")
-            return {"v": ids[a.name]}
+            return self.value(a)
         if a is None:
             return "none"
         if isinstance(a, bool):
@@ -305,62 +538,221 @@ def _write(ep, signature: inspect.Signature, bounds: dict) -> Graph:
         if isinstance(a, torch.memory_format):
             return {"memory_format": _MEMORY_FORMATS[a]}
         if isinstance(a, (list, tuple)):
-            return {"list": [arg(x) for x in a]}
+            return {"list": [self.arg(x) for x in a]}
         raise ExportError(f"an argument of type {type(a).__name__} ({a!r}) is not carried by graphs")
 
-    nodes = []
-    for node in graph.nodes:
-        if node.op != "call_function":
-            continue
+    def emit(self, node) -> None:
+        """Writes one call_function node of the exported graph."""
         target = node.target
-        outputs = []
         if isinstance(target, torch._ops.OpOverload):
             schema = target._schema
             name, overload = schema.name, schema.overload_name
             if name in _DROPPED:
-                continue
-            if name == "aten::sym_size" and overload == "int":
-                nodes.append({"op": "native::size", "args": [arg(a) for a in node.args], "outputs": [new_id(node.name)]})
-                continue
-            kwargs = {k: arg(v) for k, v in node.kwargs.items()}
+                return
+            if _is_sym_size(target):
+                args = [self.arg(a) for a in node.args]
+                self.nodes.append({"op": "native::size", "args": args, "outputs": [self.new_id(node.name)]})
+                return
+            kwargs = {k: self.arg(v) for k, v in node.kwargs.items()}
             overload = _WITH_GENERATOR.get((name, overload), overload)
+            # A session's state updated where it is, not copied (see `_writable_in_place`).
+            name, overload = self.x.in_place.get(node.name, (name, overload))
+            node_args = list(node.args)
             if name in _ZEROED:
-                name = _ZEROED[name]
-                overload = ""
+                name, overload = _ZEROED[name], ""
                 kwargs.pop("memory_format", None)
-                node_args = list(node.args)
                 if schema.name == "aten::empty_strided":
                     node_args = node_args[:1]
-                args = [arg(a) for a in node_args]
-            else:
-                args = [arg(a) for a in node.args]
+            args = [self.arg(a) for a in node_args]
             n_returns = len(schema.returns)
             if n_returns == 1:
-                outputs = [new_id(node.name)]
+                outputs = [self.new_id(node.name)]
             elif n_returns > 1:
                 # Several returns: a tuple the graph takes apart with getitem; each is a value.
-                outputs = [new_id(f"{node.name}#{i}") for i in range(n_returns)]
-            nodes.append({"op": name, "overload": overload, "args": args, "kwargs": kwargs, "outputs": outputs})
+                outputs = [self.new_id(f"{node.name}#{i}") for i in range(n_returns)]
+            else:
+                outputs = []
+            self.nodes.append({"op": name, "overload": overload, "args": args, "kwargs": kwargs, "outputs": outputs})
         elif target in _NATIVE:
             src = node.args[0] if node.args else None
-            if target is operator.getitem and isinstance(src, torch.fx.Node) and f"{src.name}#0" in ids:
+            if target is operator.getitem and isinstance(src, torch.fx.Node) and f"{src.name}#0" in self.ids:
                 # An item of a multi-return operator: that return's value.
-                ids[node.name] = ids[f"{src.name}#{node.args[1]}"]
-                continue
-            nodes.append({"op": f"native::{_NATIVE[target]}", "args": [arg(a) for a in node.args], "outputs": [new_id(node.name)]})
+                self.ids[node.name] = self.ids[f"{src.name}#{node.args[1]}"]
+                return
+            args = [self.arg(a) for a in node.args]
+            self.nodes.append({"op": f"native::{_NATIVE[target]}", "args": args, "outputs": [self.new_id(node.name)]})
         else:
-            raise ExportError(f"{target} is not an ATen operator (higher-order operators such as autocast or control flow are not carried by graphs)")
-    out_node = next(n for n in graph.nodes if n.op == "output")
-    leaves_out = pytree.tree_leaves(out_node.args[0])
-    for leaf in leaves_out:
+            raise ExportError(f"{target} is not an ATen operator (higher-order operators such as autocast or control "
+                              "flow are not carried by graphs)")
+
+
+def _is_sym_size(target) -> bool:
+    return isinstance(target, torch._ops.OpOverload) and target._schema.name == "aten::sym_size" \
+        and target._schema.overload_name == "int"
+
+
+def _blocks_of(nodes: list, points: list[str]) -> list[int]:
+    """Each node's block: a node in the k-th cut module is in block k, a node after it and
+    before the next cut module's in block k + 1."""
+    index = {p: k for k, p in enumerate(points)}
+    blocks, after = [], -1
+    for node in nodes:
+        stack = node.meta.get("nn_module_stack") or {}
+        own = [index[path] for path, _ in stack.values() if path in index]
+        if own:
+            k = own[0]
+            if k < after:
+                raise ExportError(f"{points[k]} runs after {points[after]}: the cut modules must run once each, "
+                                  "in the order given")
+            after = k
+            blocks.append(k)
+        else:
+            blocks.append(after + 1)
+    return blocks
+
+
+def _user_inputs(x: _Export) -> tuple[list, list]:
+    """The placeholders of the caller's tensors, and the leaves of a call (a tensor's, or the
+    constant export fixed); the constants noted in `x`."""
+    placeholders = {n.name: n for n in x.ep.graph.nodes if n.op == "placeholder"}
+    inputs, leaves = [], []
+    for spec in x.ep.graph_signature.input_specs:
+        kind, name = spec.kind.name, spec.arg.name
+        if kind == "USER_INPUT":
+            if type(spec.arg).__name__ == "ConstantArgument":
+                x.constants[name] = spec.arg.value
+                leaves.append(spec.arg.value)
+                continue
+            inputs.append(placeholders[name])
+            leaves.append(_TENSOR)
+        elif kind not in ("PARAMETER", "BUFFER", "CONSTANT_TENSOR"):
+            raise ExportError(f"an input of kind {kind} ({name}): not in graphs of this format")
+    return inputs, leaves
+
+
+def _input_dims(node, given: dict, ranges: dict) -> list:
+    """A caller's input's dimensions: export's ranges, within the bounds the caller gave."""
+    dims = []
+    for at, d in enumerate(getattr(node.meta.get("val"), "shape", ())):
+        if isinstance(d, int):
+            dims.append({"min": d, "max": d})
+            continue
+        r = _range(d.node.expr, ranges)
+        if at in given:
+            r = {"min": max(r["min"], given[at][0]), "max": min(r["max"], given[at][1])}
+        dims.append(r)
+    return dims
+
+
+def _results(x: _Export) -> list:
+    """What a call returns, flattened: the output node's values after the buffers' updates."""
+    out_node = next(n for n in x.ep.graph.nodes if n.op == "output")
+    results = pytree.tree_leaves(out_node.args[0][len(x.updates):])
+    for leaf in results:
         if not isinstance(leaf, (torch.fx.Node, int, float, bool)) and leaf is not None:
             raise ExportError(f"the model returns a {type(leaf).__name__}; graphs return tensors and numbers")
-    outputs = [arg(a) for a in leaves_out]
-    program = {"format": FORMAT, "inputs": inputs, "weights": weights, "nodes": nodes, "outputs": outputs}
-    text = json.dumps(program, separators=(",", ":")).encode()
-    head = MAGIC + struct.pack("<Q", len(text)) + text
-    head += b"\0" * (-len(head) % ALIGN)
-    body = bytearray(offset)
-    for at, raw in blobs:
-        body[at:at + len(raw)] = raw
-    return Graph(bytes(head) + bytes(body), ep.call_spec.in_spec, leaves, ep.call_spec.out_spec, signature)
+    return results
+
+
+def _write(eps: list, signature: inspect.Signature, bounds: dict, points: list[str]) -> Graph:
+    exports = [_Export(ep) for ep in eps]
+    first = exports[0]
+    state = list(first.state_of.values())
+    if state and points:
+        raise ExportError("split= with a model that writes its buffers (a session's state): state is kept by "
+                          "models of one block")
+    user_inputs, leaves = _user_inputs(first)
+    for x in exports[1:]:
+        if sorted(x.state_of.values()) != sorted(state):
+            raise ExportError("the examples write different buffers")
+        if x.ep.call_spec.in_spec != first.ep.call_spec.in_spec:
+            raise ExportError("the examples are not shaped alike")
+    if len(exports) > 1 or state:
+        return _write_entries(exports, signature, bounds, state, leaves)
+    ep = first.ep
+    graph = ep.graph
+    calls = [n for n in graph.nodes if n.op == "call_function"]
+    blocks = _blocks_of(calls, points) if points else [0] * len(calls)
+    # An item of an operator's list or tuple belongs with the operator.
+    block_of = {}
+    for node, k in zip(calls, blocks):
+        src = node.args[0] if node.args else None
+        block_of[node.name] = block_of.get(src.name, k) if node.target is operator.getitem and isinstance(src, torch.fx.Node) else k
+    last = max(block_of.values(), default=0)
+    out_node = next(n for n in graph.nodes if n.op == "output")
+    results = _results(first)
+    # What each block passes on: the tensors defined up to it and used after it.
+    last_use: dict[str, int] = {}
+    for node in [*calls, out_node]:
+        k = block_of.get(node.name, last)
+        if isinstance(node.target, torch._ops.OpOverload) and node.target._schema.name in _DROPPED:
+            continue
+        for a in node.all_input_nodes:
+            last_use[a.name] = max(last_use.get(a.name, -1), k)
+    carried = [n for n in [*user_inputs, *calls] if isinstance(n.meta.get("val"), torch.Tensor)]
+    cut_nodes = [[n for n in carried if block_of.get(n.name, 0) <= k < last_use.get(n.name, -1)] for k in range(last)]
+    cuts = [_names(nodes) for nodes in cut_nodes]
+    ranges = ep.range_constraints
+    containers = []
+    for k in range(last + 1):
+        container = _Container()
+        program = _Program(container, first)
+        if k == 0:
+            for node in user_inputs:
+                program.add_input(node, node.name, _input_dims(node, bounds.get(node.name, {}), ranges))
+        else:
+            for node, name in zip(cut_nodes[k - 1], cuts[k - 1]):
+                val = node.meta["val"]
+                dims = [{"min": d, "max": d} if isinstance(d, int) else _range(d.node.expr, ranges) for d in val.shape]
+                program.add_input(node, name, dims)
+        for node in calls:
+            if block_of[node.name] == k:
+                program.emit(node)
+        containers.append(container.encode([program.graph(results if k == last else cut_nodes[k])]))
+    return Graph(containers, ep.call_spec.in_spec, leaves, ep.call_spec.out_spec, signature, cuts, 0)
+
+
+def _write_entries(exports: list, signature, bounds: dict, state: list, leaves: list) -> Graph:
+    """One container: a graph per export over the same weights, each taking the session's
+    state after the caller's inputs and giving its new value after the call's results."""
+    container = _Container()
+    for target in state:
+        container.add_state(target, exports[0].initial[target])
+    graphs = []
+    for j, x in enumerate(exports):
+        program = _Program(container, x)
+        user_inputs, _ = _user_inputs(x)
+        for node in user_inputs:
+            program.add_input(node, node.name, _input_dims(node, bounds.get(node.name, {}) if j == 0 else {},
+                                                           x.ep.range_constraints))
+        placeholders = {n.name: n for n in x.ep.graph.nodes if n.op == "placeholder"}
+        state_inputs = {target: placeholders[name] for name, target in x.state_of.items()}
+        for target in state:
+            node = state_inputs[target]
+            program.add_input(node, target, [{"min": d, "max": d} for d in node.meta["val"].shape], state=True)
+        for node in x.ep.graph.nodes:
+            if node.op == "call_function":
+                program.emit(node)
+        # A buffer the graph does not write is its own new value.
+        new_state = [x.updates.get(target, state_inputs[target]) for target in state]
+        graphs.append(program.graph(_results(x) + new_state))
+    ep = exports[0].ep
+    return Graph([container.encode(graphs)], ep.call_spec.in_spec, leaves, ep.call_spec.out_spec, signature, [],
+                 len(state))
+
+
+def _names(nodes: list) -> list[str]:
+    """Names for what a block passes on: a caller's input by its name, another value by the
+    module that computed it (as a forward hook on it sees it); a module that passes on
+    several is indexed (`model.rotary_emb[0]`)."""
+    names = [n.name if n.op == "placeholder" else (_module_of(n) or n.name) for n in nodes]
+    counts = {name: names.count(name) for name in names}
+    seen: dict[str, int] = {}
+    out = []
+    for name in names:
+        if counts[name] > 1:
+            i = seen.get(name, 0)
+            seen[name] = i + 1
+            name = f"{name}[{i}]"
+        out.append(name)
+    return out

@@ -121,14 +121,17 @@ def register_with(
     phase: Optional[str] = None,
     public: bool = False,
     dynamic: Optional[dict] = None,
+    split=None,
+    cache_len: Optional[int] = None,
 ) -> RemoteModel:
     """`djinn.register` on `client`: see there."""
     if phase is not None and phase not in _PHASES:
         raise ValueError(f"phase {phase!r}: one of {', '.join(_PHASES)}, or None")
     if blocks is None and isinstance(model, nn.Module) and not isinstance(model, torch.jit.ScriptModule):
-        return _register_graph(client, model, example_inputs, dynamic, progress, policy, phase, public)
-    if dynamic is not None:
-        raise ValueError("dynamic= is for models registered as graphs (without blocks=)")
+        graph_options = (dynamic, split, cache_len)
+        return _register_graph(client, model, example_inputs, graph_options, progress, policy, phase, public)
+    if dynamic is not None or split is not None or cache_len is not None:
+        raise ValueError("dynamic=, split= and cache_len= are for models registered as graphs (without blocks=)")
     args = _as_args(example_inputs)
     if blocks is None:
         blocks = list(model.children()) if isinstance(model, nn.Sequential) and len(model) > 0 else [model]
@@ -160,19 +163,38 @@ def register_with(
     return RemoteModel(client, archives, progress, description, policy, public)
 
 
-def _register_graph(client, model, example_inputs, dynamic, progress, policy, phase, public) -> "RemoteModel":
-    """The model as one graph: exported with torch.export, checked and run by the node."""
+def _register_graph(client, model, example_inputs, options, progress, policy, phase, public) -> "RemoteModel":
+    """The model as a graph, exported with torch.export, checked and run by the node; cut into
+    blocks at submodules with `split`; with a static KV cache of `cache_len` positions as a
+    session's state, a prefill graph on the example and a decode graph of one token."""
+    dynamic, split, cache_len = options
     if isinstance(example_inputs, dict):
         args, kwargs = (), example_inputs
     else:
         args, kwargs = _as_args(example_inputs), {}
-    graph = graphs.export(model, args, kwargs, dynamic)
+    if cache_len is None:
+        graph = graphs.export(model, args, kwargs, dynamic, split)
+    else:
+        from .cache import StaticCacheLM
+
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or len(args) + len(kwargs) != 1:
+            raise ValueError("cache_len= takes one example input, input_ids, of shape [batch, sequence]")
+        if split is not None:
+            raise ValueError("split= with cache_len=: a model that keeps a cache is one block")
+        step = StaticCacheLM(model, ids.shape[0], int(cache_len))
+        decode = [{"input_ids": ids[:, :1]}] if ids.shape[1] > 1 else []
+        graph = graphs.export(step, (), {"input_ids": ids}, dynamic, None, entries=decode)
+        args, kwargs = (), {"input_ids": ids}
     with torch.no_grad(), FlopCounterMode(display=False) as flops:
         expected = model(*args, **kwargs)
-    weight_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    # The placement's estimate: each block's share of the FLOPs in proportion to its weights.
+    sizes = [len(c) for c in graph.containers]
+    total = float(flops.get_total_flops())
+    estimates = [(n, total * n / max(sum(sizes), 1)) for n in sizes]
     io_bytes = _tensor_bytes(args) + _tensor_bytes(kwargs) + _tensor_bytes(expected)
-    description = {"blocks": [(weight_bytes, float(flops.get_total_flops()))], "io_bytes": io_bytes, "phase": phase}
-    return RemoteModel(client, [graph.container], progress, description, policy, public, graph=graph)
+    description = {"blocks": estimates, "io_bytes": io_bytes, "phase": phase}
+    return RemoteModel(client, graph.containers, progress, description, policy, public, graph=graph)
 
 
 class RemoteModel:
@@ -221,6 +243,8 @@ class RemoteModel:
         stay on the node and come back as RemoteTensors. A graph's output comes back in the
         model's structure (a Hugging Face ModelOutput as that dataclass)."""
         if self._graph is not None:
+            if self._graph.state:
+                raise TypeError("the model keeps a cache between calls: run it in a session (rm.session())")
             inputs = tuple(self._graph.call_tensors(inputs, kwargs))
         elif kwargs:
             raise TypeError("keyword inputs are for models registered as graphs")
@@ -230,16 +254,21 @@ class RemoteModel:
             return out
         return self._graph.outputs(list(out) if isinstance(out, tuple) else [out])
 
-    def run_until(self, block: int, *inputs, keep: bool = False, fetch: bool = True) -> "Paused":
+    def run_until(self, block: int, *inputs, keep: bool = False, fetch: bool = True, **kwargs) -> "Paused":
         """Runs blocks 0..`block` of the model on `inputs` (as a call does) and stops there:
         the request waits on the node, with block `block`'s output (the activation) kept in its
-        device memory. `fetch=False` leaves the activation there until `.activation` is read.
-        See `Paused`."""
+        device memory; a graph's is a dict of what the block passes on, by name (see
+        `djinn.register`'s `split`). `fetch=False` leaves the activation there until
+        `.activation` is read. See `Paused`."""
+        if self._graph is not None:
+            inputs = tuple(self._graph.call_tensors(inputs, kwargs))
+        elif kwargs:
+            raise TypeError("keyword inputs are for models registered as graphs")
         wire, call = self._inputs(inputs)
         parked, activation = self._client._native.execute_until(
             self.fingerprint, wire, call.tensors, int(block), fetch, keep, call.node()
         )
-        return Paused(self._client, parked, int(block), activation, fetch)
+        return Paused(self._client, parked, int(block), activation, fetch, self._graph)
 
     def _inputs(self, inputs: tuple) -> tuple[list, CallTensors]:
         """The wire form of `inputs` and the tensors they send."""
@@ -247,10 +276,10 @@ class RemoteModel:
         return [call.flatten(v) for v in inputs], call
 
     def session(self, *state: torch.Tensor, reserve: int = 0) -> "Session":
-        """Opens a session of this model on its node, with `state` as its initial state. See
-        `Session`."""
-        if self._graph is not None:
-            raise TypeError("sessions of models registered as graphs are not built yet: register with blocks=[model]")
+        """Opens a session of this model on its node, with `state` as its initial state (a
+        graph's: the state it was registered with, unless given). See `Session`."""
+        if self._graph is not None and not self._graph.state:
+            raise TypeError("the model keeps no state: register it with cache_len= (or write its buffers in forward)")
         return Session(self, state, reserve)
 
     def unregister(self) -> None:

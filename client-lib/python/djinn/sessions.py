@@ -24,7 +24,9 @@ class Session:
     """State that stays in a node's device memory between calls of a model, such as an LLM
     agent's KV cache. Each step runs `model(*inputs, *state)` on the node; the model returns
     `(*outputs, *new_state)`, the new state stays there and the outputs come back (one output
-    alone, unwrapped).
+    alone, unwrapped). A model registered as a graph with a cache (`cache_len=`) keeps its
+    cache as the state: each step sends only its new tokens, and the node writes their keys and
+    values into the cache where it is.
 
         with djinn.session(rm, cache, position) as s:
             logits = s.step(tokens)
@@ -56,11 +58,19 @@ class Session:
         """The address of the node that holds the session's state."""
         return self._native.node
 
-    def step(self, *inputs):
-        """Runs the model on `inputs` and the session's state; returns the outputs."""
+    def step(self, *inputs, **kwargs):
+        """Runs the model on `inputs` and the session's state; returns the outputs (a graph
+        takes its inputs as the model's forward does, keywords too)."""
+        graph = self.model._graph
+        if graph is not None:
+            inputs = tuple(graph.call_tensors(inputs, kwargs))
+        elif kwargs:
+            raise TypeError("keyword inputs are for models registered as graphs")
         wire, call = self._inputs(inputs)
-        out = self._client._native.session_step(self._native, wire, call.tensors)
-        return unflatten(out, self._client)
+        out = unflatten(self._client._native.session_step(self._native, wire, call.tensors), self._client)
+        if graph is None:
+            return out
+        return graph.outputs(list(out) if isinstance(out, tuple) else [out])
 
     def step_until(self, block: int, *inputs, fetch: bool = True) -> "Paused":
         """A step stopped after block `block` (see `Paused`): its activation includes the

@@ -1,0 +1,186 @@
+"""Graphs cut into blocks (`djinn.register(..., split=...)`), registered by a tenant without the
+TorchScript right: a Hugging Face Llama and GPT-2 split after each decoder layer stop after any
+layer with what the layer passes on (a dict: hidden states, mask, position embeddings), resume
+to the model's own output, and resume from a steered activation to what the local model gives
+with the same change made by a forward hook; a Llama larger than the node's device budget
+streams its blocks' weights and gives the resident model's output bit for bit."""
+import json
+
+import pytest
+import torch
+
+import djinn
+from conftest import NodeProcess
+
+TOKEN = "graph-blocks-tenant-token-0123"
+DYNAMIC = {"input_ids": {0: "batch", 1: ("seq", 2, 64)}}
+
+
+def tokens_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("auth") / "tokens.json"
+    path.write_text(json.dumps({"principals": [{"name": "blocks", "tokens": [TOKEN]}]}))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def auth(tmp_path_factory):
+    return tokens_file(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def tenant(auth):
+    """A node with tokens, and a client of a tenant without the right "torchscript"."""
+    node = NodeProcess("--auth-file", auth)
+    try:
+        yield djinn.init(node.address, token=TOKEN)
+    finally:
+        node.stop()
+
+
+def tiny_llama(layers=3, hidden=32):
+    import transformers
+
+    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=hidden, intermediate_size=2 * hidden,
+                                   num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                                   max_position_embeddings=64, bos_token_id=0, eos_token_id=0, pad_token_id=0,
+                                   use_cache=False)
+    return transformers.LlamaForCausalLM(cfg)
+
+
+def tiny_gpt2(layers=3):
+    import transformers
+
+    cfg = transformers.GPT2Config(vocab_size=97, n_positions=64, n_embd=32, n_layer=layers, n_head=4,
+                                  bos_token_id=0, eos_token_id=0, use_cache=False)
+    return transformers.GPT2LMHeadModel(cfg)
+
+
+def layers_of(model):
+    return model.model.layers if hasattr(model, "model") else model.transformer.h
+
+
+def layer_name(model, k):
+    return f"model.layers.{k}" if hasattr(model, "model") else f"transformer.h.{k}"
+
+
+def local(model, ids, steer=None):
+    """The model's logits, with `steer(k, hidden)` applied to layer k's output when given."""
+    hooks = []
+    if steer is not None:
+        for k, layer in enumerate(layers_of(model)):
+            def hook(_module, _args, out, k=k):
+                if isinstance(out, tuple):
+                    return (steer(k, out[0]), *out[1:])
+                return steer(k, out)
+            hooks.append(layer.register_forward_hook(hook))
+    try:
+        with torch.no_grad():
+            return model(input_ids=ids).logits
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+@pytest.mark.parametrize("make", [tiny_llama, tiny_gpt2], ids=["llama", "gpt2"])
+def test_a_model_split_by_decoder_layers_stops_after_any_layer_and_resumes(tenant, make):
+    torch.manual_seed(0)
+    model = make().eval()
+    ids = torch.randint(1, 97, (2, 12))
+    rm = djinn.register(model, {"input_ids": ids}, dynamic=DYNAMIC, split=True)
+    layers = len(layers_of(model))
+    # A block per layer, the last layer's ending where the final norm and head begin.
+    assert rm.blocks == layers + 1
+    want = local(model, ids)
+    torch.testing.assert_close(rm(input_ids=ids).logits, want)
+    for k in range(layers):
+        p = rm.run_until(k, input_ids=ids)
+        a = p.activation
+        assert isinstance(a, dict) and layer_name(model, k) in a, sorted(a)
+        hidden = a[layer_name(model, k)]
+        assert hidden.shape == (2, 12, 32), hidden.shape
+        # Resumed as it was: the model's output, in the model's own output type.
+        got = p.resume()
+        assert type(got) is type(rm(input_ids=ids))
+        torch.testing.assert_close(got.logits, want, msg=lambda m: f"resumed after layer {k}: {m}")
+    # Another size through the same blocks (export left the sequence dynamic).
+    other = torch.randint(1, 97, (1, 7))
+    p = rm.run_until(1, input_ids=other)
+    assert p.activation[layer_name(model, 1)].shape == (1, 7, 32)
+    torch.testing.assert_close(p.resume().logits, local(model, other))
+
+
+@pytest.mark.parametrize("make", [tiny_llama, tiny_gpt2], ids=["llama", "gpt2"])
+def test_a_steered_activation_gives_what_the_local_model_gives_with_the_same_change(tenant, make):
+    torch.manual_seed(1)
+    model = make().eval()
+    ids = torch.randint(1, 97, (2, 10))
+    rm = djinn.register(model, {"input_ids": ids}, dynamic=DYNAMIC, split=True)
+    direction = torch.randn(32)
+    for k in (0, 1):
+        p = rm.run_until(k, input_ids=ids)
+        a = dict(p.activation)
+        name = layer_name(model, k)
+        a[name] = a[name] + 3.0 * direction
+        got = p.resume(a).logits
+        want = local(model, ids, steer=lambda j, h, k=k: h + 3.0 * direction if j == k else h)
+        torch.testing.assert_close(got, want, msg=lambda m: f"steered after layer {k}: {m}")
+        assert not torch.allclose(got, local(model, ids)), "the steer changed nothing"
+    # Stopping again part-way: after layer 0, then after layer 1, steered at both.
+    p = rm.run_until(0, input_ids=ids)
+    a = p.activation
+    a[layer_name(model, 0)] = a[layer_name(model, 0)] * 0.5
+    q = p.resume(a, until=1)
+    b = q.activation
+    b[layer_name(model, 1)] = b[layer_name(model, 1)] - direction
+    got = q.resume(b).logits
+    want = local(model, ids, steer=lambda j, h: h * 0.5 if j == 0 else (h - direction if j == 1 else h))
+    torch.testing.assert_close(got, want)
+
+
+def test_a_replacement_of_another_structure_is_refused_and_the_request_stays_parked(tenant):
+    torch.manual_seed(2)
+    model = tiny_llama().eval()
+    ids = torch.randint(1, 97, (1, 8))
+    rm = djinn.register(model, {"input_ids": ids}, dynamic=DYNAMIC, split=True)
+    p = rm.run_until(1, input_ids=ids)
+    a = p.activation
+    with pytest.raises(ValueError, match="passes on"):
+        p.resume({"model.layers.1": a["model.layers.1"]})
+    wrong = dict(a)
+    wrong["model.layers.1"] = a["model.layers.1"][:, :4]
+    with pytest.raises(djinn.BreakpointError, match="does not match"):
+        p.resume(wrong)
+    wrong["model.layers.1"] = a["model.layers.1"].double()
+    with pytest.raises(djinn.BreakpointError, match="f64"):
+        p.resume(wrong)
+    # Still parked: the kept activation resumes to the model's output.
+    torch.testing.assert_close(p.resume().logits, local(model, ids))
+    with pytest.raises(djinn.BreakpointError, match="the last"):
+        rm.run_until(rm.blocks - 1, input_ids=ids)
+
+
+def test_a_model_larger_than_the_device_budget_streams_and_equals_the_resident_result(auth, tenant):
+    torch.manual_seed(3)
+    model = tiny_llama(layers=6, hidden=64).eval()
+    ids = torch.randint(1, 97, (2, 16))
+    resident = djinn.register(model, {"input_ids": ids}, dynamic=DYNAMIC, split=True)
+    weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    # Room for about half the weights: some blocks stream through the ring.
+    node = NodeProcess("--auth-file", auth, "--device-memory-budget", str(weights // 2))
+    try:
+        client = djinn.init(node.address, token=TOKEN)
+        streamed = client.register(model, {"input_ids": ids}, dynamic=DYNAMIC, split=True)
+        stats = client.node_stats()
+        assert stats["streamed_models"] == 1, stats
+        for x in (ids, torch.randint(1, 97, (1, 9))):
+            want = resident(input_ids=x).logits
+            for _ in range(2):
+                got = streamed(input_ids=x).logits
+                assert torch.equal(got, want), (got - want).abs().max()
+        # Breakpoints go through the ring too: stop in the middle, resume, same bits.
+        p = streamed.run_until(3, input_ids=ids)
+        assert torch.equal(p.resume().logits, resident(input_ids=ids).logits)
+        stats = client.node_stats()
+        assert stats["stream_bytes"] > 0 and stats["ring_bytes"] < weights, stats
+    finally:
+        node.stop()
