@@ -11,6 +11,10 @@
 //! not). For each policy the agent count grows until a trial fails; the largest count that
 //! passed is the policy's capacity. Both policies see the same arrivals and waits (one seed),
 //! each trial on a fresh node.
+//!
+//! The whole is run for each of `--formats`: the decoder as TorchScript (its state the client
+//! gives at open) and as a graph (its state the node makes from the graph's buffers and writes
+//! in place), with the same weights, arrivals and waits.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -76,12 +80,39 @@ pub struct AgentsArgs {
     /// beside it, as in this repository's layout).
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/agents_model.py"))]
     model_script: PathBuf,
+    /// The decoder's forms to run, in turn.
+    #[arg(long, value_delimiter = ',', default_value = "torchscript,graph")]
+    formats: Vec<Format>,
     /// Append the tables, the command and the machine to this markdown file.
     #[arg(long)]
     results: Option<PathBuf>,
 }
 
 const POLICIES: [&str; 2] = ["semantic", "lru"];
+
+/// How the decoder reaches the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// A scripted CachedGPT: the client gives the empty cache and position at open.
+    Torchscript,
+    /// A graph whose buffers are the state: the node makes them at open, writes them in place.
+    Graph,
+}
+
+impl Format {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Torchscript => "TorchScript",
+            Self::Graph => "graph",
+        }
+    }
+}
+
+/// The decoder in one format.
+struct Decoder<'a> {
+    archive: &'a [u8],
+    format: Format,
+}
 
 /// SplitMix64: the bench's reproducible random numbers.
 struct Rng(u64);
@@ -104,9 +135,9 @@ impl Rng {
 }
 
 /// The decoder, made by `bench/agents_model.py` (the Python package's `CachedGPT`: TorchScript
-/// methods with several outputs cannot be traced from Rust): its archive and its KV cache's
-/// shape.
-fn decoder(args: &AgentsArgs) -> Result<(Vec<u8>, Vec<i64>)> {
+/// methods with several outputs cannot be traced from Rust): its TorchScript archive, its
+/// graph container, and its KV cache's shape.
+fn decoder(args: &AgentsArgs) -> Result<(Vec<u8>, Vec<u8>, Vec<i64>)> {
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("decoder.pt");
     let script = &args.model_script;
@@ -122,7 +153,8 @@ fn decoder(args: &AgentsArgs) -> Result<(Vec<u8>, Vec<i64>)> {
         .split(',')
         .map(|d| d.parse().with_context(|| format!("{} printed {d:?} for a dimension", script.display())))
         .collect::<Result<Vec<i64>>>()?;
-    Ok((std::fs::read(&path)?, shape))
+    let graph = std::fs::read(dir.path().join("decoder.pt.graph"))?;
+    Ok((std::fs::read(&path)?, graph, shape))
 }
 
 /// The argmax of a step's logits (f32 bytes).
@@ -157,14 +189,22 @@ impl<'a> EmptyState<'a> {
 }
 
 impl Agent {
-    fn open(node: std::net::SocketAddr, model: &djinn_client::Fingerprint, state: &EmptyState<'_>) -> Result<Self> {
+    /// A session with an empty cache: given by the client for TorchScript, made by the node
+    /// from a graph's buffers.
+    fn open(
+        node: std::net::SocketAddr,
+        model: &djinn_client::Fingerprint,
+        state: &EmptyState<'_>,
+        format: Format,
+    ) -> Result<Self> {
         let mut client = Client::connect(node)?;
         let position = 0i64.to_le_bytes();
-        let state = [
+        let given = [
             TensorRef { dtype: DType::F32, shape: &state.shape, bytes: state.cache },
             TensorRef { dtype: DType::I64, shape: &[1], bytes: &position },
         ];
-        let session = client.session_open(model, &state, 0)?;
+        let given: &[TensorRef<'_>] = if format == Format::Graph { &[] } else { &given };
+        let session = client.session_open(model, given, 0)?;
         Ok(Self { client, session, token: 0 })
     }
 
@@ -189,6 +229,7 @@ fn node(args: &AgentsArgs, policy: &str, state: &EmptyState<'_>, agents: usize) 
 }
 
 struct Trial {
+    format: Format,
     policy: &'static str,
     agents: usize,
     steps: u64,
@@ -224,16 +265,17 @@ impl Record {
 /// arrival.
 fn trial(
     args: &AgentsArgs,
-    (archive, state): (&[u8], &EmptyState<'_>),
+    (decoder, state): (&Decoder<'_>, &EmptyState<'_>),
     policy: &'static str,
     agents: usize,
     duration: f64,
 ) -> Result<Trial> {
     let node = node(args, policy, state, agents)?;
-    let model = Client::connect(node.addr)?.register_model(&[archive], |_, _| {})?.fingerprint;
+    let model = Client::connect(node.addr)?.register_model(&[decoder.archive], |_, _| {})?.fingerprint;
+    let format = decoder.format;
     // The node's first runs of a model are TorchScript's profiling runs, tens of milliseconds:
     // warm-up, not load.
-    let mut warm_up = Agent::open(node.addr, &model, state)?;
+    let mut warm_up = Agent::open(node.addr, &model, state, format)?;
     for _ in 0..args.burst {
         warm_up.step()?;
     }
@@ -257,7 +299,7 @@ fn trial(
             s.spawn(move || {
                 std::thread::sleep(at.saturating_sub(start.elapsed()));
                 let mut run = || -> Result<()> {
-                    let mut agent = Agent::open(node.addr, model, state)?;
+                    let mut agent = Agent::open(node.addr, model, state, format)?;
                     let mut latencies = Vec::new();
                     // An agent whose next burst would not fit in its context leaves.
                     while latencies.len() as i64 + i64::from(args.burst) <= args.context {
@@ -291,6 +333,7 @@ fn trial(
     let record = record.into_inner().unwrap_or_else(|e| e.into_inner());
     let stats = Stats::of(&record.latencies);
     Ok(Trial {
+        format,
         policy,
         agents,
         steps: record.latencies.len(),
@@ -303,15 +346,16 @@ fn trial(
     })
 }
 
-/// Runs the first steps of a session on the node and of the same module in this process:
-/// their logits must be equal, bit for bit. Returns the hot step: p50/p99 of `iters` steps of
-/// that one session, its state resident and in the CPU's caches.
-fn check_and_time_hot_step(args: &AgentsArgs, archive: &[u8], cache: &Tensor) -> Result<Stats> {
-    let local = CModule::load_data(&mut &archive[..]).context("the decoder does not load here")?;
+/// Runs the first steps of a session on the node and of the TorchScript decoder in this
+/// process: their logits must be equal, bit for bit for TorchScript, within float32 rounding for
+/// the graph (the same kernels, called by another runner). Returns the hot step: p50/p99 of
+/// `iters` steps of that one session, its state resident and in the CPU's caches.
+fn check_and_time_hot_step(args: &AgentsArgs, script: &[u8], decoder: &Decoder<'_>, cache: &Tensor) -> Result<Stats> {
+    let local = CModule::load_data(&mut &script[..]).context("the decoder does not load here")?;
     let state = EmptyState::of(cache);
     let node = node(args, "lru", &state, 1)?;
-    let fingerprint = Client::connect(node.addr)?.register_model(&[archive], |_, _| {})?.fingerprint;
-    let mut agent = Agent::open(node.addr, &fingerprint, &state)?;
+    let fingerprint = Client::connect(node.addr)?.register_model(&[decoder.archive], |_, _| {})?.fingerprint;
+    let mut agent = Agent::open(node.addr, &fingerprint, &state, decoder.format)?;
     let (mut local_cache, mut local_position) = (cache.copy(), Tensor::from_slice(&[0i64]));
     for i in 0..4 {
         let token = Tensor::from_slice(&[agent.token]).view([1, 1]);
@@ -324,7 +368,14 @@ fn check_and_time_hot_step(args: &AgentsArgs, archive: &[u8], cache: &Tensor) ->
         };
         (local_cache, local_position) = (next, position);
         let remote = agent.step()?;
-        ensure!(remote.tensor_bytes(0) == bytes_of(&logits), "step {i}: the node's logits differ from this process's");
+        let same = match decoder.format {
+            Format::Torchscript => remote.tensor_bytes(0) == bytes_of(&logits),
+            Format::Graph => {
+                let got = Tensor::from_data_size(remote.tensor_bytes(0), &logits.size(), Kind::Float);
+                got.allclose(&logits, 1e-5, 1e-6, false)
+            }
+        };
+        ensure!(same, "step {i}: the node's {} logits differ from this process's", decoder.format.name());
     }
     measure(args.iters, || agent.step().map(drop))
 }
@@ -344,7 +395,7 @@ pub fn run(args: AgentsArgs) -> Result<()> {
     // The hot step's session takes one position per step, its warm-up and check included.
     ensure!(args.iters + args.iters / 10 + 6 < args.context as u64, "--iters must stay below --context");
     let _no_grad = tch::no_grad_guard();
-    let (archive, shape) = decoder(&args)?;
+    let (script, graph, shape) = decoder(&args)?;
     let cache = Tensor::zeros(&shape, (Kind::Float, tch::Device::Cpu));
     let state = EmptyState::of(&cache);
     let state_bytes = state.bytes();
@@ -354,23 +405,66 @@ pub fn run(args: AgentsArgs) -> Result<()> {
         ByteSize(state_bytes),
         args.budget_sessions
     );
-    let hot = check_and_time_hot_step(&args, &archive, &cache)?;
-    println!("hot step (one session, state resident and cached): p50 {:.1} µs, p99 {:.1} µs", hot.p50, hot.p99);
+    let mut table = String::new();
+    let mut summary = Vec::new();
+    for &format in &args.formats {
+        let archive = match format {
+            Format::Torchscript => &script,
+            Format::Graph => &graph,
+        };
+        let decoder = Decoder { archive, format };
+        let (rows, line) = run_format(&args, &script, &decoder, &cache, &state)?;
+        table.push_str(&rows);
+        summary.push(line);
+    }
+    table.push_str(&summary.join("  \n"));
+    table.push('\n');
+    print!("{table}");
+    if let Some(path) = &args.results {
+        let notes = [format!(
+            "The GPT example's tiny transformer (vocabulary 97, width 64, 4 heads, 2 layers) with a context of {} tokens, its KV cache {} per session; budget {} sessions; bursts of {} steps alternating for {} s after the last arrival, tool waits exponential with mean {} ms (announced to the node), arrivals Poisson with mean gap {} ms; device {}; formats {}",
+            args.context,
+            ByteSize(state_bytes),
+            args.budget_sessions,
+            args.burst,
+            args.duration,
+            args.tool_wait_ms,
+            args.arrival_ms,
+            djinn_executor::device_name(args.device),
+            args.formats.iter().map(|f| f.name()).collect::<Vec<_>>().join(", ")
+        )];
+        append_section(path, "agents", &notes, &table)?;
+    }
+    Ok(())
+}
+
+/// The hot step, the unloaded agent and the trials of each policy, for one format: the table's
+/// rows and the summary line.
+fn run_format(
+    args: &AgentsArgs,
+    script: &[u8],
+    decoder: &Decoder<'_>,
+    cache: &Tensor,
+    state: &EmptyState<'_>,
+) -> Result<(String, String)> {
+    let name = decoder.format.name();
+    let hot = check_and_time_hot_step(args, script, decoder, cache)?;
+    println!("{name}: hot step (one session, state resident and cached): p50 {:.1} µs, p99 {:.1} µs", hot.p50, hot.p99);
 
     // The unloaded agent: one agent alone, the same bursts and waits, its state resident. Its
     // p99 is what the loaded p99 is held to: the first step of a burst, after a second's wait,
     // finds the caches cold on any policy.
-    let unloaded = trial(&args, (&archive, &state), "lru", 1, args.unloaded_duration)?;
+    let unloaded = trial(args, (decoder, state), "lru", 1, args.unloaded_duration)?;
     print_trial(&unloaded, " (unloaded)");
     ensure!(unloaded.failures == 0, "the unloaded agent failed");
     let bound_us = args.bound * unloaded.stats.p99;
-    println!("the bound on a trial's p99: {bound_us:.0} µs");
+    println!("{name}: the bound on a trial's p99: {bound_us:.0} µs");
 
     let mut trials = Vec::new();
     let mut capacity = [0usize; 2];
     for (p, policy) in POLICIES.into_iter().enumerate() {
         for &agents in &args.agents {
-            let t = trial(&args, (&archive, &state), policy, agents, args.duration)?;
+            let t = trial(args, (decoder, state), policy, agents, args.duration)?;
             let within = t.within(bound_us);
             print_trial(&t, if within { ": within the bound" } else { ": over" });
             trials.push(t);
@@ -384,12 +478,13 @@ pub fn run(args: AgentsArgs) -> Result<()> {
     let mut table = String::new();
     writeln!(
         table,
-        "| policy | agents | steps | p50 µs | p99 µs | p999 µs | failures | swaps out / in | restored ahead | p99 ≤ {bound_us:.0} µs |\n|---|---|---|---|---|---|---|---|---|---|"
+        "\n**{name}**\n\n| format | policy | agents | steps | p50 µs | p99 µs | p999 µs | failures | swaps out / in | restored ahead | p99 ≤ {bound_us:.0} µs |\n|---|---|---|---|---|---|---|---|---|---|---|"
     )?;
     for t in std::iter::once(&unloaded).chain(&trials) {
         writeln!(
             table,
-            "| {} | {} | {} | {:.0} | {:.0} | {:.0} | {} | {} / {} | {} | {} |",
+            "| {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {} | {} / {} | {} | {} |",
+            t.format.name(),
             t.policy,
             t.agents,
             t.steps,
@@ -405,29 +500,13 @@ pub fn run(args: AgentsArgs) -> Result<()> {
     }
     writeln!(
         table,
-        "\nThe first row is the unloaded agent (alone, {} s); the bound is {:.0}× its p99. Hot step (one session, no waits): p50 {:.1} µs, p99 {:.1} µs, p999 {:.1} µs.  ",
-        args.unloaded_duration, args.bound, hot.p50, hot.p99, hot.p999
+        "\nThe first row is the unloaded agent (alone, {} s); the bound is {:.0}× its p99.",
+        args.unloaded_duration, args.bound,
     )?;
     let ratio = if capacity[1] == 0 { f64::INFINITY } else { capacity[0] as f64 / capacity[1] as f64 };
-    writeln!(
-        table,
-        "Largest agent count within the bound: semantic **{}**, LRU **{}**: **{ratio:.2}×** (aim ≥ 1.5×).",
-        capacity[0], capacity[1]
-    )?;
-    print!("{table}");
-    if let Some(path) = &args.results {
-        let notes = [format!(
-            "The GPT example's tiny transformer (vocabulary 97, width 64, 4 heads, 2 layers) with a context of {} tokens, its KV cache {} per session; budget {} sessions; bursts of {} steps alternating for {} s after the last arrival, tool waits exponential with mean {} ms (announced to the node), arrivals Poisson with mean gap {} ms; device {}",
-            args.context,
-            ByteSize(state_bytes),
-            args.budget_sessions,
-            args.burst,
-            args.duration,
-            args.tool_wait_ms,
-            args.arrival_ms,
-            djinn_executor::device_name(args.device)
-        )];
-        append_section(path, "agents", &notes, &table)?;
-    }
-    Ok(())
+    let line = format!(
+        "{name}: hot step p50 {:.1} µs, p99 {:.1} µs, p999 {:.1} µs; largest agent count within the bound: semantic **{}**, LRU **{}**: **{ratio:.2}×** (aim ≥ 1.5×)",
+        hot.p50, hot.p99, hot.p999, capacity[0], capacity[1]
+    );
+    Ok((table, line))
 }

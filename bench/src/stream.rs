@@ -2,7 +2,9 @@
 //! node's own executor code (upload, plan, streamer) in this process, against, in the same run:
 //! (a) the same model fully resident, (b) the naive way (before each block, its weights copied
 //! synchronously from pageable host memory, as offloading hooks do), and (c) the raw copy rate
-//! (pinned host to device on CUDA; memcpy between touched buffers on the CPU).
+//! (pinned host to device on CUDA; memcpy between touched buffers on the CPU). The stack is run
+//! twice, as TorchScript blocks and as graph blocks (the Python package's export of each block),
+//! both resident and streamed.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -19,14 +21,19 @@ use tch::{Kind, Tensor};
 
 use crate::report::{Stats, append_section, measure};
 
-/// Writes `block{i}.pt`: `Linear(width, width)` then GELU, traced, random weights.
+/// Writes `block{i}.pt` and `block{i}.graph`: `Linear(width, width)` then GELU, random weights,
+/// traced as TorchScript and exported as a graph.
 const MAKE_BLOCKS: &str = r#"
 import sys, torch
+from djinn import graphs
 out, blocks, width = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 torch.manual_seed(0)
 for i in range(blocks):
     block = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.GELU()).eval()
-    torch.jit.trace(block, torch.randn(1, width)).save(f"{out}/block{i}.pt")
+    x = torch.randn(1, width)
+    torch.jit.trace(block, x).save(f"{out}/block{i}.pt")
+    with open(f"{out}/block{i}.graph", "wb") as f:
+        f.write(graphs.export(block, (x,), dynamic={"input": {0: "batch"}}).containers[0])
 "#;
 
 #[derive(Args, Debug)]
@@ -57,7 +64,8 @@ pub struct StreamArgs {
     results: Option<PathBuf>,
 }
 
-fn make_blocks(args: &StreamArgs) -> Result<Vec<Vec<u8>>> {
+/// The stack's blocks as TorchScript archives and as graph containers.
+fn make_blocks(args: &StreamArgs) -> Result<(Vec<Vec<u8>>, Vec<Vec<u8>>)> {
     let tmp = tempfile::tempdir()?;
     let dir = tmp.path();
     let status = std::process::Command::new(&args.python)
@@ -67,16 +75,17 @@ fn make_blocks(args: &StreamArgs) -> Result<Vec<Vec<u8>>> {
         .status()
         .with_context(|| format!("cannot run {} (set --python)", args.python.display()))?;
     ensure!(status.success(), "{} failed to write the blocks: {status}", args.python.display());
-    let archives: std::io::Result<Vec<Vec<u8>>> =
-        (0..args.blocks).map(|i| std::fs::read(dir.join(format!("block{i}.pt")))).collect();
-    Ok(archives?)
+    let read = |ext: &str| -> std::io::Result<Vec<Vec<u8>>> {
+        (0..args.blocks).map(|i| std::fs::read(dir.join(format!("block{i}.{ext}")))).collect()
+    };
+    Ok((read("pt")?, read("graph")?))
 }
 
 /// The model, loaded by the node's code path under a device budget of `budget` bytes.
 fn load(archives: &[Vec<u8>], device: Device, budget: u64) -> Result<(Arc<Model>, Mutex<ModelStore>)> {
     let lens = archives.iter().map(|a| a.len() as u64).collect();
     let mut upload = Upload::new(Fingerprint::of_blocks(archives), lens, (Default::default(), false), 0)?;
-    // The bench's own TorchScript blocks (streaming runs on TorchScript until graphs stream).
+    // The bench's own blocks: TorchScript is allowed beside the graphs it is compared with.
     upload.torchscript = true;
     let mut offset = 0;
     for archive in archives {
@@ -190,10 +199,10 @@ pub fn run(args: StreamArgs) -> Result<()> {
     let device = djinn_executor::parse_device(&args.device).map_err(anyhow::Error::msg)?;
     let _grad = tch::no_grad_guard();
     eprintln!("writing {} blocks of Linear({w}, {w}) with {}", args.blocks, args.python.display(), w = args.width);
-    let archives = make_blocks(&args)?;
+    let (archives, graphs) = make_blocks(&args)?;
     let x = Tensor::f_randn([args.batch, args.width], (Kind::Float, device))?;
 
-    eprintln!("loading the model resident and streamed");
+    eprintln!("loading the model resident and streamed, as TorchScript and as graphs");
     let (resident, _resident_store) = load(&archives, device, u64::MAX / 2)?;
     let weights = resident.weight_bytes;
     let budget = (weights as f64 / args.oversubscription) as u64;
@@ -201,6 +210,12 @@ pub fn run(args: StreamArgs) -> Result<()> {
     ensure!(stat(&store, "streamed_models") == 1, "a budget of {} did not make the model stream", ByteSize(budget));
     let expected = forward(&resident, &x)?;
     ensure!(forward(&streamed, &x)?.equal(&expected), "streamed and resident outputs differ");
+    let (resident_graph, _graph_store) = load(&graphs, device, u64::MAX / 2)?;
+    let (streamed_graph, graph_store) = load(&graphs, device, budget)?;
+    ensure!(stat(&graph_store, "streamed_models") == 1, "the graphs did not stream under {}", ByteSize(budget));
+    let expected_graph = forward(&resident_graph, &x)?;
+    ensure!(forward(&streamed_graph, &x)?.equal(&expected_graph), "streamed and resident graphs differ");
+    ensure!(expected_graph.allclose(&expected, 1e-5, 1e-6, false), "the graphs and TorchScript disagree");
     let mut naive = Naive::new(&archives, device)?;
     ensure!(naive.forward(&x)?.equal(&expected), "the naive baseline's output differs");
 
@@ -218,6 +233,8 @@ pub fn run(args: StreamArgs) -> Result<()> {
     let forwards = args.iters + (args.iters / 10).max(2);
     let per_forward = (stat(&store, "stream_bytes") - bytes_before) / forwards;
     let stall_ms = (stat(&store, "stream_stall_us") - stall_before) as f64 / 1e3 / forwards as f64;
+    let resident_graph_t = timed(&mut || forward(&resident_graph, &x))?;
+    let streamed_graph_t = timed(&mut || forward(&streamed_graph, &x))?;
     let naive_t = timed(&mut || naive.forward(&x))?;
     let block_bytes = (weights / args.blocks as u64) as usize;
     let raw_t = raw_copy(device, block_bytes, args.iters)?;
@@ -230,6 +247,8 @@ pub fn run(args: StreamArgs) -> Result<()> {
     writeln!(table, "| per forward | p50 ms | p99 ms | p999 ms |\n|---|---|---|---|")?;
     writeln!(table, "| (a) fully resident | {} |", ms(&resident_t))?;
     writeln!(table, "| **streamed** through the ring | {} |", ms(&streamed_t))?;
+    writeln!(table, "| graphs, fully resident | {} |", ms(&resident_graph_t))?;
+    writeln!(table, "| **graphs, streamed** through the ring | {} |", ms(&streamed_graph_t))?;
     writeln!(table, "| (b) naive: synchronous copy from pageable memory before each block | {} |", ms(&naive_t))?;
     writeln!(table, "| (c) raw copy of one block ({}) | {} |", ByteSize(block_bytes as u64), ms(&raw_t))?;
     writeln!(
@@ -244,6 +263,14 @@ pub fn run(args: StreamArgs) -> Result<()> {
         "Naive p50 / streamed p50 = **{:.2}×** (target ≥ 1.5× on a GPU); streamed p50 / resident p50 = {:.2}×.",
         naive_t.p50 / streamed_t.p50,
         streamed_t.p50 / resident_t.p50
+    )?;
+    writeln!(
+        table,
+        "\nGraphs against TorchScript: streamed p50 **{:.3}×**, resident p50 {:.3}×; graphs streamed p50 / graphs \
+         resident p50 = {:.2}×.",
+        streamed_graph_t.p50 / streamed_t.p50,
+        resident_graph_t.p50 / resident_t.p50,
+        streamed_graph_t.p50 / resident_graph_t.p50,
     )?;
     print!("{table}");
     if let Some(path) = &args.results {
