@@ -184,3 +184,50 @@ def test_a_model_larger_than_the_device_budget_streams_and_equals_the_resident_r
         assert stats["stream_bytes"] > 0 and stats["ring_bytes"] < weights, stats
     finally:
         node.stop()
+
+
+def test_kept_tensors_public_weights_quotas_and_re_registration_on_split_graphs(tmp_path):
+    """What the node does for any model, on a graph cut into blocks, for tenants without the
+    TorchScript right: kept inputs and outputs (through a breakpoint too), public weights held
+    once, a device quota that makes the model stream within it, and a model the node lost
+    registered again by the client."""
+    torch.manual_seed(4)
+    model = tiny_llama(layers=4, hidden=64).eval()
+    ids = torch.randint(1, 97, (2, 9))
+    weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(json.dumps({"principals": [
+        {"name": "ann", "tokens": ["ann-token-0123456789ab"]},
+        {"name": "ben", "tokens": ["ben-token-0123456789ab"]},
+        {"name": "cat", "tokens": ["cat-token-0123456789ab"], "quota": {"device_memory": weights // 2}},
+    ]}))
+    node = NodeProcess("--auth-file", str(tokens))
+    try:
+        ann = djinn.Client(node.address, token="ann-token-0123456789ab")
+        ben = djinn.Client(node.address, token="ben-token-0123456789ab")
+        cat = djinn.Client(node.address, token="cat-token-0123456789ab")
+        want = local(model, ids)
+        # Public: ann uploads, ben's registration of the same bytes uploads nothing.
+        a = ann.register(model, {"input_ids": ids}, dynamic=DYNAMIC, split=True, public=True)
+        b = ben.register(model, {"input_ids": ids}, dynamic=DYNAMIC, split=True, public=True)
+        assert a.uploaded and not b.uploaded and a.fingerprint == b.fingerprint
+        torch.testing.assert_close(b(input_ids=ids).logits, want)
+        assert ann.node_stats()["models"] == 1
+        # Kept: the ids kept on the node feed a run that stops, and the resumed output stays there.
+        kept_ids = ann.keep(ids)
+        p = a.run_until(1, input_ids=kept_ids, keep=True)
+        out = p.resume()
+        assert isinstance(out.logits, djinn.RemoteTensor)
+        torch.testing.assert_close(out.logits.cpu(), want)
+        # cat's quota holds half the weights: its private copy streams within it.
+        c = cat.register(model, {"input_ids": ids}, dynamic=DYNAMIC, split=True)
+        assert torch.equal(c(input_ids=ids).logits, a(input_ids=ids).logits)
+        assert cat.node_stats()["streamed_models"] == 1
+        # Lost behind the client's back: the next call registers it again from the client's bytes.
+        djinn.Client(node.address, token="ben-token-0123456789ab")._native.unregister_model(b.fingerprint)
+        djinn.Client(node.address, token="ann-token-0123456789ab")._native.unregister_model(a.fingerprint)
+        assert ann.node_stats()["models"] == 1, "cat's copy alone"
+        torch.testing.assert_close(b(input_ids=ids).logits, want)
+        assert ben.stats()["reregistrations"] == 1
+    finally:
+        node.stop()

@@ -149,3 +149,31 @@ def test_two_hundred_sessions_through_a_budget_that_holds_twenty(auth):
         assert client.node_stats()["sessions"] == 0
     finally:
         node.stop()
+
+
+def test_a_cache_model_lost_by_the_node_is_registered_again_and_its_state_is_bounded(auth):
+    torch.manual_seed(3)
+    model = tiny_gpt2().eval()
+    prompt = torch.randint(1, 97, (1, 6))
+    cfg = model.config
+    per_session = cfg.n_layer * (2 * CACHE * cfg.n_embd * 4 + 8)
+    # Room for one session's cache, not two.
+    node = NodeProcess("--auth-file", auth, "--session-budget", str(per_session + per_session // 2),
+                       "--session-host-pool", str(per_session // 2))
+    try:
+        client = djinn.init(node.address, token=TOKEN)
+        rm = register(model, prompt, client=client)
+        want = local_generate(model, prompt, 5)
+        djinn.Client(node.address, token=TOKEN)._native.unregister_model(rm.fingerprint)
+        with rm.session() as s:
+            assert session_generate(s, prompt, 5) == want
+            # A second cache fits neither the budget nor the host pool beside the first.
+            with pytest.raises(djinn.OverBudgetError):
+                rm.session()
+        assert client.stats()["reregistrations"] == 1
+        assert client.node_stats()["sessions"] == 0
+        # Once the first is closed, there is room again.
+        with rm.session() as s:
+            assert session_generate(s, prompt, 5) == want
+    finally:
+        node.stop()
