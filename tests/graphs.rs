@@ -131,3 +131,69 @@ fn graphs_off_the_allowlist_or_writing_a_weight_are_refused_by_name_and_the_node
     let want: Vec<u8> = [0f32, 2.0, 0.0, 4.0].iter().flat_map(|v| v.to_le_bytes()).collect();
     assert_eq!(out.tensor_bytes(0), &want[..]);
 }
+
+/// A hand-written graph with session state: `total` (f32 [1, 4]) is written in place with
+/// `index_copy_` at row 0 with `total + x`, and the step returns it (`x`: the input).
+fn accumulator(state_shape: Vec<i64>) -> Program {
+    let mut p = program(
+        vec![
+            op("aten::add", "Tensor", vec![Arg::Value(9), Arg::Value(0)], vec![2]),
+            op("aten::zeros", "", vec![Arg::List(vec![Arg::Int(1)])], vec![3]),
+            op("aten::_to_copy", "", vec![Arg::Value(3)], vec![4]),
+            op("aten::index_copy_", "", vec![Arg::Value(9), Arg::Int(0), Arg::Value(4), Arg::Value(2)], vec![5]),
+        ],
+        5,
+    );
+    p.inputs[0].dims[0] = DimRange { min: 1, max: 1 };
+    p.nodes[2].kwargs.insert("dtype".into(), Arg::Dtype("int64".into()));
+    let dims = state_shape.iter().map(|&n| DimRange { min: n, max: n }).collect();
+    p.inputs.push(Input { name: "total".into(), value: 9, dtype: "float32".into(), dims, state: true });
+    p.state =
+        vec![djinn_graph::State { name: "total".into(), dtype: "float32".into(), shape: state_shape, offset: None }];
+    p.outputs.push(Arg::Value(5));
+    p
+}
+
+#[test]
+fn a_graph_with_state_keeps_it_in_sessions_written_in_place_and_bounded_before_it_is_made() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_node, mut client) = tenant_node(dir.path());
+    let model = client.register_model(&[container(&accumulator(vec![1, 4]))], |_, _| {}).unwrap().fingerprint;
+    let x = |v: f32| -> Vec<u8> { [v; 4].iter().flat_map(|v| v.to_le_bytes()).collect() };
+    // A model with state runs in sessions only.
+    let e = client
+        .execute(&model, &[Value::Tensor(0)], &[TensorRef { dtype: DType::F32, shape: &[1, 4], bytes: &x(1.0) }])
+        .unwrap_err();
+    assert!(e.to_string().contains("session"), "{e}");
+    // The node makes the state (zeros) at open; each step adds its input to it, in place.
+    let session = client.session_open(&model, &[], 0).unwrap();
+    for (i, v) in [1.0f32, 2.0, 3.5].into_iter().enumerate() {
+        let step = [TensorRef { dtype: DType::F32, shape: &[1, 4], bytes: &x(v) }];
+        let out = client.session_step(session, &[Value::Tensor(0)], &step).unwrap();
+        let want = [1.0f32, 3.0, 6.5][i];
+        assert_eq!(out.tensor_bytes(0), &x(want)[..], "step {i}");
+    }
+    let stats: std::collections::HashMap<String, u64> = client.stats().unwrap().into_iter().collect();
+    assert_eq!(stats["session_state_bytes_in_place"], 3 * 16, "{stats:?}");
+    assert_eq!(stats["session_state_bytes_replaced"], 0, "{stats:?}");
+    // A state given by the client must be shaped as the program's.
+    let wrong = [TensorRef { dtype: DType::F32, shape: &[2, 4], bytes: &[0u8; 32] }];
+    let e = client.session_open(&model, &wrong, 0).unwrap_err();
+    assert!(e.to_string().contains("\"total\""), "{e}");
+    // A state of 4 TiB is refused before any of it is made; the node serves on.
+    let huge = client.register_model(&[container(&accumulator(vec![1 << 38, 4]))], |_, _| {}).unwrap().fingerprint;
+    let e = client.session_open(&huge, &[], 0).unwrap_err();
+    assert_eq!(e.remote_code(), Some(ErrorCode::OverBudget), "{e}");
+    let step = [TensorRef { dtype: DType::F32, shape: &[1, 4], bytes: &x(1.0) }];
+    assert_eq!(client.session_step(session, &[Value::Tensor(0)], &step).unwrap().tensor_bytes(0), &x(7.5)[..]);
+    // A graph whose new state would be its weight (then written by the next step) is refused.
+    let mut sly = accumulator(vec![1, 4]);
+    *sly.outputs.last_mut().unwrap() = Arg::Value(1);
+    sly.inputs[1].dims = vec![DimRange { min: 4, max: 4 }, DimRange { min: 4, max: 4 }];
+    sly.state[0].shape = vec![4, 4];
+    sly.nodes.truncate(1);
+    sly.outputs[0] = Arg::Value(2);
+    let e = client.register_model(&[container(&sly)], |_, _| {}).unwrap_err();
+    assert_eq!(e.remote_code(), Some(ErrorCode::GraphRefused), "{e}");
+    assert!(e.to_string().contains("new value of state"), "{e}");
+}

@@ -158,8 +158,9 @@ def register(
     those of the example). Non-tensor inputs are fixed at their example values.
 
     `split` cuts the exported graph into blocks after submodules: `split=True` after each
-    decoder layer of a Hugging Face model (the classes its `_no_split_modules` names; else
-    after each item of the model's longest ModuleList), or after the submodules named
+    decoder layer of a Hugging Face model (the classes its `_no_split_modules` names), after
+    each child of a Sequential, else after each item of the model's longest ModuleList, or
+    after the submodules named
     (`["model.layers.3"]`). Block k ends with the k-th cut module, and what it passes on to
     the next block is every value computed up to there and used after it (for a decoder:
     the hidden states, the attention mask, the position embeddings), which a breakpoint

@@ -262,14 +262,17 @@ def _size_oblivious(on: bool):
 def split_points(model: torch.nn.Module, split) -> list[str]:
     """The submodules after which the graph is cut into blocks, in execution order: none for
     `split=None`; for `split=True` a Hugging Face model's decoder layers (the classes its
-    `_no_split_modules` names), else the items of the model's longest ModuleList; or the
-    names given (`["model.layers.3", ...]`, as `named_modules` names them)."""
+    `_no_split_modules` names), a Sequential's children, else the items of the model's longest
+    ModuleList; or the names given (`["model.layers.3", ...]`, as `named_modules` names
+    them)."""
     if split is None or split is False:
         return []
     modules = dict(model.named_modules())
     if split is True:
         classes = set(getattr(model, "_no_split_modules", None) or ())
         found = [n for n, m in modules.items() if n and type(m).__name__ in classes]
+        if not found and isinstance(model, torch.nn.Sequential):
+            found = [n for n, _ in model.named_children()]
         if not found:
             lists = [(n, m) for n, m in modules.items() if isinstance(m, torch.nn.ModuleList) and len(m)]
             if lists:
@@ -373,8 +376,8 @@ class _Export:
 
 def _writable_in_place(graph, buffer, value) -> bool:
     """Whether `value`, the buffer's new value, can be computed by writing the buffer in place:
-    a functional update of the buffer with an in-place form, after which nothing reads the
-    buffer or a view of it."""
+    a functional update of the buffer with an in-place form, after which nothing (the call's
+    results included) reads the buffer or a view of it."""
     if value.op != "call_function" or not isinstance(value.target, torch._ops.OpOverload):
         return False
     schema = value.target._schema
@@ -386,17 +389,20 @@ def _writable_in_place(graph, buffer, value) -> bool:
         if node is value:
             after = True
             continue
-        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
-            if after and node.op != "output" and any(a in aliases for a in node.all_input_nodes):
-                return False
+        if node.op not in ("call_function", "output"):
             continue
-        if node.target._schema.name in _DROPPED:
+        overload = node.target if isinstance(node.target, torch._ops.OpOverload) else None
+        if overload is not None and overload._schema.name in _DROPPED:
             continue
-        reads = any(a in aliases for a in node.all_input_nodes)
-        if after and reads:
+        if not any(a in aliases for a in node.all_input_nodes):
+            continue
+        if after:
             return False
-        returns = node.target._schema.returns
-        if reads and returns and returns[0].alias_info is not None and node.args and node.args[0] in aliases:
+        # A view of the buffer (an operator returning an alias of its first argument), or an
+        # item of a list of views, reads it later.
+        returns = overload._schema.returns if overload is not None else ()
+        view = bool(returns) and returns[0].alias_info is not None and node.args[0] in aliases
+        if view or node.target is operator.getitem:
             aliases.add(node)
     return True
 
@@ -691,7 +697,7 @@ def _write(eps: list, signature: inspect.Signature, bounds: dict, points: list[s
             last_use[a.name] = max(last_use.get(a.name, -1), k)
     carried = [n for n in [*user_inputs, *calls] if isinstance(n.meta.get("val"), torch.Tensor)]
     cut_nodes = [[n for n in carried if block_of.get(n.name, 0) <= k < last_use.get(n.name, -1)] for k in range(last)]
-    cuts = [_names(nodes) for nodes in cut_nodes]
+    cuts = [_names(nodes, points) for nodes in cut_nodes]
     ranges = ep.range_constraints
     containers = []
     for k in range(last + 1):
@@ -741,11 +747,18 @@ def _write_entries(exports: list, signature, bounds: dict, state: list, leaves: 
                  len(state))
 
 
-def _names(nodes: list) -> list[str]:
+def _names(nodes: list, points: list[str]) -> list[str]:
     """Names for what a block passes on: a caller's input by its name, another value by the
-    module that computed it (as a forward hook on it sees it); a module that passes on
-    several is indexed (`model.rotary_emb[0]`)."""
-    names = [n.name if n.op == "placeholder" else (_module_of(n) or n.name) for n in nodes]
+    module that computed it (as a forward hook on it sees it): the cut module it was computed
+    in, else the innermost; a module that passes on several is indexed
+    (`model.rotary_emb[0]`)."""
+
+    def module(node) -> str:
+        stack = node.meta.get("nn_module_stack") or {}
+        cut = [path for path, _ in stack.values() if path in points]
+        return cut[0] if cut else _module_of(node)
+
+    names = [n.name if n.op == "placeholder" else (module(n) or n.name) for n in nodes]
     counts = {name: names.count(name) for name in names}
     seen: dict[str, int] = {}
     out = []

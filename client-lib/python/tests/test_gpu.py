@@ -87,3 +87,49 @@ def test_a_sessions_state_goes_to_pinned_memory_and_back_between_steps(gpu_clien
     with djinn.session(rm, *cached.empty_state(prompt.shape[0])) as s:
         unswapped = greedy(s.step, prompt, 12)
     assert torch.equal(tokens, unswapped)
+
+
+def test_graph_blocks_stream_and_a_graph_session_keeps_its_cache_on_the_gpu():
+    """A Hugging Face Llama cut into decoder layers streams through the ring on the copy stream
+    under a device budget of half its weights, equal to the resident copy; greedy decoding
+    through a session of the Llama with a static cache on the GPU (written in place there)
+    gives the tokens of local `generate` on the same GPU."""
+    transformers = pytest.importorskip("transformers")
+
+    torch.manual_seed(11)
+    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                   bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(1, 97, (2, 16))
+    dynamic = {"input_ids": {1: ("seq", 2, 32)}}
+    weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    resident_node = NodeProcess("--device", "cuda:0")
+    streamed_node = NodeProcess("--device", "cuda:0", "--device-memory-budget", str(weights // 2))
+    try:
+        resident = djinn.Client(resident_node.address).register(model, {"input_ids": ids}, dynamic=dynamic, split=True)
+        client = djinn.Client(streamed_node.address)
+        streamed = client.register(model, {"input_ids": ids}, dynamic=dynamic, split=True)
+        assert client.node_stats()["streamed_models"] == 1
+        assert torch.equal(streamed(input_ids=ids).logits, resident(input_ids=ids).logits)
+        p = streamed.run_until(2, input_ids=ids, fetch=False)
+        assert torch.equal(p.resume().logits, resident(input_ids=ids).logits)
+
+        prompt = ids[:1, :7]
+        rm = client.register(model, {"input_ids": prompt}, dynamic=dynamic, cache_len=32)
+        with torch.no_grad():
+            want = copy.deepcopy(model).cuda().generate(prompt.cuda(), max_new_tokens=10, do_sample=False)[:, 7:].cpu()
+        with rm.session() as s:
+            logits = s.step(input_ids=prompt)
+            got = []
+            for i in range(10):
+                tok = logits[:, -1].argmax(-1, keepdim=True)
+                got.append(tok)
+                if i == 4:
+                    s.io_wait(5)
+                logits = s.step(input_ids=tok)
+        assert torch.cat(got, 1).tolist() == want.tolist()
+        assert client.node_stats()["session_state_bytes_in_place"] > 0
+    finally:
+        resident_node.stop()
+        streamed_node.stop()

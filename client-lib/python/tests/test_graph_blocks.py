@@ -231,3 +231,23 @@ def test_kept_tensors_public_weights_quotas_and_re_registration_on_split_graphs(
         assert ben.stats()["reregistrations"] == 1
     finally:
         node.stop()
+
+
+def test_a_stack_splits_after_each_child_as_blocks_did(tenant):
+    """A model written as a stack, which `blocks=[...]` sent as TorchScript: as graphs, one
+    block per child, stopped and resumed on its activation, replaced or not."""
+    torch.manual_seed(5)
+    stack = torch.nn.Sequential(*(torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU()) for _ in range(4)))
+    stack.eval()
+    x = torch.randn(3, 16)
+    rm = djinn.register(stack, x, split=True)
+    assert rm.blocks == 4
+    with torch.no_grad():
+        want = stack(x)
+        after_one = stack[:2](x)
+    assert torch.equal(rm(x), want)
+    p = rm.run_until(1, x)
+    assert list(p.activation) == ["1"]
+    assert torch.equal(p.activation["1"], after_one)
+    with torch.no_grad():
+        assert torch.equal(p.resume({"1": after_one * 2}), stack[2:](after_one * 2))

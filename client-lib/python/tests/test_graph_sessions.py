@@ -177,3 +177,29 @@ def test_a_cache_model_lost_by_the_node_is_registered_again_and_its_state_is_bou
             assert session_generate(s, prompt, 5) == want
     finally:
         node.stop()
+
+
+def test_a_buffer_is_written_in_place_only_when_nothing_reads_it_afterwards():
+    from djinn.graphs import _writable_in_place
+
+    aten = torch.ops.aten
+
+    def graph(after):
+        """buffer, index, source; the buffer's update; then `after(g, buffer, view)`."""
+        g = torch.fx.Graph()
+        buffer, index, source = g.placeholder("buffer"), g.placeholder("index"), g.placeholder("source")
+        view = g.call_function(aten.slice.Tensor, (buffer, 0, 0, 2))
+        value = g.call_function(aten.index_copy.default, (buffer, 0, index, source))
+        out = after(g, buffer, view, value)
+        g.output((value, out))
+        return g, buffer, value
+
+    def reads(what):
+        return lambda g, buffer, view, value: g.call_function(aten.add.Tensor, ({"buffer": buffer, "view": view,
+                                                                                 "value": value}[what], 1))
+
+    assert _writable_in_place(*graph(reads("value")))
+    assert not _writable_in_place(*graph(reads("buffer")))
+    assert not _writable_in_place(*graph(reads("view")))
+    # The old buffer as one of the call's results.
+    assert not _writable_in_place(*graph(lambda g, buffer, view, value: view))
