@@ -64,8 +64,11 @@ pub struct StreamArgs {
     results: Option<PathBuf>,
 }
 
+/// Each block's bytes, in order.
+type Blocks = Vec<Vec<u8>>;
+
 /// The stack's blocks as TorchScript archives and as graph containers.
-fn make_blocks(args: &StreamArgs) -> Result<(Vec<Vec<u8>>, Vec<Vec<u8>>)> {
+fn make_blocks(args: &StreamArgs) -> Result<(Blocks, Blocks)> {
     let tmp = tempfile::tempdir()?;
     let dir = tmp.path();
     let status = std::process::Command::new(&args.python)
@@ -75,7 +78,7 @@ fn make_blocks(args: &StreamArgs) -> Result<(Vec<Vec<u8>>, Vec<Vec<u8>>)> {
         .status()
         .with_context(|| format!("cannot run {} (set --python)", args.python.display()))?;
     ensure!(status.success(), "{} failed to write the blocks: {status}", args.python.display());
-    let read = |ext: &str| -> std::io::Result<Vec<Vec<u8>>> {
+    let read = |ext: &str| -> std::io::Result<Blocks> {
         (0..args.blocks).map(|i| std::fs::read(dir.join(format!("block{i}.{ext}")))).collect()
     };
     Ok((read("pt")?, read("graph")?))
