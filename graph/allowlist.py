@@ -31,6 +31,12 @@ to transpose tril triu type_as unbind unflatten unsqueeze view where zeros zeros
 __or__ __rshift__ __lshift__ __xor__ remainder fmod sign index_copy
 """.split()
 
+# And those transparent capture records below autograd in the same models and the capture tests
+# (client-lib/python/tests/test_capture.py), where export's decompositions have not run.
+CAPTURED = """
+_safe_softmax eye linspace logspace _native_batch_norm_legit isin rsub
+""".split()
+
 # Random only through an argument the checker requires to be constant and off (dropout_p = 0,
 # train = False): graph/src/check.rs.
 RANDOM_UNLESS = {"scaled_dot_product_attention", "dropout"}
@@ -55,7 +61,7 @@ UNCARRIABLE = ("Generator", "Storage", "Stream", "Dimname", "Any", "Dict", "Futu
 
 
 def candidates():
-    names = set(EXPORTED) | set(IN_PLACE) | RANDOM_UNLESS | RANDOM
+    names = set(EXPORTED) | set(CAPTURED) | set(IN_PLACE) | RANDOM_UNLESS | RANDOM
     for name in dir(torch.ops.aten):
         packet = getattr(torch.ops.aten, name, None)
         if not isinstance(packet, torch._ops.OpOverloadPacket):

@@ -17,6 +17,11 @@ capture = {
     "uploads": 0,
     "random_results_kept": 0,
     "state_kept": 0,
+    # Nanoseconds spent writing graphs, registering new ones, and in executes (the wire and
+    # the node): what a captured run costs besides recording.
+    "write_ns": 0,
+    "register_ns": 0,
+    "execute_ns": 0,
 }
 
 

@@ -15,10 +15,13 @@ How it works, in order:
   storage it writes. Views share their base's storage; an in-place operation is appended to
   its storage's writes. A local tensor operand is copied (as it is now) and becomes an input.
 - Reading a tensor gathers the operations it depends on (their inputs', recursively, and every
-  write to a storage they read), in recording order, and writes them out as a TorchScript
-  function of the inputs. The source text is the graph's structure: a graph seen before is a
-  dictionary look-up away from its fingerprint on the node; a new one is compiled, checked
-  (each aten call must have resolved to the overload recorded) and registered once.
+  write to a storage they read), in recording order, and writes them out as a graph
+  (`djinn.graphs`' format: each aten call by its schema name, the inputs read-only, an in-place
+  call other than the few the allowlist has written as its functional form and a `copy_`,
+  random calls in the overloads that take the node's per-request generator, `empty*` as
+  zeros). The node checks and runs it as any tenant's graph; no TorchScript is involved. A
+  graph seen before is a dictionary look-up away from its fingerprint on the node; a new one
+  is registered once.
 - Copying a local tensor into a fresh remote one (`.to("remote_accelerator:0")`, which is what
   `module.to` does to each weight) uploads it at once; it stays on the node and graphs take it
   by handle. Random operations run at once too and their result is kept on the node, so that
@@ -28,22 +31,22 @@ How it works, in order:
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import itertools
-import linecache
+import json
+import struct
 import threading
-import warnings
+import time
 import weakref
-from typing import List, Optional
+from typing import Optional
 
 import torch
 
-from . import _stats
+from . import _stats, graphs
 from ._recording import _DEVICE, _meta_args_of, _Op, _Storage, _Value, _walk
 from ._wire import CallTensors, unflatten
 from .client import _client
 from .errors import DjinnError, UnsupportedOperationError
-from .models import RemoteModel, _archive
+from .models import RemoteModel
 from .tensors import RemoteTensor
 from .srg import SemanticGraph, annotate
 
@@ -213,8 +216,8 @@ class _Info:
 
 
 _infos: dict = {}
-# (operation, its arguments' signature) -> (its outputs' description, its call's source
-# template): shape inference and source writing are done once per distinct call.
+# (operation, its arguments' signature) -> its outputs' description: shape inference is done
+# once per distinct call.
 _calls: dict = {}
 _MAX_CALLS = 1 << 16
 
@@ -284,17 +287,16 @@ def _record(func, args: tuple, kwargs: dict):
     ]
 
     key = (func, _signature(rec_args), _signature(tuple(rec_kwargs.items())))
-    call = _calls.get(key)
-    if call is None:
+    described = _calls.get(key)
+    if described is None:
         out = _infer(func, rec_args, rec_kwargs, written)
-        call = (_describe(out), _template(info, rec_args, rec_kwargs))
         if len(_calls) >= _MAX_CALLS:
             _calls.clear()
-        _calls[key] = call
+        _calls[key] = _describe(out)
     else:
-        out = _rebuild(call[0])
+        out = _rebuild(described)
 
-    op = _Op(next(_seq), func, rec_args, rec_kwargs, inputs, out, call[1])
+    op = _Op(next(_seq), func, rec_args, rec_kwargs, inputs, out)
     for w in written:
         w.storage.writes.append(op)
     _counters["ops_captured"] += 1
@@ -350,24 +352,6 @@ def _infer(func, rec_args, rec_kwargs, written: list):
     return out
 
 
-def _template(info: _Info, rec_args, rec_kwargs) -> tuple:
-    """The call as TorchScript source, with `{}` where its values go (in the order of the
-    op's inputs), and whether a number stands where the schema has a Tensor (`x + 1`
-    dispatches as add.Tensor with a wrapped number; TorchScript then picks the Scalar overload,
-    which means the same)."""
-
-    def text(x, arg):
-        return _literal(x, None if arg is None else _unwrap_optional(arg.type))
-
-    positional = info.positional
-    rendered = [text(x, positional[i] if i < len(positional) else None) for i, x in enumerate(rec_args)]
-    rendered += [f"{k}={text(x, info.by_name.get(k))}" for k, x in rec_kwargs.items()]
-    numbers = any(
-        isinstance(x, (int, float)) and a.type.isSubtypeOf(torch._C.TensorType.get()) for a, x in zip(positional, rec_args)
-    )
-    return f"torch.ops.aten.{info.schema.name.split('::')[1]}({', '.join(rendered)})", numbers
-
-
 def _info(func) -> _Info:
     info = _infos.get(func)
     if info is None:
@@ -387,7 +371,7 @@ def _view_op(base: _Value, size, stride, offset: int) -> _Op:
     """`as_strided(base, size, stride, offset)`, recorded."""
     args = (base, size, stride, offset)
     meta = base.meta.as_strided(size, stride, offset)
-    return _Op(next(_seq), aten.as_strided.default, args, {}, [base], meta, _template(_info(aten.as_strided.default), args, {}))
+    return _Op(next(_seq), aten.as_strided.default, args, {}, [base], meta)
 
 
 def _upload(dest: LazyTensor, source: torch.Tensor) -> bool:
@@ -605,69 +589,169 @@ class _Plan:
         self.written_leaves = {id(v) for v in self.leaves if v.storage.writes}
 
 
-def _type_text(t) -> str:
-    return str(t).replace("SymInt", "int").replace("Tensor", "torch.Tensor")
+# In-place operators the allowlist has (a graph may write its own memory with them); any other
+# in-place operator is written as its functional form and a `copy_` into the target.
+_IN_PLACE = {aten.copy_.default, aten.index_copy_.default, aten.fill_.Scalar, aten.fill_.Tensor,
+             aten.zero_.default, aten.masked_fill_.Scalar, aten.masked_fill_.Tensor}
+# In-place random operators whose functional form has another overload name.
+_RANDOM_FUNCTIONAL = {aten.uniform_.default: aten.uniform.default, aten.bernoulli_.float: aten.bernoulli.p,
+                      aten.bernoulli_.Tensor: aten.bernoulli.Tensor}
+# Program inputs take any size of their rank: a recorded graph fixes its sizes in its own
+# arguments, so two recordings that differ only in their inputs' sizes are one graph.
+_ANY_SIZE = {"min": 0, "max": graphs.UNBOUNDED}
 
 
-def _literal(v, arg_type) -> str:
-    """`v` as TorchScript source, `{}` for a value; `arg_type`, the schema's type for it
-    (lists are annotated with it, so that `[]` or `[t]` get the element type the overload
-    wants)."""
-    if isinstance(v, _Value):
-        return "{}"
-    if v is _DEVICE:
-        return "dev"
-    if isinstance(v, (list, tuple)):
-        is_list = isinstance(arg_type, torch._C.ListType)
-        inner = ", ".join(_literal(x, arg_type.getElementType() if is_list else None) for x in v)
-        return f"torch.jit.annotate({_type_text(arg_type)}, [{inner}])" if is_list else f"[{inner}]"
-    if isinstance(v, str):
-        return repr(v).replace("{", "{{").replace("}", "}}")
-    if v is None or isinstance(v, (bool, int)):
-        return repr(v)
-    if isinstance(v, float):
-        return repr(v) if v == v and abs(v) != float("inf") else f'float("{v}")'
-    if isinstance(v, (torch.dtype, torch.layout, torch.memory_format)):
-        return str(v)
-    raise UnsupportedOperationError(f"cannot write a {type(v).__name__} ({v!r}) into a remote graph")
+def _functional(func):
+    """The functional form of the in-place operator `func` (`add_.Tensor` -> `add.Tensor`)."""
+    if func in _RANDOM_FUNCTIONAL:
+        return _RANDOM_FUNCTIONAL[func]
+    name = func._schema.name.split("::")[1]
+    packet = getattr(aten, name[:-1], None) if name.endswith("_") and not name.endswith("__") else None
+    functional = getattr(packet, func._overloadname, None) if packet is not None else None
+    if functional is None:
+        raise UnsupportedOperationError(f"{func} writes in place and has no functional form a graph can carry")
+    return functional
 
 
-def _unwrap_optional(t):
-    return t.getElementType() if isinstance(t, torch._C.OptionalType) else t
+class _GraphWriter:
+    """A plan as a program of the graph format (`djinn.graphs`): its leaves are the inputs,
+    its operations the nodes, in recording order, its targets the outputs."""
 
+    def __init__(self, plan: _Plan):
+        self.count = 0
+        self.nodes: list = []
+        self.leaf_ids: dict[int, int] = {}
+        self.outputs_of: dict[int, list] = {}
+        self.items: dict[tuple, int] = {}
+        self.inputs = []
+        for k, v in enumerate(plan.leaves):
+            dtype = graphs._DTYPES.get(v.meta.dtype)
+            if dtype is None:
+                raise UnsupportedOperationError(f"a {v.meta.dtype} tensor cannot be carried by a graph")
+            self.leaf_ids[id(v)] = self.new_id()
+            self.inputs.append({"name": f"i{k}", "value": self.leaf_ids[id(v)], "dtype": dtype,
+                                "dims": [_ANY_SIZE] * v.meta.dim()})
+        if not plan.leaves:
+            # A graph of factories alone still takes one tensor: the call's anchor.
+            self.inputs.append({"name": "anchor", "value": self.new_id(), "dtype": "int8", "dims": [_ANY_SIZE]})
+        for v in plan.leaves:
+            if id(v) in plan.written_leaves:
+                # Inputs are read-only to a graph (and a kept one serves later graphs too): the
+                # graph writes into its own copy.
+                self.leaf_ids[id(v)] = self.node("aten::clone", "", [{"v": self.leaf_ids[id(v)]}], {}, 1)[0]
+        for op in plan.ops:
+            self.op(op)
+        self.outputs = [{"v": self.value(v)} for v in plan.targets]
 
-def _write(plan: _Plan) -> tuple[str, list]:
-    """The plan as the source of a TorchScript `forward`, and the schemas its aten calls must
-    resolve to, in order."""
-    inputs = {id(v): f"i{i}" for i, v in enumerate(plan.leaves)}
-    params = list(inputs.values()) or ["anchor"]
-    lines = [f"    dev = {params[0]}.device"]
-    schemas = []
-    for v in plan.leaves:
-        if id(v) in plan.written_leaves and isinstance(v.leaf, RemoteTensor):
-            # Kept on the node for later graphs too: this one writes into a copy.
-            lines.append(f"    {inputs[id(v)]} = torch.ops.aten.clone({inputs[id(v)]})")
-            schemas.append((aten.clone.default._schema, False))
-    results: dict[int, str] = {}
+    def new_id(self) -> int:
+        self.count += 1
+        return self.count - 1
 
-    def name(v: _Value) -> str:
+    def node(self, name: str, overload: str, args: list, kwargs: dict, returns: int) -> list:
+        outputs = [self.new_id() for _ in range(returns)]
+        self.nodes.append({"op": name, "overload": overload, "args": args, "kwargs": kwargs, "outputs": outputs})
+        return outputs
+
+    def value(self, v: _Value) -> int:
         if v.op is None:
-            return inputs[id(v)]
-        return results[id(v.op)] + "".join(f"[{i}]" for i in v.path)
+            return self.leaf_ids[id(v)]
+        outputs = self.outputs_of[id(v.op)]
+        if not v.path:
+            return outputs[0]
+        # (i,): return i, or item i of a single list return; (i, j): item j of return i.
+        head, rest = (v.path[0], v.path[1:]) if len(outputs) > 1 else (0, v.path)
+        at = outputs[head]
+        for i in rest:
+            key = (at, i)
+            if key not in self.items:
+                self.items[key] = self.node("native::getitem", "", [{"v": at}, {"i": i}], {}, 1)[0]
+            at = self.items[key]
+        return at
 
-    for n, op in enumerate(plan.ops):
-        template, numbers = op.call
-        results[id(op)] = f"r{n}"
-        lines.append(f"    r{n} = " + template.format(*map(name, op.inputs)))
-        schemas.append((_info(op.func).schema, numbers))
-    outputs = [name(v) for v in plan.targets]
-    lines.append(f"    return {outputs[0] if len(outputs) == 1 else '(' + ', '.join(outputs) + ',)'}")
-    signature = ", ".join(f"{p}: torch.Tensor" for p in params)
-    return f"def forward(self, {signature}):\n" + "\n".join(lines) + "\n", schemas
+    def arg(self, a):
+        if isinstance(a, _Value):
+            return {"v": self.value(a)}
+        if a is _DEVICE:
+            return {"device": "node"}
+        if isinstance(a, (list, tuple)):
+            return {"list": [self.arg(x) for x in a]}
+        if a is None:
+            return "none"
+        if isinstance(a, bool):
+            return {"b": a}
+        if isinstance(a, int):
+            return {"i": a}
+        if isinstance(a, float):
+            return {"f": repr(a)}
+        if isinstance(a, str):
+            return {"s": a}
+        if isinstance(a, torch.dtype):
+            if a not in graphs._DTYPES:
+                raise UnsupportedOperationError(f"dtype {a} is not carried by graphs")
+            return {"dtype": graphs._DTYPES[a]}
+        if isinstance(a, torch.layout):
+            return {"layout": "strided"}
+        if isinstance(a, torch.memory_format):
+            return {"memory_format": graphs._MEMORY_FORMATS[a]}
+        raise UnsupportedOperationError(f"cannot write a {type(a).__name__} ({a!r}) into a remote graph")
+
+    def op(self, op: _Op) -> None:
+        func, schema = op.func, op.func._schema
+        args = [self.arg(a) for a in op.args]
+        kwargs = {k: self.arg(v) for k, v in op.kwargs.items() if k != "generator"}
+        name, overload = schema.name, schema.overload_name
+        returns = len(schema.returns)
+        if name in graphs._ZEROED:
+            # Uninitialised memory may hold another tenant's bytes: zeros instead.
+            name, overload = graphs._ZEROED[name], ""
+            kwargs.pop("memory_format", None)
+            args = args[:1] if schema.name in ("aten::empty_strided", "aten::empty") else args
+        elif func in (aten.lift_fresh.default, aten.lift.default):
+            # Marks a tensor made from data as fresh (`torch.tensor(...)`): the tensor itself.
+            self.outputs_of[id(op)] = [args[0]["v"]]
+            return
+        elif func is aten.lift_fresh_copy.default:
+            name, overload = "aten::clone", ""
+        elif func is aten.native_batch_norm.default:
+            # (input, weight, bias, running_mean, running_var, training, momentum, eps): the
+            # allowlist's forms, which say what they write.
+            training, stats = op.args[5], op.args[3] is not None
+            if training and stats:
+                raise UnsupportedOperationError(f"{func} in training mode, updating running statistics")
+            if stats:
+                name, overload = "aten::_native_batch_norm_legit_no_training", ""
+                args = args[:5] + args[6:]
+            else:
+                name, overload = "aten::_native_batch_norm_legit", "no_stats"
+                args = args[:3] + args[5:]
+        elif func is aten.normal_.default:
+            # normal_(x, mean, std): randn_like(x) * std + mean, written into x.
+            given = {**dict(zip(("mean", "std"), op.args[1:])), **op.kwargs}
+            mean, std = given.get("mean", 0.0), given.get("std", 1.0)
+            (r,) = self.node("aten::randn_like", "generator", [args[0]], {}, 1)
+            (r,) = self.node("aten::mul", "Tensor", [{"v": r}, self.arg(float(std))], {}, 1)
+            (r,) = self.node("aten::add", "Tensor", [{"v": r}, self.arg(float(mean))], {}, 1)
+            self.outputs_of[id(op)] = self.node("aten::copy_", "", [args[0], {"v": r}], {}, 1)
+            return
+        elif _info(func).writes and func not in _IN_PLACE:
+            functional = _functional(func)
+            fname, foverload = functional._schema.name, functional._schema.overload_name
+            (r,) = self.node(fname, graphs._WITH_GENERATOR.get((fname, foverload), foverload), args, kwargs, 1)
+            self.outputs_of[id(op)] = self.node("aten::copy_", "", [args[0], {"v": r}], {}, 1)
+            return
+        overload = graphs._WITH_GENERATOR.get((name, overload), overload)
+        self.outputs_of[id(op)] = self.node(name, overload, args, kwargs, returns)
+
+    def container(self) -> bytes:
+        program = {"format": graphs.FORMAT, "inputs": self.inputs, "weights": [], "nodes": self.nodes,
+                   "outputs": self.outputs}
+        text = json.dumps(program, separators=(",", ":")).encode()
+        head = graphs.MAGIC + struct.pack("<Q", len(text)) + text
+        return head + b"\0" * (-len(head) % graphs.ALIGN)
 
 
 class _Graph:
-    """A compiled graph: its TorchScript archive, its semantic graph, and the RemoteModel it is
+    """A graph as registered: its container, its semantic graph, and the RemoteModel it is
     registered as, per client."""
 
     __slots__ = ("archive", "srg", "registered")
@@ -678,30 +762,8 @@ class _Graph:
         self.registered: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-_graphs: dict[str, _Graph] = {}
-
-
-def _compile(source: str, schemas: list) -> bytes:
-    """`source` as a TorchScript module's archive; raises unless every aten call resolved to
-    the overload that was recorded (TorchScript picks overloads by argument types)."""
-    filename = f"<djinn-graph-{hashlib.sha256(source.encode()).hexdigest()[:16]}>"
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    namespace = {"torch": torch, "List": List, "Optional": Optional}
-    exec(compile(source, filename, "exec"), namespace)
-    module = type("CapturedGraph", (torch.nn.Module,), {"forward": namespace["forward"]})()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        try:
-            script = torch.jit.script(module)
-        except Exception as e:  # noqa: BLE001
-            raise UnsupportedOperationError(f"the captured graph does not compile to TorchScript: {e}") from e
-    called = [n for n in script.graph.nodes() if n.kind().startswith("aten::") and n.kind() != "aten::__getitem__"]
-    if len(called) != len(schemas):
-        raise UnsupportedOperationError(f"the TorchScript graph has {len(called)} aten calls where {len(schemas)} were recorded")
-    for node, (schema, numbers) in zip(called, schemas):
-        if node.schema() != str(schema) and not (numbers and node.kind() == schema.name):
-            raise UnsupportedOperationError(f"TorchScript calls {node.schema()} where {schema} was recorded")
-    return _archive(script)
+_graphs: dict[bytes, _Graph] = {}
+_MAX_GRAPHS = 4096
 
 
 def _run(targets: list[_Value], keep: bool = False, plan: Optional[_Plan] = None) -> list:
@@ -709,19 +771,24 @@ def _run(targets: list[_Value], keep: bool = False, plan: Optional[_Plan] = None
     `keep`, RemoteTensors kept there."""
     global _last_graph
     plan = plan or _Plan(targets)
-    source, schemas = _write(plan)
-    graph = _graphs.get(source)
+    started = time.perf_counter_ns()
+    container = _GraphWriter(plan).container()
+    _counters["write_ns"] += time.perf_counter_ns() - started
+    graph = _graphs.get(container)
     if graph is None:
-        archive = _compile(source, schemas)
-        graph = _Graph(archive, annotate(plan))
-        _graphs[source] = graph
+        graph = _Graph(container, annotate(plan))
+        if len(_graphs) >= _MAX_GRAPHS:
+            _graphs.clear()
+        _graphs[container] = graph
         _counters["graphs_built"] += 1
     else:
         _counters["graph_cache_hits"] += 1
     client = _client(None)
     model = graph.registered.get(client)
     if model is None:
+        started = time.perf_counter_ns()
         model = RemoteModel(client, [graph.archive], None, graph.srg.description(), None)
+        _counters["register_ns"] += time.perf_counter_ns() - started
         graph.registered[client] = model
         graph.srg.fingerprint = model.fingerprint
     call = CallTensors()
@@ -730,7 +797,9 @@ def _run(targets: list[_Value], keep: bool = False, plan: Optional[_Plan] = None
     at = _node_of(targets[0].storage.index)
     if at is None and call.nodes:
         at = call.nodes[0]
+    started = time.perf_counter_ns()
     out = client._native.execute(model.fingerprint, wire, call.tensors, keep, at)
+    _counters["execute_ns"] += time.perf_counter_ns() - started
     _counters["graph_executions"] += 1
     _last_graph = graph.srg
     out = unflatten(out, client)

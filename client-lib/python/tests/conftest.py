@@ -53,6 +53,17 @@ class NodeProcess(DjinnProcess):
         super().__init__("node", *args, listen=listen)
 
 
+def tokens_file(directory, principals: dict) -> str:
+    """A node's token file: `principals` maps a name to its token (a principal without rights)
+    or to its whole entry."""
+    import json
+
+    entries = [{"name": n, "tokens": [v]} if isinstance(v, str) else {"name": n, **v} for n, v in principals.items()]
+    path = directory / "tokens.json"
+    path.write_text(json.dumps({"principals": entries}))
+    return str(path)
+
+
 @pytest.fixture(scope="session")
 def node():
     n = NodeProcess()

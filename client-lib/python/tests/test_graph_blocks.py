@@ -4,27 +4,19 @@ layer with what the layer passes on (a dict: hidden states, mask, position embed
 to the model's own output, and resume from a steered activation to what the local model gives
 with the same change made by a forward hook; a Llama larger than the node's device budget
 streams its blocks' weights and gives the resident model's output bit for bit."""
-import json
-
 import pytest
 import torch
 
 import djinn
-from conftest import NodeProcess
+from conftest import NodeProcess, tokens_file
 
 TOKEN = "graph-blocks-tenant-token-0123"
 DYNAMIC = {"input_ids": {0: "batch", 1: ("seq", 2, 64)}}
 
 
-def tokens_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("auth") / "tokens.json"
-    path.write_text(json.dumps({"principals": [{"name": "blocks", "tokens": [TOKEN]}]}))
-    return str(path)
-
-
 @pytest.fixture(scope="module")
 def auth(tmp_path_factory):
-    return tokens_file(tmp_path_factory)
+    return tokens_file(tmp_path_factory.mktemp("auth"), {"blocks": TOKEN})
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +24,7 @@ def tenant(auth):
     """A node with tokens, and a client of a tenant without the right "torchscript"."""
     node = NodeProcess("--auth-file", auth)
     try:
-        yield djinn.init(node.address, token=TOKEN)
+        yield djinn.Client(node.address, token=TOKEN)
     finally:
         node.stop()
 
@@ -86,7 +78,7 @@ def test_a_model_split_by_decoder_layers_stops_after_any_layer_and_resumes(tenan
     torch.manual_seed(0)
     model = make().eval()
     ids = torch.randint(1, 97, (2, 12))
-    rm = djinn.register(model, {"input_ids": ids}, dynamic=DYNAMIC, split=True)
+    rm = tenant.register(model, {"input_ids": ids}, dynamic=DYNAMIC, split=True)
     layers = len(layers_of(model))
     # A block per layer, the last layer's ending where the final norm and head begin.
     assert rm.blocks == layers + 1
@@ -114,7 +106,7 @@ def test_a_steered_activation_gives_what_the_local_model_gives_with_the_same_cha
     torch.manual_seed(1)
     model = make().eval()
     ids = torch.randint(1, 97, (2, 10))
-    rm = djinn.register(model, {"input_ids": ids}, dynamic=DYNAMIC, split=True)
+    rm = tenant.register(model, {"input_ids": ids}, dynamic=DYNAMIC, split=True)
     direction = torch.randn(32)
     for k in (0, 1):
         p = rm.run_until(k, input_ids=ids)
@@ -141,7 +133,7 @@ def test_a_replacement_of_another_structure_is_refused_and_the_request_stays_par
     torch.manual_seed(2)
     model = tiny_llama().eval()
     ids = torch.randint(1, 97, (1, 8))
-    rm = djinn.register(model, {"input_ids": ids}, dynamic=DYNAMIC, split=True)
+    rm = tenant.register(model, {"input_ids": ids}, dynamic=DYNAMIC, split=True)
     p = rm.run_until(1, input_ids=ids)
     a = p.activation
     with pytest.raises(ValueError, match="passes on"):
@@ -163,12 +155,12 @@ def test_a_model_larger_than_the_device_budget_streams_and_equals_the_resident_r
     torch.manual_seed(3)
     model = tiny_llama(layers=6, hidden=64).eval()
     ids = torch.randint(1, 97, (2, 16))
-    resident = djinn.register(model, {"input_ids": ids}, dynamic=DYNAMIC, split=True)
+    resident = tenant.register(model, {"input_ids": ids}, dynamic=DYNAMIC, split=True)
     weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     # Room for about half the weights: some blocks stream through the ring.
     node = NodeProcess("--auth-file", auth, "--device-memory-budget", str(weights // 2))
     try:
-        client = djinn.init(node.address, token=TOKEN)
+        client = djinn.Client(node.address, token=TOKEN)
         streamed = client.register(model, {"input_ids": ids}, dynamic=DYNAMIC, split=True)
         stats = client.node_stats()
         assert stats["streamed_models"] == 1, stats
@@ -195,13 +187,12 @@ def test_kept_tensors_public_weights_quotas_and_re_registration_on_split_graphs(
     model = tiny_llama(layers=4, hidden=64).eval()
     ids = torch.randint(1, 97, (2, 9))
     weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
-    tokens = tmp_path / "tokens.json"
-    tokens.write_text(json.dumps({"principals": [
-        {"name": "ann", "tokens": ["ann-token-0123456789ab"]},
-        {"name": "ben", "tokens": ["ben-token-0123456789ab"]},
-        {"name": "cat", "tokens": ["cat-token-0123456789ab"], "quota": {"device_memory": weights // 2}},
-    ]}))
-    node = NodeProcess("--auth-file", str(tokens))
+    tokens = tokens_file(tmp_path, {
+        "ann": "ann-token-0123456789ab",
+        "ben": "ben-token-0123456789ab",
+        "cat": {"tokens": ["cat-token-0123456789ab"], "quota": {"device_memory": weights // 2}},
+    })
+    node = NodeProcess("--auth-file", tokens)
     try:
         ann = djinn.Client(node.address, token="ann-token-0123456789ab")
         ben = djinn.Client(node.address, token="ben-token-0123456789ab")
@@ -240,7 +231,7 @@ def test_a_stack_splits_after_each_child_as_blocks_did(tenant):
     stack = torch.nn.Sequential(*(torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU()) for _ in range(4)))
     stack.eval()
     x = torch.randn(3, 16)
-    rm = djinn.register(stack, x, split=True)
+    rm = tenant.register(stack, x, split=True)
     assert rm.blocks == 4
     with torch.no_grad():
         want = stack(x)

@@ -3,13 +3,11 @@ Face Llama and GPT-2 registered with a static KV cache (`cache_len=`) generate g
 a session, each step sending only its new token, token for token as the local `generate` does,
 with the session swapped to host memory (IO_WAIT) in between; the node writes the cache where
 it is (no copy of it per step); 200 sessions share a session budget that holds 20."""
-import json
-
 import pytest
 import torch
 
 import djinn
-from conftest import NodeProcess
+from conftest import NodeProcess, tokens_file
 
 TOKEN = "graph-sessions-tenant-token-0123"
 CACHE = 32
@@ -17,16 +15,14 @@ CACHE = 32
 
 @pytest.fixture(scope="module")
 def auth(tmp_path_factory):
-    path = tmp_path_factory.mktemp("auth") / "tokens.json"
-    path.write_text(json.dumps({"principals": [{"name": "sessions", "tokens": [TOKEN]}]}))
-    return str(path)
+    return tokens_file(tmp_path_factory.mktemp("auth"), {"sessions": TOKEN})
 
 
 @pytest.fixture(scope="module")
 def tenant(auth):
     node = NodeProcess("--auth-file", auth)
     try:
-        yield djinn.init(node.address, token=TOKEN)
+        yield djinn.Client(node.address, token=TOKEN)
     finally:
         node.stop()
 
@@ -48,9 +44,9 @@ def tiny_gpt2():
     return transformers.GPT2LMHeadModel(cfg)
 
 
-def register(model, prompt, client=None):
-    return djinn.register(model, {"input_ids": prompt}, dynamic={"input_ids": {1: ("seq", 2, CACHE)}},
-                          cache_len=CACHE, client=client)
+def register(client, model, prompt):
+    return client.register(model, {"input_ids": prompt}, dynamic={"input_ids": {1: ("seq", 2, CACHE)}},
+                           cache_len=CACHE)
 
 
 def local_generate(model, prompt, new_tokens):
@@ -78,7 +74,7 @@ def test_greedy_generation_through_a_session_equals_local_generate(tenant, make)
     torch.manual_seed(0)
     model = make().eval()
     prompt = torch.randint(1, 97, (1, 7))
-    rm = register(model, prompt)
+    rm = register(tenant, model, prompt)
     # One block holding the prefill and the decode graphs over one copy of the weights.
     assert rm.blocks == 1
     weights = sum(t.numel() * t.element_size() for t in {id(t): t for t in model.parameters()}.values())
@@ -112,7 +108,7 @@ def test_a_model_with_a_cache_runs_only_in_sessions_and_a_given_state_is_checked
     torch.manual_seed(1)
     model = tiny_gpt2().eval()
     prompt = torch.randint(1, 97, (1, 5))
-    rm = register(model, prompt)
+    rm = register(tenant, model, prompt)
     with pytest.raises(TypeError, match="session"):
         rm(input_ids=prompt)
     with pytest.raises(djinn.DjinnError, match="state"):
@@ -129,9 +125,9 @@ def test_two_hundred_sessions_through_a_budget_that_holds_twenty(auth):
     per_session = cfg.n_layer * (2 * CACHE * cfg.n_embd * 4 + 8)
     node = NodeProcess("--auth-file", auth, "--session-budget", str(20 * per_session + per_session // 2))
     try:
-        client = djinn.init(node.address, token=TOKEN)
+        client = djinn.Client(node.address, token=TOKEN)
         prompts = [torch.randint(1, 97, (1, 3 + i % 5)) for i in range(200)]
-        rm = register(model, prompts[0], client=client)
+        rm = register(client, model, prompts[0])
         sessions = [rm.session() for _ in prompts]
         # Every session takes its turn: the prompt, then three tokens one step at a time.
         last = [s.step(input_ids=p)[:, -1].argmax(-1, keepdim=True) for s, p in zip(sessions, prompts)]
@@ -161,8 +157,8 @@ def test_a_cache_model_lost_by_the_node_is_registered_again_and_its_state_is_bou
     node = NodeProcess("--auth-file", auth, "--session-budget", str(per_session + per_session // 2),
                        "--session-host-pool", str(per_session // 2))
     try:
-        client = djinn.init(node.address, token=TOKEN)
-        rm = register(model, prompt, client=client)
+        client = djinn.Client(node.address, token=TOKEN)
+        rm = register(client, model, prompt)
         want = local_generate(model, prompt, 5)
         djinn.Client(node.address, token=TOKEN)._native.unregister_model(rm.fingerprint)
         with rm.session() as s:

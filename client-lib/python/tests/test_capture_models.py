@@ -1,0 +1,87 @@
+"""Transparent capture of models no one here wrote, as a tenant without the TorchScript right:
+Hugging Face GPT-2 and Llama (tiny configs, random weights) moved to `remote_accelerator:0`
+give the local logits, and greedy `generate` through capture gives the local tokens. Capture
+writes graphs: `torch.jit` is never called."""
+import pytest
+import torch
+
+import djinn
+from conftest import NodeProcess, tokens_file
+
+TOKEN = "capture-tenant-token-0123456"
+REMOTE = "remote_accelerator:0"
+
+
+@pytest.fixture(scope="module")
+def tenant(tmp_path_factory):
+    node = NodeProcess("--auth-file", tokens_file(tmp_path_factory.mktemp("auth"), {"capture": TOKEN}))
+    try:
+        yield djinn.init(node.address, token=TOKEN)
+    finally:
+        node.stop()
+
+
+@pytest.fixture
+def no_torchscript(monkeypatch):
+    """Any use of torch.jit's compilers fails the test."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("capture used torch.jit")
+
+    for name in ("script", "trace", "save"):
+        monkeypatch.setattr(torch.jit, name, refuse)
+
+
+def tiny_llama():
+    import transformers
+
+    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                   bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    return transformers.LlamaForCausalLM(cfg)
+
+
+def tiny_gpt2():
+    import transformers
+
+    cfg = transformers.GPT2Config(vocab_size=97, n_positions=64, n_embd=32, n_layer=2, n_head=4,
+                                  bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    return transformers.GPT2LMHeadModel(cfg)
+
+
+@pytest.mark.parametrize("make", [tiny_gpt2, tiny_llama], ids=["gpt2", "llama"])
+def test_hugging_face_forward_and_generate_through_capture_equal_local(tenant, no_torchscript, make):
+    torch.manual_seed(0)
+    model = make().eval()
+    prompt = torch.randint(1, 97, (1, 7))
+    with torch.no_grad():
+        want_logits = model(prompt).logits
+        want = model.generate(prompt, max_new_tokens=8, do_sample=False)
+    before = djinn.stats()["capture"]
+    model.to(REMOTE)
+    with torch.no_grad():
+        logits = model(prompt.to(REMOTE)).logits
+        assert isinstance(logits, djinn.LazyTensor)
+        torch.testing.assert_close(logits.cpu(), want_logits)
+        got = model.generate(prompt.to(REMOTE), max_new_tokens=8, do_sample=False)
+    assert got.cpu().tolist() == want.tolist()
+    after = djinn.stats()["capture"]
+    assert after["graph_executions"] - before["graph_executions"] >= 9, after
+
+
+def test_capture_sends_ordinary_graphs_which_the_node_checks(tenant, no_torchscript):
+    """What capture sends is a tenant's graph like any other: an operator the node does not run
+    (dropout in training mode draws without a generator the node can give) is refused by name,
+    and capture goes on; in-place updates of the graph's own tensors, views and factories are
+    written as the format allows (functional forms and copy_) and give the local values."""
+    x = torch.randn(4, 4)
+    remote = x.to(REMOTE)
+    with pytest.raises(djinn.GraphRefusedError, match="native_dropout"):
+        torch.nn.functional.dropout(remote, 0.5, training=True)
+    assert isinstance((remote @ remote).sum().item(), float)
+    y = torch.zeros(4, 4, device=REMOTE)
+    y[1:3].add_(remote[1:3])
+    y.mul_(2)
+    local = torch.zeros(4, 4)
+    local[1:3].add_(x[1:3])
+    assert torch.equal(y.cpu(), local * 2)
