@@ -43,9 +43,9 @@ class _Op:
     """One recorded aten call. `args`/`kwargs` hold _Values where tensors were and `_DEVICE`
     where the remote device was."""
 
-    __slots__ = ("seq", "func", "args", "kwargs", "inputs", "out", "call")
+    __slots__ = ("seq", "func", "args", "kwargs", "inputs", "out", "created")
 
-    def __init__(self, seq: int, func, args, kwargs, inputs: list, out, call=None):
+    def __init__(self, seq: int, func, args, kwargs, inputs: list, out):
         self.seq = seq
         self.func = func
         self.args = args
@@ -53,8 +53,9 @@ class _Op:
         self.inputs = inputs
         # What the call returned on the meta device.
         self.out = out
-        # (source template, a number where a Tensor is expected), as `_template` writes it.
-        self.call = call
+        # The storages its outputs are the first to view (weakly: a storage goes with its
+        # last tensor).
+        self.created: list = []
 
 
 class _DeviceArg:

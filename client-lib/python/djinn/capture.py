@@ -313,6 +313,7 @@ def _record(func, args: tuple, kwargs: dict):
                 return aliased if writes else LazyTensor(_Value(op, path, meta, aliased._value.storage))
         storage = _Storage(index)
         created.append(storage)
+        op.created.append(weakref.ref(storage))
         return LazyTensor(_Value(op, path, meta, storage))
 
     if len(info.returns) == 1:
@@ -349,6 +350,9 @@ def _infer(func, rec_args, rec_kwargs, written: list):
         if (w.meta.shape, w.meta.stride(), w.meta.storage_offset()) != (shape, stride, offset):
             w.meta.as_strided_(shape, stride, offset)
             raise UnsupportedOperationError(f"{func} changes the shape of a remote tensor in place")
+    if func is aten.native_batch_norm.default and not meta_args[5]:
+        # Out of training, the kernels give empty saved statistics; the meta kernel says [C].
+        out = (out[0], out[1].new_empty(0), out[2].new_empty(0))
     return out
 
 
@@ -807,16 +811,25 @@ def _run(targets: list[_Value], keep: bool = False, plan: Optional[_Plan] = None
 
 
 def _materialize(tensors: list) -> list[torch.Tensor]:
-    """The data of `tensors`, computed on their node. Storages the graph writes that other
-    live tensors view (a KV cache updated in place) are kept there as they are afterwards, so
-    that the next graph starts from them instead of replaying their history: the graph then
-    keeps its outputs too, and the targets are fetched."""
+    """The data of `tensors`, computed on their node. Storages the graph computes or writes that
+    other live tensors view (a KV cache, grown by `cat` or updated in place) are kept there as
+    they are afterwards, so that the next graph starts from them instead of replaying their
+    history: the graph then keeps its outputs too, and the targets are fetched."""
     with _lock:
         targets = [t._value for t in tensors]
         plan = _Plan(targets)
         wanted = {id(t) for t in tensors}
-        written = {id(w.storage): w.storage for op in plan.ops for w in _written(op)}
-        state = [(s, live) for s in written.values() if (live := list(s.tensors)) and any(id(t) not in wanted for t in live)]
+        storages = {id(w.storage): w.storage for op in plan.ops for w in _written(op)}
+        for op in plan.ops:
+            for ref in op.created:
+                if (s := ref()) is not None:
+                    storages.setdefault(id(s), s)
+        # (An empty tensor has nothing to keep.)
+        state = [
+            (s, live)
+            for s in storages.values()
+            if (live := list(s.tensors)) and any(id(t) not in wanted for t in live) and any(t.numel() for t in live)
+        ]
         if not state:
             outputs = _run(targets, plan=plan)
         else:
