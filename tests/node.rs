@@ -370,17 +370,39 @@ fn clients_that_stall_are_closed_and_the_node_keeps_serving() {
             trickle.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
             matches!(trickle.read(&mut [0u8; 64]), Ok(0) | Err(_))
         });
-        node.wait_for_stat(&mut client, "stalled_connections", 3);
+        node.wait_for_stat_at_least(&mut client, "stalled_connections", 3);
         assert!(trickler.join().unwrap(), "{backend}: the trickling connection is closed");
         silent.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         assert!(matches!(silent.read(&mut [0u8; 64]), Ok(0) | Err(_)), "{backend}: the silent connection is closed");
-        // An idle connection is not a stalled one, and the node serves as before. (A small
-        // reply: 4 MiB read by this thread on a loaded 2-core machine can itself take longer
-        // than the 0.4 s stall timeout, and be counted.)
+        // An idle connection is not a stalled one: a fresh one (a bare socket, which does not
+        // reconnect), served, idle for 2.5 stall timeouts, is served again. (Not the count: on
+        // a loaded 2-core machine, with this binary's other tests beside it, the client's own
+        // 4 MiB put can pause past the 0.4 s timeout mid-frame, be counted, and reconnect.)
+        let mut small = Vec::new();
+        encode_head(&mut small, 2, &Message::Get { name: "small".into() }).unwrap();
+        let mut idle = TcpStream::connect(node.addr).unwrap();
+        idle.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let served = |idle: &mut TcpStream| -> bool {
+            if idle.write_all(&small).is_err() {
+                return false;
+            }
+            let mut got = 0;
+            let mut buf = [0u8; 8192];
+            while got < 4096 {
+                match idle.read(&mut buf) {
+                    Ok(0) | Err(_) => return false,
+                    Ok(n) => got += n,
+                }
+            }
+            true
+        };
+        assert!(served(&mut idle), "{backend}: a fresh connection is served");
         thread::sleep(Duration::from_millis(1000));
+        assert!(served(&mut idle), "{backend}: an idle connection was closed as stalled");
+        assert!(node.stat(&mut client, "stalled_connections") >= 3, "{backend}");
         assert_eq!(client.get("small").unwrap().bytes(), &pattern(4096, 4)[..], "{backend}");
-        assert_eq!(node.stat(&mut client, "stalled_connections"), 3, "{backend}");
-        assert_eq!(node.stat(&mut client, "connections_open"), 1, "{backend}");
+        drop(deaf);
+        node.wait_for_stat(&mut client, "connections_open", 2);
     }
 }
 

@@ -80,10 +80,19 @@ impl Node {
 
     /// Waits (up to 10 s) for a counter that changes as the node catches up with closes.
     pub fn wait_for_stat(&self, client: &mut Client, name: &str, value: u64) {
+        self.wait_for(client, name, value, |now| now == value);
+    }
+
+    /// Waits until the counter `name` reaches `value` or more.
+    pub fn wait_for_stat_at_least(&self, client: &mut Client, name: &str, value: u64) {
+        self.wait_for(client, name, value, |now| now >= value);
+    }
+
+    fn wait_for(&self, client: &mut Client, name: &str, value: u64, done: impl Fn(u64) -> bool) {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let now = self.stat(client, name);
-            if now == value {
+            if done(now) {
                 return;
             }
             assert!(Instant::now() < deadline, "{name} stayed at {now}, expected {value}");
