@@ -32,8 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
-import struct
 import threading
 import time
 import weakref
@@ -673,31 +671,17 @@ class _GraphWriter:
         return at
 
     def arg(self, a):
+        try:
+            return graphs.encode_arg(a, self.value_arg)
+        except graphs.ExportError as e:
+            raise UnsupportedOperationError(f"cannot write it into a remote graph: {e}") from None
+
+    def value_arg(self, a):
         if isinstance(a, _Value):
             return {"v": self.value(a)}
         if a is _DEVICE:
             return {"device": "node"}
-        if isinstance(a, (list, tuple)):
-            return {"list": [self.arg(x) for x in a]}
-        if a is None:
-            return "none"
-        if isinstance(a, bool):
-            return {"b": a}
-        if isinstance(a, int):
-            return {"i": a}
-        if isinstance(a, float):
-            return {"f": repr(a)}
-        if isinstance(a, str):
-            return {"s": a}
-        if isinstance(a, torch.dtype):
-            if a not in graphs._DTYPES:
-                raise UnsupportedOperationError(f"dtype {a} is not carried by graphs")
-            return {"dtype": graphs._DTYPES[a]}
-        if isinstance(a, torch.layout):
-            return {"layout": "strided"}
-        if isinstance(a, torch.memory_format):
-            return {"memory_format": graphs._MEMORY_FORMATS[a]}
-        raise UnsupportedOperationError(f"cannot write a {type(a).__name__} ({a!r}) into a remote graph")
+        return None
 
     def op(self, op: _Op) -> None:
         func, schema = op.func, op.func._schema
@@ -747,11 +731,8 @@ class _GraphWriter:
         self.outputs_of[id(op)] = self.node(name, overload, args, kwargs, returns)
 
     def container(self) -> bytes:
-        program = {"format": graphs.FORMAT, "inputs": self.inputs, "weights": [], "nodes": self.nodes,
-                   "outputs": self.outputs}
-        text = json.dumps(program, separators=(",", ":")).encode()
-        head = graphs.MAGIC + struct.pack("<Q", len(text)) + text
-        return head + b"\0" * (-len(head) % graphs.ALIGN)
+        # No weights (a captured graph takes them as inputs, kept on the node), no state.
+        return graphs._Container().encode([{"inputs": self.inputs, "nodes": self.nodes, "outputs": self.outputs}])
 
 
 class _Graph:

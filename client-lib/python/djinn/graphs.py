@@ -311,6 +311,40 @@ def _module_of(node) -> str:
     return ""
 
 
+def encode_arg(a, value) -> Any:
+    """An argument as the format writes it: `value(a)`, the writer's encoding of a value of its
+    graph, when that is not None; else the constant (lists recursively)."""
+    v = value(a)
+    if v is not None:
+        return v
+    if a is None:
+        return "none"
+    if isinstance(a, bool):
+        return {"b": a}
+    if isinstance(a, int):
+        return {"i": a}
+    if isinstance(a, float):
+        return {"f": repr(a)}
+    if isinstance(a, str):
+        return {"s": a}
+    if isinstance(a, torch.dtype):
+        if a not in _DTYPES:
+            raise ExportError(f"dtype {a} is not carried by graphs")
+        return {"dtype": _DTYPES[a]}
+    if isinstance(a, torch.device):
+        # Whatever device the node runs the model on.
+        return {"device": "node"}
+    if isinstance(a, torch.layout):
+        if a != torch.strided:
+            raise ExportError(f"layout {a}: graphs carry strided tensors only")
+        return {"layout": "strided"}
+    if isinstance(a, torch.memory_format):
+        return {"memory_format": _MEMORY_FORMATS[a]}
+    if isinstance(a, (list, tuple)):
+        return {"list": [encode_arg(x, value) for x in a]}
+    raise ExportError(f"an argument of type {type(a).__name__} ({a!r}) is not carried by graphs")
+
+
 def _raw(tensor, what: str) -> tuple:
     """A tensor as the container stores it: (dtype, shape, bytes)."""
     if not isinstance(tensor, torch.Tensor):
@@ -518,34 +552,7 @@ class _Program:
         raise ExportError(f"the size {expr} is needed after a cut, and no tensor passed on has it")
 
     def arg(self, a) -> Any:
-        if isinstance(a, torch.fx.Node):
-            return self.value(a)
-        if a is None:
-            return "none"
-        if isinstance(a, bool):
-            return {"b": a}
-        if isinstance(a, int):
-            return {"i": a}
-        if isinstance(a, float):
-            return {"f": repr(a)}
-        if isinstance(a, str):
-            return {"s": a}
-        if isinstance(a, torch.dtype):
-            if a not in _DTYPES:
-                raise ExportError(f"dtype {a} is not carried by graphs")
-            return {"dtype": _DTYPES[a]}
-        if isinstance(a, torch.device):
-            # Whatever device the node runs the model on.
-            return {"device": "node"}
-        if isinstance(a, torch.layout):
-            if a != torch.strided:
-                raise ExportError(f"layout {a}: graphs carry strided tensors only")
-            return {"layout": "strided"}
-        if isinstance(a, torch.memory_format):
-            return {"memory_format": _MEMORY_FORMATS[a]}
-        if isinstance(a, (list, tuple)):
-            return {"list": [self.arg(x) for x in a]}
-        raise ExportError(f"an argument of type {type(a).__name__} ({a!r}) is not carried by graphs")
+        return encode_arg(a, lambda x: self.value(x) if isinstance(x, torch.fx.Node) else None)
 
     def emit(self, node) -> None:
         """Writes one call_function node of the exported graph."""

@@ -64,6 +64,50 @@ def tokens_file(directory, principals: dict) -> str:
     return str(path)
 
 
+TENANT_TOKEN = "tenant-without-torchscript-0123"
+
+
+@pytest.fixture(scope="module")
+def tenant_auth(tmp_path_factory) -> str:
+    """A token file with one tenant, which has no right to TorchScript."""
+    return tokens_file(tmp_path_factory.mktemp("auth"), {"tenant": TENANT_TOKEN})
+
+
+@pytest.fixture(scope="module")
+def tenant(tenant_auth):
+    """A node with that token file, and the tenant's client, made the default one (for
+    `djinn.register` and capture)."""
+    import djinn
+
+    node = NodeProcess("--auth-file", tenant_auth)
+    try:
+        yield djinn.init(node.address, token=TENANT_TOKEN)
+    finally:
+        node.stop()
+
+
+def hf_llama(layers: int = 2, hidden: int = 32, use_cache: bool = True):
+    """A Hugging Face Llama from a tiny config (vocabulary 97, 4 heads over 2 KV heads), random
+    weights."""
+    import transformers
+
+    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=hidden, intermediate_size=2 * hidden,
+                                   num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                                   max_position_embeddings=64, bos_token_id=0, eos_token_id=0, pad_token_id=0,
+                                   use_cache=use_cache)
+    return transformers.LlamaForCausalLM(cfg)
+
+
+def hf_gpt2(layers: int = 2, use_cache: bool = True):
+    """A Hugging Face GPT-2 from a tiny config (vocabulary 97, width 32, 4 heads), random
+    weights."""
+    import transformers
+
+    cfg = transformers.GPT2Config(vocab_size=97, n_positions=64, n_embd=32, n_layer=layers, n_head=4,
+                                  bos_token_id=0, eos_token_id=0, pad_token_id=0, use_cache=use_cache)
+    return transformers.GPT2LMHeadModel(cfg)
+
+
 @pytest.fixture(scope="session")
 def node():
     n = NodeProcess()

@@ -6,19 +6,9 @@ import pytest
 import torch
 
 import djinn
-from conftest import NodeProcess, tokens_file
+from conftest import hf_gpt2, hf_llama
 
-TOKEN = "capture-tenant-token-0123456"
 REMOTE = "remote_accelerator:0"
-
-
-@pytest.fixture(scope="module")
-def tenant(tmp_path_factory):
-    node = NodeProcess("--auth-file", tokens_file(tmp_path_factory.mktemp("auth"), {"capture": TOKEN}))
-    try:
-        yield djinn.init(node.address, token=TOKEN)
-    finally:
-        node.stop()
 
 
 @pytest.fixture
@@ -32,24 +22,7 @@ def no_torchscript(monkeypatch):
         monkeypatch.setattr(torch.jit, name, refuse)
 
 
-def tiny_llama():
-    import transformers
-
-    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                   bos_token_id=0, eos_token_id=0, pad_token_id=0)
-    return transformers.LlamaForCausalLM(cfg)
-
-
-def tiny_gpt2():
-    import transformers
-
-    cfg = transformers.GPT2Config(vocab_size=97, n_positions=64, n_embd=32, n_layer=2, n_head=4,
-                                  bos_token_id=0, eos_token_id=0, pad_token_id=0)
-    return transformers.GPT2LMHeadModel(cfg)
-
-
-@pytest.mark.parametrize("make", [tiny_gpt2, tiny_llama], ids=["gpt2", "llama"])
+@pytest.mark.parametrize("make", [hf_gpt2, hf_llama], ids=["gpt2", "llama"])
 def test_hugging_face_forward_and_generate_through_capture_equal_local(tenant, no_torchscript, make):
     torch.manual_seed(0)
     model = make().eval()
@@ -63,7 +36,10 @@ def test_hugging_face_forward_and_generate_through_capture_equal_local(tenant, n
         logits = model(prompt.to(REMOTE)).logits
         assert isinstance(logits, djinn.LazyTensor)
         torch.testing.assert_close(logits.cpu(), want_logits)
-        got = model.generate(prompt.to(REMOTE), max_new_tokens=8, do_sample=False)
+        # The prompt as users hold one: every other column of a wider batch.
+        wide = torch.zeros(1, 14, dtype=torch.int64)
+        wide[:, ::2] = prompt
+        got = model.generate(wide[:, ::2].to(REMOTE), max_new_tokens=8, do_sample=False)
     assert got.cpu().tolist() == want.tolist()
     after = djinn.stats()["capture"]
     assert after["graph_executions"] - before["graph_executions"] >= 9, after

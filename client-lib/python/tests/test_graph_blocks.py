@@ -8,43 +8,17 @@ import pytest
 import torch
 
 import djinn
-from conftest import NodeProcess, tokens_file
+from conftest import TENANT_TOKEN, NodeProcess, hf_gpt2, hf_llama, tokens_file
 
-TOKEN = "graph-blocks-tenant-token-0123"
 DYNAMIC = {"input_ids": {0: "batch", 1: ("seq", 2, 64)}}
 
 
-@pytest.fixture(scope="module")
-def auth(tmp_path_factory):
-    return tokens_file(tmp_path_factory.mktemp("auth"), {"blocks": TOKEN})
-
-
-@pytest.fixture(scope="module")
-def tenant(auth):
-    """A node with tokens, and a client of a tenant without the right "torchscript"."""
-    node = NodeProcess("--auth-file", auth)
-    try:
-        yield djinn.Client(node.address, token=TOKEN)
-    finally:
-        node.stop()
-
-
 def tiny_llama(layers=3, hidden=32):
-    import transformers
-
-    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=hidden, intermediate_size=2 * hidden,
-                                   num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                                   max_position_embeddings=64, bos_token_id=0, eos_token_id=0, pad_token_id=0,
-                                   use_cache=False)
-    return transformers.LlamaForCausalLM(cfg)
+    return hf_llama(layers, hidden, use_cache=False)
 
 
 def tiny_gpt2(layers=3):
-    import transformers
-
-    cfg = transformers.GPT2Config(vocab_size=97, n_positions=64, n_embd=32, n_layer=layers, n_head=4,
-                                  bos_token_id=0, eos_token_id=0, use_cache=False)
-    return transformers.GPT2LMHeadModel(cfg)
+    return hf_gpt2(layers, use_cache=False)
 
 
 def layers_of(model):
@@ -99,6 +73,11 @@ def test_a_model_split_by_decoder_layers_stops_after_any_layer_and_resumes(tenan
     p = rm.run_until(1, input_ids=other)
     assert p.activation[layer_name(model, 1)].shape == (1, 7, 32)
     torch.testing.assert_close(p.resume().logits, local(model, other))
+    # Token ids as users hold them: a transposed batch (non-contiguous).
+    transposed = ids.t().contiguous().t()
+    assert not transposed.is_contiguous()
+    p = rm.run_until(0, input_ids=transposed)
+    torch.testing.assert_close(p.resume().logits, want)
 
 
 @pytest.mark.parametrize("make", [tiny_llama, tiny_gpt2], ids=["llama", "gpt2"])
@@ -151,16 +130,16 @@ def test_a_replacement_of_another_structure_is_refused_and_the_request_stays_par
         rm.run_until(rm.blocks - 1, input_ids=ids)
 
 
-def test_a_model_larger_than_the_device_budget_streams_and_equals_the_resident_result(auth, tenant):
+def test_a_model_larger_than_the_device_budget_streams_and_equals_the_resident_result(tenant_auth, tenant):
     torch.manual_seed(3)
     model = tiny_llama(layers=6, hidden=64).eval()
     ids = torch.randint(1, 97, (2, 16))
     resident = tenant.register(model, {"input_ids": ids}, dynamic=DYNAMIC, split=True)
     weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     # Room for about half the weights: some blocks stream through the ring.
-    node = NodeProcess("--auth-file", auth, "--device-memory-budget", str(weights // 2))
+    node = NodeProcess("--auth-file", tenant_auth, "--device-memory-budget", str(weights // 2))
     try:
-        client = djinn.Client(node.address, token=TOKEN)
+        client = djinn.Client(node.address, token=TENANT_TOKEN)
         streamed = client.register(model, {"input_ids": ids}, dynamic=DYNAMIC, split=True)
         stats = client.node_stats()
         assert stats["streamed_models"] == 1, stats

@@ -7,41 +7,9 @@ import pytest
 import torch
 
 import djinn
-from conftest import NodeProcess, tokens_file
+from conftest import TENANT_TOKEN, NodeProcess, hf_gpt2, hf_llama
 
-TOKEN = "graph-sessions-tenant-token-0123"
 CACHE = 32
-
-
-@pytest.fixture(scope="module")
-def auth(tmp_path_factory):
-    return tokens_file(tmp_path_factory.mktemp("auth"), {"sessions": TOKEN})
-
-
-@pytest.fixture(scope="module")
-def tenant(auth):
-    node = NodeProcess("--auth-file", auth)
-    try:
-        yield djinn.Client(node.address, token=TOKEN)
-    finally:
-        node.stop()
-
-
-def tiny_llama():
-    import transformers
-
-    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                   bos_token_id=0, eos_token_id=0, pad_token_id=0)
-    return transformers.LlamaForCausalLM(cfg)
-
-
-def tiny_gpt2():
-    import transformers
-
-    cfg = transformers.GPT2Config(vocab_size=97, n_positions=64, n_embd=32, n_layer=2, n_head=4,
-                                  bos_token_id=0, eos_token_id=0, pad_token_id=0)
-    return transformers.GPT2LMHeadModel(cfg)
 
 
 def register(client, model, prompt):
@@ -69,7 +37,7 @@ def session_generate(session, prompt, new_tokens, between=None):
     return torch.cat(tokens, 1).tolist()
 
 
-@pytest.mark.parametrize("make", [tiny_llama, tiny_gpt2], ids=["llama", "gpt2"])
+@pytest.mark.parametrize("make", [hf_llama, hf_gpt2], ids=["llama", "gpt2"])
 def test_greedy_generation_through_a_session_equals_local_generate(tenant, make):
     torch.manual_seed(0)
     model = make().eval()
@@ -99,14 +67,18 @@ def test_greedy_generation_through_a_session_equals_local_generate(tenant, make)
     replaced = after["session_state_bytes_replaced"] - before["session_state_bytes_replaced"]
     steps = after["session_steps"] - before["session_steps"]
     assert steps == 12 and replaced <= 8 * 2 * steps < in_place, (in_place, replaced, steps)
-    # The same session twice: a fresh cache each time.
+    # The same session twice: a fresh cache each time; the prompt as users hold one (every
+    # other column of a wider batch).
+    wide = torch.zeros(1, 14, dtype=torch.int64)
+    wide[:, ::2] = prompt
     with rm.session() as s:
-        assert session_generate(s, prompt, 4) == [want[0][:4]]
+        assert not wide[:, ::2].is_contiguous()
+        assert session_generate(s, wide[:, ::2], 4) == [want[0][:4]]
 
 
 def test_a_model_with_a_cache_runs_only_in_sessions_and_a_given_state_is_checked(tenant):
     torch.manual_seed(1)
-    model = tiny_gpt2().eval()
+    model = hf_gpt2().eval()
     prompt = torch.randint(1, 97, (1, 5))
     rm = register(tenant, model, prompt)
     with pytest.raises(TypeError, match="session"):
@@ -118,14 +90,14 @@ def test_a_model_with_a_cache_runs_only_in_sessions_and_a_given_state_is_checked
         s.step(input_ids=torch.randint(1, 97, (1, CACHE + 1)))
 
 
-def test_two_hundred_sessions_through_a_budget_that_holds_twenty(auth):
+def test_two_hundred_sessions_through_a_budget_that_holds_twenty(tenant_auth):
     torch.manual_seed(2)
-    model = tiny_gpt2().eval()
+    model = hf_gpt2().eval()
     cfg = model.config
     per_session = cfg.n_layer * (2 * CACHE * cfg.n_embd * 4 + 8)
-    node = NodeProcess("--auth-file", auth, "--session-budget", str(20 * per_session + per_session // 2))
+    node = NodeProcess("--auth-file", tenant_auth, "--session-budget", str(20 * per_session + per_session // 2))
     try:
-        client = djinn.Client(node.address, token=TOKEN)
+        client = djinn.Client(node.address, token=TENANT_TOKEN)
         prompts = [torch.randint(1, 97, (1, 3 + i % 5)) for i in range(200)]
         rm = register(client, model, prompts[0])
         sessions = [rm.session() for _ in prompts]
@@ -147,20 +119,20 @@ def test_two_hundred_sessions_through_a_budget_that_holds_twenty(auth):
         node.stop()
 
 
-def test_a_cache_model_lost_by_the_node_is_registered_again_and_its_state_is_bounded(auth):
+def test_a_cache_model_lost_by_the_node_is_registered_again_and_its_state_is_bounded(tenant_auth):
     torch.manual_seed(3)
-    model = tiny_gpt2().eval()
+    model = hf_gpt2().eval()
     prompt = torch.randint(1, 97, (1, 6))
     cfg = model.config
     per_session = cfg.n_layer * (2 * CACHE * cfg.n_embd * 4 + 8)
     # Room for one session's cache, not two.
-    node = NodeProcess("--auth-file", auth, "--session-budget", str(per_session + per_session // 2),
+    node = NodeProcess("--auth-file", tenant_auth, "--session-budget", str(per_session + per_session // 2),
                        "--session-host-pool", str(per_session // 2))
     try:
-        client = djinn.Client(node.address, token=TOKEN)
+        client = djinn.Client(node.address, token=TENANT_TOKEN)
         rm = register(client, model, prompt)
         want = local_generate(model, prompt, 5)
-        djinn.Client(node.address, token=TOKEN)._native.unregister_model(rm.fingerprint)
+        djinn.Client(node.address, token=TENANT_TOKEN)._native.unregister_model(rm.fingerprint)
         with rm.session() as s:
             assert session_generate(s, prompt, 5) == want
             # A second cache fits neither the budget nor the host pool beside the first.

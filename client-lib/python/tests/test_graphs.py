@@ -4,28 +4,12 @@ BERT from tiny configs with random weights, torchvision's ResNet-18, and a small
 equal the local ones: bit for bit where the node runs the same kernels on the same memory
 layout, else within torch.testing's float32 tolerance (rtol 1.3e-6, atol 1e-5); sizes that
 export left dynamic change between calls without registering again."""
-import json
-
 import pytest
 import torch
 from torch import nn
 
 import djinn
-from conftest import NodeProcess
-
-TOKEN = "graphs-tenant-token-0123"
-
-
-@pytest.fixture(scope="module")
-def tenant(tmp_path_factory):
-    """A node with tokens, and a client of a tenant without the right "torchscript"."""
-    path = tmp_path_factory.mktemp("auth") / "tokens.json"
-    path.write_text(json.dumps({"principals": [{"name": "graphs", "tokens": [TOKEN]}]}))
-    node = NodeProcess("--auth-file", str(path))
-    try:
-        yield djinn.init(node.address, token=TOKEN)
-    finally:
-        node.stop()
+from conftest import hf_gpt2, hf_llama
 
 
 def same(got, want, what):
@@ -33,20 +17,11 @@ def same(got, want, what):
 
 
 def tiny_gpt2():
-    import transformers
-
-    cfg = transformers.GPT2Config(vocab_size=97, n_positions=64, n_embd=32, n_layer=2, n_head=4,
-                                  bos_token_id=0, eos_token_id=0, use_cache=False)
-    return transformers.GPT2LMHeadModel(cfg)
+    return hf_gpt2(use_cache=False)
 
 
 def tiny_llama():
-    import transformers
-
-    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                   bos_token_id=0, eos_token_id=0, pad_token_id=0, use_cache=False)
-    return transformers.LlamaForCausalLM(cfg)
+    return hf_llama(use_cache=False)
 
 
 def tiny_bert():
