@@ -405,6 +405,7 @@ impl Service for NodeService {
                 ("uploads", self.uploads.len() as u64),
                 ("executions", c.executions.load(Ordering::Relaxed)),
                 ("execution_errors", c.execution_errors.load(Ordering::Relaxed)),
+                ("execution_us", c.execution_ns.load(Ordering::Relaxed) / 1000),
                 ("model_loads", c.loads.load(Ordering::Relaxed)),
                 ("model_load_errors", c.load_errors.load(Ordering::Relaxed)),
                 ("jobs_queued", c.queued.load(Ordering::Relaxed)),

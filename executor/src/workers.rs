@@ -88,6 +88,8 @@ struct Shared {
 pub struct WorkerCounters {
     pub executions: AtomicU64,
     pub execution_errors: AtomicU64,
+    /// Time the workers spent on executions (inputs, the run, outputs; not the wire).
+    pub execution_ns: AtomicU64,
     pub loads: AtomicU64,
     pub load_errors: AtomicU64,
     /// Jobs submitted and not finished (waiting or running).
@@ -214,6 +216,8 @@ fn work(rx: Receiver<Envelope>, shared: &Shared) {
         };
         // A resumed session step that ended lets the session's waiting requests run.
         let mut then_drain = None;
+        let started = Instant::now();
+        let timed = matches!(job, Job::Execute { .. } | Job::Resume { .. });
         let result = caught(|| match job {
             Job::Execute { model, frame } => execute(tenant, model, frame, shared),
             Job::Resume { handle, parked, frame } => resume(handle, parked, frame, shared, &mut then_drain),
@@ -230,6 +234,9 @@ fn work(rx: Receiver<Envelope>, shared: &Shared) {
             Job::SessionOpen { model, frame } => open_session(tenant, model, frame, sessions),
             Job::Session { .. } => Err(ExecError::Internal("a session drain with a reply".into())),
         });
+        if timed {
+            counters.execution_ns.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        }
         let result = match result {
             Ok(reply) => {
                 if let Some((done, _)) = counted {

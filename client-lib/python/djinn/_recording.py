@@ -20,30 +20,63 @@ class _Storage:
         self.tensors: weakref.WeakSet = weakref.WeakSet()
 
 
+def _layout(meta: torch.Tensor) -> tuple:
+    """A tensor's layout as recording keeps it: (shape, stride, storage offset, dtype)."""
+    return (tuple(meta.shape), meta.stride(), meta.storage_offset(), meta.dtype)
+
+
+def _contiguous(shape, dtype) -> tuple:
+    """The layout of a contiguous tensor of `shape`."""
+    stride, n = [], 1
+    for size in reversed(shape):
+        stride.append(n)
+        n *= max(size, 1)
+    return (tuple(shape), tuple(reversed(stride)), 0, dtype)
+
+
+def _span(shape, stride) -> int:
+    return 1 + sum((n - 1) * st for n, st in zip(shape, stride)) if all(shape) else 0
+
+
+def _meta_of(layout):
+    """Meta tensors with the layouts `layout` holds (a layout, or lists and tuples of them)."""
+    if isinstance(layout, tuple) and len(layout) == 4 and isinstance(layout[3], torch.dtype):
+        shape, stride, offset, dtype = layout
+        if offset == 0:
+            return torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+        return torch.empty(offset + _span(shape, stride), dtype=dtype, device="meta").as_strided(shape, stride, offset)
+    if isinstance(layout, (list, tuple)):
+        return type(layout)(_meta_of(x) for x in layout)
+    return layout
+
+
 class _Value:
     """A tensor of the recording: output `path` of `op`, or a leaf (`op` None) whose data is
-    `leaf`, a local tensor sent with the graph or a RemoteTensor kept on the node."""
+    `leaf`, a local tensor sent with the graph or a RemoteTensor kept on the node. Its layout
+    is what shape inference depends on; a meta tensor of it is made only when asked for."""
 
-    __slots__ = ("op", "path", "meta", "storage", "leaf", "sig")
+    __slots__ = ("op", "path", "layout", "storage", "leaf", "_meta")
 
-    def __init__(self, op, path, meta: torch.Tensor, storage: _Storage, leaf=None):
+    def __init__(self, op, path, layout: tuple, storage: _Storage, leaf=None):
         self.op = op
         self.path = path
+        self.layout = layout
         self.storage = storage
         self.leaf = leaf
-        self.set_meta(meta)
+        self._meta = None
 
-    def set_meta(self, meta: torch.Tensor) -> None:
-        self.meta = meta
-        # What shape inference depends on.
-        self.sig = (tuple(meta.shape), meta.stride(), meta.storage_offset(), meta.dtype)
+    @property
+    def meta(self) -> torch.Tensor:
+        if self._meta is None:
+            self._meta = _meta_of(self.layout)
+        return self._meta
 
 
 class _Op:
     """One recorded aten call. `args`/`kwargs` hold _Values where tensors were and `_DEVICE`
     where the remote device was."""
 
-    __slots__ = ("seq", "func", "args", "kwargs", "inputs", "out", "created")
+    __slots__ = ("seq", "func", "args", "kwargs", "inputs", "out")
 
     def __init__(self, seq: int, func, args, kwargs, inputs: list, out):
         self.seq = seq
@@ -51,11 +84,9 @@ class _Op:
         self.args = args
         self.kwargs = kwargs
         self.inputs = inputs
-        # What the call returned on the meta device.
+        # The layouts of what the call returns (as `_meta_of` takes them), and its other
+        # results as they are.
         self.out = out
-        # The storages its outputs are the first to view (weakly: a storage goes with its
-        # last tensor).
-        self.created: list = []
 
 
 class _DeviceArg:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import threading
 import time
 import weakref
@@ -40,7 +41,7 @@ from typing import Optional
 import torch
 
 from . import _stats, graphs
-from ._recording import _DEVICE, _meta_args_of, _Op, _Storage, _Value, _walk
+from ._recording import _DEVICE, _DeviceArg, _contiguous, _layout, _meta_args_of, _Op, _span, _Storage, _Value, _walk
 from ._wire import CallTensors, unflatten
 from .client import _client
 from .errors import DjinnError, UnsupportedOperationError
@@ -55,6 +56,10 @@ aten = torch.ops.aten
 
 _lock = threading.RLock()
 _seq = itertools.count()
+# Storages with recorded work not yet run (made or written since they were last computed): a
+# read runs all of them that live tensors view, and keeps those on the node, so that nothing
+# computed once is recorded history that a later graph would run again.
+_pending: weakref.WeakSet = weakref.WeakSet()
 _counters = _stats.capture
 _last_graph: Optional[SemanticGraph] = None
 # A storage written this many times is computed and kept on the node, so that graphs stay short
@@ -94,15 +99,11 @@ class LazyTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, value: _Value):
-        meta = value.meta
+        shape, stride, offset, dtype = value.layout
+        index = value.storage.index
+        device = _devices.get(index) or _devices.setdefault(index, torch.device(DEVICE_TYPE, index))
         t = torch.Tensor._make_wrapper_subclass(
-            cls,
-            meta.shape,
-            strides=meta.stride(),
-            storage_offset=meta.storage_offset(),
-            dtype=meta.dtype,
-            device=torch.device(DEVICE_TYPE, value.storage.index),
-            requires_grad=False,
+            cls, shape, strides=stride, storage_offset=offset, dtype=dtype, device=device, requires_grad=False
         )
         t._value = value
         value.storage.tensors.add(t)
@@ -124,6 +125,9 @@ class LazyTensor(torch.Tensor):
         return self.cpu().detach().numpy()
 
 
+_devices: dict[int, torch.device] = {}
+
+
 def _leaves(value, out: list) -> list:
     if isinstance(value, (list, tuple)):
         for v in value:
@@ -140,22 +144,24 @@ def _is_remote(device) -> bool:
     return device is not None and torch.device(device).type == DEVICE_TYPE
 
 
-def _device_index(args, kwargs) -> int:
-    """The one remote device the operands are on (as eager PyTorch refuses mixed devices)."""
-    indices = {t.device.index or 0 for t in _leaves((args, kwargs), []) if isinstance(t, LazyTensor)}
-    device = kwargs.get("device")
-    if _is_remote(device):
-        indices.add(torch.device(device).index or 0)
-    if len(indices) > 1:
-        raise DjinnError(f"operands on several remote devices ({', '.join(f'{DEVICE_TYPE}:{i}' for i in sorted(indices))})")
-    return indices.pop() if indices else 0
-
-
 # ---------------------------------------------------------------------------------------------
 # Recording
 
 
+# Operations whose result is their operand as it is: the same value, no operation recorded.
+_SAME = {aten.detach.default, aten.alias.default}
+
+
 def _dispatch(func, args: tuple, kwargs: dict):
+    if func in _SAME and isinstance(args[0], LazyTensor):
+        return LazyTensor(args[0]._value)
+    if func is aten.scaled_dot_product_attention.default:
+        given = dict(zip(("attn_mask", "dropout_p", "is_causal"), args[3:]), **kwargs)
+        if given.get("dropout_p", 0.0):
+            # Dropout draws random numbers, which recording keeps as drawn: PyTorch's own
+            # decomposition, recorded operation by operation.
+            q, k, v = args[:3]
+            return aten._scaled_dot_product_attention_math.default(q, k, v, **given)[0]
     if func in _READS:
         return func(*_read(args), **_read(kwargs))
     if func is aten._to_copy.default and not _is_remote(kwargs.get("device", DEVICE_TYPE)):
@@ -180,17 +186,46 @@ def _read(values):
 def _local_leaf(t: torch.Tensor, index: int) -> _Value:
     """A local operand as it is now: a contiguous CPU copy, sent with the graph."""
     data = t.detach().to("cpu", copy=True).contiguous()
-    return _Value(None, (), torch.empty(data.shape, dtype=data.dtype, device="meta"), _Storage(index), data)
+    return _Value(None, (), _contiguous(data.shape, data.dtype), _Storage(index), data)
+
+
+def _declared_types(schema) -> list[str]:
+    """The declared type of each argument of `schema` (`SymInt[]`, `Tensor(a!)`, ...), which
+    its Python binding does not tell apart from `int`."""
+    text = str(schema)
+    body = text[text.index("(") + 1 : text.rindex(") ->")]
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(body):
+        depth += ch in "([" and 1 or ch in ")]" and -1 or 0
+        if ch == "," and depth == 0:
+            parts.append(body[start:i])
+            start = i + 1
+    parts.append(body[start:])
+    return [p.split()[0] for p in map(str.strip, parts) if p and p != "*"]
 
 
 class _Info:
     """What recording needs of an operation's schema, worked out once per operation."""
 
-    __slots__ = ("schema", "positional", "by_name", "writes", "returns", "random")
+    __slots__ = ("schema", "positional", "by_name", "writes", "returns", "random", "sizes", "is_size", "name",
+                 "overload", "n_returns", "composite")
 
     def __init__(self, func):
         schema = func._schema
         self.schema = schema
+        # A composite operator that reaches recording (called from within another's
+        # decomposition, below autograd, where PyTorch does not decompose it): decomposed here.
+        self.composite = func not in _WHOLE and torch._C._dispatch_has_kernel_for_dispatch_key(
+            func.name(), "CompositeImplicitAutograd"
+        )
+        self.name, self.n_returns = schema.name, len(schema.returns)
+        self.overload = graphs._WITH_GENERATOR.get((schema.name, schema.overload_name), schema.overload_name)
+        # The arguments that may hold sizes (`SymInt`, and `Scalar`s: arange's bounds, a
+        # count compared with a length): a graph reads an integer in them from its tensors'
+        # sizes where one has it, so that it serves every call whose sizes differ.
+        names = [a.name for a in schema.arguments]
+        self.sizes = frozenset(n for n, t in zip(names, _declared_types(schema)) if t.startswith(("SymInt", "Scalar")))
+        self.is_size = [n in self.sizes for n in names]
         self.positional = [a for a in schema.arguments if not a.kwarg_only]
         self.by_name = {a.name: a for a in schema.arguments}
         # The arguments it writes into: (position, name).
@@ -214,116 +249,143 @@ class _Info:
 
 
 _infos: dict = {}
-# (operation, its arguments' signature) -> its outputs' description: shape inference is done
+# (operation, its arguments' signature) -> the layouts of its outputs: shape inference is done
 # once per distinct call.
 _calls: dict = {}
 _MAX_CALLS = 1 << 16
+# Arguments that are constants, hashable as they are.
+_COMPOSITE = torch._C.DispatchKey.CompositeImplicitAutograd
+_PLAIN = {int, float, bool, str, type(None), torch.dtype, torch.memory_format, torch.layout}
 
 
-def _signature(v):
-    if isinstance(v, _Value):
-        return v.sig
+def _convert(v, inputs: list, others: list) -> tuple:
+    """`v`, an argument of an operation, as the recording holds it (values for LazyTensors and
+    local tensors), and its signature: what shape inference depends on. The values it reads
+    go to `inputs`; local tensors' values and remote devices' indices to `others`."""
+    t = type(v)
+    if t is LazyTensor:
+        value = v._value
+        inputs.append(value)
+        return value, value.layout
+    if t in _PLAIN:
+        return v, (t, v)
+    if t is list or t is tuple:
+        if all(type(x) is int for x in v):
+            return v, (t, *v)
+        pairs = [_convert(x, inputs, others) for x in v]
+        return t(p[0] for p in pairs), (t, *(p[1] for p in pairs))
+    if isinstance(v, torch.Tensor):
+        value = _local_leaf(v, -1)
+        inputs.append(value)
+        others.append(value)
+        return value, value.layout
+    if isinstance(v, torch.device):
+        if not _is_remote(v):
+            raise UnsupportedOperationError(f"a device argument {v} in a remote graph")
+        others.append(v.index or 0)
+        return _DEVICE, (_DeviceArg, v.index or 0)
+    if isinstance(v, torch.Generator):
+        raise UnsupportedOperationError("an explicit generator in a remote graph")
+    if isinstance(v, complex):
+        raise UnsupportedOperationError("complex numbers in a remote graph")
     if isinstance(v, (list, tuple)):
-        return tuple(_signature(x) for x in v)
-    return (type(v), v)
+        return _convert(list(v) if isinstance(v, list) else tuple(v), inputs, others)
+    return v, (t, v)
+
+
+def _index_of(inputs: list, others: list) -> int:
+    """The one remote device the operands are on (as eager PyTorch refuses mixed devices)."""
+    index = -1
+    for i in [v.storage.index for v in inputs] + [o for o in others if type(o) is int]:
+        if i >= 0 and i != index:
+            if index >= 0:
+                raise DjinnError(f"operands on several remote devices ({DEVICE_TYPE}:{index} and {DEVICE_TYPE}:{i})")
+            index = i
+    return max(index, 0)
 
 
 def _describe(out):
+    """The layouts of what a meta kernel returned (other results as they are)."""
     if isinstance(out, torch.Tensor):
-        return (out.shape, out.stride(), out.storage_offset(), out.dtype)
+        return _layout(out)
     if isinstance(out, (list, tuple)):
         return type(out)(_describe(x) for x in out)
     return out
 
 
-def _rebuild(desc):
-    """Meta tensors as `_describe` described them."""
-    if isinstance(desc, tuple) and len(desc) == 4 and isinstance(desc[3], torch.dtype):
-        shape, stride, offset, dtype = desc
-        if offset == 0:
-            return torch.empty_strided(shape, stride, dtype=dtype, device="meta")
-        return torch.empty(offset + _span(shape, stride), dtype=dtype, device="meta").as_strided(shape, stride, offset)
-    if isinstance(desc, (list, tuple)):
-        return type(desc)(_rebuild(x) for x in desc)
-    return desc
-
-
-def _span(shape, stride) -> int:
-    return 1 + sum((n - 1) * st for n, st in zip(shape, stride)) if all(shape) else 0
+def _is_layout(x) -> bool:
+    return type(x) is tuple and len(x) == 4 and type(x[3]) is torch.dtype
 
 
 def _record(func, args: tuple, kwargs: dict):
-    info = _info(func)
-    index = _device_index(args, kwargs)
+    info = _infos.get(func) or _info(func)
+    if info.composite:
+        # PyTorch's own C++ decomposition, as eager PyTorch runs it above autograd.
+        return func._op_dk(_COMPOSITE, *args, **kwargs)
+    inputs: list = []
+    others: list = []
+    try:
+        rec_args, sig_args = _convert(args, inputs, others)
+        rec_kwargs, sig_kwargs = {}, ()
+        if kwargs:
+            converted = {k: _convert(v, inputs, others) for k, v in kwargs.items()}
+            rec_kwargs = {k: c for k, (c, _) in converted.items()}
+            sig_kwargs = tuple((k, g) for k, (_, g) in converted.items())
+    except UnsupportedOperationError as e:
+        raise UnsupportedOperationError(f"{func}: {e}") from None
+    index = _index_of(inputs, others)
+    for o in others:
+        if type(o) is _Value:
+            o.storage.index = index
+    written = []
     for position, name in info.writes:
         target = info.argument(args, kwargs, position, name)
         if isinstance(target, torch.Tensor) and not isinstance(target, LazyTensor):
             raise UnsupportedOperationError(
                 f"{func} writes into a local tensor with remote operands: move it to {DEVICE_TYPE}:{index} first"
             )
+        written += [v for v in _leaves(info.argument(rec_args, rec_kwargs, position, name), []) if type(v) is _Value]
 
-    def to_value(v):
-        if isinstance(v, LazyTensor):
-            return v._value
-        if isinstance(v, torch.Tensor):
-            return _local_leaf(v, index)
-        if isinstance(v, torch.device):
-            if _is_remote(v):
-                return _DEVICE
-            raise UnsupportedOperationError(f"{func}: a device argument {v} in a remote graph")
-        if isinstance(v, torch.Generator):
-            raise UnsupportedOperationError(f"{func}: an explicit generator in a remote graph")
-        if isinstance(v, complex):
-            raise UnsupportedOperationError(f"{func}: complex numbers in a remote graph")
-        return v
-
-    rec_args = _walk(args, to_value)
-    rec_kwargs = {k: _walk(v, to_value) for k, v in kwargs.items()}
-    inputs = [v for v in _leaves((rec_args, rec_kwargs), []) if isinstance(v, _Value)]
-    written = [
-        v for p, n in info.writes for v in _leaves(info.argument(rec_args, rec_kwargs, p, n), []) if isinstance(v, _Value)
-    ]
-
-    key = (func, _signature(rec_args), _signature(tuple(rec_kwargs.items())))
-    described = _calls.get(key)
-    if described is None:
-        out = _infer(func, rec_args, rec_kwargs, written)
+    key = (func, sig_args, sig_kwargs)
+    out = _calls.get(key)
+    if out is None:
+        out = _describe(_infer(func, rec_args, rec_kwargs, written))
         if len(_calls) >= _MAX_CALLS:
             _calls.clear()
-        _calls[key] = _describe(out)
-    else:
-        out = _rebuild(described)
+        _calls[key] = out
 
     op = _Op(next(_seq), func, rec_args, rec_kwargs, inputs, out)
     for w in written:
         w.storage.writes.append(op)
+        _pending.add(w.storage)
     _counters["ops_captured"] += 1
 
     created: list[_Storage] = []
 
-    def wrap(meta, path, source):
-        if not isinstance(meta, torch.Tensor):
-            return meta
+    def wrap(layout, path, source):
+        if not _is_layout(layout):
+            return layout
         if source is not None:
             writes, position, name = source
             aliased = info.argument(args, kwargs, position, name)
-            if isinstance(aliased, LazyTensor):
-                return aliased if writes else LazyTensor(_Value(op, path, meta, aliased._value.storage))
+            if type(aliased) is LazyTensor:
+                return aliased if writes else LazyTensor(_Value(op, path, layout, aliased._value.storage))
         storage = _Storage(index)
         created.append(storage)
-        op.created.append(weakref.ref(storage))
-        return LazyTensor(_Value(op, path, meta, storage))
+        _pending.add(storage)
+        return LazyTensor(_Value(op, path, layout, storage))
 
-    if len(info.returns) == 1:
-        source = info.returns[0]
-        if isinstance(out, (list, tuple)):
-            result = type(out)(wrap(m, (i,), source) for i, m in enumerate(out))
-        else:
-            result = wrap(out, (), source)
+    returns = info.returns
+    if not returns:
+        result = out
+    elif _is_layout(out):
+        result = wrap(out, (), returns[0])
+    elif len(returns) == 1:
+        result = type(out)(wrap(m, (i,), returns[0]) for i, m in enumerate(out))
     else:
         result = tuple(
-            type(m)(wrap(x, (i, j), r) for j, x in enumerate(m)) if isinstance(m, (list, tuple)) else wrap(m, (i,), r)
-            for i, (m, r) in enumerate(zip(out, info.returns))
+            type(m)(wrap(x, (i, j), r) for j, x in enumerate(m)) if isinstance(m, list) else wrap(m, (i,), r)
+            for i, (m, r) in enumerate(zip(out, returns))
         )
 
     if info.random:
@@ -339,14 +401,13 @@ def _record(func, args: tuple, kwargs: dict):
 def _infer(func, rec_args, rec_kwargs, written: list):
     """The operation run on the meta device: its outputs' shapes, strides and dtypes."""
     meta_args, meta_kwargs = _meta_args_of(rec_args, rec_kwargs)
-    layouts = [(w.meta.shape, w.meta.stride(), w.meta.storage_offset()) for w in written]
     try:
         out = func(*meta_args, **meta_kwargs)
     except Exception as e:  # noqa: BLE001 - whatever the meta kernel raised, named and typed
         raise UnsupportedOperationError(f"{func} cannot be captured: {str(e).splitlines()[0]}") from e
-    for w, (shape, stride, offset) in zip(written, layouts):
-        if (w.meta.shape, w.meta.stride(), w.meta.storage_offset()) != (shape, stride, offset):
-            w.meta.as_strided_(shape, stride, offset)
+    for w in written:
+        if _layout(w.meta) != w.layout:
+            w._meta = None
             raise UnsupportedOperationError(f"{func} changes the shape of a remote tensor in place")
     if func is aten.native_batch_norm.default and not meta_args[5]:
         # Out of training, the kernels give empty saved statistics; the meta kernel says [C].
@@ -371,9 +432,9 @@ def _written(op: _Op) -> list[_Value]:
 
 def _view_op(base: _Value, size, stride, offset: int) -> _Op:
     """`as_strided(base, size, stride, offset)`, recorded."""
-    args = (base, size, stride, offset)
-    meta = base.meta.as_strided(size, stride, offset)
-    return _Op(next(_seq), aten.as_strided.default, args, {}, [base], meta)
+    args = (base, list(size), list(stride), offset)
+    layout = (tuple(size), tuple(stride), offset, base.layout[3])
+    return _Op(next(_seq), aten.as_strided.default, args, {}, [base], layout)
 
 
 def _upload(dest: LazyTensor, source: torch.Tensor) -> bool:
@@ -391,9 +452,10 @@ def _upload(dest: LazyTensor, source: torch.Tensor) -> bool:
         return False
     data = source.detach().to(dest.dtype).to("cpu").contiguous()
     kept = _client(None).keep(data, _node_of(value.storage.index))
+    _pending.discard(value.storage)
     value.op = None
     value.leaf = kept
-    value.set_meta(torch.empty(data.shape, dtype=data.dtype, device="meta"))
+    value.layout, value._meta = _contiguous(data.shape, data.dtype), None
     _counters["uploads"] += 1
     return True
 
@@ -409,9 +471,15 @@ def _keep_on_node(storage: _Storage) -> None:
 
 
 def _flat(storage: _Storage, tensors: list) -> _Value:
-    """The whole of `storage`, as one flat value."""
-    base = tensors[0]._value
-    op = _view_op(base, [_extent(tensors)], [1], 0)
+    """The whole of `storage` as one value: a tensor that covers it contiguously (so that what
+    is kept has that tensor's shape, which later graphs' sizes can be read from), else a flat
+    view."""
+    extent = _extent(tensors)
+    for t in tensors:
+        layout = t._value.layout
+        if layout[2] == 0 and t.numel() == extent and _is_contiguous(layout):
+            return t._value
+    op = _view_op(tensors[0]._value, [extent], [1], 0)
     return _Value(op, (), op.out, storage)
 
 
@@ -420,22 +488,36 @@ def _rebind(storage: _Storage, tensors: list, kept: RemoteTensor) -> None:
     on the node, so that later graphs start from there. The recorded history stays for what
     read the storage before."""
     fresh = _Storage(storage.index)
-    leaf = _Value(None, (), torch.empty(kept.shape, dtype=kept.dtype, device="meta"), fresh, kept)
+    leaf = _Value(None, (), _contiguous(kept.shape, kept.dtype), fresh, kept)
     for t in tensors:
-        m = t._value.meta
-        op = _view_op(leaf, list(m.shape), list(m.stride()), m.storage_offset())
-        t._value = _Value(op, (), op.out, fresh)
+        shape, stride, offset, dtype = t._value.layout
+        if shape == leaf.layout[0] and dtype == leaf.layout[3] and offset == 0 and _is_contiguous(t._value.layout):
+            t._value = leaf
+        else:
+            op = _view_op(leaf, shape, stride, offset)
+            t._value = _Value(op, (), op.out, fresh)
         fresh.tensors.add(t)
     storage.tensors = weakref.WeakSet()
+    _pending.discard(storage)
+
+
+def _is_contiguous(layout) -> bool:
+    shape, stride, _, _ = layout
+    expected = 1
+    for size, st in zip(reversed(shape), reversed(stride)):
+        if size != 1 and st != expected:
+            return False
+        expected *= size
+    return True
 
 
 def _extent(tensors) -> int:
     """Elements of storage that the tensors viewing it reach."""
     end = 1
     for t in tensors:
-        m = t._value.meta
-        if m.numel() > 0:
-            end = max(end, m.storage_offset() + 1 + sum((s - 1) * st for s, st in zip(m.shape, m.stride())))
+        shape, stride, offset, _ = t._value.layout
+        if t.numel() > 0:
+            end = max(end, offset + _span(shape, stride))
     return end
 
 
@@ -518,6 +600,21 @@ def _install_backend() -> None:
     for func in _FACTORIES:
         _library.impl(func, _factory(func), "PrivateUse1")
     _library.impl(aten._copy_from.default, _copy_from, "PrivateUse1")
+    for func in _WHOLE:
+        _library.impl(func, _whole(func), "PrivateUse1")
+
+
+# Composite operators recorded whole rather than as what they decompose into: a kernel of the
+# backend's own keeps PyTorch from decomposing them above `__torch_dispatch__`, which then
+# sees the call itself. Attention so runs as the node's fused kernel, as it does eagerly.
+_WHOLE = [aten.scaled_dot_product_attention.default]
+
+
+def _whole(func):
+    def kernel(*args, **kwargs):
+        raise DjinnError(f"{func} on {DEVICE_TYPE} without a remote tensor operand")
+
+    return kernel
 
 
 def _copy_from(source: torch.Tensor, dest: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
@@ -600,7 +697,7 @@ _RANDOM_FUNCTIONAL = {aten.uniform_.default: aten.uniform.default, aten.bernoull
                       aten.bernoulli_.Tensor: aten.bernoulli.Tensor}
 # Program inputs take any size of their rank: a recorded graph fixes its sizes in its own
 # arguments, so two recordings that differ only in their inputs' sizes are one graph.
-_ANY_SIZE = {"min": 0, "max": graphs.UNBOUNDED}
+_ANY_SIZE = f'{{"min":0,"max":{graphs.UNBOUNDED}}}'
 
 
 def _functional(func):
@@ -617,41 +714,80 @@ def _functional(func):
 
 class _GraphWriter:
     """A plan as a program of the graph format (`djinn.graphs`): its leaves are the inputs,
-    its operations the nodes, in recording order, its targets the outputs."""
+    its operations the nodes, in recording order, its targets the outputs. It writes the JSON
+    text itself, each constant's text made once (`_constants`): the text is the graph's key
+    in the cache, so it is written on every read."""
 
     def __init__(self, plan: _Plan):
         self.count = 0
-        self.nodes: list = []
+        self.nodes: list[str] = []
         self.leaf_ids: dict[int, int] = {}
         self.outputs_of: dict[int, list] = {}
         self.items: dict[tuple, int] = {}
-        self.inputs = []
+        # A size (2 or more: 0 and 1 are constants, as PyTorch specializes them) -> the first
+        # (value, dimension) that has it, and the values read from there.
+        self.dims: dict[int, tuple] = {}
+        self.size_ids: dict[tuple, int] = {}
+        inputs = []
         for k, v in enumerate(plan.leaves):
-            dtype = graphs._DTYPES.get(v.meta.dtype)
-            if dtype is None:
-                raise UnsupportedOperationError(f"a {v.meta.dtype} tensor cannot be carried by a graph")
-            self.leaf_ids[id(v)] = self.new_id()
-            self.inputs.append({"name": f"i{k}", "value": self.leaf_ids[id(v)], "dtype": dtype,
-                                "dims": [_ANY_SIZE] * v.meta.dim()})
+            shape, _, _, dtype = v.layout
+            if dtype not in graphs._DTYPES:
+                raise UnsupportedOperationError(f"a {dtype} tensor cannot be carried by a graph")
+            at = self.leaf_ids[id(v)] = self.new_id()
+            dims = ",".join([_ANY_SIZE] * len(shape))
+            inputs.append(f'{{"name":"i{k}","value":{at},"dtype":"{graphs._DTYPES[dtype]}","dims":[{dims}]}}')
+            self.note(at, v.layout)
         if not plan.leaves:
             # A graph of factories alone still takes one tensor: the call's anchor.
-            self.inputs.append({"name": "anchor", "value": self.new_id(), "dtype": "int8", "dims": [_ANY_SIZE]})
+            inputs.append(f'{{"name":"anchor","value":{self.new_id()},"dtype":"int8","dims":[{_ANY_SIZE}]}}')
         for v in plan.leaves:
             if id(v) in plan.written_leaves:
                 # Inputs are read-only to a graph (and a kept one serves later graphs too): the
                 # graph writes into its own copy.
-                self.leaf_ids[id(v)] = self.node("aten::clone", "", [{"v": self.leaf_ids[id(v)]}], {}, 1)[0]
+                self.leaf_ids[id(v)] = self.node("aten::clone", "", [self.arg(v)], (), 1)[0]
         for op in plan.ops:
             self.op(op)
-        self.outputs = [{"v": self.value(v)} for v in plan.targets]
+            outputs = self.outputs_of[id(op)]
+            if _is_layout(op.out):
+                self.note(outputs[0], op.out)
+            elif type(op.out) is tuple and len(outputs) == len(op.out):
+                for at, layout in zip(outputs, op.out):
+                    if _is_layout(layout):
+                        self.note(at, layout)
+        outputs = ",".join(self.arg(v) for v in plan.targets)
+        self.text = (f'{{"format":{graphs.FORMAT},"inputs":[{",".join(inputs)}],"nodes":[{",".join(self.nodes)}],'
+                     f'"outputs":[{outputs}],"weights":[]}}').encode()
+
+    def container(self) -> bytes:
+        # No weights (a captured graph takes them as inputs, kept on the node), no state.
+        return graphs.container_head(self.text)
+
+    def note(self, at: int, layout) -> None:
+        for dim, n in enumerate(layout[0]):
+            if n > 1:
+                self.dims.setdefault(n, (at, dim))
+
+    def size_arg(self, a) -> str:
+        """A size argument: read from a tensor of the graph that has it, else a constant."""
+        if type(a) is int and a > 1 and a in self.dims:
+            where = self.dims[a]
+            if where not in self.size_ids:
+                self.size_ids[where] = self.node("native::size", "", [f'{{"v":{where[0]}}}', f'{{"i":{where[1]}}}'], (), 1)[0]
+            return f'{{"v":{self.size_ids[where]}}}'
+        if type(a) in (list, tuple) and a:
+            return f'{{"list":[{",".join(map(self.size_arg, a))}]}}'
+        return self.arg(a)
 
     def new_id(self) -> int:
         self.count += 1
         return self.count - 1
 
-    def node(self, name: str, overload: str, args: list, kwargs: dict, returns: int) -> list:
+    def node(self, name: str, overload: str, args: list, kwargs, returns: int) -> list:
+        """Writes a node; `args` and `kwargs`' values are JSON text."""
         outputs = [self.new_id() for _ in range(returns)]
-        self.nodes.append({"op": name, "overload": overload, "args": args, "kwargs": kwargs, "outputs": outputs})
+        kw = ",".join(f'"{k}":{v}' for k, v in kwargs)
+        self.nodes.append(f'{{"op":"{name}","overload":"{overload}","args":[{",".join(args)}],"kwargs":{{{kw}}},'
+                          f'"outputs":[{",".join(map(str, outputs))}]}}')
         return outputs
 
     def value(self, v: _Value) -> int:
@@ -666,37 +802,45 @@ class _GraphWriter:
         for i in rest:
             key = (at, i)
             if key not in self.items:
-                self.items[key] = self.node("native::getitem", "", [{"v": at}, {"i": i}], {}, 1)[0]
+                self.items[key] = self.node("native::getitem", "", [f'{{"v":{at}}}', f'{{"i":{i}}}'], (), 1)[0]
             at = self.items[key]
         return at
 
-    def arg(self, a):
-        try:
-            return graphs.encode_arg(a, self.value_arg)
-        except graphs.ExportError as e:
-            raise UnsupportedOperationError(f"cannot write it into a remote graph: {e}") from None
-
-    def value_arg(self, a):
-        if isinstance(a, _Value):
-            return {"v": self.value(a)}
+    def arg(self, a) -> str:
+        """An argument as JSON text."""
+        t = type(a)
+        if t is _Value:
+            return f'{{"v":{self.value(a)}}}'
+        if t is list or t is tuple:
+            return f'{{"list":[{",".join(map(self.arg, a))}]}}'
         if a is _DEVICE:
-            return {"device": "node"}
-        return None
+            return '{"device":"node"}'
+        key = (t, a)
+        text = _constants.get(key)
+        if text is None:
+            try:
+                text = json.dumps(graphs.encode_arg(a, lambda _: None), separators=(",", ":"))
+            except graphs.ExportError as e:
+                raise UnsupportedOperationError(f"cannot write it into a remote graph: {e}") from None
+            if len(_constants) < _MAX_CONSTANTS:
+                _constants[key] = text
+        return text
 
     def op(self, op: _Op) -> None:
-        func, schema = op.func, op.func._schema
-        args = [self.arg(a) for a in op.args]
-        kwargs = {k: self.arg(v) for k, v in op.kwargs.items() if k != "generator"}
-        name, overload = schema.name, schema.overload_name
-        returns = len(schema.returns)
+        func = op.func
+        info = _infos.get(func) or _info(func)
+        sizes = info.sizes
+        args = [self.size_arg(a) if size else self.arg(a) for a, size in zip(op.args, info.is_size)]
+        kwargs = [(k, self.size_arg(v) if k in sizes else self.arg(v)) for k, v in op.kwargs.items() if k != "generator"]
+        name, overload = info.name, info.overload
         if name in graphs._ZEROED:
             # Uninitialised memory may hold another tenant's bytes: zeros instead.
             name, overload = graphs._ZEROED[name], ""
-            kwargs.pop("memory_format", None)
-            args = args[:1] if schema.name in ("aten::empty_strided", "aten::empty") else args
+            kwargs = [(k, v) for k, v in kwargs if k != "memory_format"]
+            args = args[:1] if info.name in ("aten::empty_strided", "aten::empty") else args
         elif func in (aten.lift_fresh.default, aten.lift.default):
             # Marks a tensor made from data as fresh (`torch.tensor(...)`): the tensor itself.
-            self.outputs_of[id(op)] = [args[0]["v"]]
+            self.outputs_of[id(op)] = [self.value(op.args[0])]
             return
         elif func is aten.lift_fresh_copy.default:
             name, overload = "aten::clone", ""
@@ -716,23 +860,39 @@ class _GraphWriter:
             # normal_(x, mean, std): randn_like(x) * std + mean, written into x.
             given = {**dict(zip(("mean", "std"), op.args[1:])), **op.kwargs}
             mean, std = given.get("mean", 0.0), given.get("std", 1.0)
-            (r,) = self.node("aten::randn_like", "generator", [args[0]], {}, 1)
-            (r,) = self.node("aten::mul", "Tensor", [{"v": r}, self.arg(float(std))], {}, 1)
-            (r,) = self.node("aten::add", "Tensor", [{"v": r}, self.arg(float(mean))], {}, 1)
-            self.outputs_of[id(op)] = self.node("aten::copy_", "", [args[0], {"v": r}], {}, 1)
+            (r,) = self.node("aten::randn_like", "generator", [args[0]], (), 1)
+            (r,) = self.node("aten::mul", "Tensor", [f'{{"v":{r}}}', self.arg(float(std))], (), 1)
+            (r,) = self.node("aten::add", "Tensor", [f'{{"v":{r}}}', self.arg(float(mean))], (), 1)
+            self.outputs_of[id(op)] = self.node("aten::copy_", "", [args[0], f'{{"v":{r}}}'], (), 1)
             return
-        elif _info(func).writes and func not in _IN_PLACE:
+        elif func is aten.native_dropout.default:
+            # (input, p, train) -> (output, mask), as eager PyTorch draws it for a device
+            # backend, with the node's generator: mask ~ Bernoulli(1 - p), output = input *
+            # mask / (1 - p).
+            p, train = op.args[1], op.args[2]
+            if train is False:
+                (out,) = self.node("aten::clone", "", args[:1], (), 1)
+                (mask,) = self.node("aten::ones_like", "", args[:1], [("dtype", self.arg(torch.bool))], 1)
+            else:
+                keep = 1.0 - p
+                (m,) = self.node("aten::bernoulli", "p", [args[0], self.arg(keep)], (), 1)
+                (out,) = self.node("aten::mul", "Tensor", [args[0], f'{{"v":{m}}}'], (), 1)
+                (out,) = self.node("aten::mul", "Scalar", [f'{{"v":{out}}}', self.arg(1.0 / keep if keep else 0.0)], (), 1)
+                (mask,) = self.node("aten::ne", "Scalar", [f'{{"v":{m}}}', self.arg(0)], (), 1)
+            self.outputs_of[id(op)] = [out, mask]
+            return
+        elif info.writes and func not in _IN_PLACE:
             functional = _functional(func)
             fname, foverload = functional._schema.name, functional._schema.overload_name
             (r,) = self.node(fname, graphs._WITH_GENERATOR.get((fname, foverload), foverload), args, kwargs, 1)
-            self.outputs_of[id(op)] = self.node("aten::copy_", "", [args[0], {"v": r}], {}, 1)
+            self.outputs_of[id(op)] = self.node("aten::copy_", "", [args[0], f'{{"v":{r}}}'], (), 1)
             return
-        overload = graphs._WITH_GENERATOR.get((name, overload), overload)
-        self.outputs_of[id(op)] = self.node(name, overload, args, kwargs, returns)
+        self.outputs_of[id(op)] = self.node(name, overload, args, kwargs, info.n_returns)
 
-    def container(self) -> bytes:
-        # No weights (a captured graph takes them as inputs, kept on the node), no state.
-        return graphs._Container().encode([{"inputs": self.inputs, "nodes": self.nodes, "outputs": self.outputs}])
+
+# A constant argument (its type and value) -> its JSON text.
+_constants: dict = {}
+_MAX_CONSTANTS = 1 << 14
 
 
 class _Graph:
@@ -791,34 +951,50 @@ def _run(targets: list[_Value], keep: bool = False, plan: Optional[_Plan] = None
     return list(out) if len(targets) > 1 else [out]
 
 
+def _order(v: _Value) -> tuple:
+    return (v.op.seq if v.op is not None else -1, v.path)
+
+
 def _materialize(tensors: list) -> list[torch.Tensor]:
-    """The data of `tensors`, computed on their node. Storages the graph computes or writes that
-    other live tensors view (a KV cache, grown by `cat` or updated in place) are kept there as
-    they are afterwards, so that the next graph starts from them instead of replaying their
-    history: the graph then keeps its outputs too, and the targets are fetched."""
+    """The data of `tensors`, computed on their node, with every other pending storage that live
+    tensors view (`_pending`: a KV cache grown by `cat` or updated in place, the next step's
+    position ids): those are kept on the node as they are afterwards, so that the next graph
+    starts from them instead of replaying their history. The graph then keeps its outputs
+    too, and the targets are fetched."""
     with _lock:
         targets = [t._value for t in tensors]
-        plan = _Plan(targets)
         wanted = {id(t) for t in tensors}
-        storages = {id(w.storage): w.storage for op in plan.ops for w in _written(op)}
-        for op in plan.ops:
-            for ref in op.created:
-                if (s := ref()) is not None:
-                    storages.setdefault(id(s), s)
-        # (An empty tensor has nothing to keep.)
+        index = targets[0].storage.index
+        # (An empty tensor has nothing to keep; one on another node waits for a read there.)
         state = [
             (s, live)
-            for s in storages.values()
-            if (live := list(s.tensors)) and any(id(t) not in wanted for t in live) and any(t.numel() for t in live)
+            for s in list(_pending)
+            if s.index == index
+            and (live := list(s.tensors))
+            and any(id(t) not in wanted for t in live)
+            and any(t.numel() for t in live)
         ]
-        if not state:
-            outputs = _run(targets, plan=plan)
-        else:
-            kept = _run(targets + [_flat(s, live) for s, live in state], keep=True)
-            for (storage, live), k in zip(state, kept[len(targets) :]):
-                _rebind(storage, live, k)
-            outputs = [k.cpu() for k in kept[: len(targets)]]
-            _counters["state_kept"] += 1
+        # In recording order, so that the same steps write the same graph.
+        state.sort(key=lambda e: min(_order(t._value) for t in e[1]))
+        try:
+            if state:
+                try:
+                    kept = _run(targets + [_flat(s, live) for s, live in state], keep=True)
+                except DjinnError:
+                    # Something pending that was not asked for fails: it stays recorded (and
+                    # fails when it is read); what was asked for runs alone.
+                    state = []
+                else:
+                    for (storage, live), k in zip(state, kept[len(targets) :]):
+                        _rebind(storage, live, k)
+                    outputs = [k.cpu() for k in kept[: len(targets)]]
+                    _counters["state_kept"] += 1
+            if not state:
+                outputs = _run(targets)
+        finally:
+            for s in list(_pending):
+                if s.index == index:
+                    _pending.discard(s)
     for t, o in zip(tensors, outputs):
         if o.shape != t.shape or o.dtype != t.dtype:
             raise DjinnError(f"the node returned {o.dtype}{list(o.shape)} for a {t.dtype}{list(t.shape)} tensor")

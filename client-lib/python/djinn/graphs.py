@@ -482,13 +482,16 @@ class _Container:
             program["state"] = self.state
         if len(graphs) > 1:
             program["entries"] = graphs[1:]
-        text = json.dumps(program, separators=(",", ":")).encode()
-        head = MAGIC + struct.pack("<Q", len(text)) + text
-        head += b"\0" * (-len(head) % ALIGN)
         body = bytearray(self.offset)
         for at, raw in self.blobs:
             body[at:at + len(raw)] = raw
-        return bytes(head) + bytes(body)
+        return container_head(json.dumps(program, separators=(",", ":")).encode()) + bytes(body)
+
+
+def container_head(text: bytes) -> bytes:
+    """A container's head: the magic, the program's JSON `text`, padding to the body."""
+    head = MAGIC + struct.pack("<Q", len(text)) + text
+    return head + b"\0" * (-len(head) % ALIGN)
 
 
 class _Program:

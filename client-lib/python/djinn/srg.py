@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 from torch.utils.flop_counter import flop_registry
 
-from ._recording import _meta_args, _Value
+from ._recording import _meta_args, _meta_of, _Value
 from .tensors import RemoteTensor
 
 aten = torch.ops.aten
@@ -219,7 +219,7 @@ def annotate(plan) -> SemanticGraph:
     for n, op in enumerate(ops):
         for v in op.inputs:
             consumers.setdefault(id(v), []).append(n)
-    outputs = [op.out for op in ops]
+    outputs = [_meta_of(op.out) for op in ops]
 
     # The values each operation made that the graph uses (operations do not hold their
     # outputs' values; the values that read them, and the targets, do).

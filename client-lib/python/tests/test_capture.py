@@ -98,8 +98,8 @@ def test_the_tiny_transformer_moved_to_the_remote_device_gives_the_local_logits(
     with torch.no_grad():
         logits = model(idx)
         got = logits.cpu()
-    # The node runs attention as the decomposition the capture saw (matmuls and a softmax);
-    # locally PyTorch uses its fused CPU kernel: the same up to rounding.
+    # Attention is recorded whole and runs as the node's fused CPU kernel, as it does here; the
+    # rest may round differently (one thread there, several here).
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     assert torch.equal(got.argmax(-1), expected.argmax(-1))
 
@@ -124,9 +124,8 @@ def test_the_semantic_graph_marks_attention_and_tells_prefill_from_decode(client
     assert len(prefill.attention) == 2  # one per layer
     for block in prefill.attention:
         assert block.query_len == 6 and block.phase == "prefill"
-        ops = [prefill.operations[i].op for i in block.operations]
-        assert ops[0] == "aten.bmm.default" and ops[-1] == "aten.bmm.default"
-        assert any("softmax" in op for op in ops)
+        # Recorded whole, as the model called it (the node runs its fused kernel).
+        assert [prefill.operations[i].op for i in block.operations] == ["aten.scaled_dot_product_attention.default"]
         assert all(prefill.operations[i].pattern == "attention" for i in block.operations)
     assert decode.phase == "decode"
     assert [(b.query_len, b.phase, b.kv_cache) for b in decode.attention] == [(1, "decode", True)] * 2

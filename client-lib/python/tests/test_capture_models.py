@@ -47,14 +47,22 @@ def test_hugging_face_forward_and_generate_through_capture_equal_local(tenant, n
 
 def test_capture_sends_ordinary_graphs_which_the_node_checks(tenant, no_torchscript):
     """What capture sends is a tenant's graph like any other: an operator the node does not run
-    (dropout in training mode draws without a generator the node can give) is refused by name,
-    and capture goes on; in-place updates of the graph's own tensors, views and factories are
-    written as the format allows (functional forms and copy_) and give the local values."""
+    (`erfinv`, not on the allowlist) is refused by name, and capture goes on; dropout in training
+    mode draws with the node's per-request generator, once (every read sees the same draw);
+    in-place updates of the graph's own tensors, views and factories are written as the format
+    allows (functional forms and copy_) and give the local values."""
     x = torch.randn(4, 4)
     remote = x.to(REMOTE)
-    with pytest.raises(djinn.GraphRefusedError, match="native_dropout"):
-        torch.nn.functional.dropout(remote, 0.5, training=True)
+    with pytest.raises(djinn.GraphRefusedError, match="erfinv"):
+        torch.special.erfinv(remote.tanh()).cpu()
     assert isinstance((remote @ remote).sum().item(), float)
+    ones = torch.ones(64, 64).to(REMOTE)
+    dropped = torch.nn.functional.dropout(ones, 0.25, training=True)
+    first = dropped.cpu()
+    assert torch.equal(dropped.cpu(), first)
+    assert first.unique().tolist() == [0.0, pytest.approx(1 / 0.75)]
+    assert 0.15 < (first == 0).float().mean().item() < 0.35
+    assert torch.equal(torch.nn.functional.dropout(ones, 0.25, training=False).cpu(), torch.ones(64, 64))
     y = torch.zeros(4, 4, device=REMOTE)
     y[1:3].add_(remote[1:3])
     y.mul_(2)
