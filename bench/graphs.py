@@ -91,7 +91,8 @@ def main():
         mlp = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 256)).eval()
         x = torch.randn(4, 256)
         graph = djinn.register(mlp, x)
-        script = djinn.register(mlp, x, blocks=[mlp])
+        # TorchScript as a user with the right scripts it (the client never does).
+        script = djinn.register(mlp, x, blocks=[torch.jit.script(mlp)])
         with torch.no_grad():
             assert torch.equal(graph(x), mlp(x)) and torch.equal(script(x), mlp(x))
         g, s = interleaved(lambda: graph(x), lambda: script(x), args.iters)
@@ -102,7 +103,7 @@ def main():
             chain = Chain(n)
             one = torch.ones(1)
             cg = djinn.register(chain, one)
-            cs = djinn.register(chain, one, blocks=[chain])
+            cs = djinn.register(chain, one, blocks=[torch.jit.script(chain)])
             assert torch.equal(cg(one), one + n) and torch.equal(cs(one), one + n)
             if n == 1:
                 g1, s1 = interleaved(lambda: cg(one), lambda: cs(one), args.iters)

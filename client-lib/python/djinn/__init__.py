@@ -8,14 +8,15 @@
     z = rm2(h).cpu()                              # h is used where it is, without crossing the network
     p = rm.run_until(2, x)                        # stop after block 2: p.activation, p.resume(...), p.abort()
 
-A model is an ordered list of TorchScript blocks: `nn.Sequential` becomes one block per
-layer, and any model can be split with `blocks=[...]` (submodules or callables, in execution
-order). A block's tuple output becomes the next block's positional arguments. Registration
-checks that the blocks, chained, reproduce the model's own output on the example inputs.
+A model travels as a graph (`torch.export`, checked by the node), whole or in blocks: cut
+after submodules with `split=`, or given as `blocks=[...]` (submodules or functions in
+execution order, each taking the one before's output; registration checks that, chained,
+they reproduce the model's output on the example inputs).
 
 The package's rooms, each importing only those above it: `errors`, `tensors` (wire dtypes,
-RemoteTensor), `_wire` (a call's values and the tensors it sends), `breakpoints`, `sessions`,
-`models`, `client`, `_recording` and `srg`, `capture`. This file only re-exports.
+RemoteTensor), `_wire` (a call's values and the tensors it sends), `graphs`, `cache`,
+`breakpoints`, `sessions`, `models`, `client`, `_recording` and `srg`, `capture`. This file
+only re-exports.
 """
 
 from .breakpoints import Paused

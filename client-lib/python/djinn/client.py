@@ -176,9 +176,13 @@ def register(
     node; each `s.step(input_ids=...)` sends only its tokens and returns their logits, the
     node writing their keys and values into the cache in place.
 
-    With `blocks` (submodules or callables in execution order whose chained application
-    reproduces `model`) the model is sent as TorchScript blocks instead, which sessions still
-    need, and which only principals with the right "torchscript" may register. `progress(sent, total)` follows the upload.
+    With `blocks` (submodules or functions in execution order whose chained application
+    reproduces `model`: block 0 takes the inputs, each later one the output before it, spread
+    over its arguments when a tuple) the blocks chained are exported as one graph cut after
+    each block; a breakpoint after block k gives its output named as the block is in `model`
+    (`{"layers.3": tensor}`). Blocks the user scripted with torch.jit are sent as TorchScript,
+    which only principals with the right "torchscript" may register. `progress(sent, total)`
+    follows the upload.
 
     With a control plane, the model is described to it first: its weight bytes and FLOPs
     (counted on the example inputs), the bytes of one call's inputs and outputs, and `phase`

@@ -8,6 +8,7 @@ import inspect
 import json
 import operator
 import struct
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
@@ -250,7 +251,11 @@ def _export_one(model, signature, args, kwargs, dynamic, static=False):
     if ep is None:
         e = first_error
         raise ExportError(f"torch.export could not export the model: {type(e).__name__}: {e}") from e
-    return ep.run_decompositions({}), bounds
+    with warnings.catch_warnings():
+        # torch 2.13's own decomposition copies its pytree specs through a deprecated
+        # isinstance check: a warning about torch's code, not the caller's, on every export.
+        warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning)
+        return ep.run_decompositions({}), bounds
 
 
 def _size_oblivious(on: bool):
@@ -706,7 +711,22 @@ def _write(eps: list, signature: inspect.Signature, bounds: dict, points: list[s
         for a in node.all_input_nodes:
             last_use[a.name] = max(last_use.get(a.name, -1), k)
     carried = [n for n in [*user_inputs, *calls] if isinstance(n.meta.get("val"), torch.Tensor)]
-    cut_nodes = [[n for n in carried if block_of.get(n.name, 0) <= k < last_use.get(n.name, -1)] for k in range(last)]
+
+    def passed_on() -> list[list]:
+        return [[n for n in carried if block_of.get(n.name, 0) <= k < last_use.get(n.name, -1)] for k in range(last)]
+
+    cut_nodes = passed_on()
+    # A size a later block needs is read again from a tensor it receives with that size; where
+    # none has it (a batch of 1 that the layers' shapes fixed), the tensor it was read from
+    # (an input's) is passed on too.
+    for node in [*calls, out_node]:
+        k = block_of.get(node.name, last)
+        for a in node.all_input_nodes:
+            if isinstance(a.meta.get("val"), torch.SymInt) and block_of.get(a.name, 0) < k:
+                have = {d.node.expr for n in cut_nodes[k - 1] for d in n.meta["val"].shape if isinstance(d, torch.SymInt)}
+                for source in _size_sources(a, have):
+                    last_use[source.name] = max(last_use.get(source.name, -1), k)
+    cut_nodes = passed_on()
     cuts = [_names(nodes, points) for nodes in cut_nodes]
     ranges = ep.range_constraints
     containers = []
@@ -755,6 +775,19 @@ def _write_entries(exports: list, signature, bounds: dict, state: list, leaves: 
     ep = exports[0].ep
     return Graph([container.encode(graphs)], ep.call_spec.in_spec, leaves, ep.call_spec.out_spec, signature, [],
                  len(state))
+
+
+def _size_sources(node, have: set) -> list:
+    """The tensors a size (`node`, a SymInt of the graph) is read from, where its expression is
+    not among `have` (the sizes of what a block receives)."""
+    val = node.meta.get("val")
+    if isinstance(val, torch.SymInt) and val.node.expr in have:
+        return []
+    if node.op == "call_function" and _is_sym_size(node.target):
+        return [node.args[0]]
+    if node.op == "call_function" and node.target in _NATIVE:
+        return [t for a in node.all_input_nodes for t in _size_sources(a, have)]
+    return []
 
 
 def _names(nodes: list, points: list[str]) -> list[str]:

@@ -1,10 +1,13 @@
-"""Models on nodes: a model exported as a graph (by default) or split into TorchScript blocks,
-registered once, then run by fingerprint (`RemoteModel`)."""
+"""Models on nodes: a model exported as a graph, whole or in blocks (or TorchScript a trusted
+user scripted), registered once, then run by fingerprint (`RemoteModel`)."""
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import io
 import json
+import re
 import math
 import warnings
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
@@ -38,21 +41,42 @@ def _as_args(value) -> tuple:
     return value if isinstance(value, tuple) else (value,)
 
 
-def _to_torchscript(block, args: tuple):
-    """TorchScript is what the node's libtorch loads; torch 2.13 marks it deprecated in favour
-    of torch.export, which libtorch cannot load, hence the silenced warnings."""
-    if isinstance(block, (torch.jit.ScriptModule, torch.jit.ScriptFunction)):
-        return block
-    module = block if isinstance(block, nn.Module) else _Callable(block)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        try:
-            return torch.jit.script(module)
-        except Exception:
-            # Not scriptable (Python control flow TorchScript cannot compile): trace it on the
-            # inputs it will see. The chained check below catches a trace that does not
-            # generalise to these inputs.
-            return torch.jit.trace(module, args, strict=False, check_trace=False)
+@contextlib.contextmanager
+def _evaluating(model):
+    """`model` in eval mode, each of its modules' own mode put back after."""
+    modes = [(m, m.training) for m in model.modules()] if isinstance(model, nn.Module) else []
+    try:
+        if isinstance(model, nn.Module):
+            model.eval()
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+def _is_script(block) -> bool:
+    return isinstance(block, (torch.jit.ScriptModule, torch.jit.ScriptFunction))
+
+
+class _Chain(nn.Module):
+    """`blocks` run one after another, as `blocks=` promises they reproduce the model: block 0
+    takes the call's inputs, each later block the output of the one before (spread over its
+    arguments when a tuple). Its forward has the model's signature, so that the example and
+    `dynamic` name inputs as the model's forward does."""
+
+    def __init__(self, blocks: Sequence, signature: inspect.Signature):
+        super().__init__()
+        self.blocks = nn.ModuleList(b if isinstance(b, nn.Module) else _Callable(b) for b in blocks)
+        names = list(signature.parameters)
+
+        def forward(*args, **kwargs):
+            x = (*args, *(kwargs[n] for n in names[len(args):] if n in kwargs))
+            for block in self.blocks:
+                x = _as_args(block(*x))
+            return x[0] if len(x) == 1 else x
+
+        forward.__signature__ = signature
+        self.forward = forward
 
 
 def _archive(script) -> bytes:
@@ -104,8 +128,10 @@ def _tensor_bytes(value) -> int:
     return 0
 
 
-def _weight_bytes(script) -> int:
-    return sum(t.numel() * t.element_size() for t in script.state_dict().values())
+def _weight_bytes(block) -> int:
+    """The bytes of a block's weights (none for a function)."""
+    state = block.state_dict() if hasattr(block, "state_dict") else {}
+    return sum(t.numel() * t.element_size() for t in state.values())
 
 
 _PHASES = ("prefill", "decode")
@@ -127,43 +153,78 @@ def register_with(
     """`djinn.register` on `client`: see there."""
     if phase is not None and phase not in _PHASES:
         raise ValueError(f"phase {phase!r}: one of {', '.join(_PHASES)}, or None")
-    if blocks is None and isinstance(model, nn.Module) and not isinstance(model, torch.jit.ScriptModule):
-        graph_options = (dynamic, split, cache_len)
-        return _register_graph(client, model, example_inputs, graph_options, progress, policy, phase, public)
+    scripted = [b for b in (blocks if blocks is not None else [model]) if _is_script(b)]
+    if not scripted:
+        if blocks is None and isinstance(model, nn.Module):
+            return _register_graph(client, model, example_inputs, (dynamic, split, cache_len), progress, policy, phase,
+                                   public)
+        if not callable(model):
+            raise TypeError(f"register takes a torch.nn.Module or a function, not a {type(model).__name__}")
+        if split is not None or cache_len is not None:
+            raise ValueError("split= and cache_len= are for a module registered whole (not with blocks= or a function)")
+        # A function is one block.
+        return _register_blocks(client, model, example_inputs, blocks or [model], dynamic, progress, policy, phase,
+                                public)
+    # TorchScript the user scripted: code that runs on the node, for principals with the right.
     if dynamic is not None or split is not None or cache_len is not None:
-        raise ValueError("dynamic=, split= and cache_len= are for models registered as graphs (without blocks=)")
-    args = _as_args(example_inputs)
+        raise ValueError("dynamic=, split= and cache_len= are for models registered as graphs, not TorchScript")
     if blocks is None:
-        blocks = list(model.children()) if isinstance(model, nn.Sequential) and len(model) > 0 else [model]
+        blocks = [model]
+    if len(scripted) != len(blocks):
+        raise ValueError("blocks= mixes TorchScript and modules: script every block, or none (they are sent as graphs)")
     if len(blocks) == 0:
         raise ValueError("a model needs at least one block")
-    with torch.no_grad():
-        was_training = model.training if isinstance(model, nn.Module) else False
-        if isinstance(model, nn.Module):
-            model.eval()
-        try:
-            expected = model(*args)
-            scripts = []
-            estimates = []
-            x = args
-            for block in blocks:
-                script = _to_torchscript(block, x)
-                scripts.append(script)
-                with FlopCounterMode(display=False) as flops:
-                    x = _as_args(script(*x))
-                estimates.append((_weight_bytes(script), float(flops.get_total_flops())))
-            got = x[0] if len(x) == 1 and not isinstance(expected, tuple) else x
-        finally:
-            if was_training:
-                model.train()
+    args = _as_args(example_inputs)
+    with torch.no_grad(), _evaluating(model):
+        expected = model(*args)
+        estimates = []
+        x = args
+        for script in blocks:
+            with FlopCounterMode(display=False) as flops:
+                x = _as_args(script(*x))
+            estimates.append((_weight_bytes(script), float(flops.get_total_flops())))
+        got = x[0] if len(x) == 1 and not isinstance(expected, tuple) else x
     if (where := _mismatch(got, expected)) is not None:
         raise BlockMismatchError(f"the {len(blocks)} blocks, chained, do not reproduce the model: {where}")
-    archives = [_archive(s) for s in scripts]
+    archives = [_archive(s) for s in blocks]
     description = {"blocks": estimates, "io_bytes": _tensor_bytes(args) + _tensor_bytes(expected), "phase": phase}
     return RemoteModel(client, archives, progress, description, policy, public)
 
 
-def _register_graph(client, model, example_inputs, options, progress, policy, phase, public) -> "RemoteModel":
+def _register_blocks(client, model, example_inputs, blocks, dynamic, progress, policy, phase, public) -> "RemoteModel":
+    """`blocks=`: the blocks chained, exported as one graph cut after each block but the last.
+    What block k hands on (its output) is named as the block is in the model (`layers.3`), or
+    `block3` for one that is not a submodule of it."""
+    if len(blocks) == 0:
+        raise ValueError("a model needs at least one block")
+    forward = model.forward if isinstance(model, nn.Module) else model
+    chain = _Chain(blocks, inspect.signature(forward))
+    args, kwargs = (((), example_inputs) if isinstance(example_inputs, dict) else (_as_args(example_inputs), {}))
+    # Each block's weight bytes and FLOPs on its inputs, for the placement's estimate.
+    flops = []
+    with torch.no_grad(), _evaluating(model):
+        expected = model(*args, **kwargs)
+        x = (*args, *kwargs.values())
+        for block in chain.blocks:
+            with FlopCounterMode(display=False) as counter:
+                x = _as_args(block(*x))
+            flops.append((_weight_bytes(block), float(counter.get_total_flops())))
+        got = x[0] if len(x) == 1 else x
+    if (where := _mismatch(got, expected)) is not None:
+        raise BlockMismatchError(f"the {len(blocks)} blocks, chained, do not reproduce the model: {where}")
+    names = {id(m): n for n, m in model.named_modules() if n} if isinstance(model, nn.Module) else {}
+    own = [names.get(id(b), f"block{k}") for k, b in enumerate(blocks)]
+
+    def rename(name: str) -> str:
+        return re.sub(r"^blocks\.(\d+)", lambda m: own[int(m.group(1))], name)
+
+    cuts = [f"blocks.{k}" for k in range(len(blocks) - 1)] or None
+    return _register_graph(client, chain, example_inputs, (dynamic, cuts, None), progress, policy, phase, public,
+                           rename, flops)
+
+
+def _register_graph(client, model, example_inputs, options, progress, policy, phase, public,
+                    rename=None, estimates=None) -> "RemoteModel":
     """The model as a graph, exported with torch.export, checked and run by the node; cut into
     blocks at submodules with `split`; with a static KV cache of `cache_len` positions as a
     session's state, a prefill graph on the example and a decode graph of one token."""
@@ -174,6 +235,8 @@ def _register_graph(client, model, example_inputs, options, progress, policy, ph
         args, kwargs = _as_args(example_inputs), {}
     if cache_len is None:
         graph = graphs.export(model, args, kwargs, dynamic, split)
+        if rename is not None:
+            graph.cuts = [[rename(n) for n in names] for names in graph.cuts]
     else:
         from .cache import StaticCacheLM
 
@@ -188,10 +251,11 @@ def _register_graph(client, model, example_inputs, options, progress, policy, ph
         args, kwargs = (), {"input_ids": ids}
     with torch.no_grad(), FlopCounterMode(display=False) as flops:
         expected = model(*args, **kwargs)
-    # The placement's estimate: each block's share of the FLOPs in proportion to its weights.
-    sizes = [len(c) for c in graph.containers]
-    total = float(flops.get_total_flops())
-    estimates = [(n, total * n / max(sum(sizes), 1)) for n in sizes]
+    if estimates is None:
+        # The placement's estimate: each block's share of the FLOPs in proportion to its weights.
+        sizes = [len(c) for c in graph.containers]
+        total = float(flops.get_total_flops())
+        estimates = [(n, total * n / max(sum(sizes), 1)) for n in sizes]
     io_bytes = _tensor_bytes(args) + _tensor_bytes(kwargs) + _tensor_bytes(expected)
     description = {"blocks": estimates, "io_bytes": io_bytes, "phase": phase}
     return RemoteModel(client, graph.containers, progress, description, policy, public, graph=graph)

@@ -1,6 +1,7 @@
 """A real `djinn node` process for the tests, and the real built extension."""
 import os
 import subprocess
+import warnings
 import sys
 from pathlib import Path
 
@@ -120,3 +121,21 @@ def client(node):
     import djinn
 
     return djinn.init(node.address)
+
+
+def scripted(blocks, example) -> list:
+    """TorchScript of `blocks` as a user with the right "torchscript" makes it (the client
+    never does): each block scripted, or traced on the inputs the blocks before hand it where
+    TorchScript cannot compile it."""
+    out, args = [], example if isinstance(example, tuple) else (example,)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        for block in blocks:
+            try:
+                script = torch.jit.script(block)
+            except Exception:  # noqa: BLE001 - not scriptable: traced on its inputs
+                script = torch.jit.trace(block, args, strict=False, check_trace=False)
+            out.append(script)
+            result = script(*args)
+            args = result if isinstance(result, tuple) else (result,)
+    return out

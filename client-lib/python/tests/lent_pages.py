@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 import djinn
+from conftest import scripted
 
 PROT_NONE = 0
 PROT_READ_WRITE = mmap.PROT_READ | mmap.PROT_WRITE
@@ -75,11 +76,13 @@ class Stateful(nn.Module):
 def main(address: str, node_pid: int) -> None:
     client = djinn.init(address, timeout=1.5, failover=0.0)
     two = nn.Sequential(Clone(), Clone())
-    rm = djinn.register(two, torch.zeros(4, 4), blocks=list(two))
+    # TorchScript (a session whose state the client gives, every rank through one model).
+    rm = djinn.register(two, torch.zeros(4, 4), blocks=scripted(list(two), torch.zeros(4, 4)))
     lin = nn.Linear(256, 8)
-    linear = djinn.register(lin, torch.zeros(2, 256), blocks=[lin])
+    linear = djinn.register(lin, torch.zeros(2, 256), blocks=scripted([lin], torch.zeros(2, 256)))
     model = Stateful()
-    stateful = djinn.register(model, (torch.zeros(2), torch.zeros(3)), blocks=[model.first, model.second])
+    example = (torch.zeros(2), torch.zeros(3))
+    stateful = djinn.register(model, example, blocks=scripted([model.first, model.second], example))
     forbidden = []
     results = []
 

@@ -323,3 +323,50 @@ def test_the_annotations_travel_to_the_control_plane(tmp_path):
     finally:
         node.stop()
         control.stop()
+
+
+def test_what_a_read_computed_is_kept_and_never_run_again(client):
+    """A read runs every pending tensor Python still holds, and keeps it on the node: what it
+    computed is not recorded history any more. Position ids grown by `cat` from their own last
+    column between unrelated reads (as Hugging Face's generate does) stay one operation deep,
+    instead of a graph that replays every step since the first."""
+    x = torch.randn(8, 8)
+    remote = x.to(REMOTE)
+    a = remote @ remote
+    assert torch.equal((a + 1).cpu(), x @ x + 1)
+    later = a * 2
+    assert [o.op for o in djinn.get_graph(later).operations] == ["aten.mul.Tensor"]
+    assert torch.equal(later.cpu(), (x @ x) * 2)
+
+    positions = torch.arange(4)[None].to(REMOTE)
+    depths = []
+    for step in range(12):
+        positions = torch.cat([positions, positions[:, -1:] + 1], 1)
+        assert torch.ones(1, device=REMOTE).item() == 1.0  # a read of something else
+        depths.append(len(djinn.get_graph(positions[:, -1:]).operations))
+    assert max(depths) <= 1, depths  # a view of what the last read kept
+    assert positions.cpu().tolist() == [list(range(16))]
+
+
+def test_one_graph_serves_calls_whose_sizes_differ(client):
+    """Sizes in a captured graph (a view's shape, an arange's end, a count compared with a
+    length) are read from its tensors where one has them, so calls that differ only in sizes
+    share one graph; each still gives its local result. (A size no tensor has, such as m // 2
+    before anything of that size exists, is a constant: a graph per value.)"""
+
+    def f(x):
+        n, m = x.shape
+        halves = x.view(n, -1, 2).sum(-1)
+        return halves + torch.arange(halves.shape[1], device=x.device), ((x > 0).sum(-1) == m).all()
+
+    results, before = [], capture_stats(client)
+    for m in (10, 14, 22, 26, 34):
+        x = torch.randn(3, m)
+        got, all_positive = f(x.to(REMOTE))
+        want, want_all = f(x)
+        assert torch.equal(got.cpu(), want)
+        results.append(bool(all_positive.cpu()) == bool(want_all))
+    after = capture_stats(client)
+    assert all(results)
+    assert after["graph_executions"] - before["graph_executions"] >= 10
+    assert after["graphs_built"] - before["graphs_built"] <= 2, after

@@ -2,6 +2,8 @@
 Hugging Face GPT-2 and Llama (tiny configs, random weights) moved to `remote_accelerator:0`
 give the local logits, and greedy `generate` through capture gives the local tokens. Capture
 writes graphs: `torch.jit` is never called."""
+import importlib
+
 import pytest
 import torch
 
@@ -69,3 +71,36 @@ def test_capture_sends_ordinary_graphs_which_the_node_checks(tenant, no_torchscr
     local = torch.zeros(4, 4)
     local[1:3].add_(x[1:3])
     assert torch.equal(y.cpu(), local * 2)
+
+
+def test_a_generation_through_capture_builds_a_few_graphs_whatever_its_length(tenant, monkeypatch):
+    """Symbolic sizes: every decode step of a generation runs one graph (a few more where a
+    length meets a size of the model, 16 or 32 here), so a long generation builds a few
+    graphs, not several per step; and nothing computed is replayed, so each step's forward
+    graph has as many operations as the one before."""
+    capture = importlib.import_module("djinn.capture")
+    torch.manual_seed(0)
+    model = hf_gpt2().eval()
+    prompt = torch.randint(1, 97, (1, 3))
+    with torch.no_grad():
+        want = model.generate(prompt, max_new_tokens=24, do_sample=False)
+    model.to(REMOTE)
+    sizes = []
+    run = capture._run
+
+    def counting(targets, keep=False, plan=None):
+        plan = plan or capture._Plan(targets)
+        sizes.append(len(plan.ops))
+        return run(targets, keep, plan)
+
+    monkeypatch.setattr(capture, "_run", counting)
+    before = djinn.stats()["capture"]
+    with torch.no_grad():
+        got = model.generate(prompt.to(REMOTE), max_new_tokens=24, do_sample=False)
+    built = djinn.stats()["capture"]["graphs_built"] - before["graphs_built"]
+    assert got.cpu().tolist() == want.tolist()
+    assert built <= 12, built  # 24 steps: 2 or 3 graphs each before
+    # The decode steps' forward graphs (each step's largest; the prefill's and the first
+    # step's aside) do not grow.
+    forwards = [n for n in sizes if n > max(sizes) // 2][2:]
+    assert len(forwards) >= 20 and max(forwards) == min(forwards), forwards

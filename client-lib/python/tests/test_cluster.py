@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import djinn
-from conftest import DjinnProcess
+from conftest import DjinnProcess, scripted
 
 
 def mlp(seed: int):
@@ -146,7 +146,8 @@ def test_a_session_lives_on_the_node_its_model_was_placed_on_and_is_lost_with_it
     gpt = model()
     cached = CachedGPT(gpt).eval()
     prompt = torch.randint(0, gpt.config.vocab, (1, 8), generator=torch.Generator().manual_seed(6))
-    rm = client.register(cached, (prompt, *cached.empty_state()), blocks=[cached])
+    example = (prompt, *cached.empty_state())
+    rm = client.register(cached, example, blocks=scripted([cached], example))
     first = rm.placement
     with rm.session(*cached.empty_state()) as s:
         assert s.node == first["addr"]

@@ -221,3 +221,27 @@ def test_a_stack_splits_after_each_child_as_blocks_did(tenant):
     assert torch.equal(p.activation["1"], after_one)
     with torch.no_grad():
         assert torch.equal(p.resume({"1": after_one * 2}), stack[2:](after_one * 2))
+
+
+def test_blocks_given_as_a_list_are_graph_blocks_even_for_a_batch_of_one(tenant):
+    """`blocks=[...]` from a tenant without the TorchScript right: the blocks chained are one
+    graph cut after each. With a batch of one, which the layers' shapes fix while the input's
+    batch stays open, a size a later block reads from the input passes the input on with the
+    activation (named as the forward names it)."""
+    from gpt import GPT, GPTConfig
+
+    torch.manual_seed(4)
+    gpt = GPT(GPTConfig.tiny()).eval()
+    idx = torch.randint(0, 97, (1, 12))
+    rm = tenant.register(gpt, idx, blocks=gpt.blocks())
+    assert rm.blocks == len(gpt.blocks())
+    with torch.no_grad():
+        assert torch.equal(rm(idx), gpt(idx))
+        shorter = idx[:, :5]
+        assert torch.equal(rm(shorter), gpt(shorter))
+        hidden = gpt.layers[0](gpt.embedding(idx))
+    p = rm.run_until(1, idx)
+    assert set(p.activation) <= {"idx", "layers.0"} and torch.equal(p.activation["layers.0"], hidden)
+    with torch.no_grad():
+        assert torch.equal(p.resume({**p.activation, "layers.0": hidden * 0.5}),
+                           gpt.head(gpt.layers[1](hidden * 0.5)))

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import djinn
-from conftest import hf_gpt2, hf_llama
+from conftest import hf_gpt2, hf_llama, scripted
 
 
 def same(got, want, what):
@@ -92,7 +92,7 @@ def test_a_small_mlp_is_bit_for_bit_and_its_batch_is_dynamic(tenant):
 def test_a_tenant_without_the_right_cannot_register_torchscript_and_is_told_how_to_move(tenant):
     model = nn.Sequential(nn.Linear(4, 4))
     with pytest.raises(djinn.AuthenticationError, match="djinn.register"):
-        djinn.register(model, torch.randn(2, 4), blocks=[model])
+        djinn.register(model, torch.randn(2, 4), blocks=scripted([model], torch.randn(2, 4)))
 
 
 def test_random_operators_draw_from_each_requests_own_generator(tenant):

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 import djinn
+from conftest import scripted
 from gpt import GPT, GPTConfig
 
 
@@ -95,8 +96,9 @@ def test_bf16_and_int64_inputs_and_scalar_outputs(client):
     model = Mixed()
     x = torch.randn(5, 7).to(torch.bfloat16)
     ids = torch.arange(11, dtype=torch.int64) * 1_000_000_007
-    # Numbers and a string out: TorchScript (a graph returns tensors and sizes).
-    rm = djinn.register(model, (x, ids), blocks=[model])
+    # Numbers and a string out: TorchScript the user scripted (a graph returns tensors and
+    # sizes), which this principal has the right to register.
+    rm = djinn.register(model, (x, ids), blocks=scripted([model], (x, ids)))
     out = rm(x, ids)
     expected = model(x, ids)
     assert out[0].dtype == torch.bfloat16 and torch.equal(out[0], expected[0])
@@ -112,7 +114,7 @@ def test_every_wire_dtype_survives_an_identity(client):
     # One TorchScript block for every dtype and rank; a graph takes the dtype and rank it was
     # exported with.
     identity = Identity()
-    rm = djinn.register(identity, torch.zeros(1), blocks=[identity])
+    rm = djinn.register(identity, torch.zeros(1), blocks=scripted([identity], torch.zeros(1)))
     for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.int16,
                   torch.int32, torch.int64, torch.uint8, torch.bool):
         x = (torch.randn(3, 5) * 100).to(dtype)
@@ -132,7 +134,7 @@ def test_blocks_that_do_not_reproduce_the_model_are_refused(client):
 def test_bad_requests_raise_clear_errors_and_the_node_keeps_serving(client):
     model = mlp()
     x = torch.randn(4, 256)
-    rm = djinn.register(model, x, blocks=[model])
+    rm = djinn.register(model, x, blocks=scripted([model], x))
     with pytest.raises(djinn.UnknownModelError):
         client._native.execute("ab" * 32, [], [])
     with pytest.raises(djinn.BadArchiveError):
@@ -152,7 +154,7 @@ def test_bad_requests_raise_clear_errors_and_the_node_keeps_serving(client):
 
     # A data-dependent branch: export cannot write it as a graph, TorchScript can.
     throws = Throws()
-    thrower = djinn.register(throws, torch.zeros(2), blocks=[throws])
+    thrower = djinn.register(throws, torch.zeros(2), blocks=scripted([throws], torch.zeros(2)))
     with pytest.raises(djinn.ExecutionError, match="refusing huge inputs"):
         thrower(torch.full((2,), 1e10))
     with pytest.raises(TypeError, match="cannot send"):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import djinn
-from conftest import NodeProcess
+from conftest import NodeProcess, scripted
 from gpt import GPT, CachedGPT, GPTConfig, generate, greedy
 
 NEW_TOKENS = 24
@@ -37,8 +37,10 @@ def expected(gpt, prompt):
 
 def register(gpt, prompt, client=None):
     cached = CachedGPT(gpt).eval()
-    # Sessions run TorchScript blocks (graphs with state come with part 2 of issue 31).
-    return djinn.register(cached, (prompt, *cached.empty_state(prompt.shape[0])), blocks=[cached], client=client), cached
+    # A session whose state the client gives and each step writes in place: TorchScript, which
+    # the user scripts (graphs keep their state in buffers: test_graph_sessions.py).
+    example = (prompt, *cached.empty_state(prompt.shape[0]))
+    return djinn.register(cached, example, blocks=scripted([cached], example), client=client), cached
 
 
 def state_bytes(cached, batch):
@@ -138,11 +140,16 @@ def test_bad_steps_raise_clear_errors_and_the_session_goes_on(client, gpt, promp
         s.step(prompt)
     s.close()  # closing twice is harmless
 
-    # A model that returns no state fails each step the same way.
-    plain = djinn.register(lambda x, state: x + state, (torch.randn(1, 4), torch.zeros(1)))
+    # A TorchScript model that returns no state fails each step the same way; as a graph, it
+    # keeps no state, and no session opens.
+    add = lambda x, state: x + state  # noqa: E731
+    example = (torch.randn(1, 4), torch.zeros(1))
+    plain = djinn.register(add, example, blocks=scripted([add], example))
     with plain.session(torch.zeros(1)) as s:
         with pytest.raises(djinn.ExecutionError, match="state"):
             s.step(torch.randn(1, 4))
+    with pytest.raises(TypeError, match="keeps no state"):
+        djinn.register(add, example).session(torch.zeros(1))
     with pytest.raises(TypeError):
         rm.session([1, 2])
 

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import djinn
-from conftest import NodeProcess
+from conftest import NodeProcess, scripted
 
 ALICE = "alice-token-0123456789"
 BOB = "bob-token-0123456789ab"
@@ -84,7 +84,7 @@ def test_a_tenant_without_the_right_is_refused_torchscript(secured):
     mallory = djinn.Client(secured.address, token=MALLORY)
     linear = nn.Linear(4, 4).eval()
     with pytest.raises(djinn.AuthenticationError, match='the right "torchscript"'):
-        mallory.register(linear, torch.randn(1, 4), blocks=[linear])
+        mallory.register(linear, torch.randn(1, 4), blocks=scripted([linear], torch.randn(1, 4)))
     # The same model as a graph is data: mallory may register it.
     assert torch.equal(mallory.register(linear, torch.randn(1, 4))(torch.ones(2, 4)), linear(torch.ones(2, 4)).detach())
     alice = djinn.Client(secured.address, token=ALICE)

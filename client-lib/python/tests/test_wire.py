@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import djinn
-from conftest import NodeProcess
+from conftest import NodeProcess, scripted
 from lent_pages import Clone, WithState
 from djinn.tensors import WIRE_DTYPES
 
@@ -90,11 +90,13 @@ recipes = st.builds(
 
 @pytest.fixture
 def models(client):
-    # TorchScript blocks: they take every dtype and shape, which the wire paths are tested on.
+    # TorchScript blocks (scripted here, by a principal with the right): they take every dtype
+    # and rank, which the wire paths are tested on.
     two = nn.Sequential(Clone(), Clone())
-    rm = djinn.register(two, torch.zeros(4, 4), blocks=list(two))
+    rm = djinn.register(two, torch.zeros(4, 4), blocks=scripted(list(two), torch.zeros(4, 4)))
     with_state = WithState()
-    stateful = djinn.register(with_state, (torch.zeros(2), torch.zeros(3)), blocks=[with_state])
+    example = (torch.zeros(2), torch.zeros(3))
+    stateful = djinn.register(with_state, example, blocks=scripted([with_state], example))
     return rm, stateful
 
 
@@ -133,7 +135,7 @@ def test_every_path_returns_what_was_sent_bit_for_bit(client, models, recipe, ot
 
 
 def test_a_transposed_input_gives_the_transpose_every_time(client):
-    rm = djinn.register(nn.Sequential(Clone()), torch.zeros(4, 4), blocks=[Clone()])
+    rm = djinn.register(nn.Sequential(Clone()), torch.zeros(4, 4), blocks=scripted([Clone()], torch.zeros(4, 4)))
     equal = 0
     for i in range(50):
         x = torch.randn(64, 64)
@@ -146,7 +148,7 @@ def test_a_transposed_input_gives_the_transpose_every_time(client):
 
 
 def test_a_contiguous_cpu_input_is_sent_from_its_own_memory(client):
-    rm = djinn.register(nn.Sequential(Clone()), torch.zeros(4, 4), blocks=[Clone()])
+    rm = djinn.register(nn.Sequential(Clone()), torch.zeros(4, 4), blocks=scripted([Clone()], torch.zeros(4, 4)))
     x = torch.randn(16 * MiB)  # 64 MiB
     before = djinn.stats()
     assert torch.equal(rm(x), x)
@@ -182,7 +184,7 @@ def test_a_torchvision_model_takes_inputs_as_users_pass_them(client):
 
 
 def test_unsendable_inputs_are_refused_with_the_reason(client):
-    rm = djinn.register(nn.Sequential(Clone()), torch.zeros(4, 4), blocks=[Clone()])
+    rm = djinn.register(nn.Sequential(Clone()), torch.zeros(4, 4), blocks=scripted([Clone()], torch.zeros(4, 4)))
     np = pytest.importorskip("numpy")
     with pytest.raises(TypeError, match="torch.from_numpy"):
         rm(np.zeros((4, 4), dtype=np.float32))
