@@ -11,17 +11,20 @@ How it works, in order:
   device reach kernels registered here for it; every other operation on a LazyTensor reaches
   `LazyTensor.__torch_dispatch__`, below autograd, as an aten operation.
 - Each operation runs on the meta device to learn its outputs' shapes, dtypes and strides (no
-  data), and is recorded: its function, its arguments with values in place of tensors, and the
-  storage it writes. Views share their base's storage; an in-place operation is appended to
+  data; once per operation and argument signature), and is recorded: its function, its
+  arguments with values in place of tensors, and the storage it writes. Views share their base's storage; an in-place operation is appended to
   its storage's writes. A local tensor operand is copied (as it is now) and becomes an input.
 - Reading a tensor gathers the operations it depends on (their inputs', recursively, and every
   write to a storage they read), in recording order, and writes them out as a graph
   (`djinn.graphs`' format: each aten call by its schema name, the inputs read-only, an in-place
   call other than the few the allowlist has written as its functional form and a `copy_`,
   random calls in the overloads that take the node's per-request generator, `empty*` as
-  zeros). The node checks and runs it as any tenant's graph; no TorchScript is involved. A
-  graph seen before is a dictionary look-up away from its fingerprint on the node; a new one
-  is registered once.
+  zeros). A size in a `SymInt` or `Scalar` argument is read from the first tensor of the graph
+  that has it, so calls that differ only in sizes write one graph. The node checks and runs
+  it as any tenant's graph; no TorchScript is involved. A graph seen before is a dictionary
+  look-up away from its fingerprint on the node; a new one is registered once.
+- A read also runs every other pending tensor Python holds and keeps it on the node: what a
+  graph computed is never history that a later graph runs again.
 - Copying a local tensor into a fresh remote one (`.to("remote_accelerator:0")`, which is what
   `module.to` does to each weight) uploads it at once; it stays on the node and graphs take it
   by handle. Random operations run at once too and their result is kept on the node, so that

@@ -17,6 +17,14 @@ from gpt import GPT, CachedGPT, GPTConfig
 REMOTE = "remote_accelerator:0"
 
 
+@pytest.fixture
+def client(tenant):
+    """Every capture test as a tenant without the TorchScript right: what capture sends is a
+    tenant's graph."""
+    djinn.client._default = tenant
+    return tenant
+
+
 def capture_stats(client):
     return client.stats()["capture"]
 

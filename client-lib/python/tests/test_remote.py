@@ -1,5 +1,6 @@
 """The Python package against a real node: remote outputs equal local ones."""
 import threading
+import time
 from typing import Dict, List, Tuple
 
 import pytest
@@ -244,3 +245,19 @@ def test_not_connected_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(djinn.client, "_default", None)
     with pytest.raises(djinn.DjinnError, match="djinn.init"):
         djinn.stats()
+
+
+def test_the_node_counts_its_executions_and_the_time_they_took(client):
+    """`execution_us`: the workers' time on executions (not the wire), which benches set beside
+    the client's own time on a call."""
+    model = mlp()
+    x = torch.randn(64, 256)
+    rm = djinn.register(model, x)
+    before = client.node_stats()
+    started = time.perf_counter()
+    for _ in range(5):
+        rm(x)
+    elapsed_us = (time.perf_counter() - started) * 1e6
+    after = client.node_stats()
+    assert after["executions"] - before["executions"] == 5
+    assert 0 < after["execution_us"] - before["execution_us"] <= elapsed_us
