@@ -256,8 +256,8 @@ _infos: dict = {}
 # once per distinct call.
 _calls: dict = {}
 _MAX_CALLS = 1 << 16
-# Arguments that are constants, hashable as they are.
 _COMPOSITE = torch._C.DispatchKey.CompositeImplicitAutograd
+# Arguments that are constants, hashable as they are.
 _PLAIN = {int, float, bool, str, type(None), torch.dtype, torch.memory_format, torch.layout}
 
 
@@ -818,6 +818,9 @@ class _GraphWriter:
             return f'{{"list":[{",".join(map(self.arg, a))}]}}'
         if a is _DEVICE:
             return '{"device":"node"}'
+        if t is float:
+            # Not cached: -0.0 == 0.0 would share a text. (`repr`: "inf", "nan", "-0.0", ...)
+            return f'{{"f":"{a!r}"}}'
         key = (t, a)
         text = _constants.get(key)
         if text is None:

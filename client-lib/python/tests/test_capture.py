@@ -267,6 +267,11 @@ def test_local_operands_reads_printing_and_comparisons(client):
     assert (x > 0).sum().item() == (local > 0).sum().item()
     assert float(x.sum()) == pytest.approx(float(local.sum()))
     assert x.numpy().tolist() == local.numpy().tolist()
+    # Constants as written: a zero's sign, infinities and NaN (0.0 first, so that a cache of
+    # constants' text keyed by equality would give -0.0 its text).
+    assert torch.equal(1 / (x * 0.0).abs().cpu(), torch.full((3, 4), float("inf")))
+    assert torch.equal(1 / (x.abs() * -0.0).cpu(), torch.full((3, 4), float("-inf")))
+    assert (x * float("nan")).cpu().isnan().all() and torch.equal((x + float("inf")).cpu(), local + float("inf"))
     text = repr(x)
     assert text.startswith("tensor([[") and text.endswith(f"device='{REMOTE}')")
     assert repr(local)[:-1] in text
