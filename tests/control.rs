@@ -387,6 +387,27 @@ fn a_restarted_control_keeps_its_state() {
     assert_eq!(control.node_names(), ["a", "b", "c"]);
 }
 
+/// A node that starts while the control plane's etcd is down (every registration answered 503,
+/// or not at all) keeps trying, backing off, and joins once etcd is back; then a restart of
+/// etcd while it holds its lease leaves it in the cluster.
+#[test]
+fn a_node_joins_after_its_control_planes_store_comes_back() {
+    let Backing::Etcd(mut etcd) = Backing::etcd() else { unreachable!() };
+    let control = Control::start("127.0.0.1:0", &["--etcd", &etcd.url.clone()], "2000ms");
+    etcd.kill();
+    let node = Node::start("mio", &["--device", "cpu", "--control", &control.url, "--name", "late"]);
+    // Refused, or unanswered, for a while: several attempts of the agent's.
+    std::thread::sleep(Duration::from_secs(3));
+    etcd.start_again();
+    let joined = control.wait_for_nodes(&["late"], Duration::from_secs(45));
+    assert!(joined < Duration::from_secs(45));
+    etcd.restart();
+    std::thread::sleep(Duration::from_secs(3));
+    control.wait_for_nodes(&["late"], Duration::from_secs(30));
+    let mut client = node.client();
+    assert!(client.ping().is_ok(), "the node served throughout");
+}
+
 /// Two control processes on one etcd see the same nodes, and a session placed through either
 /// gets the same node.
 #[test]

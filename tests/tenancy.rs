@@ -777,3 +777,103 @@ fn a_tenant_holds_a_bounded_number_of_push_grants() {
     alice_b.grant_push(&kept.tensor).expect("the used grant made room");
     assert_eq!(code(alice_b.grant_push(&kept.tensor)), ErrorCode::QuotaExceeded);
 }
+
+#[test]
+fn a_refused_hello_logs_a_bounded_line_of_the_agent_it_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = token_file(dir.path(), ALICE);
+    let log = dir.path().join("node.log");
+    let mut command = Command::new(support::djinn_binary());
+    command.args(["node", "--listen", "127.0.0.1:0", "--log", "info", "--auth-file"]).arg(&file);
+    command.stderr(std::fs::File::create(&log).unwrap());
+    let (mut child, addr) = spawn_listening(command, "djinn node listening on ");
+
+    // Agents with a line that pretends to be the node's own after each newline: as much as a
+    // stranger's first frame may carry (4 KiB of metadata), and 60 KiB in a second hello on a
+    // connection that had a good one (64 KiB of metadata).
+    let line = "evil\nERROR forged: the node is compromised\n";
+    let refused_hello = |raw: &mut TcpStream, agent: String| {
+        let hello = Hello { token: "not-a-token".into(), ..Hello::new(&Limits::default(), transports::TCP, agent) };
+        let mut wire = Vec::new();
+        encode_head(&mut wire, 1, &Message::Hello(hello)).unwrap();
+        raw.write_all(&wire).unwrap();
+        let reply = read_reply(raw).1;
+        assert!(matches!(reply, Message::Error { code: ErrorCode::Unauthenticated, .. }), "{reply:?}");
+    };
+    let stranger = line.repeat(80);
+    refused_hello(&mut TcpStream::connect(&addr).unwrap(), stranger.clone());
+    let mut raw = TcpStream::connect(&addr).unwrap();
+    let hello = Hello { token: ALICE.into(), ..Hello::new(&Limits::default(), transports::TCP, "raw") };
+    let mut wire = Vec::new();
+    encode_head(&mut wire, 2, &Message::Hello(hello)).unwrap();
+    raw.write_all(&wire).unwrap();
+    assert!(matches!(read_reply(&mut raw).1, Message::HelloAck(_)));
+    let tenant = line.repeat(1400);
+    refused_hello(&mut raw, tenant.clone());
+    let mut alice = Client::connect_with(addr.as_str(), ClientOptions { token: ALICE.into(), ..Default::default() })
+        .expect("still serving");
+    alice.ping().expect("ping");
+    child.kill().ok();
+    child.wait().ok();
+
+    let text = std::fs::read_to_string(&log).unwrap();
+    let refused: Vec<&str> = text.lines().filter(|l| l.contains("hello refused")).collect();
+    assert_eq!(refused.len(), 2, "{text}");
+    for (logged, agent) in refused.iter().zip([&stranger, &tenant]) {
+        assert!(logged.len() < 512, "{logged}");
+        assert!(logged.contains(r"evil\nERROR forged") && logged.contains(&format!("({} bytes)", agent.len())));
+    }
+    assert!(!text.lines().any(|l| l.starts_with("ERROR forged")), "a newline of the agent's started a line");
+    assert!(text.len() < 8192, "the node logged {} bytes", text.len());
+}
+
+/// One worker, one tenant flooding it from six connections with executes of ~10 ms: another
+/// tenant's execute waits for the one running and at most one more of the flood's (turns by
+/// tenant), not for every request queued before it (a single queue would make it wait for
+/// about six).
+#[test]
+fn a_flooding_tenant_does_not_make_another_wait_behind_its_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = token_file(dir.path(), ALICE);
+    let node = Node::start("mio", &["--auth-file", file.to_str().unwrap(), "--workers", "1"]);
+    let mut alice = connect(&node, ALICE).unwrap();
+    let mut bob = connect(&node, BOB).unwrap();
+    let mlp = register(&mut alice, &["mlp.block0", "mlp.block1", "mlp.block2"]);
+    register(&mut bob, &["mlp.block0", "mlp.block1", "mlp.block2"]);
+    let big = f32_bytes(512 * 256, 7);
+    let small = f32_bytes(256, 8);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let flood: Vec<_> = (0..6)
+        .map(|_| {
+            let (stop, done, big) = (Arc::clone(&stop), Arc::clone(&done), big.clone());
+            let mut client = connect(&node, ALICE).unwrap();
+            thread::spawn(move || {
+                let input = [TensorRef { dtype: DType::F32, shape: &[512, 256], bytes: &big }];
+                while !stop.load(Ordering::Relaxed) {
+                    client.execute(&mlp, &[Value::Tensor(0)], &input).expect("the flood is served too");
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    // The flood's queue fills.
+    while done.load(Ordering::Relaxed) < 12 {
+        thread::sleep(Duration::from_millis(5));
+    }
+    let input = [TensorRef { dtype: DType::F32, shape: &[1, 256], bytes: &small }];
+    let mut waited = Vec::new();
+    for _ in 0..10 {
+        let before = done.load(Ordering::Relaxed);
+        bob.execute(&mlp, &[Value::Tensor(0)], &input).expect("bob is served");
+        waited.push(done.load(Ordering::Relaxed) - before);
+        thread::sleep(Duration::from_millis(15));
+    }
+    stop.store(true, Ordering::Relaxed);
+    flood.into_iter().for_each(|t| t.join().unwrap());
+    // The running job and at most one more of alice's finish while bob waits (a completion
+    // counted a moment late may add one).
+    assert!(waited.iter().all(|&n| n <= 3), "alice's executes done while bob waited: {waited:?}");
+    assert!(node.stat(&mut alice, "executions") >= 22);
+}

@@ -113,7 +113,7 @@ struct DecisionFields {
 pub const CA_ENV: &str = "DJINN_CONTROL_CA";
 
 /// A blocking HTTP client of one control plane.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ControlClient {
     http: ureq::Agent,
     url: String,
@@ -121,6 +121,17 @@ pub struct ControlClient {
     authorization: Option<String>,
     /// Why the client cannot be used (a CA file that does not load): every request says so.
     broken: Option<String>,
+}
+
+/// The token shows only whether there is one.
+impl std::fmt::Debug for ControlClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlClient")
+            .field("url", &self.url)
+            .field("authorization", &self.authorization.as_ref().map(|_| "Bearer <redacted>"))
+            .field("broken", &self.broken)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ControlClient {
@@ -293,4 +304,17 @@ fn certificates(pem: &[u8]) -> Result<Vec<ureq::tls::Certificate<'static>>, Stri
         return Err("no PEM certificate in it".into());
     }
     Ok(certs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_output_names_no_token() {
+        let client = ControlClient::new("127.0.0.1:7000", Duration::from_secs(1)).with_token("s3cret-token");
+        let shown = format!("{client:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("Bearer <redacted>") && shown.contains("127.0.0.1:7000"), "{shown}");
+    }
 }

@@ -38,6 +38,10 @@ pub enum ExecError {
     /// An operator of a graph failed (its name and libtorch's message).
     #[error("{0}")]
     Execution(String),
+    /// The run went past the node's limit on one execution (`--execute-deadline`) and was ended
+    /// between two operators (or blocks); what it had computed is freed.
+    #[error("the execution ran past the node's limit of {limit:?} and was ended")]
+    DeadlineExceeded { limit: std::time::Duration },
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -49,6 +53,7 @@ impl ExecError {
                 ErrorCode::ExecutionFailed
             }
             Self::Refused(_) => ErrorCode::GraphRefused,
+            Self::DeadlineExceeded { .. } => ErrorCode::DeadlineExceeded,
             Self::Forbidden(_) => ErrorCode::Forbidden,
             Self::BadArchive(_) | Self::Io(_) => ErrorCode::BadArchive,
             Self::OverBudget(e) if e.tenant.is_some() => ErrorCode::QuotaExceeded,

@@ -409,6 +409,7 @@ impl GraphModule {
         // Made at the first random operator of the run.
         let mut generator: Option<RequestGenerator> = None;
         for ((step, call), node) in checked.steps.iter().zip(calls).zip(program.nodes) {
+            crate::deadline::check()?;
             match (step, call) {
                 (Step::Native { op, args }, _) => {
                     let v = native(*op, args, &env).map_err(|e| ExecError::Execution(format!("{}: {e}", node.op)))?;

@@ -17,7 +17,9 @@ pub extern crate tch_0_24 as tch;
 pub use ::tch;
 
 mod convert;
+mod deadline;
 mod error;
+mod fair;
 pub mod graph;
 mod handles;
 pub mod libtorch;

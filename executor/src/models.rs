@@ -114,6 +114,7 @@ impl Model {
         let mut stream = self.stream.as_ref().map(|s| s.lock().unwrap_or_else(|e| e.into_inner()));
         let mut args = args;
         for (i, block) in self.blocks.iter().enumerate().take(last + 1).skip(first) {
+            crate::deadline::check()?;
             if let Some(stream) = stream.as_mut() {
                 stream.before(i)?;
             }

@@ -40,6 +40,9 @@ pub struct NodeOptions {
     pub sessions: SessionOptions,
     /// A request parked at a breakpoint is released after this long.
     pub parked_ttl: Duration,
+    /// The longest one execution (an execute, a session step, a resume) may run: checked
+    /// between operators and blocks; `None` for no limit.
+    pub execute_deadline: Option<Duration>,
     /// The node's principals, when clients need tokens: what a push names the tenant by.
     pub auth: Option<Arc<Authenticator>>,
     /// The RDMA port pushes to other nodes go over, where they offer RDMA too.
@@ -104,6 +107,7 @@ impl NodeService {
             Arc::clone(&handles),
             Arc::clone(&sessions),
             Arc::clone(&parked),
+            options.execute_deadline,
         )?;
         tracing::info!(
             epoch = format_args!("{:016x}", handles.lock().unwrap_or_else(|e| e.into_inner()).epoch()),
@@ -157,7 +161,7 @@ impl NodeService {
         match self.parked().abort(tenant, parked) {
             Ok(request) => {
                 if let Some(id) = end_parked_step(&request, &self.sessions) {
-                    self.workers.drain_session(id);
+                    self.workers.drain_session(id, request.tenant);
                 }
                 Reply::message(Message::Aborted)
             }
@@ -170,7 +174,7 @@ impl NodeService {
         match self.sessions().enqueue(tenant, session, op) {
             Ok(start) => {
                 if start {
-                    self.workers.drain_session(session.id);
+                    self.workers.drain_session(session.id, tenant);
                 }
                 None
             }
@@ -477,16 +481,16 @@ impl Sweeper {
                     let expired = parked.lock().unwrap_or_else(|e| e.into_inner()).expire(now);
                     for request in expired {
                         if let Some(id) = end_parked_step(&request, &table) {
-                            queue.drain_session(id);
+                            queue.drain_session(id, request.tenant);
                         }
                     }
                     lock(&table).expire(now);
                     next_sweep = now + period;
                 }
                 let (due, next_restore) = lock(&table).due_restores(now);
-                for id in due {
+                for (id, tenant) in due {
                     if lock(&table).enqueue_restore(id) {
-                        queue.drain_session(id);
+                        queue.drain_session(id, tenant);
                     }
                 }
                 let wake = next_restore.map_or(next_sweep, |at| at.min(next_sweep));

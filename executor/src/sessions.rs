@@ -456,8 +456,9 @@ impl SessionTable {
         expired
     }
 
-    /// Sessions whose restore is due (each is returned once), and when the next one is.
-    pub fn due_restores(&mut self, now: Instant) -> (Vec<u64>, Option<Instant>) {
+    /// Sessions whose restore is due (each is returned once, with its tenant), and when the
+    /// next one is.
+    pub fn due_restores(&mut self, now: Instant) -> (Vec<(u64, TenantId)>, Option<Instant>) {
         let mut due = Vec::new();
         let mut next = None::<Instant>;
         for (&id, s) in &mut self.sessions {
@@ -465,7 +466,7 @@ impl SessionTable {
                 Some(at) if at <= now => {
                     s.resume_at = None;
                     if matches!(s.place, Place::Host { .. }) {
-                        due.push(id);
+                        due.push((id, s.tenant));
                     }
                 }
                 Some(at) => next = Some(next.map_or(at, |n| n.min(at))),

@@ -1,14 +1,14 @@
-//! Executor worker threads. The poller hands them model work over a crossbeam channel (it never
-//! runs model code itself); they answer through the data plane's `Replier`.
+//! Executor worker threads. The poller hands them model work through a queue served fairly
+//! between tenants (`fair.rs`; it never runs model code itself); they answer through the data
+//! plane's `Replier`.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use djinn_auth::TenantId;
 use djinn_dataplane::proto::{Breakpoint, Frame, Handle, Message, Payload, SharedBytes, TensorDesc, Value};
 use djinn_dataplane::tcp::{Replier, Reply, ReplyTo};
@@ -16,7 +16,9 @@ use tch::jit::IValue;
 use tch::{Device, Tensor};
 
 use crate::convert::{OutputTensor, Outputs, aliases, input_tensors, kept_inputs, to_ivalue};
+use crate::deadline;
 use crate::error::ExecError;
+use crate::fair::FairQueue;
 use crate::handles::HandleTable;
 use crate::models::{Model, ModelStore, Upload, spread};
 use crate::parked::{Activation, Parked, ParkedTable, SessionStep, Stopped, check_breakpoint};
@@ -74,6 +76,31 @@ struct Envelope {
     reply: Option<(ReplyTo, Replier)>,
 }
 
+/// The jobs waiting for a worker, by tenant, and how many queues can still add to them.
+struct Queued {
+    jobs: FairQueue<Envelope>,
+    /// Live [`WorkQueue`]s: the workers stop once none is left and every job is done.
+    senders: usize,
+}
+
+struct Scheduler {
+    queued: Mutex<Queued>,
+    ready: Condvar,
+}
+
+impl Scheduler {
+    fn lock(&self) -> MutexGuard<'_, Queued> {
+        self.queued.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues a job in `tenant`'s turn.
+    fn push(&self, counters: &WorkerCounters, tenant: TenantId, envelope: Envelope) {
+        counters.queued.fetch_add(1, Ordering::Relaxed);
+        self.lock().jobs.push(tenant, envelope);
+        self.ready.notify_one();
+    }
+}
+
 /// What the worker threads share.
 struct Shared {
     device: Device,
@@ -82,6 +109,8 @@ struct Shared {
     sessions: Arc<Mutex<SessionTable>>,
     parked: Arc<Mutex<ParkedTable>>,
     counters: Arc<WorkerCounters>,
+    /// The longest one execution may run (see `deadline.rs`).
+    deadline: Option<Duration>,
 }
 
 #[derive(Debug, Default)]
@@ -97,27 +126,36 @@ pub struct WorkerCounters {
 }
 
 /// The way into the workers; clones of it queue work from other threads (the session clock).
-#[derive(Clone)]
 pub struct WorkQueue {
-    tx: Sender<Envelope>,
+    scheduler: Arc<Scheduler>,
     counters: Arc<WorkerCounters>,
 }
 
+impl Clone for WorkQueue {
+    fn clone(&self) -> Self {
+        self.scheduler.lock().senders += 1;
+        Self { scheduler: Arc::clone(&self.scheduler), counters: Arc::clone(&self.counters) }
+    }
+}
+
+impl Drop for WorkQueue {
+    fn drop(&mut self) {
+        let mut queued = self.scheduler.lock();
+        queued.senders -= 1;
+        if queued.senders == 0 {
+            self.scheduler.ready.notify_all();
+        }
+    }
+}
+
 impl WorkQueue {
-    /// Starts draining a session's queue ([`SessionTable::enqueue`] said none was).
-    pub fn drain_session(&self, id: u64) {
-        self.send(Envelope { job: Job::Session { id }, reply: None });
+    /// Starts draining `tenant`'s session `id` ([`SessionTable::enqueue`] said none was).
+    pub fn drain_session(&self, id: u64, tenant: TenantId) {
+        self.send(tenant, Envelope { job: Job::Session { id }, reply: None });
     }
 
-    fn send(&self, envelope: Envelope) {
-        self.counters.queued.fetch_add(1, Ordering::Relaxed);
-        if let Err(e) = self.tx.send(envelope) {
-            self.counters.queued.fetch_sub(1, Ordering::Relaxed);
-            // Only when every worker is gone (they stop only on shutdown).
-            if let Some((to, replier)) = e.into_inner().reply {
-                replier.send(to, Reply::error(djinn_dataplane::proto::ErrorCode::Internal, "the executor has stopped"));
-            }
-        }
+    fn send(&self, tenant: TenantId, envelope: Envelope) {
+        self.scheduler.push(&self.counters, tenant, envelope);
     }
 }
 
@@ -142,29 +180,35 @@ impl Workers {
         handles: Arc<Mutex<HandleTable>>,
         sessions: Arc<Mutex<SessionTable>>,
         parked: Arc<Mutex<ParkedTable>>,
+        deadline: Option<Duration>,
     ) -> std::io::Result<Self> {
-        let (tx, rx) = crossbeam_channel::unbounded::<Envelope>();
+        let scheduler = Arc::new(Scheduler {
+            queued: Mutex::new(Queued { jobs: FairQueue::default(), senders: 1 }),
+            ready: Condvar::new(),
+        });
         let counters = Arc::new(WorkerCounters::default());
-        let shared = Arc::new(Shared { device, models, handles, sessions, parked, counters: Arc::clone(&counters) });
+        let shared =
+            Arc::new(Shared { device, models, handles, sessions, parked, counters: Arc::clone(&counters), deadline });
         let threads = (0..count.max(1))
             .map(|i| {
-                let rx = rx.clone();
+                let scheduler = Arc::clone(&scheduler);
                 let shared = Arc::clone(&shared);
-                std::thread::Builder::new().name(format!("djinn-worker-{i}")).spawn(move || work(rx, &shared))
+                std::thread::Builder::new().name(format!("djinn-worker-{i}")).spawn(move || work(&scheduler, &shared))
             })
             .collect::<Result<_, _>>()?;
-        Ok(Self { queue: Some(WorkQueue { tx, counters: Arc::clone(&counters) }), threads, counters })
+        Ok(Self { queue: Some(WorkQueue { scheduler, counters: Arc::clone(&counters) }), threads, counters })
     }
 
+    /// Queues `job` in its tenant's turn (the tenant of the connection it came on).
     pub fn submit(&self, job: Job, to: ReplyTo, replier: &Replier) {
         if let Some(queue) = &self.queue {
-            queue.send(Envelope { job, reply: Some((to, replier.clone())) });
+            queue.send(to.tenant, Envelope { job, reply: Some((to, replier.clone())) });
         }
     }
 
-    pub fn drain_session(&self, id: u64) {
+    pub fn drain_session(&self, id: u64, tenant: TenantId) {
         if let Some(queue) = &self.queue {
-            queue.drain_session(id);
+            queue.drain_session(id, tenant);
         }
     }
 
@@ -186,25 +230,44 @@ impl Drop for Workers {
 /// that window costs no thread wake-up (about 20 µs each on these machines).
 const WORKER_SPIN: Duration = Duration::from_micros(100);
 
-fn next_job(rx: &Receiver<Envelope>) -> Option<Envelope> {
+/// The next job in turn, with its tenant; `None` once no queue is left and nothing is queued.
+fn next_job(scheduler: &Scheduler) -> Option<(TenantId, Envelope)> {
     let until = Instant::now() + WORKER_SPIN;
-    while Instant::now() < until {
-        match rx.try_recv() {
-            Ok(envelope) => return Some(envelope),
-            Err(TryRecvError::Empty) => std::thread::yield_now(),
-            Err(TryRecvError::Disconnected) => return None,
+    loop {
+        let mut queued = scheduler.lock();
+        if let Some(job) = queued.jobs.pop() {
+            return Some(job);
         }
+        if queued.senders == 0 {
+            return None;
+        }
+        if Instant::now() >= until {
+            loop {
+                queued = scheduler.ready.wait(queued).unwrap_or_else(|e| e.into_inner());
+                if let Some(job) = queued.jobs.pop() {
+                    return Some(job);
+                }
+                if queued.senders == 0 {
+                    return None;
+                }
+            }
+        }
+        drop(queued);
+        std::thread::yield_now();
     }
-    rx.recv().ok()
 }
 
-fn work(rx: Receiver<Envelope>, shared: &Shared) {
+fn work(scheduler: &Scheduler, shared: &Shared) {
     let Shared { device, models, handles, sessions, counters, .. } = shared;
     let device = *device;
-    while let Some(Envelope { job, reply }) = next_job(&rx) {
-        let tenant = reply.as_ref().map_or(TenantId::DEFAULT, |(to, _)| to.tenant);
+    // A session's requests run one per job, the drain queued again in its tenant's turn while
+    // the session has more: a tenant's queue of steps waits its turn like any other work.
+    let drain = |tenant, id| scheduler.push(counters, tenant, Envelope { job: Job::Session { id }, reply: None });
+    while let Some((tenant, Envelope { job, reply })) = next_job(scheduler) {
         if let Job::Session { id } = job {
-            drain_session(id, shared);
+            if session_next(id, shared) {
+                drain(tenant, id);
+            }
             counters.queued.fetch_sub(1, Ordering::Relaxed);
             continue;
         }
@@ -218,9 +281,12 @@ fn work(rx: Receiver<Envelope>, shared: &Shared) {
         let mut then_drain = None;
         let started = Instant::now();
         let timed = matches!(job, Job::Execute { .. } | Job::Resume { .. });
+        let limit = if timed { shared.deadline } else { None };
         let result = caught(|| match job {
-            Job::Execute { model, frame } => execute(tenant, model, frame, shared),
-            Job::Resume { handle, parked, frame } => resume(handle, parked, frame, shared, &mut then_drain),
+            Job::Execute { model, frame } => deadline::within(limit, || execute(tenant, model, frame, shared)),
+            Job::Resume { handle, parked, frame } => {
+                deadline::within(limit, || resume(handle, parked, frame, shared, &mut then_drain))
+            }
             Job::Inspect { activation, handle, block } => {
                 Ok(paused(handle, block, Sent::activation(Some(&activation))?))
             }
@@ -257,7 +323,7 @@ fn work(rx: Receiver<Envelope>, shared: &Shared) {
             replier.send(to, result);
         }
         if let Some(id) = then_drain {
-            drain_session(id, shared);
+            drain(tenant, id);
         }
     }
 }
@@ -278,35 +344,35 @@ fn reply_of(result: Result<Reply, ExecError>) -> Reply {
     })
 }
 
-/// Runs a session's queued requests in order until its queue is empty (or a step parks).
-fn drain_session(id: u64, shared: &Shared) {
+/// Runs a session's next queued request, in order; true while the drain goes on (false once
+/// its queue is empty, a step parks, or it closed).
+fn session_next(id: u64, shared: &Shared) -> bool {
     let sessions = &shared.sessions;
-    loop {
-        let Some(op) = lock(sessions).next_op(id) else { return };
-        match op {
-            Op::Step { frame, to, replier } => {
-                let result = caught(|| step(to.tenant, id, frame, shared));
-                if result.is_err() {
-                    // Whatever failed (a panic included), the session is not stepping any more.
-                    let _ = lock(sessions).end_step(id, None);
-                }
-                replier.send(to, reply_of(result));
+    let Some(op) = lock(sessions).next_op(id) else { return false };
+    match op {
+        Op::Step { frame, to, replier } => {
+            let result = caught(|| deadline::within(shared.deadline, || step(to.tenant, id, frame, shared)));
+            if result.is_err() {
+                // Whatever failed (a panic included), the session is not stepping any more.
+                let _ = lock(sessions).end_step(id, None);
             }
-            Op::Signal(signal) => lock(sessions).signal(id, signal),
-            Op::Restore => lock(sessions).restore_ahead(id),
-            Op::Close { to, replier } => {
-                let after = lock(sessions).close(id);
-                replier.send(to, Reply::message(Message::SessionClosed));
-                for op in after {
-                    if let Op::Step { to, replier, .. } | Op::Close { to, replier } = op {
-                        let e = ExecError::Internal(format!("session {id} was closed before this request"));
-                        replier.send(to, Reply::error(djinn_dataplane::proto::ErrorCode::NotFound, e.to_string()));
-                    }
+            replier.send(to, reply_of(result));
+        }
+        Op::Signal(signal) => lock(sessions).signal(id, signal),
+        Op::Restore => lock(sessions).restore_ahead(id),
+        Op::Close { to, replier } => {
+            let after = lock(sessions).close(id);
+            replier.send(to, Reply::message(Message::SessionClosed));
+            for op in after {
+                if let Op::Step { to, replier, .. } | Op::Close { to, replier } = op {
+                    let e = ExecError::Internal(format!("session {id} was closed before this request"));
+                    replier.send(to, Reply::error(djinn_dataplane::proto::ErrorCode::NotFound, e.to_string()));
                 }
-                return;
             }
+            return false;
         }
     }
+    true
 }
 
 /// One step: the model runs on the inputs followed by the state; the last outputs become the

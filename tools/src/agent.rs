@@ -1,7 +1,7 @@
 //! A node's membership in a control plane (`djinn node --control URL`): a thread that
 //! registers the node with its inventory and renews its lease with a fresh inventory a third
-//! of the way through each lease; re-registers when the control plane has lost it; says
-//! goodbye when the node stops.
+//! of the way through each lease; re-registers when the control plane has lost it; tries
+//! again, backing off, whatever fails; says goodbye when the node stops.
 //!
 //! The inventory is read through the node's own data plane (stats and model list over a
 //! loopback connection), as any client would, so the agent shares no state with the poller.
@@ -11,8 +11,8 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
-use djinn_client::{Client, ClientOptions, ControlClient, ControlError, Transport};
+use anyhow::Result;
+use djinn_client::{Client, ClientOptions, ControlClient, Transport};
 use djinn_control::{Inventory, Registered};
 use djinn_executor::tch;
 
@@ -79,8 +79,7 @@ impl Membership {
         })
     }
 
-    /// Registers; `None` while the control plane cannot be reached or an earlier lease of this
-    /// name is still live.
+    /// Registers; `None` while an earlier lease of this name is still live.
     fn register(&mut self) -> Result<Option<Registered>> {
         let inventory = self.inventory()?;
         match self.control.register_node(&self.me.name, &inventory) {
@@ -89,11 +88,7 @@ impl Membership {
                 tracing::info!(error = %e, "an earlier lease of this name is live: registering again when it lapses");
                 Ok(None)
             }
-            Err(e @ ControlError::Unreachable { .. }) => {
-                tracing::debug!(error = %e, "control plane unreachable");
-                Ok(None)
-            }
-            Err(e) => bail!("registration refused: {e}"),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -106,10 +101,7 @@ impl Membership {
                 tracing::warn!(error = %e, "the lease is gone: registering again");
                 Ok(false)
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "renewal failed");
-                Ok(true)
-            }
+            Err(e) => Err(e.into()),
         }
     }
 }
@@ -124,11 +116,12 @@ impl Agent {
         let (stop, stopped) = mpsc::channel();
         let thread = std::thread::Builder::new().name("djinn-membership".into()).spawn(move || {
             let options = ClientOptions { transport: Transport::Tcp, token, ..ClientOptions::default() };
-            let joined = Client::connect_with(node_addr, options)
-                .context("the membership agent cannot reach its own node")
-                .and_then(|node| Membership { control, me, node }.run(&stopped));
-            if let Err(e) = joined {
-                tracing::error!(error = %format!("{e:#}"), "membership agent stopped: the node no longer renews its lease");
+            match Client::connect_with(node_addr, options) {
+                Ok(node) => Membership { control, me, node }.run(&stopped),
+                Err(e) => tracing::error!(
+                    error = %e,
+                    "the membership agent cannot reach its own node: the node does not join the control plane"
+                ),
             }
         })?;
         Ok(Self { stop, thread })
@@ -142,27 +135,52 @@ impl Agent {
 }
 
 impl Membership {
-    fn run(&mut self, stopped: &mpsc::Receiver<()>) -> Result<()> {
-        let retry = Duration::from_millis(500);
+    /// Registers and renews until the node stops. A failure (the control plane unreachable or
+    /// refusing, its store away, the node's own counters unreadable) is tried again after a
+    /// delay that doubles up to `MAX_BACKOFF`: the node joins as soon as it can, whatever
+    /// happened in between.
+    fn run(&mut self, stopped: &mpsc::Receiver<()>) {
+        const RETRY: Duration = Duration::from_millis(500);
+        const MAX_BACKOFF: Duration = Duration::from_secs(30);
         let mut lease: Option<Registered> = None;
+        let mut backoff = RETRY;
         let mut next = Instant::now();
         // Until the node stops (a message, or the sender dropped).
         while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(next.saturating_duration_since(Instant::now()))
         {
-            lease = match lease {
-                None => self.register()?.inspect(|r| {
-                    tracing::info!(control = self.control.url(), name = %self.me.name, lease = r.lease, "joined the control plane");
+            let step = match &lease {
+                None => self.register().map(|r| {
+                    r.inspect(|r| {
+                        tracing::info!(control = self.control.url(), name = %self.me.name, lease = r.lease, "joined the control plane");
+                    })
                 }),
-                Some(r) => self.renew(r.lease)?.then_some(r),
+                Some(r) => self.renew(r.lease).map(|kept| kept.then_some(*r)),
             };
-            next = Instant::now() + lease.as_ref().map_or(retry, |r| Duration::from_millis(r.ttl_ms / 3));
+            next = Instant::now()
+                + match step {
+                    Ok(now) => {
+                        lease = now;
+                        backoff = RETRY;
+                        lease.as_ref().map_or(RETRY, |r| Duration::from_millis(r.ttl_ms / 3))
+                    }
+                    Err(e) => {
+                        let wait = backoff;
+                        backoff = (backoff * 2).min(MAX_BACKOFF);
+                        match lease {
+                            None => tracing::warn!(error = %format!("{e:#}"), retry_in = ?wait, "registration failed"),
+                            Some(_) => tracing::warn!(error = %format!("{e:#}"), retry_in = ?wait, "renewal failed"),
+                        }
+                        // A renewal that failed is tried again within the lease: no longer
+                        // than a third of it from now.
+                        lease.as_ref().map_or(wait, |r| wait.min(Duration::from_millis(r.ttl_ms / 3)))
+                    }
+                };
         }
         if let Some(r) = lease
             && let Err(e) = self.control.leave(&self.me.name, r.lease)
         {
             tracing::warn!(error = %e, "leaving the control plane failed: the lease will lapse");
         }
-        Ok(())
     }
 }
 

@@ -167,6 +167,10 @@ pub struct NodeArgs {
     /// (its activation freed; a session's step ends with the state it had before).
     #[arg(long, default_value_t = 300.0)]
     parked_ttl: f64,
+    /// Seconds one execution (an execute, a session step, a resume) may run before it is ended
+    /// between two operators with a DeadlineExceeded error and its memory freed; 0 for no limit.
+    #[arg(long, default_value_t = 300.0)]
+    execute_deadline: f64,
     /// The price of an hour of this node (any currency the cluster agrees on), for minimize_cost.
     #[arg(long, default_value_t = 1.0)]
     cost_per_hour: f64,
@@ -302,6 +306,10 @@ pub fn run(args: NodeArgs, auth: Option<Arc<Authenticator>>) -> Result<()> {
             idle_ttl: seconds("--session-idle-timeout", args.session_idle_timeout)?,
         },
         parked_ttl: seconds("--parked-ttl", args.parked_ttl)?,
+        execute_deadline: match args.execute_deadline {
+            0.0 => None,
+            limit => Some(seconds("--execute-deadline", limit)?),
+        },
         auth: auth.clone(),
         push_rdma: rdma.as_ref().map(|ctx| ctx.port().clone()),
         push_connections: PeerLimits {

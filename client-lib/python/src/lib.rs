@@ -43,6 +43,12 @@ create_exception!(
 );
 create_exception!(
     djinn,
+    DeadlineExceededError,
+    RemoteError,
+    "The request ran past the node's limit on one execution (`--execute-deadline`) and was ended; the node goes on."
+);
+create_exception!(
+    djinn,
     QuotaExceededError,
     RemoteError,
     "The tenant's quota on the node (device memory, swap, concurrent requests or request rate) does not allow this now."
@@ -100,6 +106,7 @@ fn to_py_err(e: ClusterError) -> PyErr {
                 ErrorCode::GraphRefused => GraphRefusedError::new_err(message),
                 ErrorCode::OverBudget => OverBudgetError::new_err(message),
                 ErrorCode::QuotaExceeded => QuotaExceededError::new_err(message),
+                ErrorCode::DeadlineExceeded => DeadlineExceededError::new_err(message),
                 ErrorCode::NotFound => NotFoundError::new_err(message),
                 ErrorCode::StaleHandle => StaleHandleError::new_err(message),
                 ErrorCode::BadBreakpoint => BreakpointError::new_err(message),
@@ -843,6 +850,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         ("BadArchiveError", py.get_type::<BadArchiveError>()),
         ("OverBudgetError", py.get_type::<OverBudgetError>()),
         ("QuotaExceededError", py.get_type::<QuotaExceededError>()),
+        ("DeadlineExceededError", py.get_type::<DeadlineExceededError>()),
         ("GraphRefusedError", py.get_type::<GraphRefusedError>()),
         ("NotFoundError", py.get_type::<NotFoundError>()),
         ("StaleHandleError", py.get_type::<StaleHandleError>()),

@@ -78,8 +78,18 @@ impl LocalEtcd {
     /// Kills etcd and starts it again on the same ports and data: its clients see it go away
     /// and come back.
     pub fn restart(&mut self) {
+        self.kill();
+        self.start_again();
+    }
+
+    /// Kills etcd (its data stays): clients find nothing listening.
+    pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// Starts a killed etcd again on its ports and data; returns once it is healthy.
+    pub fn start_again(&mut self) {
         self.child = spawn(self.dir.path(), self.client_port, self.peer_port);
         self.wait_healthy();
     }

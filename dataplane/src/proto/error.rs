@@ -37,6 +37,8 @@ pub enum ErrorCode {
     QuotaExceeded,
     /// A graph the node will not run: an operator off its allowlist, a write to a weight, ...
     GraphRefused,
+    /// The request ran past the node's limit on one execution, and was ended.
+    DeadlineExceeded,
     /// A code this build does not know (sent by a newer peer).
     Other(u16),
 }
@@ -70,6 +72,7 @@ impl ErrorCode {
             Self::Forbidden => 24,
             Self::QuotaExceeded => 25,
             Self::GraphRefused => 26,
+            Self::DeadlineExceeded => 27,
             Self::Other(code) => code,
         }
     }
@@ -102,6 +105,7 @@ impl ErrorCode {
             24 => Self::Forbidden,
             25 => Self::QuotaExceeded,
             26 => Self::GraphRefused,
+            27 => Self::DeadlineExceeded,
             other => Self::Other(other),
         }
     }

@@ -91,7 +91,7 @@ impl std::str::FromStr for Transport {
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ClientOptions {
     pub transport: Transport,
     /// The RDMA device to use (the first active one when `None`).
@@ -113,6 +113,24 @@ pub struct ClientOptions {
     /// The largest reply payload taken; a larger one is refused before anything is allocated
     /// (its bytes are skipped) and the request fails.
     pub max_reply_payload: u64,
+}
+
+/// Every field but the token, which shows only whether there is one: options end up in logs.
+impl std::fmt::Debug for ClientOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientOptions")
+            .field("transport", &self.transport)
+            .field("rdma_device", &self.rdma_device)
+            .field("rdma", &self.rdma)
+            .field("spin", &self.spin)
+            .field("timeout", &self.timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("limits", &self.limits)
+            .field("pool_bytes", &self.pool_bytes)
+            .field("token", &if self.token.is_empty() { "" } else { "<redacted>" })
+            .field("max_reply_payload", &self.max_reply_payload)
+            .finish()
+    }
 }
 
 impl Default for ClientOptions {
@@ -747,4 +765,18 @@ fn recv_vectored(stream: &TcpStream, iov: &mut [IoSliceMut<'_>]) -> io::Result<u
     // SAFETY: IoSliceMut is ABI-compatible with iovec and the slices outlive the call.
     let n = unsafe { libc::readv(stream.as_raw_fd(), iov.as_ptr() as *const libc::iovec, iov.len() as libc::c_int) };
     if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_output_names_no_token() {
+        let options = ClientOptions { token: "s3cret-token".into(), ..ClientOptions::default() };
+        let shown = format!("{options:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("<redacted>") && shown.contains("timeout"), "{shown}");
+        assert!(format!("{:?}", ClientOptions::default()).contains("token: \"\""));
+    }
 }

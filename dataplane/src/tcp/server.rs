@@ -761,7 +761,7 @@ impl<S: Service> Core<S> {
             return Reply::error(e.code(), e.to_string());
         }
         if let Some(grant) = self.redeem(&peer.token, &peer.tenant) {
-            tracing::debug!(peer = %conn.peer, agent = %peer.agent, tenant = %grant.name, "hello on a push grant");
+            tracing::debug!(peer = %conn.peer, agent = %Logged(&peer.agent), tenant = %grant.name, "hello on a push grant");
             self.authenticated_or_gone(conn);
             conn.reader.set_limits(self.config.limits);
             conn.tenant = Some(grant.tenant);
@@ -777,7 +777,7 @@ impl<S: Service> Core<S> {
                 .and_then(|p| if peer.tenant.is_empty() { Ok(p) } else { auth.act_for(&p, &peer.tenant) });
             match principal {
                 Ok(p) => {
-                    tracing::debug!(peer = %conn.peer, agent = %peer.agent, tenant = %p.name, "hello");
+                    tracing::debug!(peer = %conn.peer, agent = %Logged(&peer.agent), tenant = %p.name, "hello");
                     self.authenticated_or_gone(conn);
                     conn.reader.set_limits(self.config.limits);
                     conn.tenant = Some(p.tenant);
@@ -786,7 +786,7 @@ impl<S: Service> Core<S> {
                 }
                 Err(e) => {
                     self.counters.auth_failures += 1;
-                    tracing::info!(peer = %conn.peer, agent = %peer.agent, error = %e, "hello refused");
+                    tracing::info!(peer = %conn.peer, agent = %Logged(&peer.agent), error = %e, "hello refused");
                     // A refused hello after a good one: the connection closes as unauthenticated.
                     if conn.tenant.take().is_some() {
                         *self.unauthenticated.entry(conn.peer.ip()).or_default() += 1;
@@ -802,7 +802,7 @@ impl<S: Service> Core<S> {
                 }
             }
         } else {
-            tracing::debug!(peer = %conn.peer, agent = %peer.agent, "hello");
+            tracing::debug!(peer = %conn.peer, agent = %Logged(&peer.agent), "hello");
         }
         Reply::message(Message::HelloAck(self.hello.clone()))
     }
@@ -950,5 +950,22 @@ impl<S: Service> Core<S> {
             _ => return self.service.handle(frame, to, &self.replier),
         };
         Some(reply)
+    }
+}
+
+/// Text a peer chose, as a log line shows it: its first 64 characters with control characters
+/// escaped (a newline cannot forge a log line), and how long it was when longer.
+struct Logged<'a>(&'a str);
+
+impl std::fmt::Display for Logged<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        const SHOWN: usize = 64;
+        for c in self.0.chars().take(SHOWN) {
+            write!(f, "{}", c.escape_debug())?;
+        }
+        if self.0.chars().nth(SHOWN).is_some() {
+            write!(f, "… ({} bytes)", self.0.len())?;
+        }
+        Ok(())
     }
 }

@@ -1,0 +1,68 @@
+"""The node's limits on what one request may take, against a real node: a graph that runs past
+`--execute-deadline` is ended between two operators with `djinn.DeadlineExceededError`, what it
+computed freed (the node's memory does not grow with every such request), and the node goes on
+serving that tenant and others."""
+import time
+
+import torch
+from torch import nn
+
+import djinn
+from conftest import TENANT_TOKEN, NodeProcess, tokens_file
+
+
+class Grind(nn.Module):
+    """Matrix products, one after another: seconds of work on one thread, 4 MiB each."""
+
+    def __init__(self, rounds: int):
+        super().__init__()
+        self.rounds = rounds
+
+    def forward(self, x):
+        outs = []
+        for _ in range(self.rounds):
+            x = torch.tanh(x @ x)
+            outs.append(x)
+        return torch.stack(outs).sum(0)
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def test_a_graph_past_the_deadline_is_ended_and_the_node_goes_on(tmp_path):
+    auth = tokens_file(tmp_path, {"tenant": TENANT_TOKEN, "other": "other-tenant-token-0123456"})
+    node = NodeProcess("--auth-file", auth, "--execute-deadline", "0.4", "--workers", "1")
+    try:
+        tenant = djinn.Client(node.address, token=TENANT_TOKEN)
+        other = djinn.Client(node.address, token="other-tenant-token-0123456")
+        x = torch.randn(1024, 1024) / 32
+        long = tenant.register(Grind(200), x)  # about 200 × 2 GFLOP: many seconds
+        short = other.register(nn.Linear(8, 8).eval(), torch.randn(2, 8))
+        short(torch.randn(2, 8))
+        took = []
+        sizes = []
+        for _ in range(10):
+            started = time.perf_counter()
+            try:
+                long(x)
+                raise AssertionError("a run of many seconds finished within the deadline")
+            except djinn.DeadlineExceededError as e:
+                assert "limit" in str(e)
+            took.append(time.perf_counter() - started)
+            sizes.append(rss_bytes(node.proc.pid))
+        # Ended at the first operator past 0.4 s (each takes tens of milliseconds here).
+        assert max(took) < 3.0, took
+        # What an ended run computed is freed: once the allocator has grown to the runs' peak
+        # (the first few), the node's memory stays where it is, run after run (were each run's
+        # products kept, it would grow by tens of MiB a run).
+        assert sizes[-1] - sizes[4] < 16 << 20, str([s >> 20 for s in sizes])
+        assert isinstance(djinn.DeadlineExceededError("x"), djinn.RemoteError)
+        # Served throughout: the other tenant, and this one's short work.
+        assert short(torch.ones(2, 8)).shape == (2, 8)
+        assert tenant.register(Grind(1), torch.eye(4))(torch.eye(4)).shape == (4, 4)
+        stats = tenant.node_stats()
+        assert stats["execution_errors"] >= 4
+    finally:
+        node.stop()
