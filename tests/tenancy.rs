@@ -828,9 +828,9 @@ fn a_refused_hello_logs_a_bounded_line_of_the_agent_it_named() {
 }
 
 /// One worker, one tenant flooding it from six connections with executes of ~10 ms: another
-/// tenant's execute waits for the one running and at most one more of the flood's (turns by
-/// tenant), not for every request queued before it (a single queue would make it wait for
-/// about six).
+/// tenant's execute, sent one at a time, waits for the one running (a tenant with nothing
+/// queued goes before the busy ones), not for every request queued before it (a single queue
+/// makes it wait for six).
 #[test]
 fn a_flooding_tenant_does_not_make_another_wait_behind_its_queue() {
     let dir = tempfile::tempdir().unwrap();
@@ -872,8 +872,8 @@ fn a_flooding_tenant_does_not_make_another_wait_behind_its_queue() {
     }
     stop.store(true, Ordering::Relaxed);
     flood.into_iter().for_each(|t| t.join().unwrap());
-    // The running job and at most one more of alice's finish while bob waits (a completion
-    // counted a moment late may add one).
-    assert!(waited.iter().all(|&n| n <= 3), "alice's executes done while bob waited: {waited:?}");
+    // The running job of alice's finishes while bob waits (a completion counted a moment late
+    // may add one).
+    assert!(waited.iter().all(|&n| n <= 2), "alice's executes done while bob waited: {waited:?}");
     assert!(node.stat(&mut alice, "executions") >= 22);
 }

@@ -4,6 +4,7 @@
 
 mod agents;
 mod execute;
+mod fair;
 mod placement;
 mod push;
 mod rdma;
@@ -22,6 +23,7 @@ use clap::{Args, Subcommand};
 
 pub use agents::AgentsArgs;
 pub use execute::ExecuteArgs;
+pub use fair::FairArgs;
 pub use placement::PlacementArgs;
 pub use push::PushArgs;
 pub use rdma::RdmaArgs;
@@ -38,6 +40,9 @@ pub enum BenchCommand {
     /// Remote execution of a TinyMLP and a 64 MiB identity against the local libtorch forward
     /// and raw sockets.
     Execute(ExecuteArgs),
+    /// One tenant flooding a node from many connections while another measures its executes,
+    /// against that tenant's latency on the idle node.
+    Fair(FairArgs),
     /// Round trips over RDMA, 2 B to 64 MiB, beside perftest on the same device (run it in
     /// the soft-RoCE VM: scripts/softroce-vm.sh).
     Rdma(RdmaArgs),
@@ -67,6 +72,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
     match command {
         BenchCommand::Tcp(args) => tcp::run(args),
         BenchCommand::Execute(args) => execute::run(args),
+        BenchCommand::Fair(args) => fair::run(args),
         BenchCommand::Rdma(args) => rdma::run(args),
         BenchCommand::Stream(args) => stream::run(args),
         BenchCommand::Placement(args) => placement::run(args),
