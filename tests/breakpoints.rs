@@ -304,3 +304,34 @@ fn a_parked_session_step_holds_the_sessions_later_requests_until_it_ends() {
     assert_eq!(total(&client.session_step(session, &[Value::Tensor(0)], &t).expect("step")), [18.0; 4]);
     client.session_close(session).expect("close");
 }
+
+/// Signals and steps sent to a session whose step is parked wait for it, up to
+/// `MAX_QUEUED_OPS` (256): past that each is refused with `Busy`, however many come, and once
+/// the parked step ends the session takes requests again.
+#[test]
+fn requests_waiting_on_a_parked_session_step_are_bounded() {
+    let node = Node::start("mio", &[]);
+    let mut client = node.client();
+    let session = stateful_session(&mut client);
+    let one = step_input(1.0);
+    let t = [TensorRef { dtype: DType::F32, shape: &[4], bytes: &one }];
+    let paused = client.session_step_until(session, &[Value::Tensor(0)], &t, stop(0)).expect("step until");
+    let mut refused = 0;
+    for _ in 0..10_000 {
+        match client.session_signal(session, djinn_client::Signal::Compute) {
+            Ok(()) => {}
+            Err(e) => {
+                assert_eq!(code(e), ErrorCode::Busy);
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!(refused, 10_000 - 256, "256 signals wait, the rest are refused");
+    let e = client.session_step(session, &[Value::Tensor(0)], &t).expect_err("a step past the bound");
+    assert_eq!(code(e), ErrorCode::Busy);
+    client.abort(paused.parked).expect("abort");
+    // The waiting signals run; then the session steps as before (state 0 + 2·1).
+    let out = client.session_step(session, &[Value::Tensor(0)], &t).expect("step");
+    assert_eq!(f32s(out.tensor_bytes(0)), [2.0; 4]);
+    client.session_close(session).expect("close");
+}

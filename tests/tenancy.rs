@@ -877,3 +877,34 @@ fn a_flooding_tenant_does_not_make_another_wait_behind_its_queue() {
     assert!(waited.iter().all(|&n| n <= 2), "alice's executes done while bob waited: {waited:?}");
     assert!(node.stat(&mut alice, "executions") >= 22);
 }
+
+/// Request payloads are received into pooled buffers that later requests get again: what a
+/// tenant kept from one (an identity's output, a named tensor) stays as it was however many
+/// requests of another tenant's go through the same buffers, and each of those gets back its
+/// own bytes.
+#[test]
+fn what_a_tenant_kept_stays_as_it_was_while_others_reuse_the_pool() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = node_with_auth(&token_file(dir.path(), ALICE));
+    let mut alice = connect(&node, ALICE).unwrap();
+    let mut bob = connect(&node, BOB).unwrap();
+    let identity = register(&mut alice, &["identity"]);
+    register(&mut bob, &["identity"]);
+    const LEN: usize = 1 << 20;
+    let x = support::pattern(LEN * 4, 1);
+    let shape = [LEN as u64];
+    let kept = alice
+        .execute_keep(&identity, &[Value::Tensor(0)], &[TensorRef { dtype: DType::F32, shape: &shape, bytes: &x }])
+        .unwrap()
+        .kept[0]
+        .handle;
+    alice.put("named", DType::F32, &shape, &x).unwrap();
+    for i in 0..200 {
+        let y = support::pattern(LEN * 4, 100 + i);
+        let input = [TensorRef { dtype: DType::F32, shape: &shape, bytes: &y }];
+        let out = bob.execute(&identity, &[Value::Tensor(0)], &input).unwrap();
+        assert!(out.tensor_bytes(0) == y.as_slice(), "bob's request {i} got back other bytes");
+    }
+    assert!(alice.fetch(kept).unwrap().bytes() == x.as_slice(), "the kept tensor changed");
+    assert!(alice.get("named").unwrap().bytes() == x.as_slice(), "the named tensor changed");
+}

@@ -83,6 +83,10 @@ pub enum SessionError {
         "a step of a session with {state} state tensors must return a tuple of its outputs then its new state: {got}"
     )]
     BadStep { state: usize, got: String },
+    #[error(
+        "session {session} has {queued} requests waiting (its step parked, or still running): send more once they are done"
+    )]
+    Busy { session: Handle, queued: usize },
 }
 
 impl SessionError {
@@ -92,9 +96,14 @@ impl SessionError {
             Self::Unknown { .. } => ErrorCode::NotFound,
             Self::Full(_) => ErrorCode::OverBudget,
             Self::BadStep { .. } => ErrorCode::ExecutionFailed,
+            Self::Busy { .. } => ErrorCode::Busy,
         }
     }
 }
+
+/// Requests (steps, signals, a close) one session may have waiting: past it, more are refused
+/// with `Busy` until the session catches up, so a parked step cannot make a queue of them grow.
+pub const MAX_QUEUED_OPS: usize = 256;
 
 /// A session's request, waiting its turn.
 pub enum Op {
@@ -299,6 +308,9 @@ impl SessionTable {
     pub fn enqueue(&mut self, tenant: TenantId, session: Handle, op: Op) -> Result<bool, SessionError> {
         let id = self.id_of(tenant, session)?;
         let s = self.sessions.get_mut(&id).ok_or(SessionError::Unknown { session, idle_ttl: self.options.idle_ttl })?;
+        if s.ops.len() >= MAX_QUEUED_OPS {
+            return Err(SessionError::Busy { session, queued: s.ops.len() });
+        }
         s.last_used = Instant::now();
         s.ops.push_back(op);
         Ok(s.start_drain())
