@@ -260,13 +260,14 @@ fn a_parked_session_step_holds_the_sessions_later_requests_until_it_ends() {
     let total = |out: &Output| f32s(out.tensor_bytes(0));
     assert_eq!(total(&client.session_step(session, &[Value::Tensor(0)], &t).expect("step")), [2.0; 4]);
 
-    // Stopped after block 0: the activation is (2x, total, steps); only 2x is charged, the
-    // state is charged to the session already.
+    // Stopped after block 0: the activation is (2x, total, steps); only 2x is charged (at
+    // least a page, what any parked request is charged), the state is charged to the session
+    // already.
     let paused = client.session_step_until(session, &[Value::Tensor(0)], &t, stop(0)).expect("step until");
     let activation = paused.activation.as_ref().expect("activation");
     let Value::Tuple(items) = &activation.value else { panic!("{:?}", activation.value) };
     assert_eq!(items.len(), 3);
-    assert_eq!(node.stat(&mut client, "parked_bytes"), 16);
+    assert_eq!(node.stat(&mut client, "parked_bytes"), 4096);
 
     // A step sent meanwhile waits for the parked one.
     let (tx, rx) = mpsc::channel();

@@ -908,3 +908,50 @@ fn what_a_tenant_kept_stays_as_it_was_while_others_reuse_the_pool() {
     assert!(alice.fetch(kept).unwrap().bytes() == x.as_slice(), "the kept tensor changed");
     assert!(alice.get("named").unwrap().bytes() == x.as_slice(), "the named tensor changed");
 }
+
+/// Objects of no bytes are charged a page each (their bookkeeping) and counted: a tenant
+/// making 100,000 empty named tensors, or 100,000 empty kept tensors, is refused past 65,536 of
+/// either (`QuotaExceeded`, nothing received for a refused put), and another tenant is served
+/// throughout; deleting makes room again.
+#[test]
+fn empty_objects_are_charged_and_capped_per_tenant() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = node_with_auth(&token_file(dir.path(), ALICE));
+    let mut alice = connect(&node, ALICE).unwrap();
+    let mut bob = connect(&node, BOB).unwrap();
+    let mut refused = 0;
+    for i in 0..100_000 {
+        match alice.put(&format!("t{i}"), DType::F32, &[0], &[]) {
+            Ok(_) => {}
+            Err(e) => {
+                assert_eq!(e.remote_code(), Some(ErrorCode::QuotaExceeded), "{e}");
+                refused += 1;
+            }
+        }
+        if i % 10_000 == 0 {
+            bob.put("still", DType::U8, &[1], &[7]).expect("bob is served while alice floods");
+        }
+    }
+    assert_eq!(refused, 100_000 - 65_536);
+    let used = node.stat(&mut alice, "budget_used_bytes");
+    assert!(used >= 65_536 * 4096, "each empty tensor is charged its bookkeeping: {used} bytes in use");
+    alice.delete("t0").unwrap();
+    alice.put("again", DType::F32, &[0], &[]).expect("room after a delete");
+
+    let mut kept = Vec::new();
+    let mut refused = 0;
+    for _ in 0..70_000 {
+        match alice.keep(TensorRef { dtype: DType::F32, shape: &[0], bytes: &[] }) {
+            Ok(info) => kept.push(info.handle),
+            Err(e) => {
+                assert_eq!(e.remote_code(), Some(ErrorCode::QuotaExceeded), "{e}");
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!((kept.len(), refused), (65_536, 70_000 - 65_536));
+    assert_eq!(bob.get("still").unwrap().bytes(), &[7]);
+    let released: u32 = kept.chunks(10_000).map(|c| alice.release(c).unwrap()).sum();
+    assert_eq!(released, 65_536);
+    assert_eq!(node.stat(&mut alice, "handles"), 0);
+}

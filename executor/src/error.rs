@@ -42,6 +42,9 @@ pub enum ExecError {
     /// between two operators (or blocks); what it had computed is freed.
     #[error("the execution ran past the node's limit of {limit:?} and was ended")]
     DeadlineExceeded { limit: std::time::Duration },
+    /// The tenant holds as many objects of a kind as a node allows one tenant.
+    #[error("{0}")]
+    TooMany(String),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -53,6 +56,7 @@ impl ExecError {
                 ErrorCode::ExecutionFailed
             }
             Self::Refused(_) => ErrorCode::GraphRefused,
+            Self::TooMany(_) => ErrorCode::QuotaExceeded,
             Self::DeadlineExceeded { .. } => ErrorCode::DeadlineExceeded,
             Self::Forbidden(_) => ErrorCode::Forbidden,
             Self::BadArchive(_) | Self::Io(_) => ErrorCode::BadArchive,

@@ -47,6 +47,8 @@ struct Entry {
     /// (charged when it was allocated) that a CPU tensor is a view of.
     _reservation: Option<Reservation>,
     _payload: Option<Payload>,
+    /// The entry's own charge (`MIN_CHARGE`), whatever its bytes.
+    _bookkeeping: Reservation,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -64,6 +66,8 @@ pub struct HandleTable {
     idle_ttl: Duration,
     bytes: u64,
     counters: Counters,
+    /// Entries per tenant, each at most `MAX_OBJECTS_PER_TENANT`.
+    held: HashMap<TenantId, usize>,
 }
 
 impl std::fmt::Debug for HandleTable {
@@ -83,7 +87,16 @@ impl HandleTable {
     }
 
     pub fn with_epoch(epoch: u64, budget: MemoryBudget, idle_ttl: Duration) -> Self {
-        Self { epoch, next_id: 1, entries: HashMap::new(), budget, idle_ttl, bytes: 0, counters: Counters::default() }
+        Self {
+            epoch,
+            next_id: 1,
+            entries: HashMap::new(),
+            budget,
+            idle_ttl,
+            bytes: 0,
+            counters: Counters::default(),
+            held: HashMap::new(),
+        }
     }
 
     pub fn epoch(&self) -> u64 {
@@ -94,13 +107,13 @@ impl HandleTable {
     pub fn keep(&mut self, tenant: TenantId, tensor: Tensor) -> Result<HandleInfo, ExecError> {
         let desc = describe(&tensor)?;
         let reservation = self.budget.try_reserve_for(tenant, desc.byte_len)?;
-        Ok(self.insert(tenant, tensor, desc, Some(reservation), None))
+        self.insert(tenant, tensor, desc, Some(reservation), None)
     }
 
     /// Keeps a CPU tensor that is a view of `payload`; the payload's reservation pays for it.
     pub fn keep_view(&mut self, tenant: TenantId, tensor: Tensor, payload: Payload) -> Result<HandleInfo, ExecError> {
         let desc = describe(&tensor)?;
-        Ok(self.insert(tenant, tensor, desc, None, Some(payload)))
+        self.insert(tenant, tensor, desc, None, Some(payload))
     }
 
     fn insert(
@@ -110,7 +123,15 @@ impl HandleTable {
         desc: TensorDesc,
         reservation: Option<Reservation>,
         payload: Option<Payload>,
-    ) -> HandleInfo {
+    ) -> Result<HandleInfo, ExecError> {
+        let held = self.held.get(&tenant).copied().unwrap_or(0);
+        if held >= crate::MAX_OBJECTS_PER_TENANT {
+            return Err(ExecError::TooMany(format!(
+                "this tenant keeps {held} tensors on the node, the most one tenant may: release some first"
+            )));
+        }
+        let bookkeeping = self.budget.try_reserve_for(tenant, crate::MIN_CHARGE)?;
+        *self.held.entry(tenant).or_default() += 1;
         let handle = Handle { id: self.next_id, epoch: self.epoch };
         self.next_id += 1;
         self.bytes += desc.byte_len;
@@ -122,9 +143,19 @@ impl HandleTable {
             last_used: Instant::now(),
             _reservation: reservation,
             _payload: payload,
+            _bookkeeping: bookkeeping,
         };
         self.entries.insert(handle.id, entry);
-        HandleInfo { handle, tensor: desc }
+        Ok(HandleInfo { handle, tensor: desc })
+    }
+
+    fn forget(held: &mut HashMap<TenantId, usize>, tenant: TenantId) {
+        if let Slot::Occupied(mut n) = held.entry(tenant) {
+            *n.get_mut() -= 1;
+            if *n.get() == 0 {
+                n.remove();
+            }
+        }
     }
 
     /// The kept tensor (sharing its memory) and its descriptor, when `tenant` kept it.
@@ -151,6 +182,7 @@ impl HandleTable {
             {
                 let entry = slot.remove();
                 self.bytes -= entry.desc.byte_len;
+                Self::forget(&mut self.held, tenant);
                 released += 1;
             }
         }
@@ -163,10 +195,12 @@ impl HandleTable {
         let ttl = self.idle_ttl;
         let before = self.entries.len();
         let mut freed = 0;
+        let held = &mut self.held;
         self.entries.retain(|_, e| {
             let keep = now.saturating_duration_since(e.last_used) < ttl;
             if !keep {
                 freed += e.desc.byte_len;
+                Self::forget(held, e.tenant);
             }
             keep
         });
@@ -229,7 +263,7 @@ mod tests {
         let mut t = table(1 << 20, Duration::from_secs(60));
         let info = t.keep(T, Tensor::ones([256], (Kind::Float, Device::Cpu))).unwrap();
         assert_eq!(info.tensor.byte_len, 1024);
-        assert_eq!(t.budget.used(), 1024);
+        assert_eq!(t.budget.used(), 1024 + crate::MIN_CHARGE, "its bytes and its bookkeeping");
         let (tensor, desc) = t.get(T, info.handle).unwrap();
         assert_eq!(desc, info.tensor);
         assert_eq!(tensor.sum(Kind::Float).double_value(&[]), 256.0);
@@ -280,6 +314,25 @@ mod tests {
         assert_eq!(t.expire(later + Duration::from_millis(60)), 1);
         assert!(matches!(t.get(T, a.handle), Err(HandleError::Unknown { .. })));
         assert!(t.get(T, b.handle).is_ok());
-        assert_eq!(t.budget.used(), 16);
+        assert_eq!(t.budget.used(), 16 + crate::MIN_CHARGE);
+        assert_eq!(t.held.get(&T), Some(&1));
+    }
+
+    #[test]
+    fn empty_tensors_are_charged_and_counted() {
+        let mut t = table(3 * crate::MIN_CHARGE, Duration::from_secs(60));
+        let empty = || Tensor::zeros([0], (Kind::Float, Device::Cpu));
+        let kept: Vec<_> = (0..3).map(|_| t.keep(T, empty()).unwrap().handle).collect();
+        assert_eq!(t.keep(T, empty()).unwrap_err().code(), ErrorCode::OverBudget, "a page each, however empty");
+        assert_eq!(t.release(T, &kept), 3);
+        assert_eq!((t.budget.used(), t.held.get(&T)), (0, None));
+
+        let mut t = table(u64::MAX / 2, Duration::from_secs(60));
+        for _ in 0..crate::MAX_OBJECTS_PER_TENANT {
+            t.keep(T, empty()).unwrap();
+        }
+        let e = t.keep(T, empty()).unwrap_err();
+        assert_eq!(e.code(), ErrorCode::QuotaExceeded, "{e}");
+        assert!(t.keep(TenantId(2), empty()).is_ok(), "another tenant's count is its own");
     }
 }

@@ -17,6 +17,13 @@ pub extern crate tch_0_24 as tch;
 pub use ::tch;
 
 mod convert;
+
+/// What a named or kept tensor is charged besides its bytes, and what a parked request is
+/// charged at least: its bookkeeping, so that objects of no bytes still count against the
+/// budget and the tenant's quota.
+pub(crate) const MIN_CHARGE: u64 = 4096;
+/// Most named tensors, and most kept tensors, one tenant holds on a node.
+pub const MAX_OBJECTS_PER_TENANT: usize = 65_536;
 mod deadline;
 mod error;
 mod fair;

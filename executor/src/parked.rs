@@ -179,7 +179,8 @@ impl ParkedTable {
                 bytes += tensor_bytes(t);
             }
         });
-        let charge = self.budget.try_reserve_for(stopped.tenant, bytes)?;
+        // At least `MIN_CHARGE`: a request parked on nothing (a scalar) still counts.
+        let charge = self.budget.try_reserve_for(stopped.tenant, bytes.max(crate::MIN_CHARGE))?;
         let id = self.next_id;
         self.next_id += 1;
         let Stopped { tenant, model, block, activation, keep, session, .. } = stopped;

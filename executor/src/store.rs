@@ -1,20 +1,22 @@
 //! Named tensors kept in node memory, under the node's memory budget. Names are per tenant: a
 //! tenant sees, lists and replaces only its own.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
 use std::sync::Arc;
 
 use djinn_auth::TenantId;
 use djinn_dataplane::proto::{ErrorCode, ListEntry, Message, Payload, Refusal, TensorDesc};
 use djinn_dataplane::tcp::Reply;
-use djinn_gpudirect::{BufferPool, HostBuf, MemoryBudget};
+use djinn_gpudirect::{BufferPool, HostBuf, MemoryBudget, Reservation};
 
 /// A tensor in the store: its descriptor and the received payload it lives in (never copied).
 #[derive(Debug)]
 struct StoredTensor {
     desc: TensorDesc,
     data: Payload,
+    /// The entry's own charge (`MIN_CHARGE` and its name), whatever its bytes.
+    _bookkeeping: Reservation,
 }
 
 impl AsRef<[u8]> for StoredTensor {
@@ -38,6 +40,8 @@ pub struct TensorStore {
     budget: MemoryBudget,
     pool: BufferPool,
     tensors: BTreeMap<(TenantId, String), Arc<StoredTensor>>,
+    /// Named tensors per tenant, each at most `MAX_OBJECTS_PER_TENANT`.
+    held: HashMap<TenantId, usize>,
     stats: StoreStats,
     /// Bound on a list reply's encoded entries, so it fits the peer's metadata limit.
     max_list_meta: usize,
@@ -52,20 +56,47 @@ impl TensorStore {
             budget,
             pool,
             tensors: BTreeMap::new(),
+            held: HashMap::new(),
             stats: StoreStats::default(),
             max_list_meta: max_meta as usize / 2,
         }
     }
 
     fn put(&mut self, tenant: TenantId, name: String, desc: TensorDesc, data: Payload) -> Reply {
+        let key = (tenant, name);
+        if !self.tensors.contains_key(&key)
+            && let Err(refusal) = self.room_for(tenant)
+        {
+            return Reply::error(refusal.code, refusal.message);
+        }
+        let bookkeeping = match self.budget.try_reserve_for(tenant, crate::MIN_CHARGE + key.1.len() as u64) {
+            Ok(r) => r,
+            Err(e) => {
+                let refusal = Refusal::from(e);
+                return Reply::error(refusal.code, refusal.message);
+            }
+        };
         let bytes = desc.byte_len;
-        let old = self.tensors.insert((tenant, name), Arc::new(StoredTensor { desc, data }));
+        let old = self.tensors.insert(key, Arc::new(StoredTensor { desc, data, _bookkeeping: bookkeeping }));
         self.stats.tensors += 1;
         self.stats.stored_bytes += bytes;
-        if let Some(old) = &old {
-            self.forget(old);
+        match &old {
+            Some(old) => self.forget(old),
+            None => *self.held.entry(tenant).or_default() += 1,
         }
         Reply::message(Message::PutAck { replaced: old.is_some() })
+    }
+
+    /// Refused when `tenant` holds as many named tensors as one tenant may.
+    fn room_for(&self, tenant: TenantId) -> Result<(), Refusal> {
+        let held = self.held.get(&tenant).copied().unwrap_or(0);
+        if held >= crate::MAX_OBJECTS_PER_TENANT {
+            return Err(Refusal {
+                code: ErrorCode::QuotaExceeded,
+                message: format!("this tenant has {held} named tensors, the most one tenant may: delete some first"),
+            });
+        }
+        Ok(())
     }
 
     fn forget(&mut self, tensor: &StoredTensor) {
@@ -107,6 +138,8 @@ impl TensorStore {
 
     /// Memory for `tenant`'s put: reserved from the budget, then taken from the pool.
     pub fn alloc(&mut self, tenant: TenantId, len: usize) -> Result<Payload, Refusal> {
+        // At the cap nothing is received (a put that would replace a tensor is refused too).
+        self.room_for(tenant)?;
         let reservation = self.budget.try_reserve_for(tenant, len as u64)?;
         let buf = self.pool.take(len)?;
         Ok(Payload { buf, reservation: Some(reservation) })
@@ -135,6 +168,12 @@ impl TensorStore {
                 match self.tensors.remove(&key) {
                     Some(old) => {
                         self.forget(&old);
+                        if let std::collections::hash_map::Entry::Occupied(mut n) = self.held.entry(tenant) {
+                            *n.get_mut() -= 1;
+                            if *n.get() == 0 {
+                                n.remove();
+                            }
+                        }
                         Reply::message(Message::DeleteAck)
                     }
                     None => Reply::error(ErrorCode::NotFound, format!("no tensor named {:?}", key.1)),
