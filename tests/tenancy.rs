@@ -955,3 +955,54 @@ fn empty_objects_are_charged_and_capped_per_tenant() {
     assert_eq!(released, 65_536);
     assert_eq!(node.stat(&mut alice, "handles"), 0);
 }
+
+/// Sessions and parked requests are counted per tenant too: past 4,096 of either, more are
+/// refused (`QuotaExceeded`) while another tenant opens and parks as before; closing and
+/// aborting make room.
+#[test]
+fn sessions_and_parked_requests_are_capped_per_tenant() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = node_with_auth(&token_file(dir.path(), ALICE));
+    let mut alice = connect(&node, ALICE).unwrap();
+    let mut bob = connect(&node, BOB).unwrap();
+    let cache = register(&mut alice, &["growing_cache"]);
+    register(&mut bob, &["growing_cache"]);
+    let empty = [TensorRef { dtype: DType::F32, shape: &[0, 4], bytes: &[] }];
+    let mut opened = Vec::new();
+    let mut refused = 0;
+    for _ in 0..4_200 {
+        match alice.session_open(&cache, &empty, 0) {
+            Ok(s) => opened.push(s),
+            Err(e) => {
+                assert_eq!(e.remote_code(), Some(ErrorCode::QuotaExceeded), "{e}");
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!((opened.len(), refused), (4096, 104));
+    bob.session_open(&cache, &empty, 0).expect("bob opens his own");
+    alice.session_close(opened[0]).unwrap();
+    alice.session_open(&cache, &empty, 0).expect("room after a close");
+
+    let stack = register(&mut alice, &["stack.block0", "stack.block1"]);
+    register(&mut bob, &["stack.block0", "stack.block1"]);
+    let x = f32_bytes(4 * 512, 3);
+    let input = [TensorRef { dtype: DType::F32, shape: &[4, 512], bytes: &x }];
+    let until = Breakpoint { block: 0, send_activation: false };
+    let mut parked = Vec::new();
+    let mut refused = 0;
+    for _ in 0..4_200 {
+        match alice.execute_until(&stack, &[Value::Tensor(0)], &input, false, until) {
+            Ok(p) => parked.push(p.parked),
+            Err(e) => {
+                assert_eq!(e.remote_code(), Some(ErrorCode::QuotaExceeded), "{e}");
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!((parked.len(), refused), (4096, 104));
+    let theirs = bob.execute_until(&stack, &[Value::Tensor(0)], &input, false, until).expect("bob parks his own");
+    bob.abort(theirs.parked).unwrap();
+    alice.abort(parked[0]).unwrap();
+    alice.execute_until(&stack, &[Value::Tensor(0)], &input, false, until).expect("room after an abort");
+}

@@ -24,6 +24,8 @@ mod convert;
 pub(crate) const MIN_CHARGE: u64 = 4096;
 /// Most named tensors, and most kept tensors, one tenant holds on a node.
 pub const MAX_OBJECTS_PER_TENANT: usize = 65_536;
+/// Most sessions, and most parked requests, one tenant holds on a node.
+pub const MAX_SESSIONS_PER_TENANT: usize = 4096;
 mod deadline;
 mod error;
 mod fair;

@@ -173,6 +173,12 @@ impl ParkedTable {
 
     /// Parks a stopped run, charging its activation to the device budget.
     pub fn park(&mut self, stopped: Stopped) -> Result<Handle, ExecError> {
+        let held = self.parked.values().filter(|p| p.tenant == stopped.tenant).count();
+        if held >= crate::MAX_SESSIONS_PER_TENANT {
+            return Err(ExecError::TooMany(format!(
+                "this tenant has {held} requests parked, the most one tenant may: resume or abort some first"
+            )));
+        }
         let mut bytes = 0;
         stopped.activation.for_each_tensor(&mut |t| {
             if !stopped.charged.contains(&(t.data_ptr() as usize)) {

@@ -264,6 +264,12 @@ impl SessionTable {
         state: Vec<Tensor>,
         reserve: u64,
     ) -> Result<Handle, ExecError> {
+        let held = self.sessions.values().filter(|s| s.tenant == tenant).count();
+        if held >= crate::MAX_SESSIONS_PER_TENANT {
+            return Err(ExecError::TooMany(format!(
+                "this tenant has {held} sessions open, the most one tenant may: close some first"
+            )));
+        }
         let bytes = state_bytes(&state);
         let charge = reserve.max(bytes);
         let reservations = self.make_room(tenant, charge, None, false)?;
