@@ -210,8 +210,8 @@ def _declared_types(schema) -> list[str]:
 class _Info:
     """What recording needs of an operation's schema, worked out once per operation."""
 
-    __slots__ = ("schema", "positional", "by_name", "writes", "returns", "random", "sizes", "is_size", "name",
-                 "overload", "n_returns", "composite")
+    __slots__ = ("schema", "writes", "returns", "random", "sizes", "is_size", "name", "overload", "n_returns",
+                 "composite")
 
     def __init__(self, func):
         schema = func._schema
@@ -229,8 +229,6 @@ class _Info:
         names = [a.name for a in schema.arguments]
         self.sizes = frozenset(n for n, t in zip(names, _declared_types(schema)) if t.startswith(("SymInt", "Scalar")))
         self.is_size = [n in self.sizes for n in names]
-        self.positional = [a for a in schema.arguments if not a.kwarg_only]
-        self.by_name = {a.name: a for a in schema.arguments}
         # The arguments it writes into: (position, name).
         self.writes = [
             (i, a.name) for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write
