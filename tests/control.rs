@@ -642,3 +642,124 @@ fn with_a_certificate_the_api_is_served_over_tls_only() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// A raw HTTP/1.1 exchange's bytes, read until the API closes or `within` passes.
+fn read_until_closed(stream: &mut std::net::TcpStream, within: Duration) -> String {
+    stream.set_read_timeout(Some(within)).unwrap();
+    let mut answer = Vec::new();
+    let _ = std::io::Read::read_to_end(stream, &mut answer);
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// What a connection to the API holds is bounded: past --max-connections a connection is closed
+/// at once; one that sends no whole request head within --header-timeout (silent, trickling a
+/// header, idle after an answer) is closed; a body that does not come within --request-timeout
+/// gets a 408; and the API serves throughout.
+#[test]
+fn the_apis_connections_are_bounded_and_timed_out() {
+    use std::io::Write;
+    use std::net::TcpStream;
+    use support::closed_within;
+    let dir = tempfile::tempdir().unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_djinn"));
+    command
+        .args(["control", "--listen", "127.0.0.1:0", "--log", "error", "--max-connections", "4"])
+        .args(["--header-timeout", "1s", "--request-timeout", "1500ms", "--store"])
+        .arg(dir.path().join("control.redb"));
+    let (child, addr) = support::spawn_listening(command, "djinn control listening on ");
+    let control = Control { child: Some(child), url: format!("http://{addr}") };
+
+    let opened = Instant::now();
+    let mut silent: Vec<TcpStream> = (0..4).map(|_| TcpStream::connect(&addr).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut fifth = TcpStream::connect(&addr).unwrap();
+    assert!(closed_within(&mut fifth, Duration::from_millis(500)), "past the cap, closed at once");
+    for stream in &mut silent {
+        assert!(closed_within(stream, Duration::from_secs(3)), "no request head within the timeout: closed");
+    }
+    assert!(opened.elapsed() >= Duration::from_millis(900), "closed by the timeout, not before");
+    assert!(control.cluster()["nodes"].is_array(), "served once they went");
+
+    // Idle after an answer.
+    let mut idle = TcpStream::connect(&addr).unwrap();
+    idle.write_all(b"GET /v1/whoami HTTP/1.1\r\nHost: control\r\n\r\n").unwrap();
+    let answered = Instant::now();
+    let exchange = read_until_closed(&mut idle, Duration::from_secs(3));
+    assert!(exchange.starts_with("HTTP/1.1 200"), "{exchange}");
+    let idled = answered.elapsed();
+    assert!(idled >= Duration::from_millis(900) && idled < Duration::from_secs(3), "idle for {idled:?}");
+
+    // A head trickled a byte at a time, and a body that never comes, beside requests served.
+    let trickled_to = addr.clone();
+    let trickled = std::thread::spawn(move || {
+        let mut stream = TcpStream::connect(&trickled_to).unwrap();
+        let started = Instant::now();
+        let head = b"GET /v1/cluster HTTP/1.1\r\nHost: control\r\nX-Slow: ".iter().chain(std::iter::repeat(&b'a'));
+        for byte in head {
+            if stream.write_all(&[*byte]).is_err() || started.elapsed() > Duration::from_secs(5) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        started.elapsed()
+    });
+    let mut slow_body = TcpStream::connect(&addr).unwrap();
+    let head =
+        "PUT /v1/models/00 HTTP/1.1\r\nHost: control\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{";
+    slow_body.write_all(head.as_bytes()).unwrap();
+    let sent = Instant::now();
+    for _ in 0..10 {
+        assert!(control.cluster()["nodes"].is_array());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let exchange = read_until_closed(&mut slow_body, Duration::from_secs(4));
+    assert!(exchange.starts_with("HTTP/1.1 408"), "{exchange}");
+    assert!(exchange.contains("request_timeout"), "{exchange}");
+    assert!(sent.elapsed() < Duration::from_secs(3), "answered after {:?}", sent.elapsed());
+    let trickling = trickled.join().unwrap();
+    assert!(trickling < Duration::from_secs(3), "a trickled head was served for {trickling:?}");
+}
+
+/// Out of file descriptors, the API (over TLS, whose accept loop is its own) waits, backing
+/// off, rather than spinning on its listener, and serves again once descriptors are free.
+#[test]
+fn out_of_descriptors_the_api_backs_off_and_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let rcgen::CertifiedKey { cert, key_pair } =
+        rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()]).unwrap();
+    let (cert_path, key_path) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert_path, cert.pem()).unwrap();
+    std::fs::write(&key_path, key_pair.serialize_pem()).unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_djinn"));
+    command
+        .args(["control", "--listen", "127.0.0.1:0", "--log", "error", "--header-timeout", "30s", "--store"])
+        .arg(dir.path().join("control.redb"))
+        .arg("--tls-cert")
+        .arg(&cert_path)
+        .arg("--tls-key")
+        .arg(&key_path);
+    let (child, addr) = support::spawn_listening(command, "djinn control listening on ");
+    let pid = child.id();
+    let _control = support::Killed(child);
+    let trusted = djinn_client::ControlClient::with_roots(
+        &format!("https://{addr}"),
+        Duration::from_secs(5),
+        cert.pem().as_bytes(),
+    )
+    .unwrap();
+    assert!(trusted.cluster().unwrap().contains("\"nodes\""));
+
+    support::limit_open_files(pid, support::open_files(pid) + 2);
+    let held: Vec<std::net::TcpStream> = (0..8).map(|_| std::net::TcpStream::connect(&addr).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let before = support::cpu_time(pid);
+    std::thread::sleep(Duration::from_secs(1));
+    let used = support::cpu_time(pid) - before;
+    assert!(used < Duration::from_millis(250), "{used:?} of CPU in a second out of descriptors");
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while let Err(e) = trusted.cluster() {
+        assert!(Instant::now() < deadline, "not served once descriptors were free: {e}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -484,3 +484,32 @@ fn a_node_refuses_a_libtorch_of_another_release() {
     assert!(stderr.contains(&format!("built for torch {built_for}")) && stderr.contains("2.9.1+cu128"), "{stderr}");
     assert!(stderr.contains(&lib.display().to_string()), "the refusal names where it was loaded from: {stderr}");
 }
+
+/// Out of file descriptors, the poller (either backend) waits, backing off, rather than
+/// spinning on its listener; it serves its open connections throughout, and new ones once
+/// descriptors are free.
+#[test]
+fn out_of_descriptors_the_poller_backs_off_and_recovers() {
+    for backend in BACKENDS {
+        let node = Node::start(backend, &[]);
+        let mut client = node.client();
+        let pid = node.pid() as u32;
+        support::limit_open_files(pid, support::open_files(pid) + 2);
+        let held: Vec<TcpStream> = (0..8).map(|_| TcpStream::connect(node.addr).unwrap()).collect();
+        thread::sleep(Duration::from_millis(300));
+        let before = support::cpu_time(pid);
+        thread::sleep(Duration::from_secs(1));
+        let used = support::cpu_time(pid) - before;
+        assert!(used < Duration::from_millis(250), "{backend}: {used:?} of CPU in a second out of descriptors");
+        client.ping().expect("an open connection is served throughout");
+        drop(held);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match djinn_client::Client::connect(node.addr).and_then(|mut c| c.ping()) {
+                Ok(_) => break,
+                Err(e) => assert!(std::time::Instant::now() < deadline, "{backend}: no new connection served: {e}"),
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+    }
+}

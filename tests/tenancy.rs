@@ -4,7 +4,7 @@
 
 mod support;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
 use std::path::Path;
 use std::process::Command;
@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use djinn_client::{Breakpoint, Client, ClientError, ClientOptions, DType, ErrorCode, TensorRef, TensorSource, Value};
 use djinn_dataplane::proto::{FrameHeader, Hello, Kind, Limits, Message, TensorDesc, encode_head, transports};
-use support::{Node, archive, f32_bytes, read_reply, register, spawn_listening};
+use support::{Node, archive, closed_within, f32_bytes, read_reply, register, spawn_listening};
 
 const ALICE: &str = "alice-token-0123456789";
 const BOB: &str = "bob-token-0123456789ab";
@@ -431,7 +431,7 @@ fn the_control_plane_needs_tokens_and_the_right_role() {
     command
         .args(["control", "--listen", "127.0.0.1:0", "--log", "error", "--store"])
         .arg(dir.path().join("control.redb"))
-        .arg("--auth-file")
+        .args(["--max-models-per-tenant", "3", "--max-sessions-per-tenant", "2", "--auth-file"])
         .arg(&file);
     let (control, addr) = spawn_listening(command, "djinn control listening on ");
     let _control = support::Killed(control);
@@ -496,6 +496,32 @@ fn the_control_plane_needs_tokens_and_the_right_role() {
     let options = ClientOptions { token: "wrong-token-0123456789".into(), ..Default::default() };
     let refused = djinn_client::ClusterClient::open(&url, options, djinn_client::FailoverOptions::default());
     assert!(refused.unwrap_err().to_string().contains("401"));
+
+    // Records are capped per tenant (429, quota_exceeded): alice's full quota leaves bob's
+    // alone, and a record or session she has may be described or placed again.
+    let description = djinn_client::ModelDescription {
+        blocks: vec![djinn_client::BlockEstimate { weight_bytes: 1024, flops: 1e6 }],
+        io_bytes: 64,
+        phase: None,
+        graph: None,
+    };
+    let others: Vec<_> = (0..3u8).map(|i| djinn_client::Fingerprint::of_blocks(&[[i]])).collect();
+    as_alice.describe_model(&others[0], &description).expect("alice's second record");
+    as_alice.describe_model(&others[1], &description).expect("alice's third record");
+    let over = as_alice.describe_model(&others[2], &description).unwrap_err();
+    assert_eq!(over.kind(), Some("quota_exceeded"), "{over}");
+    assert!(over.to_string().contains("429"), "{over}");
+    as_alice.describe_model(&others[1], &description).expect("a record she has, described again");
+    for i in 0..3u8 {
+        as_bob.describe_model(&others[usize::from(i)], &description).expect("bob's records are his own");
+    }
+    as_alice.place(&fp, Some("s1"), None).expect("alice's first session");
+    as_alice.place(&fp, Some("s2"), None).expect("alice's second session");
+    let over = as_alice.place(&fp, Some("s3"), None).unwrap_err();
+    assert_eq!(over.kind(), Some("quota_exceeded"), "{over}");
+    as_alice.place(&fp, Some("s1"), None).expect("a session she has, placed again");
+    as_bob.place(&others[0], Some("s1"), None).expect("bob's sessions are his own");
+    as_bob.place(&others[0], Some("s2"), None).expect("bob's second session");
 }
 
 /// Tokens kept in etcd: `djinn tokens put` checks a file before it writes it, a node and a
@@ -567,22 +593,6 @@ fn connect_from(source: std::net::Ipv4Addr, to: std::net::SocketAddr) -> std::io
     socket.bind(&std::net::SocketAddr::from((source, 0)).into())?;
     socket.connect(&to.into())?;
     Ok(socket.into())
-}
-
-/// True once the node closed `stream` (a read sees its end or a reset) within `within`.
-fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
-    stream.set_read_timeout(Some(within)).unwrap();
-    let mut buf = [0u8; 256];
-    loop {
-        match stream.read(&mut buf) {
-            Ok(0) => return true,
-            Ok(_) => continue,
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
-                return false;
-            }
-            Err(_) => return true,
-        }
-    }
 }
 
 /// Strangers hold nothing for long: 2,000 connections, 1,000 that never say a good hello (silent,
@@ -1005,4 +1015,93 @@ fn sessions_and_parked_requests_are_capped_per_tenant() {
     bob.abort(theirs.parked).unwrap();
     alice.abort(parked[0]).unwrap();
     alice.execute_until(&stack, &[Value::Tensor(0)], &input, false, until).expect("room after an abort");
+}
+
+/// Registrations in progress hold only what their tenant may: the host memory of a tenant's
+/// uploads and inputs is bounded by its share (another tenant's inputs are served beside a
+/// full one), block lengths and each chunk are charged a page of bookkeeping, a tenant has at
+/// most 16 registrations in progress, and one that goes without a chunk for the upload timeout
+/// is dropped with all it held.
+#[test]
+fn uploads_are_bounded_per_tenant_and_dropped_when_quiet() {
+    use djinn_dataplane::tcp::ClientConn;
+    let dir = tempfile::tempdir().unwrap();
+    let file = token_file(dir.path(), ALICE);
+    let node = Node::start(
+        "mio",
+        &[
+            "--auth-file",
+            file.to_str().unwrap(),
+            "--host-memory-budget",
+            "64MiB",
+            "--tenant-host-memory",
+            "16MiB",
+            "--upload-timeout",
+            "1",
+        ],
+    );
+    let mut alice = connect(&node, ALICE).unwrap();
+    let halves = register(&mut alice, &["halves"]);
+    let mut mallory = ClientConn::connect(node.addr, ClientOptions::default()).unwrap();
+    mallory.hello(Hello { token: MALLORY.into(), ..Hello::new(&Limits::default(), transports::TCP, "raw") }).unwrap();
+    let begin = |conn: &mut ClientConn, seed: u8, blocks: usize| {
+        let fingerprint = djinn_client::Fingerprint::of_blocks(&[[seed]]);
+        let message = Message::RegisterBegin { fingerprint, blocks: vec![1 << 30; blocks], public: false };
+        match conn.request(&message, &[]).map(|reply| reply.message) {
+            Ok(Message::RegisterReady { upload, registered: false }) => Ok(upload),
+            Ok(other) => panic!("{other:?}"),
+            Err(e) => Err(e.remote_code()),
+        }
+    };
+    let chunk = |conn: &mut ClientConn, upload: u64, offset: u64, bytes: &[u8]| {
+        let message = Message::RegisterChunk {
+            upload,
+            offset,
+            chunk: TensorDesc::new(DType::U8, vec![bytes.len() as u64]).unwrap(),
+        };
+        conn.request(&message, &[bytes]).map(drop).map_err(|e| e.remote_code())
+    };
+    let used = |client: &mut Client| node.stat(client, "host_budget_used_bytes");
+
+    // 1,000 block lengths: 8,000 bytes and a page, held while the upload is.
+    let first = begin(&mut mallory, 0, 1000).unwrap();
+    assert_eq!(used(&mut alice), 8000 + 4096);
+    // Chunks of a byte cost a page each.
+    for offset in 0..10 {
+        chunk(&mut mallory, first, offset, &[7]).unwrap();
+    }
+    assert_eq!(used(&mut alice), 8000 + 4096 + 10 * 4097);
+    // 4 MiB chunks until mallory's share of 16 MiB is full.
+    let four = vec![1u8; 4 << 20];
+    let mut offset = 10;
+    let refused = loop {
+        match chunk(&mut mallory, first, offset, &four) {
+            Ok(()) => offset += four.len() as u64,
+            Err(code) => break code,
+        }
+    };
+    assert_eq!(refused, Some(ErrorCode::QuotaExceeded));
+    assert_eq!(offset - 10, 3 * (4 << 20), "three chunks and the bookkeeping fill 16 MiB");
+    // Alice's 8 MiB inputs are served beside it, again and again.
+    let x = f32_bytes(2 << 20, 1);
+    let idx = 3i64.to_le_bytes();
+    let inputs = [
+        TensorRef { dtype: DType::F32, shape: &[2 << 20], bytes: &x },
+        TensorRef { dtype: DType::I64, shape: &[1], bytes: &idx },
+    ];
+    for _ in 0..4 {
+        let out = alice.execute(&halves, &[Value::Tensor(0), Value::Tensor(1)], &inputs).expect("alice is served");
+        assert_eq!(out.tensor_bytes(1), 4i64.to_le_bytes());
+    }
+    // At most 16 registrations in progress.
+    for seed in 1..16 {
+        begin(&mut mallory, seed, 1).unwrap();
+    }
+    assert_eq!(begin(&mut mallory, 16, 1), Err(Some(ErrorCode::QuotaExceeded)));
+    assert_eq!(node.stat(&mut alice, "uploads"), 16);
+    // Quiet for the upload timeout: dropped, and all they held is back.
+    node.wait_for_stat(&mut alice, "uploads", 0);
+    assert_eq!(used(&mut alice), 0);
+    assert_eq!(chunk(&mut mallory, first, offset, &[7]), Err(Some(ErrorCode::NotFound)));
+    begin(&mut mallory, 17, 1).expect("room for a new one");
 }

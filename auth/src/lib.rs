@@ -30,7 +30,10 @@
 //! missing one is no bound): device memory in bytes (its tensors, kept tensors, session state,
 //! parked requests and the weights of its models, public ones included), bytes of session
 //! state swapped to the host pool, requests being worked on at once, and requests per second
-//! (a token bucket of `burst` requests, by default one second's worth).
+//! (a token bucket of `burst` requests, by default one second's worth). One field has a
+//! default bound instead: `host_memory`, the node's host memory a tenant's registrations in
+//! progress and requests' inputs hold at once, is bounded by the node's `--tenant-host-memory`
+//! where the quota names none, so that no tenant takes all of it from the others.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -155,6 +158,9 @@ pub struct Quota {
     pub device_memory: Option<u64>,
     /// Bytes of session state swapped out to the host pool.
     pub host_swap: Option<u64>,
+    /// Bytes of the node's host memory held at once by registrations in progress and by
+    /// requests' inputs (`None`: the node's default share).
+    pub host_memory: Option<u64>,
     /// Requests being answered at once.
     pub concurrent_requests: Option<u32>,
     /// Requests per second, on average.
@@ -168,6 +174,7 @@ impl Quota {
     pub const NONE: Self = Self {
         device_memory: None,
         host_swap: None,
+        host_memory: None,
         concurrent_requests: None,
         requests_per_second: None,
         burst: None,

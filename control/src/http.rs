@@ -14,6 +14,10 @@
 //!
 //! Errors are `{"error": {"kind", "message"}}` with a status that says whose fault it is.
 //!
+//! [`serve`] bounds what connections hold: how many are open, how long one may take to send a
+//! request's head (idle keep-alive included) or to finish its TLS handshake, and how long a
+//! request may take, its body included.
+//!
 //! With a token file, every request carries `Authorization: Bearer TOKEN`: a missing or unknown
 //! token gets 401, a role without the right 403. Nodes (and operators) manage memberships;
 //! operators read the whole cluster (`/v1/cluster`, `/metrics`); every principal describes
@@ -24,6 +28,7 @@
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{Extension, Path, Query, Request, State};
@@ -53,6 +58,7 @@ impl ControlError {
             Self::Place(PlaceError::NoNodes) => (StatusCode::SERVICE_UNAVAILABLE, "no_nodes"),
             Self::Place(PlaceError::FitsNowhere { .. }) => (StatusCode::UNPROCESSABLE_ENTITY, "fits_nowhere"),
             Self::NodeLeft(_) => (StatusCode::SERVICE_UNAVAILABLE, "node_left"),
+            Self::QuotaExceeded(_) => (StatusCode::TOO_MANY_REQUESTS, "quota_exceeded"),
             Self::Store(StoreError::LeaseNotFound(_)) => (StatusCode::SERVICE_UNAVAILABLE, "lease_not_found"),
             Self::Store(StoreError::Backend(_)) => (StatusCode::SERVICE_UNAVAILABLE, "store_unavailable"),
         }
@@ -337,4 +343,116 @@ pub fn router<S: Store>(control: Arc<ControlPlane<S>>, auth: Option<Arc<Authenti
         .fallback(not_found)
         .with_state(control)
         .layer(middleware::from_fn_with_state(auth, authenticate))
+}
+
+/// What the API's connections may hold.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectionLimits {
+    /// Connections served at once; more are closed as soon as they are accepted.
+    pub max_connections: usize,
+    /// A connection that has not sent a whole request head this long after it opened or after
+    /// its last answer (an idle keep-alive connection too) is closed; so is a TLS handshake not
+    /// finished by then.
+    pub header_timeout: Duration,
+    /// A request not answered this long after its head came (a body trickled in, say) gets a
+    /// 408 and its connection is closed.
+    pub request_timeout: Duration,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        Self {
+            max_connections: 1024,
+            header_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+async fn within(limit: State<Duration>, request: Request, next: Next) -> Response {
+    match tokio::time::timeout(*limit, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => {
+            let mut response = error_response(
+                StatusCode::REQUEST_TIMEOUT,
+                "request_timeout",
+                format!("the request was not complete within {limit:?}", limit = *limit),
+            );
+            response.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("close"));
+            response
+        }
+    }
+}
+
+/// Serves `router` on `listener` (over TLS with `tls`) within `limits` until `stop` completes;
+/// then finishes the requests in flight (for at most `limits.request_timeout`).
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    limits: ConnectionLimits,
+    stop: impl Future<Output = ()>,
+) {
+    let router = router.layer(middleware::from_fn_with_state(limits.request_timeout, within));
+    let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut stop = std::pin::pin!(stop);
+    let mut backoff = Duration::ZERO;
+    loop {
+        let accepted = tokio::select! {
+            () = &mut stop => break,
+            accepted = listener.accept() => accepted,
+        };
+        let (tcp, peer) = match accepted {
+            Ok(accepted) => {
+                backoff = Duration::ZERO;
+                accepted
+            }
+            // The peer gave up before it was taken: nothing is wrong here.
+            Err(e)
+                if matches!(e.kind(), std::io::ErrorKind::ConnectionAborted | std::io::ErrorKind::ConnectionReset) =>
+            {
+                continue;
+            }
+            // Out of descriptors or memory: the connection stays in the backlog and the listener
+            // readable, so accepting again at once would spin. Wait, longer each time.
+            Err(e) => {
+                backoff = (backoff * 2).clamp(Duration::from_millis(10), Duration::from_secs(1));
+                tracing::warn!(error = %e, retry_in = ?backoff, "accept failed");
+                tokio::select! {
+                    () = &mut stop => break,
+                    () = tokio::time::sleep(backoff) => continue,
+                }
+            }
+        };
+        let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
+            tracing::debug!(%peer, max = limits.max_connections, "connection closed: the API's connections are all open");
+            continue;
+        };
+        let _ = tcp.set_nodelay(true);
+        let (router, tls, watcher) = (router.clone(), tls.clone(), graceful.watcher());
+        tokio::spawn(async move {
+            let _permit = permit;
+            let service = hyper_util::service::TowerToHyperService::new(router);
+            let mut http = hyper::server::conn::http1::Builder::new();
+            http.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(limits.header_timeout);
+            let served = match tls {
+                None => watcher.watch(http.serve_connection(hyper_util::rt::TokioIo::new(tcp), service)).await,
+                Some(tls) => match tokio::time::timeout(limits.header_timeout, tls.accept(tcp)).await {
+                    Ok(Ok(stream)) => {
+                        watcher.watch(http.serve_connection(hyper_util::rt::TokioIo::new(stream), service)).await
+                    }
+                    Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                    Err(_) => return tracing::debug!(%peer, "TLS handshake timed out"),
+                },
+            };
+            if let Err(e) = served {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(limits.request_timeout, graceful.shutdown()).await.is_err() {
+        tracing::warn!("requests still in flight when the control plane stopped");
+    }
 }

@@ -23,11 +23,21 @@ pub struct ControlConfig {
     pub lease_ttl: Duration,
     /// Every key of this control plane starts with it (several clusters can share one etcd).
     pub prefix: String,
+    /// Model records one tenant may keep (each is a durable write); one namespace counts as a
+    /// tenant where there are no tokens.
+    pub max_models_per_tenant: usize,
+    /// Sessions one tenant may have placed at once (records that live as long as their node).
+    pub max_sessions_per_tenant: usize,
 }
 
 impl Default for ControlConfig {
     fn default() -> Self {
-        Self { lease_ttl: Duration::from_secs(3), prefix: "/djinn/".into() }
+        Self {
+            lease_ttl: Duration::from_secs(3),
+            prefix: "/djinn/".into(),
+            max_models_per_tenant: 4096,
+            max_sessions_per_tenant: 16384,
+        }
     }
 }
 
@@ -110,6 +120,8 @@ pub enum ControlError {
     Store(#[from] StoreError),
     #[error("the chosen node {0:?} left while the placement was recorded: ask again")]
     NodeLeft(NodeId),
+    #[error("{0}")]
+    QuotaExceeded(String),
 }
 
 /// Counters for /metrics.
@@ -221,6 +233,22 @@ fn check_model(record: &ModelRecord) -> Result<(), ControlError> {
         return Err(ControlError::BadRequest("a graph's flops must be a finite number ≥ 0".into()));
     }
     Ok(())
+}
+
+/// The tenant a scoped key (`alice/…`) belongs to; `""` for the one namespace without tokens.
+/// A model's fingerprint has no '/', so its key's first '/' ends the tenant's name; a session's
+/// key is scoped with the same name as the model it is placed with.
+fn tenant_of(scoped_fingerprint: &str) -> &str {
+    scoped_fingerprint.split_once('/').map_or("", |(tenant, _)| tenant)
+}
+
+/// Keys of `tenant`'s records among `keys`; for `""`, every key (an operator's sessions are
+/// counted with every tenant's: its ids are not scoped, and may hold a '/').
+fn count_of<'a>(keys: impl Iterator<Item = &'a String>, tenant: &str) -> usize {
+    if tenant.is_empty() {
+        return keys.count();
+    }
+    keys.filter(|k| k.strip_prefix(tenant).is_some_and(|rest| rest.starts_with('/'))).count()
 }
 
 fn json<T: Serialize>(value: &T) -> Vec<u8> {
@@ -429,8 +457,28 @@ impl<S: Store> ControlPlane<S> {
     pub async fn describe_model(&self, fingerprint: &str, record: ModelRecord) -> Result<(), ControlError> {
         let fingerprint = check_fingerprint(fingerprint)?;
         check_model(&record)?;
-        if self.state().models.get(&fingerprint) == Some(&record) {
-            return Ok(());
+        {
+            let state = self.state();
+            match state.models.get(&fingerprint) {
+                Some(known) if *known == record => return Ok(()),
+                Some(_) => {}
+                None => {
+                    // Unscoped fingerprints have no '/': they are counted apart from tenants'.
+                    let tenant = tenant_of(&fingerprint);
+                    let mut keys = state.models.keys();
+                    let count = if tenant.is_empty() {
+                        keys.filter(|k| !k.contains('/')).count()
+                    } else {
+                        count_of(&mut keys, tenant)
+                    };
+                    let cap = self.config.max_models_per_tenant;
+                    if count >= cap {
+                        return Err(ControlError::QuotaExceeded(format!(
+                            "{cap} model records are described already: the most one tenant keeps"
+                        )));
+                    }
+                }
+            }
         }
         let revision = self.store.put(&self.key(MODELS, &fingerprint), json(&record), None).await?;
         self.caught_up(revision).await
@@ -470,6 +518,16 @@ impl<S: Store> ControlPlane<S> {
         };
         let (decision, lease, holds) = {
             let mut state = self.state();
+            if let Some(session) = &request.session
+                && !state.cluster.sessions().contains_key(session)
+            {
+                let cap = self.config.max_sessions_per_tenant;
+                if count_of(state.cluster.sessions().keys(), tenant_of(&request.fingerprint)) >= cap {
+                    return Err(ControlError::QuotaExceeded(format!(
+                        "{cap} sessions are placed already: the most one tenant has at once"
+                    )));
+                }
+            }
             state.cluster.expire_promises(self.now_ms());
             let decision = state.cluster.decide(&request)?;
             let lease = state.cluster.membership().get(&decision.node).map_or(0, |m| m.lease);

@@ -26,6 +26,8 @@ pub(crate) const MIN_CHARGE: u64 = 4096;
 pub const MAX_OBJECTS_PER_TENANT: usize = 65_536;
 /// Most sessions, and most parked requests, one tenant holds on a node.
 pub const MAX_SESSIONS_PER_TENANT: usize = 4096;
+/// Most registrations one tenant has in progress on a node at once.
+pub const MAX_UPLOADS_PER_TENANT: usize = 16;
 mod deadline;
 mod error;
 mod fair;

@@ -31,8 +31,11 @@ pub struct NodeOptions {
     pub pool_bytes: u64,
     /// The peer-facing metadata limit (list replies are sized to fit it).
     pub max_meta: u32,
-    /// Host memory for archives being uploaded and streamed blocks' weights.
+    /// Host memory for archives being uploaded, requests' inputs and streamed blocks' weights;
+    /// with quotas per tenant, so that one tenant's uploads cannot take every other's inputs.
     pub host_budget: MemoryBudget,
+    /// A registration that receives no chunk for this long is dropped, with what it holds.
+    pub upload_timeout: Duration,
     /// A kept tensor unused this long is freed.
     pub handle_ttl: Duration,
     /// Longest wait on a peer node when pushing a tensor to it.
@@ -57,7 +60,7 @@ pub struct NodeOptions {
 pub fn tenant_budget(
     limit: u64,
     auth: Option<&Arc<Authenticator>>,
-    quota: fn(&djinn_auth::Quota) -> Option<u64>,
+    quota: impl Fn(&djinn_auth::Quota) -> Option<u64> + Send + Sync + 'static,
 ) -> MemoryBudget {
     match auth {
         Some(auth) => {
@@ -72,8 +75,9 @@ pub fn tenant_budget(
 pub struct NodeService {
     tensors: TensorStore,
     models: Arc<Mutex<ModelStore>>,
-    uploads: HashMap<u64, Upload>,
+    uploads: HashMap<u64, InProgress>,
     next_upload: u64,
+    upload_timeout: Duration,
     pool: BufferPool,
     host_budget: MemoryBudget,
     device: tch::Device,
@@ -121,6 +125,7 @@ impl NodeService {
             models,
             uploads: HashMap::new(),
             next_upload: 1,
+            upload_timeout: options.upload_timeout,
             pool,
             host_budget: options.host_budget,
             device: options.device,
@@ -138,9 +143,9 @@ impl NodeService {
         self.models.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A receive buffer charged to the host budget.
-    fn host_alloc(&self, len: usize) -> Result<Payload, Refusal> {
-        let reservation = self.host_budget.try_reserve(len as u64)?;
+    /// A receive buffer charged to `tenant`'s part of the host budget (`charge` bytes of it).
+    fn host_alloc(&self, tenant: TenantId, len: usize, charge: u64) -> Result<Payload, Refusal> {
+        let reservation = self.host_budget.try_reserve_for(tenant, charge)?;
         Ok(Payload { buf: self.pool.take(len)?, reservation: Some(reservation) })
     }
 
@@ -216,13 +221,27 @@ impl NodeService {
             Ok(false) => {}
             Err(e) => return Reply::error(e.code(), e.to_string()),
         }
+        let held = self.uploads.values().filter(|u| u.upload.tenant == to.tenant).count();
+        if held >= crate::MAX_UPLOADS_PER_TENANT {
+            let message = format!("{held} registrations are in progress already: the most one tenant has on a node");
+            return Reply::error(ErrorCode::QuotaExceeded, message);
+        }
+        // The block lengths stay until the upload ends: charged with a page of bookkeeping.
+        let bookkeeping = (blocks.len() as u64 * 8).saturating_add(crate::MIN_CHARGE);
+        let bookkeeping = match self.host_budget.try_reserve_for(to.tenant, bookkeeping) {
+            Ok(reservation) => reservation,
+            Err(e) => {
+                let refusal = Refusal::from(e);
+                return Reply::error(refusal.code, refusal.message);
+            }
+        };
         match Upload::new(fingerprint, blocks, (to.tenant, public), to.connection()) {
             Ok(mut upload) => {
                 upload.torchscript = to.torchscript;
                 let id = self.next_upload;
                 self.next_upload += 1;
                 tracing::info!(model = %fingerprint, bytes = upload.archives.total(), upload = id, "registration started");
-                self.uploads.insert(id, upload);
+                self.uploads.insert(id, InProgress { upload, last_chunk: Instant::now(), _bookkeeping: bookkeeping });
                 Reply::message(Message::RegisterReady { upload: id, registered: false })
             }
             Err(e) => Reply::error(ErrorCode::BadArchive, e.to_string()),
@@ -230,13 +249,14 @@ impl NodeService {
     }
 
     fn register_chunk(&mut self, id: u64, offset: u64, payload: Option<Payload>, to: ReplyTo) -> Reply {
-        let Some(upload) = self.uploads.get_mut(&id).filter(|u| u.connection == to.connection()) else {
+        let Some(upload) = self.uploads.get_mut(&id).filter(|u| u.upload.connection == to.connection()) else {
             return Reply::error(ErrorCode::NotFound, format!("no upload {id} on this connection"));
         };
         let Some(chunk) = payload else {
             return Reply::error(ErrorCode::BadArchive, "an empty chunk");
         };
-        let archives = &mut upload.archives;
+        upload.last_chunk = Instant::now();
+        let archives = &mut upload.upload.archives;
         let tenths = |a: &Archives| a.received() * 10 / a.total().max(1);
         let before = tenths(archives);
         if let Err(e) = archives.add(offset, chunk) {
@@ -258,11 +278,13 @@ impl Service for NodeService {
             // Archive bytes stay in host memory until the model is loaded: they are charged to
             // the host budget (a model larger than the device streams, so its archive may be
             // larger than the device budget).
+            // Each chunk is charged a page besides its bytes: chunks of a byte cannot hold more
+            // memory in bookkeeping than they are charged.
             Message::RegisterChunk { upload, .. } => {
                 if !self.uploads.contains_key(upload) {
                     return Err(Refusal { code: ErrorCode::NotFound, message: format!("no upload {upload}") });
                 }
-                self.host_alloc(len)
+                self.host_alloc(tenant, len, (len as u64).saturating_add(crate::MIN_CHARGE))
             }
             // Inputs live for one request, in host memory (copied to the device when it is a GPU);
             // a session's initial state is copied out of it. The host budget bounds what all
@@ -270,12 +292,12 @@ impl Service for NodeService {
             Message::Execute { .. }
             | Message::SessionStep { .. }
             | Message::SessionOpen { .. }
-            | Message::Resume { .. } => self.host_alloc(len),
+            | Message::Resume { .. } => self.host_alloc(tenant, len, len as u64),
             // A tensor to keep: on the CPU it stays in this buffer, which is charged to the
             // device budget; on a GPU it is copied there (and charged then), so the buffer is
             // only host memory for a while.
             Message::Keep { .. } if self.device == tch::Device::Cpu => self.tensors.alloc(tenant, len),
-            Message::Keep { .. } => self.host_alloc(len),
+            Message::Keep { .. } => self.host_alloc(tenant, len, len as u64),
             other => Err(Refusal {
                 code: ErrorCode::Unexpected,
                 message: format!("a {} request carries no payload", other.kind().name()),
@@ -295,8 +317,8 @@ impl Service for NodeService {
             }
             Message::RegisterChunk { upload, offset, .. } => self.register_chunk(upload, offset, payload, to),
             Message::RegisterCommit { upload: id } => {
-                match self.uploads.remove(&id).filter(|u| u.connection == to.connection()) {
-                    Some(upload) => {
+                match self.uploads.remove(&id).filter(|u| u.upload.connection == to.connection()) {
+                    Some(InProgress { upload, .. }) => {
                         self.workers.submit(Job::Load { upload }, to, replier);
                         return None;
                     }
@@ -422,13 +444,33 @@ impl Service for NodeService {
 
     fn on_disconnect(&mut self, connection: u64) {
         self.uploads.retain(|id, u| {
-            let keep = u.connection != connection;
+            let keep = u.upload.connection != connection;
             if !keep {
-                tracing::info!(upload = id, model = %u.archives.fingerprint(), "registration abandoned: its connection closed");
+                tracing::info!(upload = id, model = %u.upload.archives.fingerprint(), "registration abandoned: its connection closed");
             }
             keep
         });
     }
+
+    fn expire(&mut self, now: Instant) {
+        let timeout = self.upload_timeout;
+        self.uploads.retain(|id, u| {
+            let keep = now.saturating_duration_since(u.last_chunk) < timeout;
+            if !keep {
+                tracing::info!(upload = id, model = %u.upload.archives.fingerprint(), ?timeout, "registration dropped: no chunk within the upload timeout");
+            }
+            keep
+        });
+    }
+}
+
+/// A registration between its begin and its commit.
+#[derive(Debug)]
+struct InProgress {
+    upload: Upload,
+    last_chunk: Instant,
+    /// The block lengths' charge.
+    _bookkeeping: djinn_gpudirect::Reservation,
 }
 
 /// Ends the session step a parked request stopped (its state stays as before the step);

@@ -286,3 +286,46 @@ pub fn many_gets_come_back_in_order(client: &mut Client) {
     assert_eq!(err.remote_code(), Some(djinn_client::ErrorCode::NotFound), "{err}");
     assert!(client.get(&names[3]).unwrap().bytes() == data[3].as_slice());
 }
+
+/// True once the peer closed `stream` (a read sees its end or a reset) within `within`.
+pub fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
+    stream.set_read_timeout(Some(within)).unwrap();
+    let mut buf = [0u8; 256];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                return false;
+            }
+            Err(_) => return true,
+        }
+    }
+}
+
+/// CPU time process `pid` has used, user and system.
+pub fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("proc stat");
+    // The fields after the command's name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat[stat.rfind(')').expect("stat") + 2..].split(' ').collect();
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    let used: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    Duration::from_millis(used * 1000 / ticks)
+}
+
+/// Sets process `pid`'s soft limit on open files to `limit` (its hard limit stays).
+pub fn limit_open_files(pid: u32, limit: u64) {
+    let mut current = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: valid rlimit pointers; the hard limit read is the one written back.
+    unsafe {
+        assert_eq!(libc::prlimit(pid as i32, libc::RLIMIT_NOFILE, std::ptr::null(), &mut current), 0);
+        let new = libc::rlimit { rlim_cur: limit, rlim_max: current.rlim_max };
+        assert_eq!(libc::prlimit(pid as i32, libc::RLIMIT_NOFILE, &new, std::ptr::null_mut()), 0);
+    }
+}
+
+/// Descriptors process `pid` has open.
+pub fn open_files(pid: u32) -> u64 {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).expect("proc fd").count() as u64
+}

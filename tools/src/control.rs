@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use djinn_auth::Authenticator;
+use djinn_control::http::ConnectionLimits;
 use djinn_control::store::{EmbeddedStore, EtcdStore, Store};
 use djinn_control::{ControlConfig, ControlPlane};
 use tokio_rustls::TlsAcceptor;
@@ -46,6 +47,32 @@ pub struct ControlArgs {
     /// The certificate's private key (PEM).
     #[arg(long, requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
+    /// Model records one tenant may keep; more are refused (429, quota_exceeded).
+    #[arg(long, default_value_t = 4096)]
+    pub max_models_per_tenant: usize,
+    /// Sessions one tenant may have placed at once; more are refused (429, quota_exceeded).
+    #[arg(long, default_value_t = 16384)]
+    pub max_sessions_per_tenant: usize,
+    /// Connections to the API at once; more are closed as soon as they are accepted.
+    #[arg(long, default_value_t = 1024)]
+    pub max_connections: usize,
+    /// A connection that sends no whole request head (or TLS handshake) this long, idle ones
+    /// included, is closed (`10s`, `1500ms`).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub header_timeout: Duration,
+    /// A request not answered this long after its head gets a 408, its body included.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub request_timeout: Duration,
+}
+
+impl ControlArgs {
+    fn limits(&self) -> ConnectionLimits {
+        ConnectionLimits {
+            max_connections: self.max_connections.max(1),
+            header_timeout: self.header_timeout,
+            request_timeout: self.request_timeout,
+        }
+    }
 }
 
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -60,7 +87,10 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 
 /// Serves until SIGINT or SIGTERM.
 pub fn run(args: ControlArgs) -> Result<()> {
-    let config = config(args.lease_ttl, &args.prefix)?;
+    let mut config = config(args.lease_ttl, &args.prefix)?;
+    config.max_models_per_tenant = args.max_models_per_tenant;
+    config.max_sessions_per_tenant = args.max_sessions_per_tenant;
+    let limits = args.limits();
     let auth = args.principals.authenticator()?;
     args.principals.check_exposure(&args.listen, auth.is_some())?;
     let authenticator = auth.as_ref().map(|(a, _)| Arc::clone(a));
@@ -78,10 +108,8 @@ pub fn run(args: ControlArgs) -> Result<()> {
             tracing::info!(endpoints = ?args.etcd, "etcd store");
             Api::bind(store, config, authenticator, &args.listen).await?
         };
-        match tls {
-            Some(tls) => api.serve_tls(tls, shutdown()).await,
-            None => api.serve(shutdown()).await,
-        }
+        api.serve(tls, limits, shutdown()).await;
+        Ok(())
     })
 }
 
@@ -110,7 +138,7 @@ pub fn config(lease_ttl: Duration, prefix: &str) -> Result<ControlConfig> {
     if lease_ttl < Duration::from_millis(100) {
         bail!("--lease-ttl must be at least 100ms");
     }
-    Ok(ControlConfig { lease_ttl, prefix: prefix.to_owned() })
+    Ok(ControlConfig { lease_ttl, prefix: prefix.to_owned(), ..ControlConfig::default() })
 }
 
 pub fn runtime() -> Result<tokio::runtime::Runtime> {
@@ -152,47 +180,11 @@ impl Api {
         self.addr
     }
 
-    /// Serves HTTPS until `stop` completes; connections still open then are dropped.
-    pub async fn serve_tls(self, tls: TlsAcceptor, stop: impl Future<Output = ()> + Send + 'static) -> Result<()> {
-        tracing::info!(addr = %self.addr, "control plane serving over TLS");
-        let mut stop = std::pin::pin!(stop);
-        loop {
-            let (tcp, peer) = tokio::select! {
-                () = &mut stop => break,
-                accepted = self.listener.accept() => match accepted {
-                    Ok(accepted) => accepted,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "accept failed");
-                        continue;
-                    }
-                },
-            };
-            let (tls, router) = (tls.clone(), self.router.clone());
-            tokio::spawn(async move {
-                // A client that never finishes its handshake does not hold a task for long.
-                let stream = match tokio::time::timeout(Duration::from_secs(10), tls.accept(tcp)).await {
-                    Ok(Ok(stream)) => stream,
-                    Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                    Err(_) => return tracing::debug!(%peer, "TLS handshake timed out"),
-                };
-                let service = hyper_util::service::TowerToHyperService::new(router);
-                let connection = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
-                if let Err(e) = connection.await {
-                    tracing::debug!(%peer, error = %e, "HTTPS connection ended with an error");
-                }
-            });
-        }
+    /// Serves (over TLS with `tls`) until `stop` completes, then finishes the requests in flight.
+    pub async fn serve(self, tls: Option<TlsAcceptor>, limits: ConnectionLimits, stop: impl Future<Output = ()>) {
+        tracing::info!(addr = %self.addr, tls = tls.is_some(), "control plane serving");
+        djinn_control::http::serve(self.listener, self.router, tls, limits, stop).await;
         tracing::info!("control plane stopped");
-        Ok(())
-    }
-
-    /// Serves until `stop` completes, then finishes the requests in flight.
-    pub async fn serve(self, stop: impl Future<Output = ()> + Send + 'static) -> Result<()> {
-        tracing::info!(addr = %self.addr, "control plane serving");
-        axum::serve(self.listener, self.router).with_graceful_shutdown(stop).await?;
-        tracing::info!("control plane stopped");
-        Ok(())
     }
 }
 

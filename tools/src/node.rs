@@ -13,7 +13,6 @@ use djinn_dataplane::tcp::{Backend, Server, ServerConfig, Transport};
 use djinn_executor::{
     Device, ListNodes, NodeOptions, NodeService, PeerLimits, Policy, PushPeers, SessionOptions, tenant_budget,
 };
-use djinn_gpudirect::MemoryBudget;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
@@ -44,6 +43,13 @@ pub struct NodeArgs {
     /// of blocks streamed through the ring. Default: half of physical memory.
     #[arg(long)]
     host_memory_budget: Option<ByteSize>,
+    /// Host memory one tenant's registrations in progress and requests' inputs may hold at
+    /// once, where its quota names no `host_memory`. Default: half of the host memory budget.
+    #[arg(long)]
+    tenant_host_memory: Option<ByteSize>,
+    /// Seconds a registration may go without a chunk before it is dropped with what it holds.
+    #[arg(long, default_value_t = 60.0)]
+    upload_timeout: f64,
     /// Largest payload of one frame; larger frames are refused before anything is allocated.
     #[arg(long, default_value = "16GiB")]
     max_payload: ByteSize,
@@ -288,8 +294,9 @@ pub fn run(args: NodeArgs, auth: Option<Arc<Authenticator>>) -> Result<()> {
     let rdma = rdma_context(&args)?;
     let transports = if rdma.is_some() { vec!["rdma".to_owned(), "tcp".to_owned()] } else { vec!["tcp".to_owned()] };
     tch::set_num_threads(args.intra_op_threads.max(1));
-    let host_budget = MemoryBudget::new(args.host_memory_budget.map_or(physical_memory() / 2, |b| b.0));
-    let host_limit = host_budget.limit();
+    let host_limit = args.host_memory_budget.map_or(physical_memory() / 2, |b| b.0);
+    let share = args.tenant_host_memory.map_or(host_limit / 2, |b| b.0);
+    let host_budget = tenant_budget(host_limit, auth.as_ref(), move |q| Some(q.host_memory.unwrap_or(share)));
     let token = args.auth.token()?;
     let options = NodeOptions {
         device,
@@ -297,6 +304,7 @@ pub fn run(args: NodeArgs, auth: Option<Arc<Authenticator>>) -> Result<()> {
         pool_bytes: args.buffer_pool.0,
         max_meta,
         host_budget,
+        upload_timeout: seconds("--upload-timeout", args.upload_timeout)?,
         handle_ttl: seconds("--handle-ttl", args.handle_ttl)?,
         push_timeout: seconds("--push-timeout", args.push_timeout)?,
         sessions: SessionOptions {

@@ -55,10 +55,11 @@ pub fn run(mut args: UpArgs) -> Result<()> {
             let api = Api::bind(EmbeddedStore::open(&store)?, config, authenticator, &listen).await?;
             let _ = bound.send(api.addr());
             // The node's own signal handler stops the node; the control plane waits for it.
-            api.serve(async {
+            let stop = async {
                 let _ = stopped.await;
-            })
-            .await
+            };
+            api.serve(None, Default::default(), stop).await;
+            anyhow::Ok(())
         })
     })?;
     let Ok(addr) = addr.recv() else {

@@ -11,6 +11,7 @@ use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 use slab::Slab;
 
+use super::accept::AcceptBackoff;
 use super::server::{Conn, Core, ServerCounters, Service, ShutdownHandle};
 use crate::rdma::{Completion, RdmaContext, RdmaError, connection_key};
 
@@ -41,6 +42,9 @@ pub(crate) struct MioServer<S> {
     ready: Vec<usize>,
     rdma: Option<Arc<RdmaContext>>,
     completions: Vec<Result<Completion, RdmaError>>,
+    /// Set while accepting waits (out of descriptors): epoll is edge-triggered and the listener
+    /// stays ready, so it is tried again at the time this says, not on an event.
+    accept_backoff: AcceptBackoff,
 }
 
 impl<S: Service> MioServer<S> {
@@ -74,6 +78,7 @@ impl<S: Service> MioServer<S> {
             wake,
             conns: Slab::new(),
             ready: Vec::new(),
+            accept_backoff: AcceptBackoff::default(),
         })
     }
 
@@ -104,9 +109,14 @@ impl<S: Service> MioServer<S> {
             if timeout.is_none() && self.arm_rdma() {
                 timeout = Some(std::time::Duration::ZERO);
             }
-            // Asleep, it still wakes for the next deadline check while connections are open.
+            // Asleep, it still wakes for the next deadline check while connections are open,
+            // and to accept again after a failure.
             if timeout.is_none() && !self.conns.is_empty() {
                 timeout = Some(next_timeout_check.saturating_duration_since(Instant::now()));
+            }
+            if let Some(at) = self.accept_backoff.retry_at() {
+                let until = at.saturating_duration_since(Instant::now());
+                timeout = Some(timeout.map_or(until, |t| t.min(until)));
             }
             match self.poll.poll(&mut events, timeout) {
                 Ok(()) => {}
@@ -138,9 +148,13 @@ impl<S: Service> MioServer<S> {
                     std::thread::yield_now();
                 }
             }
+            if self.accept_backoff.due(Instant::now()) {
+                self.accept()?;
+            }
             for event in events.iter() {
                 match event.token() {
-                    LISTENER => self.accept()?,
+                    LISTENER if self.accept_backoff.retry_at().is_none() => self.accept()?,
+                    LISTENER => {}
                     WAKER => {}
                     RDMA => {
                         if let Some(ctx) = &self.rdma {
@@ -183,7 +197,7 @@ impl<S: Service> MioServer<S> {
                 for key in expired {
                     self.close(key);
                 }
-                self.core.trim_memory(now);
+                self.core.on_tick(now);
             }
         }
         tracing::info!(open = self.conns.len(), "poller stopping");
@@ -235,15 +249,13 @@ impl<S: Service> MioServer<S> {
     fn accept(&mut self) -> io::Result<()> {
         loop {
             let (mut stream, peer) = match self.listener.accept() {
-                Ok(accepted) => accepted,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                // A connection that failed before we took it (reset, out of descriptors): log it
-                // and keep serving the others.
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    return Ok(());
+                Ok(accepted) => {
+                    self.accept_backoff.accepted();
+                    accepted
                 }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if self.accept_backoff.failed(&e, Instant::now()) => continue,
+                Err(_) => return Ok(()),
             };
             if !self.core.may_accept(peer, self.conns.len()) {
                 continue;

@@ -1,6 +1,7 @@
 //! TCP drivers around the protocol core: the node's poller (mio or io_uring) and the client's
 //! blocking connection.
 
+mod accept;
 mod admission;
 mod client;
 mod mio_backend;

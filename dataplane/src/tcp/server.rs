@@ -100,6 +100,9 @@ pub trait Service {
     fn stats(&self, out: &mut Vec<(String, u64)>);
     /// A connection closed: whatever the service kept for it (an upload) can go.
     fn on_disconnect(&mut self, _connection: u64) {}
+    /// Called on the poller's timeout tick (a few times a second at most, while connections
+    /// are open): what the service keeps past its time (an upload gone quiet) can go.
+    fn expire(&mut self, _now: Instant) {}
 }
 
 /// The server backend: mio (epoll) or io_uring.
@@ -447,8 +450,8 @@ impl<S: Service> Core<S> {
     /// Gives the memory of closed connections back to the system: once a second while they
     /// close by the dozen, else every ten seconds when any closed. Freed in a burst (thousands
     /// of idle connections timing out), it otherwise stays in the allocator's arenas wherever a
-    /// live allocation sits above it. Backends call this on their timeout tick.
-    pub fn trim_memory(&mut self, now: Instant) {
+    /// live allocation sits above it.
+    fn trim_memory(&mut self, now: Instant) {
         let since = now.saturating_duration_since(self.last_trim);
         let due = match self.closed_since_trim {
             0 => false,
@@ -603,6 +606,12 @@ impl<S: Service> Core<S> {
     }
 
     /// How often the backend checks its connections' deadlines ([`Self::check_timeouts`]).
+    /// The backends' timeout tick: the service's expiries, then memory back to the system.
+    pub fn on_tick(&mut self, now: Instant) {
+        self.service.expire(now);
+        self.trim_memory(now);
+    }
+
     pub fn timeout_check_every(&self) -> Duration {
         let shortest = self.config.stall_timeout.min(self.config.hello_timeout).min(self.config.idle_timeout);
         (shortest / 4).max(Duration::from_millis(10))

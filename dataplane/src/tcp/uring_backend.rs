@@ -13,6 +13,7 @@ use std::time::Instant;
 use io_uring::{IoUring, opcode, squeue, types};
 use slab::Slab;
 
+use super::accept::AcceptBackoff;
 use super::server::{Conn, Core, ServerCounters, Service, ShutdownHandle};
 
 const RING_ENTRIES: u32 = 1024;
@@ -71,6 +72,8 @@ pub(crate) struct UringServer<S> {
     core: Core<S>,
     conns: Slab<UringConn>,
     dirty: Vec<usize>,
+    /// Set while accepting waits (out of descriptors): no accept is armed until then.
+    accept_backoff: AcceptBackoff,
 }
 
 fn empty_iovec() -> libc::iovec {
@@ -110,6 +113,7 @@ impl<S: Service> UringServer<S> {
             wake,
             conns: Slab::new(),
             dirty: Vec::new(),
+            accept_backoff: AcceptBackoff::default(),
         })
     }
 
@@ -158,9 +162,12 @@ impl<S: Service> UringServer<S> {
                 self.dirty.extend(self.conns.iter().map(|(key, _)| key));
             }
             let now = Instant::now();
+            if self.accept_backoff.due(now) {
+                self.arm_accept()?;
+            }
             if now >= next_timeout_check {
                 next_timeout_check = now + self.core.timeout_check_every();
-                self.core.trim_memory(now);
+                self.core.on_tick(now);
                 for (key, c) in self.conns.iter_mut() {
                     if self.core.check_timeouts(&mut c.conn, now) {
                         self.dirty.push(key);
@@ -185,14 +192,20 @@ impl<S: Service> UringServer<S> {
             // Adaptive polling, as in the mio backend: enter without waiting while recently
             // busy (which also runs the kernel's pending completion work), then block.
             let busy = self.core.awaiting_replies() || last_work.elapsed() < self.core.config.spin;
+            // Asleep, it still wakes for the next deadline check while connections are open, and
+            // to accept again after a failure.
+            let wake_at = match self.accept_backoff.retry_at() {
+                Some(at) if self.conns.is_empty() => Some(at),
+                Some(at) => Some(at.min(next_timeout_check)),
+                None => (!self.conns.is_empty()).then_some(next_timeout_check),
+            };
             let entered = if busy {
                 self.ring.submit()
-            } else if self.conns.is_empty() {
-                self.ring.submit_and_wait(1)
-            } else {
-                // Asleep, it still wakes for the next deadline check while connections are open.
-                let wait = types::Timespec::from(next_timeout_check.saturating_duration_since(Instant::now()));
+            } else if let Some(at) = wake_at {
+                let wait = types::Timespec::from(at.saturating_duration_since(Instant::now()));
                 self.ring.submitter().submit_with_args(1, &types::SubmitArgs::new().timespec(&wait))
+            } else {
+                self.ring.submit_and_wait(1)
             };
             match entered {
                 Ok(_) => {}
@@ -228,11 +241,13 @@ impl<S: Service> UringServer<S> {
             Op::Cancel => Ok(()),
             Op::Accept => {
                 if result >= 0 {
+                    self.accept_backoff.accepted();
                     // SAFETY: the kernel handed us this new descriptor.
                     let stream = unsafe { TcpStream::from_raw_fd(result as RawFd) };
                     self.on_accept(stream);
-                } else {
-                    tracing::warn!(error = %io::Error::from_raw_os_error(-result), "accept failed");
+                } else if !self.accept_backoff.failed(&io::Error::from_raw_os_error(-result), Instant::now()) {
+                    // Armed again when the wait is over (see `run`).
+                    return Ok(());
                 }
                 self.arm_accept()
             }
