@@ -12,6 +12,8 @@ APT_PACKAGES=(build-essential pkg-config cmake libclang-dev libibverbs-dev librd
   # The control plane: etcd-client's build needs protoc and the well-known protos; the etcd
   # tests start a real etcd.
   protobuf-compiler libprotobuf-dev etcd-server
+  # test_tls.py makes its certificates with openssl.
+  openssl
   # scripts/softroce-vm.sh: a qemu VM with Debian's generic kernel (it has rdma_rxe), busybox-static
   # for its initramfs, perftest to validate rxe0.
   qemu-system-x86 seabios linux-image-amd64 busybox-static kmod cpio iproute2 perftest)

@@ -22,7 +22,7 @@ pub use djinn_dataplane::proto::{
 use djinn_dataplane::proto::{Frame, Message, Payload, payload_layout, transports};
 pub use djinn_dataplane::rdma::Registrations;
 use djinn_dataplane::tcp::ClientConn;
-pub use djinn_dataplane::tcp::{ClientError, ClientOptions, Transport};
+pub use djinn_dataplane::tcp::{ClientError, ClientOptions, ClientTls, Transport};
 
 pub use cluster::{
     Archive, ClusterClient, ClusterError, ClusterStats, FailoverOptions, RemoteParked, RemoteSession, RemoteTensor,
@@ -143,9 +143,12 @@ impl Client {
     fn open(addrs: &[std::net::SocketAddr], options: &ClientOptions) -> Result<(ClientConn, Hello), ClientError> {
         let limits = options.limits;
         let mut conn = ClientConn::connect(addrs, options.clone())?;
-        let port = match options.transport {
-            Transport::Tcp => Err(djinn_dataplane::rdma::NoRdma::NoDevice(None)),
-            Transport::Auto | Transport::Rdma => djinn_dataplane::rdma::find_port(options.rdma_device.as_deref()),
+        // With TLS, frames stay on TCP unless RDMA (which TLS does not cover) is asked for.
+        let tcp_only =
+            options.transport == Transport::Tcp || (options.transport == Transport::Auto && options.tls.is_some());
+        let port = match tcp_only {
+            true => Err(djinn_dataplane::rdma::NoRdma::NoDevice(None)),
+            false => djinn_dataplane::rdma::find_port(options.rdma_device.as_deref()),
         };
         let ours = if port.is_ok() { transports::TCP | transports::RDMA } else { transports::TCP };
         let hello = Hello {
@@ -155,7 +158,7 @@ impl Client {
         let node = conn.hello(hello)?;
         let offered = node.transports & transports::RDMA != 0;
         match (options.transport, port, offered) {
-            (Transport::Tcp, _, _) => {}
+            _ if tcp_only => {}
             (_, Ok(port), true) => match conn.upgrade_to_rdma(&port, options.rdma) {
                 Ok(()) => tracing::info!(%port, "frames go over RDMA"),
                 Err(e) if options.transport == Transport::Rdma => return Err(e),
@@ -167,8 +170,8 @@ impl Client {
             },
             (Transport::Rdma, Err(e), _) => return Err(ClientError::NoRdma(e.to_string())),
             (Transport::Rdma, Ok(_), false) => return Err(ClientError::NoRdma("the node does not offer RDMA".into())),
-            (Transport::Auto, Err(e), _) => tracing::debug!("{e}: using TCP"),
-            (Transport::Auto, Ok(_), false) => tracing::debug!("the node does not offer RDMA: using TCP"),
+            (_, Err(e), _) => tracing::debug!("{e}: using TCP"),
+            (_, Ok(_), false) => tracing::debug!("the node does not offer RDMA: using TCP"),
         }
         Ok((conn, node))
     }

@@ -27,7 +27,7 @@ use djinn_dataplane::proto::{
     ErrorCode, Hello, Limits, Message, PROTOCOL_VERSION, SharedBytes, TensorDesc, transports,
 };
 use djinn_dataplane::rdma::{RdmaPort, SessionConfig};
-use djinn_dataplane::tcp::{ClientConn, ClientError, ClientOptions, Replier, Reply, ReplyTo};
+use djinn_dataplane::tcp::{ClientConn, ClientError, ClientOptions, ClientTls, Replier, Reply, ReplyTo};
 use tch::Tensor;
 
 use crate::convert::OutputTensor;
@@ -162,7 +162,14 @@ impl Default for PeerLimits {
 impl Mover {
     /// `timeout` bounds each push's wait on its peer; pushes go only to `peers`, over RDMA on
     /// `rdma` to peers that offer it, on connections kept within `limits`.
-    pub fn new(timeout: Duration, rdma: Option<RdmaPort>, peers: Arc<PushPeers>, limits: PeerLimits) -> Self {
+    /// With `tls`, the connections to peers speak TLS.
+    pub fn new(
+        timeout: Duration,
+        rdma: Option<RdmaPort>,
+        peers: Arc<PushPeers>,
+        limits: PeerLimits,
+        tls: Option<ClientTls>,
+    ) -> Self {
         let options = ClientOptions {
             timeout: Some(timeout),
             connect_timeout: timeout.min(Duration::from_secs(5)),
@@ -171,6 +178,7 @@ impl Mover {
             limits: Limits { max_meta: 64 * 1024, ..Limits::default() },
             max_reply_payload: 0,
             pool_bytes: 0,
+            tls,
             ..ClientOptions::default()
         };
         Self { config: Arc::new(Config { options, rdma, peers, limits }), workers: Mutex::default() }

@@ -53,6 +53,8 @@ pub struct NodeOptions {
     /// The nodes pushes may go to, and the connections to them kept.
     pub push_peers: Arc<PushPeers>,
     pub push_connections: PeerLimits,
+    /// Pushes speak TLS to peers, trusting these roots.
+    pub push_tls: Option<djinn_dataplane::tcp::ClientTls>,
 }
 
 /// A budget of `limit` bytes in which each tenant of `auth` holds no more than the part of its
@@ -133,7 +135,13 @@ impl NodeService {
             handles,
             sessions,
             parked,
-            mover: Mover::new(options.push_timeout, options.push_rdma, options.push_peers, options.push_connections),
+            mover: Mover::new(
+                options.push_timeout,
+                options.push_rdma,
+                options.push_peers,
+                options.push_connections,
+                options.push_tls,
+            ),
             auth: options.auth,
             workers,
         })

@@ -4,6 +4,8 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::path::PathBuf;
+
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use djinn_auth::Authenticator;
@@ -47,6 +49,16 @@ pub struct NodeArgs {
     /// once, where its quota names no `host_memory`. Default: half of the host memory budget.
     #[arg(long)]
     tenant_host_memory: Option<ByteSize>,
+    /// Serve TLS on every TCP connection with this certificate chain (PEM); needs --tls-key and
+    /// the mio backend. Frames a client moves to RDMA are not covered.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM).
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Speak TLS to the nodes this one pushes tensors to, trusting these roots (PEM).
+    #[arg(long)]
+    peer_tls_roots: Option<PathBuf>,
     /// Seconds a registration may go without a chunk before it is dropped with what it holds.
     #[arg(long, default_value_t = 60.0)]
     upload_timeout: f64,
@@ -328,8 +340,25 @@ pub fn run(args: NodeArgs, auth: Option<Arc<Authenticator>>) -> Result<()> {
             args.push_peers.clone(),
             args.control.as_deref().map(|c| live_nodes(c, &token)),
         )),
+        push_tls: match &args.peer_tls_roots {
+            Some(path) => {
+                let roots = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+                Some(djinn_dataplane::tcp::ClientTls::trusting(&roots).context("--peer-tls-roots")?)
+            }
+            None => None,
+        },
     };
     let service = NodeService::new(budget.clone(), options).context("cannot start the executor")?;
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => {
+            let read = |path: &PathBuf| std::fs::read(path).with_context(|| format!("cannot read {}", path.display()));
+            Some(djinn_dataplane::tcp::tls_server_config(&read(cert)?, &read(key)?).context("--tls-cert, --tls-key")?)
+        }
+        _ => None,
+    };
+    if tls.is_some() && matches!(args.tcp_backend, TcpBackend::Uring) {
+        bail!("--tls-cert needs --tcp-backend mio: the io_uring backend does not speak TLS");
+    }
     let config = ServerConfig {
         limits,
         spin: Duration::from_micros(args.spin_us),
@@ -348,6 +377,7 @@ pub fn run(args: NodeArgs, auth: Option<Arc<Authenticator>>) -> Result<()> {
         max_connections,
         max_unauthenticated: args.max_unauthenticated,
         max_unauthenticated_per_source: args.max_unauthenticated_per_source,
+        tls,
         ..ServerConfig::default()
     };
     let agent = concat!("djinn-node/", env!("CARGO_PKG_VERSION"));
@@ -389,7 +419,8 @@ pub fn run(args: NodeArgs, auth: Option<Arc<Authenticator>>) -> Result<()> {
     // The first line of stdout is the bound address: scripts and tests read it (no port races).
     println!("djinn node listening on {addr}");
     std::io::stdout().flush()?;
-    tracing::info!(%addr, backend = ?args.tcp_backend, ?device, budget = %ByteSize(budget.limit()), "node serving");
+    let tls = args.tls_cert.is_some();
+    tracing::info!(%addr, backend = ?args.tcp_backend, tls, ?device, budget = %ByteSize(budget.limit()), "node serving");
     let counters = server.run().context("poller failed");
     if let Some(agent) = agent {
         agent.stop();

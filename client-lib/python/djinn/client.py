@@ -30,6 +30,8 @@ class Client:
         transport: str = "auto",
         failover: float = 30.0,
         token: Optional[str] = None,
+        tls: Optional[str] = None,
+        tls_name: Optional[str] = None,
     ):
         """`address`: the control plane's "http://HOST:PORT" (models go where it places them,
         and move to another node when theirs dies), or a node's "HOST:PORT" (a bare HOST:PORT
@@ -37,10 +39,19 @@ class Client:
         have it, else TCP), "rdma" or "tcp". `failover`: seconds a call may spend finding a
         live node when its node dies. `token`: the tenant's token, where the cluster needs
         one (default: the DJINN_TOKEN environment variable); models, tensors and sessions are
-        then the tenant's own."""
+        then the tenant's own. `tls`: for nodes started with `--tls-cert`, the PEM file of the
+        roots their certificates chain to (default: the DJINN_TLS_ROOTS environment variable);
+        `tls_name`: the name expected in the certificates (default: the node's address).
+        Frames then stay on TCP unless `transport="rdma"`: TLS does not cover RDMA."""
         if token is None:
             token = os.environ.get("DJINN_TOKEN", "")
-        self._native = _native.Client(address, timeout, transport, failover, token)
+        if tls is None:
+            tls = os.environ.get("DJINN_TLS_ROOTS") or None
+        roots = None
+        if tls is not None:
+            with open(tls, "rb") as f:
+                roots = f.read()
+        self._native = _native.Client(address, timeout, transport, failover, token, roots, tls_name)
         self.address = address
 
     @property
@@ -105,11 +116,13 @@ def init(
     transport: str = "auto",
     failover: float = 30.0,
     token: Optional[str] = None,
+    tls: Optional[str] = None,
+    tls_name: Optional[str] = None,
 ) -> Client:
     """Connects to a control plane ("http://host:port") or to one node ("host:port") and
     makes it the default. See `Client`."""
     global _default
-    client = Client(address, timeout, transport, failover, token)
+    client = Client(address, timeout, transport, failover, token, tls, tls_name)
     with _default_lock:
         _default = client
     return client

@@ -11,9 +11,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use djinn_client::{
-    Archive, BlockEstimate, Breakpoint, ClientError, ClientOptions, ClusterClient, ClusterError, DType, ErrorCode,
-    FailoverOptions, Fingerprint, GraphAnnotations, Handle, HandleInfo, ModelDescription, Output, Paused, RemoteParked,
-    RemoteSession, RemoteTensor, Resumed, Signal, Target, Tensor, TensorDesc, Value,
+    Archive, BlockEstimate, Breakpoint, ClientError, ClientOptions, ClientTls, ClusterClient, ClusterError, DType,
+    ErrorCode, FailoverOptions, Fingerprint, GraphAnnotations, Handle, HandleInfo, ModelDescription, Output, Paused,
+    RemoteParked, RemoteSession, RemoteTensor, Resumed, Signal, Target, Tensor, TensorDesc, Value,
 };
 use lent::LentTensor;
 use pyo3::create_exception;
@@ -474,9 +474,12 @@ impl Client {
     /// `address`: a node's `HOST:PORT`, or a control plane's `http://HOST:PORT` (a bare
     /// `HOST:PORT` serving HTTP is taken as a control plane). `failover`: seconds one request
     /// may spend finding a live node when its node fails.
-    /// `token`: the tenant's token, where the cluster needs one.
+    /// `token`: the tenant's token, where the cluster needs one. `tls`: PEM roots that nodes'
+    /// certificates must chain to, for nodes that speak TLS (`tls_name`: the name expected in
+    /// them, by default the node's address).
     #[new]
-    #[pyo3(signature = (address, timeout = 60.0, transport = "auto", failover = 30.0, token = String::new()))]
+    #[pyo3(signature = (address, timeout = 60.0, transport = "auto", failover = 30.0, token = String::new(), tls = None, tls_name = None))]
+    #[expect(clippy::too_many_arguments, reason = "the Python constructor's keyword arguments")]
     fn new(
         py: Python<'_>,
         address: String,
@@ -484,11 +487,24 @@ impl Client {
         transport: &str,
         failover: f64,
         token: String,
+        tls: Option<Vec<u8>>,
+        tls_name: Option<String>,
     ) -> PyResult<Self> {
+        let tls = match tls {
+            Some(roots) => {
+                let tls = ClientTls::trusting(&roots).map_err(|e| PyValueError::new_err(e.to_string()))?;
+                Some(match tls_name {
+                    Some(name) => tls.with_server_name(&name).map_err(|e| PyValueError::new_err(e.to_string()))?,
+                    None => tls,
+                })
+            }
+            None => None,
+        };
         let options = ClientOptions {
             timeout: (timeout > 0.0).then(|| Duration::from_secs_f64(timeout)),
             transport: transport.parse().map_err(PyValueError::new_err)?,
             token,
+            tls,
             ..ClientOptions::default()
         };
         let failover = FailoverOptions { deadline: Duration::from_secs_f64(failover.max(0.0)), ..Default::default() };

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use djinn_gpudirect::BufferPool;
 
+use super::tls::{ClientTls, TlsWire};
 use crate::proto::{OutFrame, SharedBytes};
 use crate::rdma::{
     ChannelError, Completion, RdmaChannel, RdmaContext, RdmaError, RdmaPort, Registrations, SessionConfig,
@@ -54,6 +55,8 @@ pub enum ClientError {
     },
     #[error("RDMA asked for but not usable: {0}")]
     NoRdma(String),
+    #[error("TLS to {peer}: {message}")]
+    Tls { peer: SocketAddr, message: String },
 }
 
 impl ClientError {
@@ -113,6 +116,9 @@ pub struct ClientOptions {
     /// The largest reply payload taken; a larger one is refused before anything is allocated
     /// (its bytes are skipped) and the request fails.
     pub max_reply_payload: u64,
+    /// Speak TLS to the node (whose certificate these roots must vouch for). Frames stay on
+    /// TCP then unless `transport` asks for RDMA by name: RDMA is not encrypted.
+    pub tls: Option<ClientTls>,
 }
 
 /// Every field but the token, which shows only whether there is one: options end up in logs.
@@ -129,6 +135,7 @@ impl std::fmt::Debug for ClientOptions {
             .field("pool_bytes", &self.pool_bytes)
             .field("token", &if self.token.is_empty() { "" } else { "<redacted>" })
             .field("max_reply_payload", &self.max_reply_payload)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -146,6 +153,7 @@ impl Default for ClientOptions {
             pool_bytes: 1 << 30,
             token: String::new(),
             max_reply_payload: u64::MAX,
+            tls: None,
         }
     }
 }
@@ -168,6 +176,8 @@ impl PayloadAlloc for PoolAlloc<'_> {
 /// A connection to one node.
 pub struct ClientConn {
     stream: TcpStream,
+    /// Set where the options ask for TLS: the stream's bytes are its records.
+    tls: Option<TlsWire>,
     peer: SocketAddr,
     reader: FrameReader,
     pool: BufferPool,
@@ -209,8 +219,13 @@ impl ClientConn {
         let io_err = |source| ClientError::Io { peer, source };
         stream.set_nodelay(true).map_err(io_err)?;
         stream.set_nonblocking(true).map_err(io_err)?;
+        let tls = match &options.tls {
+            Some(tls) => Some(tls.connect(peer.ip()).map_err(|e| ClientError::Tls { peer, message: e.to_string() })?),
+            None => None,
+        };
         Ok(Self {
             stream,
+            tls,
             peer,
             reader: FrameReader::new(options.limits),
             pool: BufferPool::new(options.pool_bytes, 64 * 1024),
@@ -303,7 +318,11 @@ impl ClientConn {
                 *dst = IoSlice::new(src);
                 count += 1;
             }
-            match send_vectored(&self.stream, &iov[..count]) {
+            let sent = match &mut self.tls {
+                None => send_vectored(&self.stream, &iov[..count]),
+                Some(tls) => tls.write_vectored(&mut &self.stream, &iov[..count]),
+            };
+            match sent {
                 Ok(mut n) => {
                     self.bytes_sent += n as u64;
                     while n > 0 {
@@ -330,6 +349,15 @@ impl ClientConn {
                 }
             }
         }
+        // TLS records made of the frame and not written yet go before the reply is awaited.
+        while let Some(tls) = &mut self.tls {
+            match tls.flush(&mut &self.stream) {
+                Ok(()) => break,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.wait(libc::POLLOUT, deadline)?,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(source) => return Err(ClientError::Io { peer: self.peer, source }),
+            }
+        }
         Ok(())
     }
 
@@ -352,7 +380,11 @@ impl ClientConn {
             let target = self.reader.read_target();
             let mut iov = [IoSliceMut::new(target.payload), IoSliceMut::new(target.staging)];
             let iov = if iov[0].is_empty() { &mut iov[1..] } else { &mut iov[..] };
-            match recv_vectored(&self.stream, iov) {
+            let received = match &mut self.tls {
+                None => recv_vectored(&self.stream, iov),
+                Some(tls) => tls.read_vectored(&mut &self.stream, iov),
+            };
+            match received {
                 Ok(0) => {
                     return Err(match self.reader.on_eof() {
                         Some(source) => ClientError::Protocol { peer, source },
@@ -365,8 +397,13 @@ impl ClientConn {
                     spin_until = Instant::now() + self.options.spin;
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    // TLS records of ours that wait (a handshake's end) go out while we wait.
+                    let unsent = self.tls.as_mut().is_some_and(|tls| {
+                        let _ = tls.flush(&mut &self.stream);
+                        tls.wants_write()
+                    });
                     if Instant::now() >= spin_until {
-                        self.wait(libc::POLLIN, deadline)?;
+                        self.wait(if unsent { libc::POLLIN | libc::POLLOUT } else { libc::POLLIN }, deadline)?;
                     } else {
                         // Give the core away while spinning: when the node shares it with us,
                         // a pure busy-wait would keep it from answering.

@@ -13,6 +13,7 @@ use slab::Slab;
 
 use super::accept::AcceptBackoff;
 use super::server::{Conn, Core, ServerCounters, Service, ShutdownHandle};
+use super::tls::TlsWire;
 use crate::rdma::{Completion, RdmaContext, RdmaError, connection_key};
 
 const LISTENER: Token = Token(usize::MAX - 1);
@@ -25,11 +26,20 @@ const MAX_IOV: usize = 64;
 
 struct MioConn {
     stream: TcpStream,
+    /// Set where the node speaks TLS: the bytes of `stream` are its records.
+    tls: Option<Box<TlsWire>>,
     conn: Conn,
     /// Readiness seen and not yet used up (edge-triggered: cleared on `WouldBlock`).
     readable: bool,
     writable: bool,
     scheduled: bool,
+}
+
+impl MioConn {
+    /// Replies queued, or TLS records waiting for the socket.
+    fn has_output(&self) -> bool {
+        !self.conn.queue.is_empty() || self.tls.as_ref().is_some_and(|tls| tls.wants_write())
+    }
 }
 
 pub(crate) struct MioServer<S> {
@@ -260,6 +270,13 @@ impl<S: Service> MioServer<S> {
             if !self.core.may_accept(peer, self.conns.len()) {
                 continue;
             }
+            let tls = match self.core.config.tls.as_ref().map(TlsWire::accept).transpose() {
+                Ok(tls) => tls.map(Box::new),
+                Err(e) => {
+                    tracing::warn!(%peer, error = %e, "connection closed: no TLS state for it");
+                    continue;
+                }
+            };
             if let Err(e) = stream.set_nodelay(true) {
                 tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
             }
@@ -267,7 +284,7 @@ impl<S: Service> MioServer<S> {
             let key = entry.key();
             self.poll.registry().register(&mut stream, Token(key), Interest::READABLE | Interest::WRITABLE)?;
             let conn = self.core.on_accept(peer, key);
-            entry.insert(MioConn { stream, conn, readable: true, writable: true, scheduled: true });
+            entry.insert(MioConn { stream, tls, conn, readable: true, writable: true, scheduled: true });
             self.ready.push(key);
         }
     }
@@ -289,12 +306,24 @@ impl<S: Service> MioServer<S> {
         let mut write_budget = core.config.read_budget;
         let result = (|| -> io::Result<()> {
             loop {
-                while c.writable && !c.conn.queue.is_empty() && write_budget > 0 {
-                    let mut iov = [IoSlice::new(&[]); MAX_IOV];
-                    let n = c.conn.queue.write_slices(&mut iov);
-                    match c.stream.write_vectored(&iov[..n]) {
-                        Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                        Ok(n) => {
+                while c.writable && c.has_output() && write_budget > 0 {
+                    let written = match (&mut c.tls, c.conn.queue.is_empty()) {
+                        // Only TLS records wait (a handshake's, say).
+                        (Some(tls), true) => tls.flush(&mut c.stream).map(|()| None),
+                        (tls, _) => {
+                            let mut iov = [IoSlice::new(&[]); MAX_IOV];
+                            let n = c.conn.queue.write_slices(&mut iov);
+                            match tls {
+                                None => c.stream.write_vectored(&iov[..n]),
+                                Some(tls) => tls.write_vectored(&mut c.stream, &iov[..n]),
+                            }
+                            .map(Some)
+                        }
+                    };
+                    match written {
+                        Ok(None) => {}
+                        Ok(Some(0)) => return Err(io::ErrorKind::WriteZero.into()),
+                        Ok(Some(n)) => {
                             core.on_bytes_written(&mut c.conn, n);
                             write_budget = write_budget.saturating_sub(n);
                         }
@@ -305,7 +334,7 @@ impl<S: Service> MioServer<S> {
                 }
                 // Frames left buffered by back-pressure are answered once the queue drains.
                 core.process(&mut c.conn);
-                if c.writable && !c.conn.queue.is_empty() && write_budget > 0 {
+                if c.writable && c.has_output() && write_budget > 0 {
                     continue;
                 }
                 if !(c.readable && core.wants_read(&c.conn) && read_budget > 0) {
@@ -314,7 +343,11 @@ impl<S: Service> MioServer<S> {
                 let target = c.conn.reader.read_target();
                 let mut iov = [IoSliceMut::new(target.payload), IoSliceMut::new(target.staging)];
                 let iov = if iov[0].is_empty() { &mut iov[1..] } else { &mut iov[..] };
-                match c.stream.read_vectored(iov) {
+                let read = match &mut c.tls {
+                    None => c.stream.read_vectored(iov),
+                    Some(tls) => tls.read_vectored(&mut c.stream, iov),
+                };
+                match read {
                     Ok(0) => core.on_eof(&mut c.conn),
                     Ok(n) => {
                         core.on_bytes_read(&mut c.conn, n);
@@ -339,7 +372,7 @@ impl<S: Service> MioServer<S> {
             return;
         }
         let more_reads = c.readable && self.core.wants_read(&c.conn);
-        let more_writes = c.writable && !c.conn.queue.is_empty();
+        let more_writes = c.writable && c.has_output();
         if (more_reads || more_writes) && !c.scheduled {
             c.scheduled = true;
             self.ready.push(key);

@@ -6,6 +6,7 @@ mod admission;
 mod client;
 mod mio_backend;
 mod server;
+mod tls;
 mod uring_backend;
 
 use std::io;
@@ -15,6 +16,7 @@ pub use client::{ClientConn, ClientError, ClientOptions, Transport};
 pub use server::{
     Backend, MAX_META_BEFORE_HELLO, Replier, Reply, ReplyTo, ServerConfig, ServerCounters, Service, ShutdownHandle,
 };
+pub use tls::{ClientTls, TlsError, TlsWire, server_config as tls_server_config};
 
 use server::Core;
 
@@ -38,6 +40,9 @@ impl<S> std::fmt::Debug for Server<S> {
 impl<S: Service> Server<S> {
     /// Binds `addr` (port 0 picks a free port) with the configured backend.
     pub fn bind(addr: impl ToSocketAddrs, config: ServerConfig, service: S, agent: &str) -> io::Result<Self> {
+        if config.tls.is_some() && config.backend == Backend::Uring {
+            return Err(io::Error::new(io::ErrorKind::Unsupported, "TLS on the data plane needs the mio backend"));
+        }
         let listener = TcpListener::bind(addr)?;
         let local_addr = listener.local_addr()?;
         let backend = config.backend;

@@ -162,6 +162,8 @@ pub struct ServerConfig {
     /// are namespaced by the token's tenant and held to the tenant's request quotas; else
     /// everyone shares one namespace.
     pub auth: Option<Arc<Authenticator>>,
+    /// When set, every connection speaks TLS (mio backend only); frames moved to RDMA do not.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl Default for ServerConfig {
@@ -185,6 +187,7 @@ impl Default for ServerConfig {
             memory_path: djinn_gpudirect::MEMORY_PATH.into(),
             stall_timeout: Duration::from_secs(10),
             auth: None,
+            tls: None,
         }
     }
 }
