@@ -118,6 +118,49 @@ fn memory_registered_for_local_use_refuses_the_peers_writes() {
     assert!(local.as_slice().iter().all(|&b| b == 0), "nothing was written");
 }
 
+/// Every RDMA connection has its own protection domain: memory registered for one connection's
+/// peer writes refuses a WRITE that comes through another connection's queue pair, even with
+/// the right key and address (a client cannot write into another client's transfers); the
+/// same WRITE into memory of the queue pair's own domain lands.
+#[test]
+fn a_peer_cannot_write_into_another_connections_memory() {
+    let Some(port) = device_port() else { return };
+    let ctx = RdmaContext::new(&port, 1024).unwrap();
+    let (victims, attackers) = (ctx.new_domain().unwrap(), ctx.new_domain().unwrap());
+    // The node's end of the attacker's connection, in the attacker's domain, and the attacker.
+    let mut node_end = RcEndpoint::in_domain(&ctx, &attackers, QueueDepths::default()).unwrap();
+    let mut attacker = RcEndpoint::new(&ctx, QueueDepths::default()).unwrap();
+    let (a, b) = (node_end.info(), attacker.info());
+    node_end.connect(&b).unwrap();
+    attacker.connect(&a).unwrap();
+    let src = HostBuf::copy_from(&pattern(4096, 3)).unwrap();
+    let (theirs, own) = (HostBuf::zeroed(4096).unwrap(), HostBuf::zeroed(4096).unwrap());
+    // SAFETY: the buffers outlive their registrations and the writes below.
+    let (src_mr, theirs_mr, own_mr) = unsafe {
+        (
+            ctx.register_local(src.as_ptr(), 4096).unwrap(),
+            victims.register_for_peer_writes(theirs.as_ptr(), 4096).unwrap(),
+            attackers.register_for_peer_writes(own.as_ptr(), 4096).unwrap(),
+        )
+    };
+    // SAFETY: the buffers named are registered above and outlive this work request.
+    unsafe { attacker.post_write(1, &src_mr, src_mr.addr, 4096, theirs_mr.rkey(), theirs_mr.addr, None) }.unwrap();
+    let err = wait(&ctx, &[1]).unwrap_err();
+    assert!(err.to_string().contains("remote access error"), "{err}");
+    assert!(theirs.as_slice().iter().all(|&b| b == 0), "nothing was written into the other connection's memory");
+
+    // A fresh pair (the failed WRITE broke the first): memory of its own domain takes it.
+    let mut node_end = RcEndpoint::in_domain(&ctx, &attackers, QueueDepths::default()).unwrap();
+    let mut attacker = RcEndpoint::new(&ctx, QueueDepths::default()).unwrap();
+    let (a, b) = (node_end.info(), attacker.info());
+    node_end.connect(&b).unwrap();
+    attacker.connect(&a).unwrap();
+    // SAFETY: as above.
+    unsafe { attacker.post_write(2, &src_mr, src_mr.addr, 4096, own_mr.rkey(), own_mr.addr, None) }.unwrap();
+    wait(&ctx, &[2]).unwrap();
+    assert!(own.as_slice() == src.as_slice());
+}
+
 /// Options for a client that must use RDMA on the device under test.
 fn rdma_options(device: &str) -> djinn_client::ClientOptions {
     djinn_client::ClientOptions {
@@ -436,4 +479,63 @@ fn memory_lent_to_a_call_is_not_read_after_it_returns() {
     for pages in [&returned, &refused, &stalled] {
         pages.protect(libc::PROT_READ | libc::PROT_WRITE);
     }
+}
+
+/// A client that moved to RDMA and then takes none of its replies (it never polls its
+/// completions, so it returns no credits) while it keeps sending requests over TCP: the node
+/// holds at most `--max-queued` replies for it, stops reading it, closes it once it stalls,
+/// and serves another client throughout.
+#[test]
+fn a_client_that_takes_no_replies_over_rdma_is_bounded_and_closed() {
+    use djinn_dataplane::proto::{Hello, Limits, Message, encode_head, transports};
+    use djinn_dataplane::rdma::{RdmaChannel, SessionConfig};
+    use std::io::Write;
+    let Some(port) = device_port() else { return };
+    let node = rdma_node(&port.device, &["--stall-timeout", "2"]);
+    let mut other = rdma_client(node.addr, &port.device);
+    other.put("x", djinn_client::DType::U8, &[1024], &[3; 1024]).unwrap();
+
+    let config = SessionConfig::default();
+    let ctx = RdmaContext::new(&port, RdmaChannel::completion_entries(&config)).unwrap();
+    let mut channel = RdmaChannel::new(&ctx, 0, config).unwrap();
+    let mut stream = std::net::TcpStream::connect(node.addr).unwrap();
+    let frame = |id: u64, message: &Message| {
+        let mut wire = Vec::new();
+        encode_head(&mut wire, id, message).unwrap();
+        wire
+    };
+    stream
+        .write_all(&frame(
+            1,
+            &Message::Hello(Hello::new(&Limits::default(), transports::TCP | transports::RDMA, "raw")),
+        ))
+        .unwrap();
+    assert!(matches!(support::read_reply(&mut stream).1, Message::HelloAck(_)));
+    stream.write_all(&frame(2, &Message::RdmaConnect(channel.params()))).unwrap();
+    let Message::RdmaAccept(theirs) = support::read_reply(&mut stream).1 else { panic!("no RDMA accept") };
+    channel.connect(&theirs).unwrap();
+
+    // Gets over TCP, a thousand frames at a time; the replies go over RDMA and are never taken.
+    // The node reads no more of them once it holds 1,024 replies (--max-queued's frames): what
+    // it read is counted in `frames_in`.
+    let gets: Vec<u8> = (0..1000).flat_map(|i| frame(10 + i, &Message::Get { name: "x".into() })).collect();
+    stream.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
+    let frames_before = node.stat(&mut other, "frames_in");
+    let started = Instant::now();
+    let mut sent = 0usize;
+    while started.elapsed() < Duration::from_secs(30) {
+        match stream.write(&gets) {
+            Ok(n) => sent += n,
+            Err(_) => break,
+        }
+    }
+    assert_eq!(other.get("x").unwrap().bytes(), &[3; 1024], "another client is served meanwhile");
+    let read = node.stat(&mut other, "frames_in") - frames_before;
+    eprintln!("{sent} bytes of requests written in {:?}; the node read {read} frames", started.elapsed());
+    assert!(read <= 1024 + 64, "the node read {read} requests it cannot answer");
+    assert!(support::closed_within(&mut stream, Duration::from_secs(15)), "the stalled connection is closed");
+    assert!(node.stat(&mut other, "stalled_connections") >= 1);
+    node.wait_for_stat(&mut other, "connections_open", 1);
+    assert_eq!(other.get("x").unwrap().bytes(), &[3; 1024]);
+    drop(channel);
 }

@@ -134,7 +134,7 @@ impl RtValue {
         }
     }
 
-    fn int(&self) -> Option<i64> {
+    pub(crate) fn int(&self) -> Option<i64> {
         match self {
             RtValue::Int(i) => Some(*i),
             RtValue::Bool(b) => Some(i64::from(*b)),
@@ -188,6 +188,8 @@ struct PreparedCall {
     /// The most flattened outputs it can give (list returns are not bounded by the schema).
     cap: usize,
     name: String,
+    /// Index operands to check before it runs.
+    bounds: Option<crate::index_bounds::IndexBounds>,
 }
 
 // SAFETY: a prepared call is not changed after preparation; runs copy its arguments.
@@ -416,6 +418,10 @@ impl GraphModule {
                     env[node.outputs[0] as usize] = Some(v);
                 }
                 (Step::Op { .. }, Some(call)) => {
+                    if let Some(bounds) = &call.bounds {
+                        crate::index_bounds::check(bounds, |arg| value_of(arg, &env))
+                            .map_err(|e| ExecError::Execution(format!("{}: {e}", call.name)))?;
+                    }
                     let request_generator = match (call.generator, &mut generator) {
                         (None, _) => None,
                         (Some(_), Some(g)) => Some(&*g),
@@ -557,7 +563,8 @@ fn prepare(
             take_message(err)
         )));
     };
-    let mut call = PreparedCall { raw, varying: Vec::new(), generator: None, cap: 0, name: name.clone() };
+    let bounds = crate::index_bounds::of(&name, args);
+    let mut call = PreparedCall { raw, varying: Vec::new(), generator: None, cap: 0, name: name.clone(), bounds };
     let dispatcher = take_message(schema_text);
     let expected = djinn_graph::allowlist().text(&name).unwrap_or_default();
     if normalise(&dispatcher) != normalise(expected) {

@@ -33,6 +33,7 @@ mod error;
 mod fair;
 pub mod graph;
 mod handles;
+mod index_bounds;
 pub mod libtorch;
 mod models;
 mod mover;

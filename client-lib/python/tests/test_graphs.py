@@ -118,3 +118,42 @@ def test_what_the_node_will_not_run_is_refused_with_the_operator_and_why(tenant)
     # Still serving.
     linear = nn.Linear(3, 2).eval()
     assert djinn.register(linear, torch.randn(1, 3))(torch.ones(1, 3)).shape == (1, 2)
+
+
+def test_indices_out_of_range_are_refused_before_their_operator_runs(tenant):
+    """Index operands (embedding's, gather's, indexing's), given or computed on the node, are
+    checked against what they index before the operator runs (on CUDA a bad one would be a
+    device-side assert that breaks the node's CUDA context for every tenant): the request gets
+    an ExecutionError naming the operator and the index, and the node serves on."""
+
+    class Indexing(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(10, 4)
+
+        def forward(self, ids, rows, idx):
+            return self.emb(ids + 7), torch.gather(rows, 1, idx), rows[idx[:, 0]]
+
+    torch.manual_seed(0)
+    model = Indexing().eval()
+    ids, rows, idx = torch.tensor([0, 2, 1]), torch.randn(3, 4), torch.tensor([[0, 3], [2, 1], [-1, 0]]).abs()
+    rm = djinn.register(model, (ids, rows, idx))
+    # Columns of a wider tensor, as users slice them: strided indices.
+    wide = torch.tensor([[1, 9, 0, 9], [2, 9, 3, 9], [0, 9, 1, 9]])[:, ::2]
+    for args in [(ids, rows, idx), (torch.tensor([2, 0, 1]), rows.t().contiguous().t(), wide)]:
+        with torch.no_grad():
+            want = model(*args)
+        for got, w in zip(rm(*args), want):
+            assert torch.equal(got, w)
+    bad = [
+        ((torch.tensor([0, 5, 1]), rows, idx), "aten::embedding: index 12 is out of range for dimension 0, of size 10"),
+        ((ids, rows, torch.tensor([[0, 4], [0, 0], [0, 0]])), "aten::gather: index 4 is out of range for dimension 1, of size 4"),
+        ((ids, rows, torch.tensor([[0, 0], [-1, 0], [0, 0]])), "aten::gather: index -1 is out of range for dimension 1"),
+        ((ids, rows, torch.tensor([[0, 0], [3, 0], [0, 0]])), "aten::index.Tensor: index 3 is out of range for dimension 0, of size 3"),
+    ]
+    for args, message in bad:
+        with pytest.raises(djinn.ExecutionError, match=message.replace(".", r"\.")):
+            rm(*args)
+    with torch.no_grad():
+        want = model(ids, rows, idx)
+    assert all(torch.equal(g, w) for g, w in zip(rm(ids, rows, idx), want)), "served on"

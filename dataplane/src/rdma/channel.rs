@@ -9,7 +9,7 @@ use djinn_gpudirect::HostBuf;
 
 use super::session::{Action, Session, SessionConfig, SessionError};
 use super::verbs::{
-    Completion, CompletionKind, EndpointInfo, QueueDepths, RcEndpoint, RdmaContext, RdmaError, Registered,
+    Completion, CompletionKind, Domain, EndpointInfo, QueueDepths, RcEndpoint, RdmaContext, RdmaError, Registered,
 };
 use crate::proto::{Message, OutFrame, PayloadAlloc, ProtocolError, RdmaParams, RecvEvent};
 
@@ -63,7 +63,8 @@ pub struct RdmaChannel {
     recv_slots: HostBuf,
     send_slots: HostBuf,
     key: u32,
-    ctx: Arc<RdmaContext>,
+    /// This connection's own protection domain (after the queue pair and the registrations).
+    domain: Domain,
     slot_size: usize,
     free_send: Vec<u32>,
     /// Lengths of the session's SENDs not posted yet, in order (one waits for a free send
@@ -106,7 +107,10 @@ impl RdmaChannel {
         let slots = config.slots as usize;
         let slot_size = config.slot_size as usize;
         let depths = Self::depths(&config);
-        let endpoint = RcEndpoint::new(ctx, depths)?;
+        // The connection's own protection domain: its peer can write only into memory
+        // registered for this connection's transfers.
+        let domain = ctx.new_domain()?;
+        let endpoint = RcEndpoint::in_domain(ctx, &domain, depths)?;
         let endpoint_inline = endpoint.max_inline() as usize;
         let recv_slots = HostBuf::zeroed(slots * slot_size)?;
         let send_slots = HostBuf::zeroed(slots * slot_size)?;
@@ -114,13 +118,13 @@ impl RdmaChannel {
         // and the queue pair (dropped first, see the field order).
         let (recv_mr, send_mr) = unsafe {
             (
-                ctx.register_local(recv_slots.as_ptr(), recv_slots.len())?,
-                ctx.register_local(send_slots.as_ptr(), send_slots.len())?,
+                domain.register_local(recv_slots.as_ptr(), recv_slots.len())?,
+                domain.register_local(send_slots.as_ptr(), send_slots.len())?,
             )
         };
         Ok(Self {
             key,
-            ctx: Arc::clone(ctx),
+            domain,
             endpoint,
             session,
             slot_size,
@@ -227,6 +231,16 @@ impl RdmaChannel {
         self.outgoing_mrs.is_empty()
     }
 
+    /// What the session holds for the peer ([`Session::backlog`]): frames and bytes.
+    pub fn backlog(&self) -> (usize, u64) {
+        self.session.backlog()
+    }
+
+    /// Bytes handed to the device for the peer so far ([`Session::sent_bytes`]).
+    pub fn sent_bytes(&self) -> u64 {
+        self.session.sent_bytes()
+    }
+
     /// True while a frame given to [`Self::send_frame`] is held: queued, announced, or being
     /// written ([`Session::holds_frames`]); its payload's memory must stay.
     pub fn holds_frames(&self) -> bool {
@@ -286,12 +300,12 @@ impl RdmaChannel {
                 Action::Register { xfer } => {
                     let Some(payload) = self.session.incoming_buffer(xfer) else { continue };
                     let (mr, reused) = if self.keep_registrations {
-                        self.ctx.register_kept(&mut payload.buf)?
+                        self.domain.register_kept(&mut payload.buf)?
                     } else {
                         let (ptr, len) = (payload.buf.as_ptr(), payload.buf.len());
                         // SAFETY: the payload stays in the session until its WRITE lands (then
                         // the registration is dropped first, in `on_completion`).
-                        (unsafe { self.ctx.register_for_peer_writes(ptr, len) }?, false)
+                        (unsafe { self.domain.register_for_peer_writes(ptr, len) }?, false)
                     };
                     if reused {
                         self.registrations.reused += 1;
@@ -366,7 +380,7 @@ impl RdmaChannel {
             // SAFETY: the bytes belong to the frame the session keeps in `writing` until
             // `on_write_sent`, which comes after this WRITE's completion; the registration is
             // kept as long (in `outgoing_mrs`).
-            let mr = unsafe { self.ctx.register_local(ptr, len) }?;
+            let mr = unsafe { self.domain.register_local(ptr, len) }?;
             let remote = addr + offset;
             let (tag, imm) = if i == last { (tag::WRITE_LAST, Some(xfer)) } else { (tag::WRITE_PART, None) };
             // SAFETY: as above.

@@ -14,5 +14,5 @@ pub use channel::{ChannelError, RdmaChannel, Registrations, connection_key};
 pub use device::{NoRdma, RdmaPort, find_port, mtu_bytes, mtu_of_bytes};
 pub use session::{Action, MAX_XFER, RDMA_HEADER_LEN, Session, SessionConfig, SessionError};
 pub use verbs::{
-    Completion, CompletionKind, EndpointInfo, QueueDepths, RcEndpoint, RdmaContext, RdmaError, Registered,
+    Completion, CompletionKind, Domain, EndpointInfo, QueueDepths, RcEndpoint, RdmaContext, RdmaError, Registered,
 };

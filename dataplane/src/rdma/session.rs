@@ -76,6 +76,8 @@ pub enum SessionError {
     UnknownOp(u8),
     #[error("no transfer {0} in progress")]
     UnknownTransfer(u32),
+    #[error("transfer {0} announced again while its payload is on its way")]
+    DuplicateTransfer(u32),
     #[error("eager frame: {0}")]
     Frame(String),
 }
@@ -175,6 +177,8 @@ pub struct Session {
     /// What arrived, in the order the peer sent it: a large frame still being written holds
     /// back the frames after it, so requests are served in the order they were made.
     inbox: VecDeque<Inbound>,
+    /// Bytes handed to the device for the peer so far: SENDs written out, payloads written.
+    sent_bytes: u64,
 }
 
 enum Inbound {
@@ -226,6 +230,7 @@ impl Session {
             incoming: HashMap::new(),
             actions,
             inbox: VecDeque::new(),
+            sent_bytes: 0,
         }
     }
 
@@ -319,6 +324,7 @@ impl Session {
             self.sends.push_front(send);
             return 0;
         };
+        self.sent_bytes += len as u64;
         let (head, mut rest) = dst.split_at_mut(RDMA_HEADER_LEN);
         head.copy_from_slice(&send.head);
         let mut put = |bytes: &[u8]| {
@@ -406,7 +412,29 @@ impl Session {
 
     /// The WRITEs of an outgoing transfer completed: its memory may go.
     pub fn on_write_sent(&mut self, xfer: u32) {
-        self.writing.remove(&xfer);
+        if let Some(frame) = self.writing.remove(&xfer) {
+            self.sent_bytes += frame.payload_len();
+        }
+    }
+
+    /// Frames queued for the peer and bytes held for it, not yet handed to the device (waiting
+    /// for credits, for a send slot, for the peer's answer to an announcement) or being written:
+    /// what a peer that returns no credits makes this side hold.
+    pub fn backlog(&self) -> (usize, u64) {
+        let waiting = self.waiting.iter().map(|o| match o {
+            Outgoing::Frame(frame) => frame.len(),
+            Outgoing::Encoded(len) => *len as u64,
+        });
+        let unsent = self.sends.iter().map(|s| s.len() as u64);
+        let held = self.announced.values().chain(self.writing.values()).map(OutFrame::payload_len);
+        let frames = self.waiting.len() + self.sends.len() + self.announced.len() + self.writing.len();
+        (frames, waiting.chain(unsent).chain(held).sum())
+    }
+
+    /// Bytes handed to the device for the peer so far (it only grows): a backlog that stays
+    /// while this does not move is a peer that stopped taking what it is sent.
+    pub fn sent_bytes(&self) -> u64 {
+        self.sent_bytes
     }
 
     /// A SEND landed in receive slot `slot`. The slot is posted again once its bytes are used.
@@ -506,6 +534,11 @@ impl Session {
                 "announced {len} bytes, header says {}",
                 header.payload_len.get()
             )));
+        }
+        // The memory of the transfer in progress is registered for the peer's WRITEs: it must
+        // not be replaced (and freed) under them.
+        if self.incoming.contains_key(&xfer) {
+            return Err(SessionError::DuplicateTransfer(xfer));
         }
         match self.accept_head(&header, meta, alloc, None) {
             Some(incoming) => {

@@ -238,3 +238,70 @@ fn slots_not_posted_again_are_not_credited() {
     b.run_actions();
     assert_eq!(b.delivered.len(), 38);
 }
+
+/// A transfer announced again while its payload is on its way is a broken peer: the memory the
+/// first announcement was given (registered for the peer's WRITEs) is not replaced, and the
+/// connection ends.
+#[test]
+fn a_transfer_announced_twice_ends_the_session() {
+    let config = SessionConfig { slots: 8, slot_size: 512, ..SessionConfig::default() };
+    let mut a = Side::new(config, usize::MAX);
+    let mut b = Side::new(config, usize::MAX);
+    a.run_actions();
+    b.run_actions();
+    let (message, bytes) = put(1, 4000);
+    send(&mut a.session, 1, &message, &bytes, false);
+    a.run_actions();
+    let Some(Wire::Send(rts)) = a.outbox.front() else { panic!("an announcement") };
+    let rts = rts.clone();
+    assert!(b.receive_from(&mut a), "the announcement");
+    b.run_actions();
+    let xfer = u32::from_le_bytes(rts[4..8].try_into().unwrap());
+    let before = b.session.incoming_buffer(xfer).map(|p| p.buf.as_slice().as_ptr());
+    let slot = b.posted.pop_front().unwrap();
+    let e = b.session.on_receive(slot, &rts, &mut b.alloc).unwrap_err();
+    assert_eq!(e, super::session::SessionError::DuplicateTransfer(xfer));
+    let after = b.session.incoming_buffer(xfer).map(|p| p.buf.as_slice().as_ptr());
+    assert!(before.is_some() && before == after, "the first transfer's memory stays");
+}
+
+/// Frames for a peer that returns no credits wait, and the session says how many and how large
+/// (what the node bounds a connection's replies by); once the peer takes them, they go, and
+/// the bytes sent move.
+#[test]
+fn what_waits_for_credits_is_counted_until_it_goes() {
+    let config = SessionConfig { slots: 8, slot_size: 512, ..SessionConfig::default() };
+    let mut a = Side::new(config, usize::MAX);
+    let mut b = Side::new(config, usize::MAX);
+    a.run_actions();
+    b.run_actions();
+    assert_eq!(a.session.backlog(), (0, 0));
+    let mut lens = 0;
+    for id in 1..=200 {
+        let (message, bytes) = put(id, (id as usize * 37) % 3000);
+        lens += bytes.len() as u64;
+        send(&mut a.session, id, &message, &bytes, id % 2 == 0);
+        a.run_actions();
+    }
+    let sent = a.session.sent_bytes();
+    assert!(sent > 0, "some went while credits lasted");
+    // b never takes what a sent: a's credits run out and the rest waits.
+    let (frames, bytes) = a.session.backlog();
+    assert!(frames > 150 && frames <= 200, "{frames} frames held");
+    assert!(bytes > lens / 2, "{bytes} bytes held of {lens}");
+    for _ in 0..10 {
+        a.run_actions();
+    }
+    assert_eq!(a.session.sent_bytes(), sent, "nothing moves without credits");
+    loop {
+        b.run_actions();
+        a.run_actions();
+        if !(a.receive_from(&mut b) | b.receive_from(&mut a)) {
+            break;
+        }
+    }
+    b.run_actions();
+    assert_eq!(b.delivered.len(), 200);
+    assert_eq!(a.session.backlog(), (0, 0));
+    assert!(a.session.sent_bytes() > sent + lens / 2);
+}

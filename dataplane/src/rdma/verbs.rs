@@ -98,12 +98,84 @@ impl Registered {
     }
 }
 
-/// What the queue pairs of one process share: the port, a protection domain, one completion
-/// queue (a poller polls one queue whatever the number of connections; `wr_id`s tell them
-/// apart) and its completion channel (a file descriptor to sleep on).
+/// A protection domain: a queue pair reaches only memory registered in its own domain, whatever
+/// keys its peer has. Each RDMA connection gets its own ([`RdmaContext::new_domain`]), so a
+/// peer can write only into the memory of its own connection's transfers, never into another
+/// connection's, even with keys learned or guessed (issue 7's "a protection domain per
+/// connection"; a memory window per transfer would bound a peer further, to one transfer).
+#[derive(Clone)]
+pub struct Domain {
+    pd: Arc<ProtectionDomain>,
+}
+
+impl std::fmt::Debug for Domain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Domain").finish_non_exhaustive()
+    }
+}
+
+impl Domain {
+    /// The registration of all of `buf`'s memory in this domain, made once and kept with the
+    /// memory ([`HostBuf::attach`]) for its next uses, also after a trip through a pool; true
+    /// when it was already there. The peers of this domain's queue pairs can write into the
+    /// buffer for as long as it lives, whatever it holds by then: keep registrations only in a
+    /// domain whose peers may see everything received in it.
+    pub fn register_kept(&self, buf: &mut HostBuf) -> Result<(Registered, bool), RdmaError> {
+        /// A registration and the address of the protection domain it was made in: the region
+        /// holds the domain, so no other domain can have that address while it lives.
+        struct Kept {
+            pd: usize,
+            registered: Registered,
+        }
+
+        let pd = Arc::as_ptr(&self.pd) as usize;
+        if let Some(kept) = buf.attachment::<Kept>().filter(|k| k.pd == pd) {
+            return Ok((kept.registered.clone(), true));
+        }
+        // SAFETY: the registration is kept with the memory, which drops it before it is freed,
+        // and its clones live no longer than the transfers that use the buffer.
+        let registered = unsafe { self.register_for_peer_writes(buf.as_ptr(), buf.capacity()) }?;
+        buf.attach(Kept { pd, registered: registered.clone() });
+        Ok((registered, false))
+    }
+
+    /// Registers `len` bytes at `addr` for local use and for the writes of the peers of this
+    /// domain's queue pairs.
+    ///
+    /// # Safety
+    /// The memory must stay valid (neither freed nor unmapped) while the returned registration
+    /// lives and while any work request that uses it is in flight.
+    pub unsafe fn register_for_peer_writes(&self, addr: *const u8, len: usize) -> Result<Registered, RdmaError> {
+        // SAFETY: forwarded to the caller.
+        unsafe { self.register_with(addr, len, AccessFlags::LocalWrite | AccessFlags::RemoteWrite) }
+    }
+
+    /// Registers `len` bytes at `addr` for local use alone: what is sent, written to the
+    /// peer, or received by SEND. No peer can write into it, whatever key it has.
+    ///
+    /// # Safety
+    /// As [`Self::register_for_peer_writes`].
+    pub unsafe fn register_local(&self, addr: *const u8, len: usize) -> Result<Registered, RdmaError> {
+        // SAFETY: forwarded to the caller.
+        unsafe { self.register_with(addr, len, AccessFlags::LocalWrite) }
+    }
+
+    /// # Safety
+    /// As [`Self::register_for_peer_writes`].
+    unsafe fn register_with(&self, addr: *const u8, len: usize, access: AccessFlags) -> Result<Registered, RdmaError> {
+        // SAFETY: forwarded to the caller.
+        let mr = unsafe { self.pd.reg_mr(addr as usize, len, access) }.map_err(verb("ibv_reg_mr"))?;
+        Ok(Registered { mr, addr: addr as u64, len })
+    }
+}
+
+/// What the queue pairs of one process share: the port, one completion queue (a poller polls
+/// one queue whatever the number of connections; `wr_id`s tell them apart) and its completion
+/// channel (a file descriptor to sleep on); and a protection domain of its own, for queue
+/// pairs and memory that may share one ([`Self::domain`]).
 pub struct RdmaContext {
     port: RdmaPort,
-    pd: Arc<ProtectionDomain>,
+    domain: Domain,
     cq: Arc<BasicCompletionQueue>,
     channel: Arc<CompletionChannel>,
 }
@@ -127,7 +199,17 @@ impl RdmaContext {
             .build()
             .map_err(verb("ibv_create_cq"))?;
         set_nonblocking(channel.as_raw_fd())?;
-        Ok(Arc::new(Self { port: port.clone(), pd, cq, channel }))
+        Ok(Arc::new(Self { port: port.clone(), domain: Domain { pd }, cq, channel }))
+    }
+
+    /// A new protection domain on this context's device.
+    pub fn new_domain(&self) -> Result<Domain, RdmaError> {
+        Ok(Domain { pd: self.port.context.alloc_pd().map_err(verb("ibv_alloc_pd"))? })
+    }
+
+    /// The context's own protection domain, for queue pairs and memory that may share one.
+    pub fn domain(&self) -> &Domain {
+        &self.domain
     }
 
     pub fn port(&self) -> &RdmaPort {
@@ -161,56 +243,22 @@ impl RdmaContext {
         }
     }
 
-    /// The registration of all of `buf`'s memory in this context, made once and kept with the
-    /// memory ([`HostBuf::attach`]) for its next uses, also after a trip through a pool; true
-    /// when it was already there. The peers of this context's queue pairs can write into the
-    /// buffer for as long as it lives, whatever it holds by then: keep registrations only in a
-    /// context whose peers may see everything received in it.
-    pub fn register_kept(&self, buf: &mut HostBuf) -> Result<(Registered, bool), RdmaError> {
-        /// A registration and the address of the protection domain it was made in: the region
-        /// holds the domain, so no other domain can have that address while it lives.
-        struct Kept {
-            pd: usize,
-            registered: Registered,
-        }
-
-        let pd = Arc::as_ptr(&self.pd) as usize;
-        if let Some(kept) = buf.attachment::<Kept>().filter(|k| k.pd == pd) {
-            return Ok((kept.registered.clone(), true));
-        }
-        // SAFETY: the registration is kept with the memory, which drops it before it is freed,
-        // and its clones live no longer than the transfers that use the buffer.
-        let registered = unsafe { self.register_for_peer_writes(buf.as_ptr(), buf.capacity()) }?;
-        buf.attach(Kept { pd, registered: registered.clone() });
-        Ok((registered, false))
-    }
-
-    /// Registers `len` bytes at `addr` for local use and for the peer's writes.
+    /// [`Domain::register_for_peer_writes`] in the context's own domain.
     ///
     /// # Safety
-    /// The memory must stay valid (neither freed nor unmapped) while the returned registration
-    /// lives and while any work request that uses it is in flight.
+    /// As [`Domain::register_for_peer_writes`].
     pub unsafe fn register_for_peer_writes(&self, addr: *const u8, len: usize) -> Result<Registered, RdmaError> {
         // SAFETY: forwarded to the caller.
-        unsafe { self.register_with(addr, len, AccessFlags::LocalWrite | AccessFlags::RemoteWrite) }
+        unsafe { self.domain.register_for_peer_writes(addr, len) }
     }
 
-    /// Registers `len` bytes at `addr` for local use alone: what is sent, written to the
-    /// peer, or received by SEND. No peer can write into it, whatever key it has.
+    /// [`Domain::register_local`] in the context's own domain.
     ///
     /// # Safety
-    /// As [`Self::register_for_peer_writes`].
+    /// As [`Domain::register_for_peer_writes`].
     pub unsafe fn register_local(&self, addr: *const u8, len: usize) -> Result<Registered, RdmaError> {
         // SAFETY: forwarded to the caller.
-        unsafe { self.register_with(addr, len, AccessFlags::LocalWrite) }
-    }
-
-    /// # Safety
-    /// As [`Self::register_for_peer_writes`].
-    unsafe fn register_with(&self, addr: *const u8, len: usize, access: AccessFlags) -> Result<Registered, RdmaError> {
-        // SAFETY: forwarded to the caller.
-        let mr = unsafe { self.pd.reg_mr(addr as usize, len, access) }.map_err(verb("ibv_reg_mr"))?;
-        Ok(Registered { mr, addr: addr as u64, len })
+        unsafe { self.domain.register_local(addr, len) }
     }
 }
 
@@ -249,11 +297,18 @@ impl Default for QueueDepths {
 }
 
 impl RcEndpoint {
-    /// A queue pair in the INIT state, completing into the context's queue.
+    /// A queue pair in the INIT state in the context's own domain, completing into the
+    /// context's queue.
     pub fn new(ctx: &Arc<RdmaContext>, depths: QueueDepths) -> Result<Self, RdmaError> {
+        Self::in_domain(ctx, ctx.domain(), depths)
+    }
+
+    /// A queue pair in the INIT state in `domain`, completing into the context's queue: it
+    /// reaches only memory registered in `domain`.
+    pub fn in_domain(ctx: &Arc<RdmaContext>, domain: &Domain, depths: QueueDepths) -> Result<Self, RdmaError> {
         let port = &ctx.port;
         let handle = GenericCompletionQueue::from(Arc::clone(&ctx.cq));
-        let mut qp = ctx
+        let mut qp = domain
             .pd
             .create_qp_builder()
             .setup_max_send_wr(depths.send)

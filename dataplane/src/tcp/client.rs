@@ -223,7 +223,7 @@ impl ClientConn {
             Some(tls) => Some(tls.connect(peer.ip()).map_err(|e| ClientError::Tls { peer, message: e.to_string() })?),
             None => None,
         };
-        Ok(Self {
+        let mut conn = Self {
             stream,
             tls,
             peer,
@@ -236,7 +236,30 @@ impl ClientConn {
             rdma: None,
             bytes_sent: 0,
             bytes_received: 0,
-        })
+        };
+        conn.finish_handshake()?;
+        Ok(conn)
+    }
+
+    /// With TLS, completes the handshake before any frame is written: a node that is not
+    /// trusted is refused here, and no request waits on a handshake its own writes hold up.
+    fn finish_handshake(&mut self) -> Result<(), ClientError> {
+        let deadline = self.options.timeout.map(|t| Instant::now() + t);
+        while let Some(tls) = &mut self.tls
+            && tls.is_handshaking()
+        {
+            let step = match tls.flush(&mut &self.stream) {
+                Ok(()) => tls.read_records(&mut &self.stream).map_err(|e| (e, libc::POLLIN)),
+                Err(e) => Err((e, libc::POLLOUT)),
+            };
+            match step {
+                Ok(()) => {}
+                Err((e, events)) if e.kind() == io::ErrorKind::WouldBlock => self.wait(events, deadline)?,
+                Err((e, _)) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err((source, _)) => return Err(ClientError::Io { peer: self.peer, source }),
+            }
+        }
+        Ok(())
     }
 
     pub fn peer(&self) -> SocketAddr {

@@ -303,15 +303,22 @@ pub(crate) struct Conn {
     active: bool,
     /// The current stall window: when it began, and the bytes read and written since.
     window: (Instant, u64, u64),
+    /// The RDMA path's bytes sent when the current stall window began.
+    rdma_sent_mark: u64,
     /// Closed without sending what is queued (it stalled).
     dropped: bool,
 }
 
 impl Conn {
+    /// Replies held for the peer: (frames, bytes) in the send queue and on the RDMA path.
+    fn replies_held(&self) -> (usize, u64) {
+        let (frames, bytes) = self.rdma.as_ref().map_or((0, 0), RdmaChannel::backlog);
+        (self.queue.queued_frames() + frames, self.queue.queued_bytes() + bytes)
+    }
+
     fn under_limits(&self, config: &ServerConfig) -> bool {
-        self.queue.queued_bytes() < config.max_queued_bytes
-            && self.queue.queued_frames() < config.max_queued_frames
-            && self.in_flight < config.max_in_flight
+        let (frames, bytes) = self.replies_held();
+        bytes < config.max_queued_bytes && frames < config.max_queued_frames && self.in_flight < config.max_in_flight
     }
 
     /// True when `key` names this connection's RDMA channel.
@@ -537,6 +544,7 @@ impl<S: Service> Core<S> {
             last_active: now,
             active: false,
             window: (Instant::now(), 0, 0),
+            rdma_sent_mark: 0,
             dropped: false,
         }
     }
@@ -580,7 +588,7 @@ impl<S: Service> Core<S> {
             tracing::info!(peer = %conn.peer, "closing a connection that said no good hello in time");
             return close(conn);
         }
-        let under_way = !conn.reader.is_idle() || !conn.queue.is_empty() || conn.in_flight > 0;
+        let under_way = !conn.reader.is_idle() || conn.replies_held().0 > 0 || conn.in_flight > 0;
         if !under_way && now.saturating_duration_since(conn.last_active) >= self.config.idle_timeout {
             self.counters.idle_closed += 1;
             tracing::debug!(peer = %conn.peer, "closing an idle connection");
@@ -593,7 +601,11 @@ impl<S: Service> Core<S> {
         conn.window = (now, 0, 0);
         // Not reading is the node's choice while its back-pressure holds: no stall then.
         let reading = !conn.reader.is_idle() && read < MIN_PROGRESS && self.wants_read(conn);
-        let writing = !conn.queue.is_empty() && written < MIN_PROGRESS;
+        // Replies on the RDMA path move as the peer returns credits for them.
+        let (rdma_held, rdma_sent) = conn.rdma.as_ref().map_or((0, 0), |ch| (ch.backlog().0, ch.sent_bytes()));
+        let rdma_moved = rdma_sent - std::mem::replace(&mut conn.rdma_sent_mark, rdma_sent);
+        let writing =
+            (!conn.queue.is_empty() && written < MIN_PROGRESS) || (rdma_held > 0 && rdma_moved < MIN_PROGRESS);
         if !(reading || writing) {
             return false;
         }
@@ -608,13 +620,13 @@ impl<S: Service> Core<S> {
         close(conn)
     }
 
-    /// How often the backend checks its connections' deadlines ([`Self::check_timeouts`]).
     /// The backends' timeout tick: the service's expiries, then memory back to the system.
     pub fn on_tick(&mut self, now: Instant) {
         self.service.expire(now);
         self.trim_memory(now);
     }
 
+    /// How often the backend checks its connections' deadlines ([`Self::check_timeouts`]).
     pub fn timeout_check_every(&self) -> Duration {
         let shortest = self.config.stall_timeout.min(self.config.hello_timeout).min(self.config.idle_timeout);
         (shortest / 4).max(Duration::from_millis(10))

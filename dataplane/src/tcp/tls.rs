@@ -122,13 +122,9 @@ impl TlsWire {
                 Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(0),
                 Err(e) => return Err(e),
             }
-            if self.conn.read_tls(socket)? == 0 {
-                return Ok(0);
-            }
-            if let Err(e) = self.conn.process_new_packets() {
-                // The alert that says why, if the socket takes it.
-                let _ = self.conn.write_tls(socket);
-                return Err(tls_failed(e));
+            match self.read_records(socket) {
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(0),
+                other => other?,
             }
             // Handshake messages and the like: sent now, or once the socket has room.
             match self.flush(socket) {
@@ -136,6 +132,25 @@ impl TlsWire {
                 _ => {}
             }
         }
+    }
+
+    /// Reads the records the socket has and processes them (their plaintext waits for
+    /// [`Self::read_vectored`]): `WouldBlock` when it has none, `UnexpectedEof` at its end.
+    pub fn read_records<S: Read + Write>(&mut self, socket: &mut S) -> io::Result<()> {
+        if self.conn.read_tls(socket)? == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        if let Err(e) = self.conn.process_new_packets() {
+            // The alert that says why, if the socket takes it.
+            let _ = self.conn.write_tls(socket);
+            return Err(tls_failed(e));
+        }
+        Ok(())
+    }
+
+    /// True until the handshake is done.
+    pub fn is_handshaking(&self) -> bool {
+        self.conn.is_handshaking()
     }
 
     /// Takes plaintext from `bufs` (up to rustls's buffer) and writes what it can of the records
