@@ -242,13 +242,15 @@ fn tenant_of(scoped_fingerprint: &str) -> &str {
     scoped_fingerprint.split_once('/').map_or("", |(tenant, _)| tenant)
 }
 
-/// Keys of `tenant`'s records among `keys`; for `""`, every key (an operator's sessions are
-/// counted with every tenant's: its ids are not scoped, and may hold a '/').
-fn count_of<'a>(keys: impl Iterator<Item = &'a String>, tenant: &str) -> usize {
-    if tenant.is_empty() {
-        return keys.count();
+/// How many of `keys` are `tenant`'s: those scoped with its name. For `""` (no tokens, or an
+/// operator), the unscoped ones: model keys without a '/'; every session key, as session ids may
+/// hold a '/' (so an operator's sessions are counted with every tenant's).
+fn count_of<'a>(keys: impl Iterator<Item = &'a String>, tenant: &str, ids_hold_slashes: bool) -> usize {
+    match tenant {
+        "" if ids_hold_slashes => keys.count(),
+        "" => keys.filter(|k| !k.contains('/')).count(),
+        _ => keys.filter(|k| k.strip_prefix(tenant).is_some_and(|rest| rest.starts_with('/'))).count(),
     }
-    keys.filter(|k| k.strip_prefix(tenant).is_some_and(|rest| rest.starts_with('/'))).count()
 }
 
 fn json<T: Serialize>(value: &T) -> Vec<u8> {
@@ -463,16 +465,8 @@ impl<S: Store> ControlPlane<S> {
                 Some(known) if *known == record => return Ok(()),
                 Some(_) => {}
                 None => {
-                    // Unscoped fingerprints have no '/': they are counted apart from tenants'.
-                    let tenant = tenant_of(&fingerprint);
-                    let mut keys = state.models.keys();
-                    let count = if tenant.is_empty() {
-                        keys.filter(|k| !k.contains('/')).count()
-                    } else {
-                        count_of(&mut keys, tenant)
-                    };
                     let cap = self.config.max_models_per_tenant;
-                    if count >= cap {
+                    if count_of(state.models.keys(), tenant_of(&fingerprint), false) >= cap {
                         return Err(ControlError::QuotaExceeded(format!(
                             "{cap} model records are described already: the most one tenant keeps"
                         )));
@@ -522,7 +516,7 @@ impl<S: Store> ControlPlane<S> {
                 && !state.cluster.sessions().contains_key(session)
             {
                 let cap = self.config.max_sessions_per_tenant;
-                if count_of(state.cluster.sessions().keys(), tenant_of(&request.fingerprint)) >= cap {
+                if count_of(state.cluster.sessions().keys(), tenant_of(&request.fingerprint), true) >= cap {
                     return Err(ControlError::QuotaExceeded(format!(
                         "{cap} sessions are placed already: the most one tenant has at once"
                     )));

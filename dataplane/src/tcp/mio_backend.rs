@@ -36,9 +36,19 @@ struct MioConn {
 }
 
 impl MioConn {
+    /// TLS records waiting for the socket.
+    fn records_waiting(&self) -> bool {
+        self.tls.as_ref().is_some_and(|tls| tls.wants_write())
+    }
+
     /// Replies queued, or TLS records waiting for the socket.
     fn has_output(&self) -> bool {
-        !self.conn.queue.is_empty() || self.tls.as_ref().is_some_and(|tls| tls.wants_write())
+        !self.conn.queue.is_empty() || self.records_waiting()
+    }
+
+    /// Done, its last TLS records written too (unless it is dropped).
+    fn is_done(&self) -> bool {
+        self.conn.is_done() && (self.conn.is_dropped() || !self.records_waiting())
     }
 }
 
@@ -361,7 +371,7 @@ impl<S: Service> MioServer<S> {
             }
         })();
         let close = match result {
-            Ok(()) => c.conn.is_done(),
+            Ok(()) => c.is_done(),
             Err(e) => {
                 tracing::debug!(peer = %c.conn.peer, error = %e, "connection lost");
                 true

@@ -331,6 +331,11 @@ impl Conn {
     pub fn is_done(&self) -> bool {
         self.dropped || (self.closing && self.queue.is_empty() && self.in_flight == 0)
     }
+
+    /// Closed without sending what is queued (it stalled).
+    pub fn is_dropped(&self) -> bool {
+        self.dropped
+    }
 }
 
 /// Dispatch and accounting shared by the backends.
