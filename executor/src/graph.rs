@@ -123,7 +123,7 @@ pub enum RtValue {
 }
 
 impl RtValue {
-    fn shallow_clone(&self) -> RtValue {
+    pub(crate) fn shallow_clone(&self) -> RtValue {
         match self {
             RtValue::None => RtValue::None,
             RtValue::Tensor(t) => RtValue::Tensor(t.shallow_clone()),

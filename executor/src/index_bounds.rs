@@ -119,3 +119,112 @@ fn within(index: &Tensor, size: i64, negative: bool, what: &str) -> Result<(), S
     };
     Err(format!("index {bad} is out of range for {what}, of size {size}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs the check of `name` on `values` (argument i is `Arg::Value(i)`, or the constant given).
+    fn run(name: &str, args: Vec<Arg>, values: Vec<RtValue>) -> Result<(), String> {
+        let args: Vec<Option<Arg>> = args.into_iter().map(Some).collect();
+        let bounds = of(name, &args).ok_or("no bounds")?;
+        check(&bounds, |arg| match arg {
+            Arg::Value(i) => Ok(values[*i as usize].shallow_clone()),
+            Arg::Int(i) => Ok(RtValue::Int(*i)),
+            other => Err(format!("{other:?}")),
+        })
+    }
+
+    fn ints(values: &[i64]) -> RtValue {
+        RtValue::Tensor(Tensor::from_slice(values))
+    }
+
+    fn rows(shape: &[i64]) -> RtValue {
+        RtValue::Tensor(Tensor::zeros(shape, (Kind::Float, tch::Device::Cpu)))
+    }
+
+    /// An operator, its arguments, their values, and what its refusal says (`None`: accepted).
+    type Case = (&'static str, Vec<Arg>, Vec<RtValue>, Option<&'static str>);
+
+    #[test]
+    fn every_indexing_operator_is_checked_against_the_dimension_it_indexes() {
+        let v = Arg::Value;
+        let dim1 = || vec![v(0), Arg::Int(1), v(1), v(2)];
+        let cases: Vec<Case> = vec![
+            ("aten::embedding", vec![v(0), v(1)], vec![rows(&[10, 4]), ints(&[0, 9])], None),
+            (
+                "aten::embedding",
+                vec![v(0), v(1)],
+                vec![rows(&[10, 4]), ints(&[0, 10])],
+                Some("index 10 is out of range for dimension 0, of size 10"),
+            ),
+            ("aten::embedding", vec![v(0), v(1)], vec![rows(&[10, 4]), ints(&[-1])], Some("index -1")),
+            ("aten::gather", vec![v(0), Arg::Int(-1), v(1)], vec![rows(&[3, 4]), ints(&[3])], None),
+            (
+                "aten::gather",
+                vec![v(0), Arg::Int(-1), v(1)],
+                vec![rows(&[3, 4]), ints(&[4])],
+                Some("dimension -1, of size 4"),
+            ),
+            (
+                "aten::index_select",
+                vec![v(0), Arg::Int(0), v(1)],
+                vec![rows(&[3, 4]), ints(&[3])],
+                Some("dimension 0, of size 3"),
+            ),
+            ("aten::index_copy_", dim1(), vec![rows(&[3, 4]), ints(&[5]), rows(&[3, 1])], Some("index 5")),
+            ("aten::scatter.src", dim1(), vec![rows(&[3, 4]), ints(&[4]), rows(&[1])], Some("index 4")),
+            ("aten::scatter_add", dim1(), vec![rows(&[3, 4]), ints(&[3]), rows(&[1])], None),
+            ("aten::scatter_reduce.two", dim1(), vec![rows(&[3, 4]), ints(&[-2]), rows(&[1])], Some("index -2")),
+            // aten::index: the k-th index into dimension k, negative ones from the end.
+            (
+                "aten::index.Tensor",
+                vec![v(0), v(1)],
+                vec![rows(&[3, 4]), RtValue::List(vec![RtValue::None, ints(&[-4, 3])])],
+                None,
+            ),
+            (
+                "aten::index.Tensor",
+                vec![v(0), v(1)],
+                vec![rows(&[3, 4]), RtValue::List(vec![ints(&[-4])])],
+                Some("index -4 is out of range for dimension 0, of size 3"),
+            ),
+            (
+                "aten::index_put_",
+                vec![v(0), v(1), v(2)],
+                vec![rows(&[3, 4]), RtValue::List(vec![RtValue::None, ints(&[4])]), rows(&[1])],
+                Some("dimension 1"),
+            ),
+            // A mask is libtorch's to match.
+            (
+                "aten::index.Tensor",
+                vec![v(0), v(1)],
+                vec![rows(&[3, 4]), RtValue::List(vec![RtValue::Tensor(Tensor::from_slice(&[true, false, true]))])],
+                None,
+            ),
+            // An embedding bag's offsets index its indices, their count included.
+            (
+                "aten::_embedding_bag",
+                vec![v(0), v(1), v(2)],
+                vec![rows(&[10, 4]), ints(&[1, 2, 3]), ints(&[0, 3])],
+                None,
+            ),
+            (
+                "aten::_embedding_bag",
+                vec![v(0), v(1), v(2)],
+                vec![rows(&[10, 4]), ints(&[1, 2, 3]), ints(&[0, 4])],
+                Some("index 4 is out of range for the indices (as offsets)"),
+            ),
+        ];
+        for (name, args, values, refused) in cases {
+            match (run(name, args, values), refused) {
+                (Ok(()), None) => {}
+                (Err(e), Some(part)) => assert!(e.contains(part), "{name}: {e:?} does not say {part:?}"),
+                (got, want) => panic!("{name}: {got:?}, expected a refusal saying {want:?}"),
+            }
+        }
+        assert!(of("aten::add.Tensor", &[Some(Arg::Value(0)), Some(Arg::Value(1))]).is_none());
+        // Empty indices index nothing.
+        assert_eq!(run("aten::embedding", vec![Arg::Value(0), Arg::Value(1)], vec![rows(&[0, 4]), ints(&[])]), Ok(()));
+    }
+}
