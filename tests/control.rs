@@ -598,28 +598,26 @@ fn djinn_up_serves_a_cluster_of_one() {
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("unreachable"));
 }
 
+/// `djinn control` over TLS with a certificate made in `dir`, and `extra` flags: the process,
+/// its address, the certificate's path and its PEM.
+fn tls_control(dir: &std::path::Path, extra: &[&str]) -> (support::Killed, String, std::path::PathBuf, Vec<u8>) {
+    let (cert, key) = support::self_signed_certificate(dir, "control");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_djinn"));
+    command.args(["control", "--listen", "127.0.0.1:0", "--log", "error", "--store"]).arg(dir.join("control.redb"));
+    command.arg("--tls-cert").arg(&cert).arg("--tls-key").arg(&key).args(extra);
+    let (child, addr) = support::spawn_listening(command, "djinn control listening on ");
+    let pem = std::fs::read(&cert).unwrap();
+    (support::Killed(child), addr, cert, pem)
+}
+
 #[test]
 fn with_a_certificate_the_api_is_served_over_tls_only() {
     let dir = tempfile::tempdir().unwrap();
-    let rcgen::CertifiedKey { cert, key_pair } =
-        rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()]).unwrap();
-    let (cert_path, key_path) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
-    std::fs::write(&cert_path, cert.pem()).unwrap();
-    std::fs::write(&key_path, key_pair.serialize_pem()).unwrap();
-    let mut command = Command::new(env!("CARGO_BIN_EXE_djinn"));
-    command
-        .args(["control", "--listen", "127.0.0.1:0", "--log", "error", "--store"])
-        .arg(dir.path().join("control.redb"))
-        .arg("--tls-cert")
-        .arg(&cert_path)
-        .arg("--tls-key")
-        .arg(&key_path);
-    let (control, addr) = support::spawn_listening(command, "djinn control listening on ");
-    let _control = support::Killed(control);
+    let (_control, addr, cert_path, cert) = tls_control(dir.path(), &[]);
     let url = format!("https://{addr}");
     let timeout = Duration::from_secs(5);
 
-    let trusted = djinn_client::ControlClient::with_roots(&url, timeout, cert.pem().as_bytes()).unwrap();
+    let trusted = djinn_client::ControlClient::with_roots(&url, timeout, &cert).unwrap();
     assert!(trusted.cluster().expect("over TLS, trusting the certificate").contains("\"nodes\""));
     let untrusted = djinn_client::ControlClient::new(&url, timeout).cluster().unwrap_err();
     assert!(matches!(untrusted, djinn_client::ControlError::Unreachable { .. }), "{untrusted}");
@@ -725,28 +723,10 @@ fn the_apis_connections_are_bounded_and_timed_out() {
 #[test]
 fn out_of_descriptors_the_api_backs_off_and_recovers() {
     let dir = tempfile::tempdir().unwrap();
-    let rcgen::CertifiedKey { cert, key_pair } =
-        rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()]).unwrap();
-    let (cert_path, key_path) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
-    std::fs::write(&cert_path, cert.pem()).unwrap();
-    std::fs::write(&key_path, key_pair.serialize_pem()).unwrap();
-    let mut command = Command::new(env!("CARGO_BIN_EXE_djinn"));
-    command
-        .args(["control", "--listen", "127.0.0.1:0", "--log", "error", "--header-timeout", "30s", "--store"])
-        .arg(dir.path().join("control.redb"))
-        .arg("--tls-cert")
-        .arg(&cert_path)
-        .arg("--tls-key")
-        .arg(&key_path);
-    let (child, addr) = support::spawn_listening(command, "djinn control listening on ");
-    let pid = child.id();
-    let _control = support::Killed(child);
-    let trusted = djinn_client::ControlClient::with_roots(
-        &format!("https://{addr}"),
-        Duration::from_secs(5),
-        cert.pem().as_bytes(),
-    )
-    .unwrap();
+    let (control, addr, _, cert) = tls_control(dir.path(), &["--header-timeout", "30s"]);
+    let pid = control.0.id();
+    let trusted =
+        djinn_client::ControlClient::with_roots(&format!("https://{addr}"), Duration::from_secs(5), &cert).unwrap();
     assert!(trusted.cluster().unwrap().contains("\"nodes\""));
 
     support::limit_open_files(pid, support::open_files(pid) + 2);

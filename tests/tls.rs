@@ -7,7 +7,7 @@ mod support;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -16,16 +16,6 @@ use djinn_client::{Client, ClientOptions, ClientTls, DType, TensorRef, TensorSou
 use support::{pattern, register, spawn_listening};
 
 const ALICE: &str = "alice-token-0123456789abcdef";
-
-/// A self-signed certificate for 127.0.0.1 in `dir`: (certificate, key).
-fn certificate(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
-    let rcgen::CertifiedKey { cert, key_pair } =
-        rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()]).unwrap();
-    let (cert_path, key_path) = (dir.join(format!("{name}.pem")), dir.join(format!("{name}.key")));
-    std::fs::write(&cert_path, cert.pem()).unwrap();
-    std::fs::write(&key_path, key_pair.serialize_pem()).unwrap();
-    (cert_path, key_path)
-}
 
 fn start_node(dir: &Path, cert: &Path, key: &Path, extra: &[&str]) -> (support::Killed, String) {
     let tokens = dir.join("tokens.json");
@@ -84,7 +74,7 @@ fn recording_proxy(to: String) -> (String, Arc<Mutex<Vec<u8>>>) {
 #[test]
 fn a_node_with_a_certificate_serves_tls_only() {
     let dir = tempfile::tempdir().unwrap();
-    let (cert, key) = certificate(dir.path(), "node");
+    let (cert, key) = support::self_signed_certificate(dir.path(), "node");
     let (_node, addr) = start_node(dir.path(), &cert, &key, &[]);
 
     // Through a proxy that keeps what crossed: 64 MiB in and out byte-exact, a model run.
@@ -114,7 +104,7 @@ fn a_node_with_a_certificate_serves_tls_only() {
     assert!(!found(&data[1 << 20..(1 << 20) + 64]), "the tensor's bytes crossed in clear");
 
     // A client that trusts another certificate, and one speaking plain TCP, are refused.
-    let (other, _) = certificate(dir.path(), "other");
+    let (other, _) = support::self_signed_certificate(dir.path(), "other");
     let untrusted = Client::connect_with(addr.as_str(), options(&other)).unwrap_err();
     assert!(untrusted.to_string().contains("invalid peer certificate"), "{untrusted}");
     let plain =
@@ -134,8 +124,8 @@ fn a_node_with_a_certificate_serves_tls_only() {
 #[test]
 fn nodes_push_to_each_other_over_tls() {
     let dir = tempfile::tempdir().unwrap();
-    let (cert_a, key_a) = certificate(dir.path(), "a");
-    let (cert_b, key_b) = certificate(dir.path(), "b");
+    let (cert_a, key_a) = support::self_signed_certificate(dir.path(), "a");
+    let (cert_b, key_b) = support::self_signed_certificate(dir.path(), "b");
     let roots = dir.path().join("roots.pem");
     let both = [std::fs::read(&cert_a).unwrap(), std::fs::read(&cert_b).unwrap()].concat();
     std::fs::write(&roots, both).unwrap();

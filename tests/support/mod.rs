@@ -329,3 +329,14 @@ pub fn limit_open_files(pid: u32, limit: u64) {
 pub fn open_files(pid: u32) -> u64 {
     std::fs::read_dir(format!("/proc/{pid}/fd")).expect("proc fd").count() as u64
 }
+
+/// A self-signed certificate for 127.0.0.1 and localhost, written to `dir` as `NAME.pem` and its
+/// key as `NAME.key`: (certificate, key).
+pub fn self_signed_certificate(dir: &std::path::Path, name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let rcgen::CertifiedKey { cert, key_pair } =
+        rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()]).expect("a certificate");
+    let (cert_path, key_path) = (dir.join(format!("{name}.pem")), dir.join(format!("{name}.key")));
+    std::fs::write(&cert_path, cert.pem()).expect("write the certificate");
+    std::fs::write(&key_path, key_pair.serialize_pem()).expect("write the key");
+    (cert_path, key_path)
+}

@@ -113,6 +113,18 @@ impl Side {
     }
 }
 
+/// Delivers whatever either side has for the other until neither has anything left.
+fn settle(a: &mut Side, b: &mut Side) {
+    loop {
+        b.run_actions();
+        a.run_actions();
+        if !(a.receive_from(b) | b.receive_from(a)) {
+            break;
+        }
+    }
+    b.run_actions();
+}
+
 fn put(id: u64, len: usize) -> (Message, Vec<u8>) {
     let bytes: Vec<u8> = (0..len).map(|i| (i as u64 * 31 + id) as u8).collect();
     let tensor = TensorDesc::new(DType::U8, vec![len as u64]).expect("desc");
@@ -228,14 +240,7 @@ fn slots_not_posted_again_are_not_credited() {
     }
     assert!(delivered >= 10, "a was held back too much: {delivered} frames");
     // Catching up, everything arrives.
-    loop {
-        b.run_actions();
-        a.run_actions();
-        if !(a.receive_from(&mut b) | b.receive_from(&mut a)) {
-            break;
-        }
-    }
-    b.run_actions();
+    settle(&mut a, &mut b);
     assert_eq!(b.delivered.len(), 38);
 }
 
@@ -293,14 +298,7 @@ fn what_waits_for_credits_is_counted_until_it_goes() {
         a.run_actions();
     }
     assert_eq!(a.session.sent_bytes(), sent, "nothing moves without credits");
-    loop {
-        b.run_actions();
-        a.run_actions();
-        if !(a.receive_from(&mut b) | b.receive_from(&mut a)) {
-            break;
-        }
-    }
-    b.run_actions();
+    settle(&mut a, &mut b);
     assert_eq!(b.delivered.len(), 200);
     assert_eq!(a.session.backlog(), (0, 0));
     assert!(a.session.sent_bytes() > sent + lens / 2);
