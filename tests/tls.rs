@@ -141,3 +141,32 @@ fn nodes_push_to_each_other_over_tls() {
     let (pushed, _) = on_a.push(TensorSource::Handle(kept.handle), &b_addr, &grant).expect("a push over TLS");
     assert!(on_b.fetch(pushed.handle).unwrap().bytes() == &bytes[..]);
 }
+
+/// What a stranger holds on a TLS node (the connection's TLS state) it holds no longer than on a
+/// plain one: handshakes never finished count against `--max-unauthenticated-per-source` (more
+/// are closed at once) and are closed after `--hello-timeout`, while a client is served.
+#[test]
+fn handshakes_never_finished_are_bounded_and_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = support::self_signed_certificate(dir.path(), "node");
+    let (_node, addr) =
+        start_node(dir.path(), &cert, &key, &["--hello-timeout", "1", "--max-unauthenticated-per-source", "20"]);
+    let mut alice = Client::connect_with(addr.as_str(), options(&cert)).unwrap();
+    alice.put("x", DType::U8, &[3], &[1, 2, 3]).unwrap();
+    // A TLS record header announcing a handshake message, and nothing after it.
+    let mut strangers: Vec<TcpStream> = (0..20)
+        .map(|_| {
+            let mut stream = TcpStream::connect(&addr).unwrap();
+            stream.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01]).unwrap();
+            stream
+        })
+        .collect();
+    let mut over = TcpStream::connect(&addr).unwrap();
+    assert!(support::closed_within(&mut over, std::time::Duration::from_millis(500)), "the 21st is closed at once");
+    assert_eq!(alice.get("x").unwrap().bytes(), &[1, 2, 3], "a client is served meanwhile");
+    for stream in &mut strangers {
+        assert!(support::closed_within(stream, std::time::Duration::from_secs(4)), "closed after the hello timeout");
+    }
+    let mut again = Client::connect_with(addr.as_str(), options(&cert)).expect("a new client gets in");
+    assert_eq!(again.get("x").unwrap().bytes(), &[1, 2, 3]);
+}
