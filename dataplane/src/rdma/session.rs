@@ -179,6 +179,10 @@ pub struct Session {
     inbox: VecDeque<Inbound>,
     /// Bytes handed to the device for the peer so far: SENDs written out, payloads written.
     sent_bytes: u64,
+    /// Frames queued by [`Self::send_frame`] and [`Self::send_message`] and not let go yet (a
+    /// small one once its SEND is written out, a large one once its WRITEs complete or the peer
+    /// refuses it), and their bytes: kept as they change, as the poller reads them per event.
+    held: (usize, u64),
 }
 
 enum Inbound {
@@ -231,6 +235,7 @@ impl Session {
             actions,
             inbox: VecDeque::new(),
             sent_bytes: 0,
+            held: (0, 0),
         }
     }
 
@@ -240,6 +245,7 @@ impl Session {
 
     /// Queues a frame for the peer.
     pub fn send_frame(&mut self, frame: OutFrame) {
+        self.hold(frame.len());
         self.waiting.push_back(Outgoing::Frame(frame));
         self.pump();
     }
@@ -263,6 +269,7 @@ impl Session {
         match self.encode_small(request_id, message, tensors) {
             Ok(true) => {
                 let len = self.encoded.len() - start;
+                self.hold(len as u64);
                 self.waiting.push_back(Outgoing::Encoded(len));
                 self.pump();
                 Ok(Some(len))
@@ -334,8 +341,12 @@ impl Session {
         };
         match &send.body {
             SendBody::Empty => {}
-            SendBody::Frame(frame) => frame.slices().for_each(put),
+            SendBody::Frame(frame) => {
+                frame.slices().for_each(put);
+                self.held = (self.held.0 - 1, self.held.1 - frame.len());
+            }
             SendBody::Encoded(len) => {
+                self.held = (self.held.0 - 1, self.held.1 - *len as u64);
                 let end = self.encoded_read + len;
                 put(&self.encoded[self.encoded_read..end]);
                 self.encoded_read = end;
@@ -414,21 +425,24 @@ impl Session {
     pub fn on_write_sent(&mut self, xfer: u32) {
         if let Some(frame) = self.writing.remove(&xfer) {
             self.sent_bytes += frame.payload_len();
+            self.let_go(&frame);
         }
     }
 
-    /// Frames queued for the peer and bytes held for it, not yet handed to the device (waiting
-    /// for credits, for a send slot, for the peer's answer to an announcement) or being written:
-    /// what a peer that returns no credits makes this side hold.
+    /// Frames queued for the peer and their bytes, not let go yet (waiting for credits, for a
+    /// send slot, for the peer's answer to an announcement, or being written): what a peer that
+    /// returns no credits makes this side hold.
     pub fn backlog(&self) -> (usize, u64) {
-        let waiting = self.waiting.iter().map(|o| match o {
-            Outgoing::Frame(frame) => frame.len(),
-            Outgoing::Encoded(len) => *len as u64,
-        });
-        let unsent = self.sends.iter().map(|s| s.len() as u64);
-        let held = self.announced.values().chain(self.writing.values()).map(OutFrame::payload_len);
-        let frames = self.waiting.len() + self.sends.len() + self.announced.len() + self.writing.len();
-        (frames, waiting.chain(unsent).chain(held).sum())
+        self.held
+    }
+
+    fn hold(&mut self, len: u64) {
+        self.held = (self.held.0 + 1, self.held.1 + len);
+    }
+
+    /// A large frame's WRITEs completed, or the peer refused it.
+    fn let_go(&mut self, frame: &OutFrame) {
+        self.held = (self.held.0 - 1, self.held.1 - frame.len());
     }
 
     /// Bytes handed to the device for the peer so far (it only grows): a backlog that stays
@@ -465,7 +479,8 @@ impl Session {
                 ));
             }
             op::REFUSE => {
-                self.announced.remove(&xfer).ok_or(SessionError::UnknownTransfer(xfer))?;
+                let frame = self.announced.remove(&xfer).ok_or(SessionError::UnknownTransfer(xfer))?;
+                self.let_go(&frame);
             }
             op::CREDIT => {}
             other => return Err(SessionError::UnknownOp(other)),

@@ -202,6 +202,7 @@ proptest! {
             sorted.sort();
             prop_assert_eq!(&side.order, &sorted, "frames out of order");
             prop_assert!(side.session.is_idle(), "state left behind: {:?}", side.session);
+            prop_assert_eq!(side.session.backlog(), (0, 0), "frames counted as held after all went");
         }
     }
 }
