@@ -9,7 +9,8 @@
 //!   {"name": "alice", "tokens": ["a-long-random-secret-1", "a-long-random-secret-2"],
 //!    "rights": ["torchscript"],
 //!    "quota": {"device_memory": 8589934592, "host_swap": 17179869184,
-//!              "concurrent_requests": 64, "requests_per_second": 1000, "burst": 200}},
+//!              "concurrent_requests": 64, "requests_per_second": 1000, "burst": 200,
+//!              "flops_per_second": 2e13, "flops_burst": 1e14}},
 //!   {"name": "nodes", "role": "node", "tokens": ["another-long-random-secret"]},
 //!   {"name": "ops", "role": "admin", "tokens": ["yet-another-long-random-secret"]}
 //! ]}
@@ -30,7 +31,9 @@
 //! missing one is no bound): device memory in bytes (its tensors, kept tensors, session state,
 //! parked requests and the weights of its models, public ones included), bytes of session
 //! state swapped to the host pool, requests being worked on at once, and requests per second
-//! (a token bucket of `burst` requests, by default one second's worth). One field has a
+//! (a token bucket of `burst` requests, by default one second's worth), and compute: floating-
+//! point operations per second, charged per graph run from its operators' shapes before it
+//! runs (a bucket of `flops_burst`, by default one second's worth). One field has a
 //! default bound instead: `host_memory`, the node's host memory a tenant's registrations in
 //! progress and requests' inputs hold at once, is bounded by the node's `--tenant-host-memory`
 //! where the quota names none, so that no tenant takes all of it from the others.
@@ -167,6 +170,11 @@ pub struct Quota {
     pub requests_per_second: Option<f64>,
     /// Requests that may come at once after a quiet spell (default: one second's worth).
     pub burst: Option<u32>,
+    /// Floating-point operations per second, on average, as a graph run's plan counts them.
+    pub flops_per_second: Option<f64>,
+    /// Operations that may be spent at once after a quiet spell (default: one second's worth);
+    /// no single run may cost more.
+    pub flops_burst: Option<f64>,
 }
 
 impl Quota {
@@ -178,6 +186,8 @@ impl Quota {
         concurrent_requests: None,
         requests_per_second: None,
         burst: None,
+        flops_per_second: None,
+        flops_burst: None,
     };
 }
 
@@ -313,6 +323,13 @@ impl Authenticator {
                 && !(rate.is_finite() && rate > 0.0)
             {
                 return Err(invalid(format!("{:?}: requests_per_second must be a positive number", entry.name)));
+            }
+            for (field, value) in
+                [("flops_per_second", entry.quota.flops_per_second), ("flops_burst", entry.quota.flops_burst)]
+            {
+                if value.is_some_and(|v| !(v.is_finite() && v > 0.0)) {
+                    return Err(invalid(format!("{:?}: {field} must be a positive number", entry.name)));
+                }
             }
             if entry.quota.burst == Some(0) || entry.quota.concurrent_requests == Some(0) {
                 return Err(invalid(format!("{:?}: a quota of zero requests lets none through", entry.name)));
@@ -619,6 +636,11 @@ mod tests {
                 r#"{"principals": [{"name": "a", "tokens": ["0123456789abcdef"],
                     "quota": {"requests_per_second": 0}}]}"#,
                 "positive number",
+            ),
+            (
+                r#"{"principals": [{"name": "a", "tokens": ["0123456789abcdef"],
+                    "quota": {"flops_burst": -1e9}}]}"#,
+                "flops_burst must be a positive number",
             ),
             (
                 r#"{"principals": [{"name": "a", "tokens": ["0123456789abcdef"], "quota": {"burst": 0}}]}"#,

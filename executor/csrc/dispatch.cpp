@@ -14,7 +14,9 @@
 #include <ATen/core/Generator.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
+#include <ATen/ExpandUtils.h>
 #include <c10/core/InferenceMode.h>
+#include <torch/library.h>
 
 #include <cstring>
 #include <sstream>
@@ -29,6 +31,16 @@ at::Tensor wrapped_number(const c10::Scalar& s) {
     at::Tensor t = c10::scalar_to_tensor(s);
     t.unsafeGetTensorImpl()->set_wrapped_number(true);
     return t;
+}
+
+// The device a type code from Rust names: 0 the CPU, 1 CUDA device `index`, 2 the meta device
+// (sizes and dtypes only, no memory: what a run's plan is computed on).
+c10::Device device_of(int32_t type, int32_t index) {
+    switch (type) {
+        case 1: return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
+        case 2: return c10::Device(c10::kMeta);
+        default: return c10::Device(c10::kCPU);
+    }
 }
 
 char* copy_message(const std::string& s) {
@@ -57,6 +69,229 @@ int guarded(char** err, F&& f) {
 
 }  // namespace
 
+// Meta kernels for the allowlisted operators that libtorch's C++ has none for (PyTorch keeps
+// theirs in Python, torch/_meta_registrations.py, which a node does not have): each gives the
+// output's sizes and dtype from its arguments', so that a run's plan goes past them. Boxed, so
+// that no C++ signature has to match each libtorch's exactly; an argument that is not what the
+// kernel expects fails the plan at that operator, never the node.
+namespace meta {
+
+using Stack = torch::jit::Stack;
+
+std::vector<int64_t> ints(const c10::IValue& v) {
+    std::vector<int64_t> out;
+    for (const auto& item : v.toListRef()) {
+        out.push_back(item.isInt() ? item.toInt() : item.toSymInt().guard_int(__FILE__, __LINE__));
+    }
+    return out;
+}
+
+const c10::IValue& arg(const Stack* stack, size_t n, size_t i) { return (*stack)[stack->size() - n + i]; }
+
+void give(Stack* stack, size_t n, at::Tensor out) {
+    torch::jit::drop(*stack, n);
+    torch::jit::push(*stack, std::move(out));
+}
+
+at::Tensor empty(c10::IntArrayRef sizes, at::ScalarType dtype) {
+    return at::empty(sizes, at::TensorOptions().dtype(dtype).device(c10::kMeta));
+}
+
+size_t arity(const c10::OperatorHandle& op) { return op.schema().arguments().size(); }
+
+// Same sizes and dtype as the first argument (relu, hardtanh, flip).
+void like_self(const c10::OperatorHandle& op, Stack* stack) {
+    size_t n = arity(op);
+    const at::Tensor& self = arg(stack, n, 0).toTensor();
+    give(stack, n, empty(self.sizes(), self.scalar_type()));
+}
+
+void is_nan(const c10::OperatorHandle& op, Stack* stack) {
+    size_t n = arity(op);
+    give(stack, n, empty(arg(stack, n, 0).toTensor().sizes(), at::kBool));
+}
+
+// Broadcast over the tensor arguments, the dtype promoted from the first two (numbers as
+// Python's type promotion treats them): shifts, floor_divide, rsub, remainder, where.
+void broadcast(const c10::OperatorHandle& op, Stack* stack) {
+    size_t n = arity(op);
+    std::vector<int64_t> sizes;
+    std::vector<c10::IValue> operands;
+    for (size_t i = 0; i < n; ++i) {
+        const c10::IValue& v = arg(stack, n, i);
+        if (v.isTensor()) {
+            sizes = at::infer_size(sizes, v.toTensor().sizes());
+        }
+        if (v.isTensor() || v.isScalar()) {
+            operands.push_back(v);
+        }
+    }
+    // where(condition, self, other): the condition takes no part in the dtype.
+    size_t first = op.schema().name() == "aten::where" ? 1 : 0;
+    TORCH_CHECK(operands.size() >= first + 2, "two operands");
+    const c10::IValue& a = operands[first];
+    const c10::IValue& b = operands[first + 1];
+    at::ScalarType dtype;
+    if (a.isTensor() && b.isTensor()) {
+        dtype = at::result_type(a.toTensor(), b.toTensor());
+    } else if (a.isTensor()) {
+        dtype = at::result_type(a.toTensor(), b.toScalar());
+    } else {
+        dtype = at::result_type(a.toScalar(), b.toTensor());
+    }
+    give(stack, n, empty(sizes, dtype));
+}
+
+void index_select(const c10::OperatorHandle& op, Stack* stack) {
+    size_t n = arity(op);
+    const at::Tensor& self = arg(stack, n, 0).toTensor();
+    int64_t dim = arg(stack, n, 1).toInt();
+    const at::Tensor& index = arg(stack, n, 2).toTensor();
+    std::vector<int64_t> sizes = self.sizes().vec();
+    if (!sizes.empty()) {
+        sizes[c10::maybe_wrap_dim(dim, self.dim())] = index.numel();
+    }
+    give(stack, n, empty(sizes, self.scalar_type()));
+}
+
+// A reduction to one element (max, min, prod); prod's dtype as torch's: integers to int64.
+void to_scalar(const c10::OperatorHandle& op, Stack* stack) {
+    size_t n = arity(op);
+    const at::Tensor& self = arg(stack, n, 0).toTensor();
+    at::ScalarType dtype = self.scalar_type();
+    if (op.schema().name() == "aten::prod") {
+        const c10::IValue& given = arg(stack, n, 1);
+        dtype = !given.isNone() ? given.toScalarType()
+                : at::isIntegralType(dtype, /*includeBool=*/true) ? at::kLong : dtype;
+    }
+    give(stack, n, empty({}, dtype));
+}
+
+// var.correction(self, dim?, correction?, keepdim): a float of the reduced sizes.
+void variance(const c10::OperatorHandle& op, Stack* stack) {
+    size_t n = arity(op);
+    const at::Tensor& self = arg(stack, n, 0).toTensor();
+    const c10::IValue& dims = arg(stack, n, 1);
+    bool keepdim = arg(stack, n, 3).toBool();
+    std::vector<bool> reduced(self.dim(), dims.isNone());
+    if (!dims.isNone()) {
+        for (int64_t d : ints(dims)) reduced[c10::maybe_wrap_dim(d, self.dim())] = true;
+        if (ints(dims).empty()) std::fill(reduced.begin(), reduced.end(), true);
+    }
+    std::vector<int64_t> sizes;
+    for (int64_t d = 0; d < self.dim(); ++d) {
+        if (!reduced[d]) sizes.push_back(self.size(d));
+        else if (keepdim) sizes.push_back(1);
+    }
+    give(stack, n, empty(sizes, at::toRealValueType(self.scalar_type())));
+}
+
+// _adaptive_avg_pool2d/3d(self, output_size): the leading sizes, then the output size.
+void adaptive_pool(const c10::OperatorHandle& op, Stack* stack) {
+    size_t n = arity(op);
+    const at::Tensor& self = arg(stack, n, 0).toTensor();
+    std::vector<int64_t> out = ints(arg(stack, n, 1));
+    TORCH_CHECK(static_cast<int64_t>(out.size()) <= self.dim(), "output size longer than the input's rank");
+    std::vector<int64_t> sizes(self.sizes().begin(), self.sizes().end() - out.size());
+    sizes.insert(sizes.end(), out.begin(), out.end());
+    give(stack, n, empty(sizes, self.scalar_type()));
+}
+
+// reflection_pad2d(self, [left, right, top, bottom]).
+void reflection_pad(const c10::OperatorHandle& op, Stack* stack) {
+    size_t n = arity(op);
+    const at::Tensor& self = arg(stack, n, 0).toTensor();
+    std::vector<int64_t> pad = ints(arg(stack, n, 1));
+    TORCH_CHECK(pad.size() == 4 && self.dim() >= 2, "reflection_pad2d's padding");
+    std::vector<int64_t> sizes = self.sizes().vec();
+    sizes[sizes.size() - 1] += pad[0] + pad[1];
+    sizes[sizes.size() - 2] += pad[2] + pad[3];
+    give(stack, n, empty(sizes, self.scalar_type()));
+}
+
+// convolution(input, weight, bias?, stride, padding, dilation, transposed, output_padding,
+// groups): libtorch picks a backend's kernel by device, and the meta device has none.
+void convolution(const c10::OperatorHandle& op, Stack* stack) {
+    size_t n = arity(op);
+    const at::Tensor& input = arg(stack, n, 0).toTensor();
+    const at::Tensor& weight = arg(stack, n, 1).toTensor();
+    std::vector<int64_t> stride = ints(arg(stack, n, 3)), padding = ints(arg(stack, n, 4));
+    std::vector<int64_t> dilation = ints(arg(stack, n, 5)), output_padding = ints(arg(stack, n, 7));
+    bool transposed = arg(stack, n, 6).toBool();
+    const c10::IValue& g = arg(stack, n, 8);
+    int64_t groups = g.isInt() ? g.toInt() : g.toSymInt().guard_int(__FILE__, __LINE__);
+    int64_t spatial = input.dim() - 2;
+    TORCH_CHECK(spatial >= 1 && weight.dim() == input.dim(), "convolution's ranks");
+    auto at_or = [](const std::vector<int64_t>& v, int64_t i, int64_t otherwise) {
+        return v.empty() ? otherwise : v[v.size() == 1 ? 0 : i];
+    };
+    std::vector<int64_t> sizes{input.size(0), transposed ? weight.size(1) * groups : weight.size(0)};
+    for (int64_t d = 0; d < spatial; ++d) {
+        int64_t in = input.size(d + 2), k = weight.size(d + 2);
+        int64_t s = at_or(stride, d, 1), p = at_or(padding, d, 0), dl = at_or(dilation, d, 1);
+        sizes.push_back(transposed ? (in - 1) * s - 2 * p + dl * (k - 1) + at_or(output_padding, d, 0) + 1
+                                   : (in + 2 * p - dl * (k - 1) - 1) / s + 1);
+    }
+    give(stack, n, empty(sizes, input.scalar_type()));
+}
+
+// Normalisations: the output like the input; the saved statistics as `stats` sizes them.
+void give_normalised(Stack* stack, size_t n, const at::Tensor& input, c10::IntArrayRef stats) {
+    at::ScalarType dtype = input.scalar_type();
+    at::Tensor out = empty(input.sizes(), dtype), a = empty(stats, dtype), b = empty(stats, dtype);
+    torch::jit::drop(*stack, n);
+    torch::jit::push(*stack, std::move(out), std::move(a), std::move(b));
+}
+
+// native_layer_norm(input, normalized_shape, ...): statistics per leading index.
+void layer_norm(const c10::OperatorHandle& op, Stack* stack) {
+    size_t n = arity(op);
+    const at::Tensor& input = arg(stack, n, 0).toTensor();
+    int64_t normalised = static_cast<int64_t>(ints(arg(stack, n, 1)).size());
+    TORCH_CHECK(normalised <= input.dim(), "normalized_shape longer than the input's rank");
+    std::vector<int64_t> stats(input.sizes().begin(), input.sizes().end() - normalised);
+    stats.resize(input.dim(), 1);
+    give_normalised(stack, n, input, stats);
+}
+
+// _native_batch_norm_legit_no_training: with running statistics, none are saved.
+void batch_norm_eval(const c10::OperatorHandle& op, Stack* stack) {
+    size_t n = arity(op);
+    give_normalised(stack, n, arg(stack, n, 0).toTensor(), {0});
+}
+
+// _native_batch_norm_legit.no_stats and native_group_norm: statistics per channel (per
+// sample and group), at most the input's size; bounded by the channels here.
+void batch_norm_stats(const c10::OperatorHandle& op, Stack* stack) {
+    size_t n = arity(op);
+    const at::Tensor& input = arg(stack, n, 0).toTensor();
+    int64_t channels = input.dim() > 1 ? input.size(1) : 1;
+    if (op.schema().name() == "aten::native_group_norm") {
+        give_normalised(stack, n, input, {input.dim() > 0 ? input.size(0) : 1, arg(stack, n, 6).toInt()});
+    } else {
+        give_normalised(stack, n, input, {channels});
+    }
+}
+
+// scaled_dot_product_attention(query [.., L, E], key, value [.., S, Ev]) -> [.., L, Ev].
+void attention(const c10::OperatorHandle& op, Stack* stack) {
+    size_t n = arity(op);
+    const at::Tensor& query = arg(stack, n, 0).toTensor();
+    const at::Tensor& value = arg(stack, n, 2).toTensor();
+    TORCH_CHECK(query.dim() >= 2 && value.dim() >= 2, "attention's ranks");
+    std::vector<int64_t> sizes = query.sizes().vec();
+    sizes.back() = value.size(-1);
+    if (sizes.size() != 4) {
+        give(stack, n, empty(sizes, query.scalar_type()));
+        return;
+    }
+    // As the fused kernels lay it out: [batch, query, head, dim] in memory, heads second in sizes.
+    at::Tensor out = empty({sizes[0], sizes[2], sizes[1], sizes[3]}, query.scalar_type()).transpose(1, 2);
+    give(stack, n, std::move(out));
+}
+
+}  // namespace meta
+
 struct djinn_call {
     c10::OperatorHandle op;
     std::vector<c10::IValue> args;
@@ -76,13 +311,46 @@ extern "C" {
 
 void djinn_free_message(char* message) { std::free(message); }
 
+// Registers the meta kernels above with the dispatcher, once per process (the library stays
+// registered for the process's life). Returns 0, or 1 with a message.
+int djinn_register_meta_kernels(char** err) {
+    return guarded(err, [] {
+        static torch::Library* library = [] {
+            auto* lib = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::Meta, __FILE__, __LINE__);
+            using F = torch::CppFunction;
+            for (const char* name : {"relu", "hardtanh", "flip"}) lib->impl(name, F::makeFromBoxedFunction<&meta::like_self>());
+            lib->impl("isnan", F::makeFromBoxedFunction<&meta::is_nan>());
+            for (const char* name : {"where.self", "__lshift__.Scalar", "__lshift__.Tensor", "__rshift__.Scalar",
+                                     "__rshift__.Tensor", "floor_divide", "rsub.Tensor", "remainder.Scalar_Tensor"}) {
+                lib->impl(name, F::makeFromBoxedFunction<&meta::broadcast>());
+            }
+            lib->impl("index_select", F::makeFromBoxedFunction<&meta::index_select>());
+            for (const char* name : {"max", "min", "prod"}) lib->impl(name, F::makeFromBoxedFunction<&meta::to_scalar>());
+            lib->impl("var.correction", F::makeFromBoxedFunction<&meta::variance>());
+            for (const char* name : {"_adaptive_avg_pool2d", "_adaptive_avg_pool3d"}) {
+                lib->impl(name, F::makeFromBoxedFunction<&meta::adaptive_pool>());
+            }
+            lib->impl("reflection_pad2d", F::makeFromBoxedFunction<&meta::reflection_pad>());
+            lib->impl("convolution", F::makeFromBoxedFunction<&meta::convolution>());
+            lib->impl("native_layer_norm", F::makeFromBoxedFunction<&meta::layer_norm>());
+            lib->impl("_native_batch_norm_legit_no_training", F::makeFromBoxedFunction<&meta::batch_norm_eval>());
+            for (const char* name : {"_native_batch_norm_legit.no_stats", "native_group_norm"}) {
+                lib->impl(name, F::makeFromBoxedFunction<&meta::batch_norm_stats>());
+            }
+            lib->impl("scaled_dot_product_attention", F::makeFromBoxedFunction<&meta::attention>());
+            return lib;
+        }();
+        (void)library;
+    });
+}
+
 // A generator of its own for one request's run on a device (type: 0 CPU, 1 CUDA), seeded with
 // `seed`: a copy of the device's default generator's kind, never the default itself, so no
 // request's draws depend on or reveal another's.
 at::Generator* djinn_generator_new(int32_t type, int32_t index, uint64_t seed, char** err) {
     at::Generator* out = nullptr;
     guarded(err, [&] {
-        at::Device device(static_cast<c10::DeviceType>(type), static_cast<c10::DeviceIndex>(index));
+        at::Device device = device_of(type, index);
         at::Generator base = at::globalContext().defaultGenerator(device);
         at::Generator gen;
         {
@@ -121,6 +389,28 @@ djinn_call* djinn_call_new(const char* name, const char* overload, char** schema
 
 void djinn_call_free(djinn_call* call) { delete call; }
 
+// A tensor on the meta device with `t`'s sizes, strides and dtype: an input of a run's plan.
+at::Tensor* djinn_meta_like(const at::Tensor* t, char** err) {
+    at::Tensor* out = nullptr;
+    guarded(err, [&] {
+        out = new at::Tensor(at::empty_strided(t->sizes(), t->strides(), t->options().device(c10::kMeta)));
+    });
+    return out;
+}
+
+// What memory `t` is a view of: its storage's identity and length in bytes (tensors that share
+// a storage share the memory; a meta tensor's storage has a length and no data).
+void djinn_tensor_storage(const at::Tensor* t, uintptr_t* id, uint64_t* nbytes) {
+    if (!t->defined() || !t->has_storage()) {
+        *id = 0;
+        *nbytes = 0;
+        return;
+    }
+    const c10::Storage& storage = t->storage();
+    *id = reinterpret_cast<uintptr_t>(storage.unsafeGetStorageImpl());
+    *nbytes = static_cast<uint64_t>(storage.nbytes());
+}
+
 // Setters of the constant argument `i`, at preparation (the caller checked `i` against the
 // schema's arity). Tensors are never constants: weights are values of the graph.
 void djinn_call_set_none(djinn_call* c, size_t i) { c->args[i] = c10::IValue(); }
@@ -131,7 +421,7 @@ void djinn_call_set_wrapped_int(djinn_call* c, size_t i, int64_t v) { c->args[i]
 void djinn_call_set_wrapped_double(djinn_call* c, size_t i, double v) { c->args[i] = c10::IValue(wrapped_number(v)); }
 void djinn_call_set_wrapped_bool(djinn_call* c, size_t i, bool v) { c->args[i] = c10::IValue(wrapped_number(v)); }
 void djinn_call_set_device(djinn_call* c, size_t i, int32_t type, int32_t index) {
-    c->args[i] = c10::IValue(c10::Device(static_cast<c10::DeviceType>(type), static_cast<c10::DeviceIndex>(index)));
+    c->args[i] = c10::IValue(device_of(type, index));
 }
 void djinn_call_set_string(djinn_call* c, size_t i, const char* s) { c->args[i] = c10::IValue(std::string(s)); }
 void djinn_call_set_int_list(djinn_call* c, size_t i, const int64_t* v, size_t n) {

@@ -42,6 +42,18 @@ pub enum ExecError {
     /// between two operators (or blocks); what it had computed is freed.
     #[error("the execution ran past the node's limit of {limit:?} and was ended")]
     DeadlineExceeded { limit: std::time::Duration },
+    /// The run's plan needs more memory at once than the node lets one run hold
+    /// (`--max-run-memory`): refused before it runs.
+    #[error(
+        "the run's intermediates and outputs would hold {planned} bytes at once; the node lets one run hold {limit}"
+    )]
+    RunTooLarge { planned: u64, limit: u64 },
+    /// The run's plan needs more memory than the tenant's quota has left: refused before it runs.
+    #[error("the run's intermediates and outputs would hold {planned} bytes at once: {quota}")]
+    RunOverQuota { planned: u64, quota: djinn_gpudirect::OverBudget },
+    /// The run costs more operations than the tenant's compute quota has left.
+    #[error("{0}")]
+    ComputeQuota(String),
     /// The tenant holds as many objects of a kind as a node allows one tenant.
     #[error("{0}")]
     TooMany(String),
@@ -56,7 +68,8 @@ impl ExecError {
                 ErrorCode::ExecutionFailed
             }
             Self::Refused(_) => ErrorCode::GraphRefused,
-            Self::TooMany(_) => ErrorCode::QuotaExceeded,
+            Self::TooMany(_) | Self::ComputeQuota(_) | Self::RunOverQuota { .. } => ErrorCode::QuotaExceeded,
+            Self::RunTooLarge { .. } => ErrorCode::OverBudget,
             Self::DeadlineExceeded { .. } => ErrorCode::DeadlineExceeded,
             Self::Forbidden(_) => ErrorCode::Forbidden,
             Self::BadArchive(_) | Self::Io(_) => ErrorCode::BadArchive,

@@ -2,14 +2,17 @@
 //! ([`djinn_graph::Checked`]) prepared once per model (each node's operator found by name, its
 //! schema compared with the allowlist's, its constants set), then run node by node per call.
 
+use std::collections::{HashMap, HashSet};
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::ptr::NonNull;
+use std::sync::Mutex;
 
 use djinn_graph::format::{DimRange, dtype};
 use djinn_graph::schema::Type;
 use djinn_graph::{Arg, Checked, Native, Step};
 use tch::{Device, Kind, Tensor};
 
+use crate::cost::Estimate;
 use crate::error::ExecError;
 
 mod ffi {
@@ -66,6 +69,7 @@ mod ffi {
 
     unsafe extern "C" {
         pub fn djinn_free_message(message: *mut c_char);
+        pub fn djinn_register_meta_kernels(err: *mut *mut c_char) -> c_int;
         pub fn djinn_generator_new(kind: i32, index: i32, seed: u64, err: *mut *mut c_char) -> *mut c_void;
         pub fn djinn_generator_free(generator: *mut c_void);
         pub fn djinn_call_new(
@@ -75,6 +79,8 @@ mod ffi {
             err: *mut *mut c_char,
         ) -> *mut Call;
         pub fn djinn_call_free(call: *mut Call);
+        pub fn djinn_meta_like(tensor: *const c_void, err: *mut *mut c_char) -> *mut c_void;
+        pub fn djinn_tensor_storage(tensor: *const c_void, id: *mut usize, nbytes: *mut u64);
         pub fn djinn_call_set_none(call: *mut Call, i: usize);
         pub fn djinn_call_set_int(call: *mut Call, i: usize, v: i64);
         pub fn djinn_call_set_double(call: *mut Call, i: usize, v: f64);
@@ -204,17 +210,69 @@ impl Drop for PreparedCall {
     }
 }
 
+/// Where a prepared call's device arguments point: the model's device, or the meta device
+/// (a run's plan: shapes without memory).
+#[derive(Debug, Clone, Copy)]
+enum Target {
+    Device(Device),
+    Meta,
+}
+
+/// Registers the shim's meta kernels (for the operators libtorch's C++ has none for), once per
+/// process. Without them plans stop at those operators: a warning, not a failure.
+fn register_meta_kernels() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let mut err: *mut c_char = std::ptr::null_mut();
+        // SAFETY: an out-pointer for a message, written on failure.
+        if unsafe { ffi::djinn_register_meta_kernels(&mut err) } != 0 {
+            tracing::warn!(error = %take_message(err), "meta kernels not registered: plans stop at their operators");
+        }
+    });
+}
+
+/// A tensor on the meta device shaped as `t` (sizes, strides, dtype).
+fn meta_like(t: &Tensor) -> Result<Tensor, ExecError> {
+    let mut err: *mut c_char = std::ptr::null_mut();
+    // SAFETY: `t` is a live tensor borrowed for the call; the result is a new at::Tensor.
+    let raw = unsafe { ffi::djinn_meta_like(t.as_ptr().cast(), &mut err) };
+    if raw.is_null() {
+        return Err(ExecError::Internal(format!("a meta tensor: {}", take_message(err))));
+    }
+    // SAFETY: a new at::Tensor from the shim, owned from here (tch frees it on drop).
+    Ok(unsafe { Tensor::from_ptr(raw.cast()) })
+}
+
+/// The storage `t` is a view of: its identity and bytes.
+fn storage_of(t: &Tensor) -> (usize, u64) {
+    let (mut id, mut bytes) = (0usize, 0u64);
+    // SAFETY: `t` is a live tensor borrowed for the call; the shim writes both out-values.
+    unsafe { ffi::djinn_tensor_storage(t.as_ptr().cast(), &mut id, &mut bytes) };
+    (id, bytes)
+}
+
 /// Collapses whitespace, so schemas compare as text.
 fn normalise(schema: &str) -> String {
     schema.split_whitespace().collect::<Vec<_>>().join(" ")
 }
+
+/// One graph's plans, by its inputs' sizes and strides.
+type Plans = HashMap<Vec<(Vec<i64>, Vec<i64>)>, Estimate>;
 
 /// A graph ready to run on one device.
 pub struct GraphModule {
     checked: Checked,
     /// Per graph of the program, per node: its prepared call (`None` for a native step).
     calls: Vec<Vec<Option<PreparedCall>>>,
+    /// The same on the meta device, for plans.
+    plan_calls: Vec<Vec<Option<PreparedCall>>>,
+    /// Per graph, per node: the values no later node reads (a run drops them after it).
+    dies_after: Vec<Vec<Vec<u32>>>,
     weights: Vec<(u32, Tensor)>,
+    /// The weights on the meta device, for plans.
+    meta_weights: Vec<(u32, Tensor)>,
+    /// Per graph: its plans.
+    estimates: Mutex<Vec<Plans>>,
     /// The initial values of a session's state, in host memory (`None`: zeros).
     state: Vec<Option<Tensor>>,
     device: Device,
@@ -289,27 +347,42 @@ impl GraphModule {
                 }
             });
         }
-        let calls = checked
+        let prepare_all = |target: Target| {
+            checked
+                .graphs
+                .iter()
+                .zip(checked.program.graphs())
+                .map(|(graph, g)| {
+                    graph
+                        .steps
+                        .iter()
+                        .zip(g.nodes)
+                        .map(|(step, node)| match step {
+                            Step::Native { .. } => Ok(None),
+                            Step::Op { schema, args, generator } => {
+                                prepare(&node.op, &node.overload, schema, args, target).map(|mut call| {
+                                    call.generator = *generator;
+                                    Some(call)
+                                })
+                            }
+                        })
+                        .collect::<Result<Vec<_>, ExecError>>()
+                })
+                .collect::<Result<Vec<_>, ExecError>>()
+        };
+        let calls = prepare_all(Target::Device(device))?;
+        register_meta_kernels();
+        let plan_calls = prepare_all(Target::Meta)?;
+        let dies_after = checked
             .graphs
             .iter()
             .zip(checked.program.graphs())
-            .map(|(graph, g)| {
-                graph
-                    .steps
-                    .iter()
-                    .zip(g.nodes)
-                    .map(|(step, node)| match step {
-                        Step::Native { .. } => Ok(None),
-                        Step::Op { schema, args, generator } => prepare(&node.op, &node.overload, schema, args, device)
-                            .map(|mut call| {
-                                call.generator = *generator;
-                                Some(call)
-                            }),
-                    })
-                    .collect::<Result<Vec<_>, ExecError>>()
-            })
-            .collect::<Result<Vec<_>, ExecError>>()?;
-        Ok(Self { checked, calls, weights, state, device })
+            .map(|(graph, g)| dies_after(&graph.steps, g.nodes, g.outputs, graph.values))
+            .collect();
+        let meta_weights =
+            weights.iter().map(|(id, w)| Ok((*id, meta_like(w)?))).collect::<Result<Vec<_>, ExecError>>()?;
+        let estimates = Mutex::new(vec![HashMap::new(); checked.graphs.len()]);
+        Ok(Self { checked, calls, plan_calls, dies_after, weights, meta_weights, estimates, state, device })
     }
 
     /// Tensors of a session's state (0 for a graph without).
@@ -394,9 +467,17 @@ impl GraphModule {
     /// returning its flattened outputs.
     pub fn run(&self, inputs: Vec<Tensor>) -> Result<Vec<RtValue>, ExecError> {
         let index = self.select(&inputs)?;
-        let (Some(program), Some(checked), Some(calls)) =
-            (self.checked.program.graph(index), self.checked.graphs.get(index), self.calls.get(index))
-        else {
+        // Held until the run ends: its planned peak against the tenant's memory quota.
+        let _charge = match crate::cost::charged() {
+            true => crate::cost::admit(&self.estimate(index, &inputs)?)?,
+            false => None,
+        };
+        let (Some(program), Some(checked), Some(calls), Some(dies_after)) = (
+            self.checked.program.graph(index),
+            self.checked.graphs.get(index),
+            self.calls.get(index),
+            self.dies_after.get(index),
+        ) else {
             return Err(ExecError::Internal(format!("graph {index} is not prepared")));
         };
         let mut env: Vec<Option<RtValue>> = (0..checked.values).map(|_| None).collect();
@@ -410,7 +491,7 @@ impl GraphModule {
         let mut outs: Vec<ffi::Out> = Vec::new();
         // Made at the first random operator of the run.
         let mut generator: Option<RequestGenerator> = None;
-        for ((step, call), node) in checked.steps.iter().zip(calls).zip(program.nodes) {
+        for (((step, call), node), dead) in checked.steps.iter().zip(calls).zip(program.nodes).zip(dies_after) {
             crate::deadline::check()?;
             match (step, call) {
                 (Step::Native { op, args }, _) => {
@@ -437,9 +518,213 @@ impl GraphModule {
                 }
                 (Step::Op { .. }, None) => return Err(ExecError::Internal("an operator without its call".into())),
             }
+            for v in dead {
+                env[*v as usize] = None;
+            }
         }
         program.outputs.iter().map(|arg| value_of(arg, &env).map_err(ExecError::Execution)).collect()
     }
+
+    /// What a run on `inputs` will take (see [`crate::cost`]), without running it.
+    pub fn estimate_run(&self, inputs: &[Tensor]) -> Result<Estimate, ExecError> {
+        self.estimate(self.select(inputs)?, inputs)
+    }
+
+    /// What graph `index` will take at `inputs`' shapes: planned once per sizes and strides.
+    fn estimate(&self, index: usize, inputs: &[Tensor]) -> Result<Estimate, ExecError> {
+        /// Plans kept per graph; a caller cycling through more shapes than this plans again.
+        const KEPT: usize = 64;
+        let key: Vec<(Vec<i64>, Vec<i64>)> = inputs.iter().map(|t| (t.size(), t.stride())).collect();
+        let cached =
+            |estimates: &mut Vec<HashMap<_, Estimate>>| estimates.get(index).and_then(|m| m.get(&key).cloned());
+        if let Some(e) = cached(&mut self.estimates.lock().unwrap_or_else(|e| e.into_inner())) {
+            return Ok(e);
+        }
+        let estimate = self.plan(index, inputs)?;
+        let mut estimates = self.estimates.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(plans) = estimates.get_mut(index) {
+            if plans.len() >= KEPT {
+                plans.clear();
+            }
+            plans.insert(key, estimate.clone());
+        }
+        Ok(estimate)
+    }
+
+    /// Runs graph `index` over meta tensors shaped as `inputs`: every operator's operations,
+    /// and the bytes of new storage live after each (each value dropped where the run drops it).
+    fn plan(&self, index: usize, inputs: &[Tensor]) -> Result<Estimate, ExecError> {
+        let (Some(program), Some(checked), Some(calls), Some(dies_after)) = (
+            self.checked.program.graph(index),
+            self.checked.graphs.get(index),
+            self.plan_calls.get(index),
+            self.dies_after.get(index),
+        ) else {
+            return Err(ExecError::Internal(format!("graph {index} is not prepared")));
+        };
+        let mut env: Vec<Option<RtValue>> = (0..checked.values).map(|_| None).collect();
+        let mut held = Storages::default();
+        for (spec, t) in program.inputs.iter().zip(inputs) {
+            let t = meta_like(t)?;
+            held.give(&t);
+            env[spec.value as usize] = Some(RtValue::Tensor(t));
+        }
+        for (id, w) in &self.meta_weights {
+            held.give(w);
+            env[*id as usize] = Some(RtValue::Tensor(w.shallow_clone()));
+        }
+        let mut estimate = Estimate::default();
+        let mut outs: Vec<ffi::Out> = Vec::new();
+        for (((step, call), node), dead) in checked.steps.iter().zip(calls).zip(program.nodes).zip(dies_after) {
+            let results = match (step, call) {
+                (Step::Native { op, args }, _) => native(*op, args, &env).map(|v| vec![v]).ok(),
+                (Step::Op { .. }, Some(call)) => {
+                    let read: Vec<Vec<i64>> = call
+                        .varying
+                        .iter()
+                        .filter_map(|(_, _, arg)| value_of(arg, &env).ok())
+                        .flat_map(|v| tensors_of(&v).map(Tensor::size).collect::<Vec<_>>())
+                        .collect();
+                    run_call(call, &env, None, &mut outs).ok().inspect(|results| {
+                        let written: Vec<Vec<i64>> =
+                            results.iter().flat_map(|v| tensors_of(v).map(Tensor::size)).collect();
+                        let aliases =
+                            call.name == "aten::view" || results.iter().flat_map(tensors_of).all(|t| held.holds(t));
+                        let read: Vec<&[i64]> = read.iter().map(Vec::as_slice).collect();
+                        let written: Vec<&[i64]> = written.iter().map(Vec::as_slice).collect();
+                        let flops = crate::cost::flops_of(&call.name, &read, &written, aliases);
+                        estimate.flops = estimate.flops.saturating_add(flops);
+                    })
+                }
+                (Step::Op { .. }, None) => return Err(ExecError::Internal("an operator without its call".into())),
+            };
+            let Some(results) = results.filter(|r| r.len() == node.outputs.len()) else {
+                // An output whose size depends on the data, or no meta kernel: the plan ends here.
+                estimate.stopped_at = Some(call.as_ref().map_or_else(|| node.op.clone(), |c| c.name.clone()));
+                break;
+            };
+            for (id, v) in node.outputs.iter().zip(results) {
+                tensors_of(&v).for_each(|t| held.acquire(t));
+                if let Some(old) = env[*id as usize].replace(v) {
+                    tensors_of(&old).for_each(|t| held.release(t));
+                }
+            }
+            for v in dead {
+                if let Some(old) = env[*v as usize].take() {
+                    tensors_of(&old).for_each(|t| held.release(t));
+                }
+            }
+        }
+        estimate.peak_bytes = held.peak;
+        Ok(estimate)
+    }
+}
+
+/// The storages a plan's values hold, counted once however many values view each.
+#[derive(Default)]
+struct Storages {
+    /// Storages of the inputs and weights: already held, not the run's to count.
+    given: HashSet<usize>,
+    /// The inputs' and weights' meta tensors, held to the end of the plan: a storage freed
+    /// early could give its address to a new one, which would then count as given.
+    given_tensors: Vec<Tensor>,
+    /// Bytes and the number of values holding each storage the run made.
+    made: HashMap<usize, (u64, u32)>,
+    live: u64,
+    peak: u64,
+}
+
+impl Storages {
+    fn give(&mut self, t: &Tensor) {
+        self.given.insert(storage_of(t).0);
+        self.given_tensors.push(t.shallow_clone());
+    }
+
+    /// Whether `t` views memory already held (an input, a weight, an earlier value).
+    fn holds(&self, t: &Tensor) -> bool {
+        let (id, _) = storage_of(t);
+        self.given.contains(&id) || self.made.contains_key(&id)
+    }
+
+    fn acquire(&mut self, t: &Tensor) {
+        let (id, bytes) = storage_of(t);
+        if id == 0 || self.given.contains(&id) {
+            return;
+        }
+        let (_, holders) = self.made.entry(id).or_insert_with(|| {
+            self.live += bytes;
+            self.peak = self.peak.max(self.live);
+            (bytes, 0)
+        });
+        *holders += 1;
+    }
+
+    fn release(&mut self, t: &Tensor) {
+        let (id, _) = storage_of(t);
+        if let Some((bytes, holders)) = self.made.get_mut(&id) {
+            *holders -= 1;
+            if *holders == 0 {
+                self.live -= *bytes;
+                self.made.remove(&id);
+            }
+        }
+    }
+}
+
+/// The tensors in a value (a list's, in order).
+fn tensors_of(v: &RtValue) -> Box<dyn Iterator<Item = &Tensor> + '_> {
+    match v {
+        RtValue::Tensor(t) => Box::new(std::iter::once(t)),
+        RtValue::List(items) => Box::new(items.iter().flat_map(tensors_of)),
+        _ => Box::new(std::iter::empty()),
+    }
+}
+
+/// Per node, the values that no later node reads and the graph does not return: the run drops
+/// them after that node (an output nothing reads, after the node that made it).
+fn dies_after(steps: &[Step], nodes: &[djinn_graph::format::Node], outputs: &[Arg], values: usize) -> Vec<Vec<u32>> {
+    fn visit(arg: &Arg, f: &mut impl FnMut(usize)) {
+        match arg {
+            Arg::Value(v) => f(*v as usize),
+            Arg::List(items) => items.iter().for_each(|a| visit(a, f)),
+            _ => {}
+        }
+    }
+    let mut last: Vec<Option<usize>> = vec![None; values];
+    for (i, node) in nodes.iter().enumerate() {
+        for v in &node.outputs {
+            if let Some(slot) = last.get_mut(*v as usize) {
+                *slot = Some(i);
+            }
+        }
+    }
+    for (i, step) in steps.iter().enumerate() {
+        let args: Vec<&Arg> = match step {
+            Step::Op { args, .. } => args.iter().flatten().collect(),
+            Step::Native { args, .. } => args.iter().collect(),
+        };
+        for arg in args {
+            visit(arg, &mut |v| {
+                if let Some(slot) = last.get_mut(v) {
+                    *slot = Some(slot.map_or(i, |l| l.max(i)));
+                }
+            });
+        }
+    }
+    for arg in outputs {
+        visit(arg, &mut |v| {
+            if let Some(slot) = last.get_mut(v) {
+                *slot = None;
+            }
+        });
+    }
+    let mut dies = vec![Vec::new(); steps.len()];
+    for (v, at) in last.iter().enumerate() {
+        if let Some(list) = at.and_then(|i| dies.get_mut(i)) {
+            list.push(v as u32);
+        }
+    }
+    dies
 }
 
 fn check_input(name: &str, dtype_name: &str, dims: &[DimRange], t: &Tensor) -> Result<(), ExecError> {
@@ -548,9 +833,14 @@ fn prepare(
     overload: &str,
     schema: &djinn_graph::schema::Schema,
     args: &[Option<Arg>],
-    device: Device,
+    target: Target,
 ) -> Result<PreparedCall, ExecError> {
     let name = djinn_graph::schema::qualified(op, overload);
+    // A plan runs `view` as `reshape` (the same arguments): a view of a meta tensor whose
+    // strides differ from the real one's (a kernel's output layout) may fail where the run's
+    // does not, and the plan needs only its sizes; reshape views where it can.
+    let in_plan_as_reshape = matches!(target, Target::Meta) && name == "aten::view";
+    let (op, overload) = if in_plan_as_reshape { ("aten::reshape", "") } else { (op, overload) };
     let c_name = CString::new(op).map_err(|_| bad("an operator name with a NUL"))?;
     let c_overload = CString::new(overload).map_err(|_| bad("an overload name with a NUL"))?;
     let mut schema_text: *mut c_char = std::ptr::null_mut();
@@ -567,7 +857,7 @@ fn prepare(
     let mut call = PreparedCall { raw, varying: Vec::new(), generator: None, cap: 0, name: name.clone(), bounds };
     let dispatcher = take_message(schema_text);
     let expected = djinn_graph::allowlist().text(&name).unwrap_or_default();
-    if normalise(&dispatcher) != normalise(expected) {
+    if normalise(&dispatcher) != normalise(expected) && !in_plan_as_reshape {
         return Err(ExecError::Refused(format!(
             "{name}: this node's libtorch has another schema for it ({dispatcher}) than the allowlist ({expected})"
         )));
@@ -583,13 +873,13 @@ fn prepare(
         if varies(given) {
             call.varying.push((i, argument.ty.clone(), given.clone()));
         } else {
-            set_constant(&call, i, &argument.ty, given, device)?;
+            set_constant(&call, i, &argument.ty, given, target)?;
         }
     }
     Ok(call)
 }
 
-fn set_constant(call: &PreparedCall, i: usize, ty: &Type, arg: &Arg, device: Device) -> Result<(), ExecError> {
+fn set_constant(call: &PreparedCall, i: usize, ty: &Type, arg: &Arg, target: Target) -> Result<(), ExecError> {
     let raw = call.raw.as_ptr();
     let float = |f: &str| f.parse::<f64>().map_err(|_| bad(format!("{f:?} is not a float")));
     // SAFETY: every call below gets `raw`, a live prepared call not yet shared, and `i`, within
@@ -624,9 +914,10 @@ fn set_constant(call: &PreparedCall, i: usize, ty: &Type, arg: &Arg, device: Dev
                     _ => 3,
                 },
             ),
-            (_, Arg::Device(_)) => match device {
-                Device::Cuda(n) => ffi::djinn_call_set_device(raw, i, 1, n as i32),
-                _ => ffi::djinn_call_set_device(raw, i, 0, -1),
+            (_, Arg::Device(_)) => match target {
+                Target::Device(Device::Cuda(n)) => ffi::djinn_call_set_device(raw, i, 1, n as i32),
+                Target::Device(_) => ffi::djinn_call_set_device(raw, i, 0, -1),
+                Target::Meta => ffi::djinn_call_set_device(raw, i, 2, -1),
             },
             (Type::List(inner), Arg::List(items)) => match inner.required() {
                 Type::Float => {
@@ -826,4 +1117,97 @@ fn to_varying(index: usize, ty: &Type, value: RtValue, scratch: &mut Scratch) ->
         (ty, other) => return Err(format!("{other:?} where the schema has {ty}")),
     }
     Ok(arg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use djinn_graph::format::{FORMAT, WEIGHT_ALIGN};
+    use djinn_graph::{DimRange, Input, Node, Program, Weight};
+
+    fn node(op: &str, args: Vec<Arg>, outputs: Vec<u32>) -> Node {
+        Node { op: op.into(), overload: String::new(), args, kwargs: Default::default(), outputs }
+    }
+
+    /// `nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 256))` as a graph, as
+    /// export writes it (value 0 the input, 1..=4 the weights), for batches of 1 to 4096; and
+    /// its weights.
+    fn mlp() -> (Vec<u8>, Vec<Tensor>) {
+        let shapes: [&[i64]; 4] = [&[1024, 256], &[1024], &[256, 1024], &[256]];
+        let weights: Vec<Tensor> = shapes.iter().map(|s| Tensor::randn(*s, (Kind::Float, Device::Cpu))).collect();
+        let mut offset = 0;
+        let specs = shapes
+            .iter()
+            .enumerate()
+            .map(|(i, shape)| {
+                let w = Weight {
+                    name: format!("w{i}"),
+                    value: i as u32 + 1,
+                    dtype: "float32".into(),
+                    shape: shape.to_vec(),
+                    offset,
+                };
+                offset += (shape.iter().product::<i64>() as u64 * 4).next_multiple_of(WEIGHT_ALIGN);
+                w
+            })
+            .collect();
+        let v = Arg::Value;
+        let program = Program {
+            format: FORMAT,
+            inputs: vec![Input {
+                name: "input".into(),
+                value: 0,
+                dtype: "float32".into(),
+                dims: vec![DimRange { min: 1, max: 4096 }, DimRange { min: 256, max: 256 }],
+                state: false,
+            }],
+            weights: specs,
+            nodes: vec![
+                node("aten::linear", vec![v(0), v(1), v(2)], vec![5]),
+                node("aten::relu", vec![v(5)], vec![6]),
+                node("aten::linear", vec![v(6), v(3), v(4)], vec![7]),
+            ],
+            outputs: vec![v(7)],
+            state: vec![],
+            entries: vec![],
+        };
+        let bytes: Vec<Vec<u8>> = weights
+            .iter()
+            .map(|w| {
+                let mut b = vec![0u8; w.numel() * 4];
+                w.copy_data_u8(&mut b, w.numel());
+                b
+            })
+            .collect();
+        let slices: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
+        (djinn_graph::encode(&program, &slices).unwrap(), weights)
+    }
+
+    #[test]
+    fn a_plan_counts_operations_and_the_peak_of_values_still_read() {
+        let (bytes, w) = mlp();
+        let graph = GraphModule::load(&bytes, Device::Cpu).unwrap();
+        assert_eq!(graph.dies_after[0], vec![vec![0, 1, 2], vec![5], vec![3, 4, 6]], "the output is never dropped");
+        let per_row = (2 * 256 * 1024 + 1024) + 1024 + (2 * 1024 * 256 + 256);
+        for rows in [4i64, 1, 4096] {
+            let x = Tensor::randn([rows, 256], (Kind::Float, Device::Cpu));
+            let e = graph.estimate_run(std::slice::from_ref(&x)).unwrap();
+            // Two [rows, 1024] float32 values at once: the ReLU's input is freed once read.
+            assert_eq!(e, Estimate { flops: rows as u64 * per_row, peak_bytes: rows as u64 * 8192, stopped_at: None });
+            let want = x.linear(&w[0], Some(&w[1])).relu().linear(&w[2], Some(&w[3]));
+            let RtValue::Tensor(got) = &graph.run(vec![x]).unwrap()[0] else { panic!("not a tensor") };
+            assert!(got.allclose(&want, 1e-5, 1e-5, false), "the run frees values and still computes the same");
+        }
+        // A transposed input of the same sizes is planned alike; an expanded one reads less
+        // memory but computes as much.
+        let t = Tensor::randn([256, 4], (Kind::Float, Device::Cpu)).tr();
+        assert_eq!(graph.estimate_run(&[t]).unwrap().flops, 4 * per_row);
+        let expanded = Tensor::randn([1, 256], (Kind::Float, Device::Cpu)).expand([4096, 256], false);
+        assert_eq!(graph.estimate_run(&[expanded]).unwrap().peak_bytes, 4096 * 8192);
+        // Plans are kept per shape, and a bounded number of them.
+        for rows in 1..=200 {
+            graph.estimate_run(&[Tensor::zeros([rows, 256], (Kind::Float, Device::Cpu))]).unwrap();
+        }
+        assert!(graph.estimates.lock().unwrap()[0].len() <= 64);
+    }
 }

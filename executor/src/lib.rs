@@ -17,6 +17,7 @@ pub extern crate tch_0_24 as tch;
 pub use ::tch;
 
 mod convert;
+pub mod cost;
 
 /// What a named or kept tensor is charged besides its bytes, and what a parked request is
 /// charged at least: its bookkeeping, so that objects of no bytes still count against the

@@ -15,6 +15,7 @@ use djinn_dataplane::tcp::{Replier, Reply, ReplyTo, Service};
 use djinn_gpudirect::{BufferPool, MemoryBudget};
 use tch::Device;
 
+use crate::cost::{ComputeMeter, ComputeQuota, Limits};
 use crate::handles::HandleTable;
 use crate::models::{ModelStore, Unregistered, Upload};
 use crate::mover::{Mover, PeerLimits, PushPeers, PushSource};
@@ -46,6 +47,9 @@ pub struct NodeOptions {
     /// The longest one execution (an execute, a session step, a resume) may run: checked
     /// between operators and blocks; `None` for no limit.
     pub execute_deadline: Option<Duration>,
+    /// The most bytes one graph run's plan may hold at once (intermediates and outputs); a run
+    /// planned over it is refused before it runs. `None`: the device budget's limit.
+    pub max_run_memory: Option<u64>,
     /// The node's principals, when clients need tokens: what a push names the tenant by.
     pub auth: Option<Arc<Authenticator>>,
     /// The RDMA port pushes to other nodes go over, where they offer RDMA too.
@@ -106,6 +110,20 @@ impl NodeService {
             options.device,
         )));
         let parked = Arc::new(Mutex::new(ParkedTable::new(budget.clone(), options.parked_ttl)));
+        let meter = match &options.auth {
+            Some(auth) => {
+                let auth = Arc::clone(auth);
+                ComputeMeter::new(move |tenant| ComputeQuota::of(&auth.quota(tenant)))
+            }
+            None => ComputeMeter::unbounded(),
+        };
+        let limits = Limits {
+            deadline: options.execute_deadline,
+            max_run_bytes: options.max_run_memory.unwrap_or(budget.limit()),
+            budget: budget.clone(),
+            meter: Arc::new(meter),
+            counters: Arc::default(),
+        };
         let workers = Workers::start(
             options.workers,
             options.device,
@@ -113,7 +131,7 @@ impl NodeService {
             Arc::clone(&handles),
             Arc::clone(&sessions),
             Arc::clone(&parked),
-            options.execute_deadline,
+            limits,
         )?;
         tracing::info!(
             epoch = format_args!("{:016x}", handles.lock().unwrap_or_else(|e| e.into_inner()).epoch()),
@@ -434,6 +452,7 @@ impl Service for NodeService {
         self.sessions().stats(out);
         self.parked().stats(out);
         let c = &self.workers.counters;
+        let plans = &self.workers.limits.counters;
         out.extend(
             [
                 ("uploads", self.uploads.len() as u64),
@@ -443,6 +462,10 @@ impl Service for NodeService {
                 ("model_loads", c.loads.load(Ordering::Relaxed)),
                 ("model_load_errors", c.load_errors.load(Ordering::Relaxed)),
                 ("jobs_queued", c.queued.load(Ordering::Relaxed)),
+                ("planned_flops", plans.planned_flops.load(Ordering::Relaxed)),
+                ("largest_planned_run_bytes", plans.largest_peak_bytes.load(Ordering::Relaxed)),
+                ("partly_planned_runs", plans.partly_planned.load(Ordering::Relaxed)),
+                ("runs_refused_by_plan", plans.refused.load(Ordering::Relaxed)),
                 ("host_budget_used_bytes", self.host_budget.used()),
                 ("host_budget_limit_bytes", self.host_budget.limit()),
             ]

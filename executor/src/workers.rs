@@ -16,6 +16,7 @@ use tch::jit::IValue;
 use tch::{Device, Tensor};
 
 use crate::convert::{OutputTensor, Outputs, aliases, input_tensors, kept_inputs, to_ivalue};
+use crate::cost::{self, Account, Limits};
 use crate::deadline;
 use crate::error::ExecError;
 use crate::fair::FairQueue;
@@ -109,8 +110,17 @@ struct Shared {
     sessions: Arc<Mutex<SessionTable>>,
     parked: Arc<Mutex<ParkedTable>>,
     counters: Arc<WorkerCounters>,
-    /// The longest one execution may run (see `deadline.rs`).
-    deadline: Option<Duration>,
+    /// What bounds an execution: its deadline, its graph runs' plans (see `cost.rs`).
+    limits: Limits,
+}
+
+impl Shared {
+    /// Runs an execution of `tenant`'s under the deadline `limit`, its graph runs planned and
+    /// charged to the tenant before each runs.
+    fn limited<T>(&self, tenant: TenantId, limit: Option<Duration>, f: impl FnOnce() -> T) -> T {
+        let account = Account { tenant, limits: self.limits.clone() };
+        cost::within(Some(Arc::new(account)), || deadline::within(limit, f))
+    }
 }
 
 #[derive(Debug, Default)]
@@ -164,6 +174,7 @@ pub struct Workers {
     queue: Option<WorkQueue>,
     threads: Vec<JoinHandle<()>>,
     pub counters: Arc<WorkerCounters>,
+    pub limits: Limits,
 }
 
 impl std::fmt::Debug for Workers {
@@ -180,15 +191,22 @@ impl Workers {
         handles: Arc<Mutex<HandleTable>>,
         sessions: Arc<Mutex<SessionTable>>,
         parked: Arc<Mutex<ParkedTable>>,
-        deadline: Option<Duration>,
+        limits: Limits,
     ) -> std::io::Result<Self> {
         let scheduler = Arc::new(Scheduler {
             queued: Mutex::new(Queued { jobs: FairQueue::default(), senders: 1 }),
             ready: Condvar::new(),
         });
         let counters = Arc::new(WorkerCounters::default());
-        let shared =
-            Arc::new(Shared { device, models, handles, sessions, parked, counters: Arc::clone(&counters), deadline });
+        let shared = Arc::new(Shared {
+            device,
+            models,
+            handles,
+            sessions,
+            parked,
+            counters: Arc::clone(&counters),
+            limits: limits.clone(),
+        });
         let threads = (0..count.max(1))
             .map(|i| {
                 let scheduler = Arc::clone(&scheduler);
@@ -196,7 +214,7 @@ impl Workers {
                 std::thread::Builder::new().name(format!("djinn-worker-{i}")).spawn(move || work(&scheduler, &shared))
             })
             .collect::<Result<_, _>>()?;
-        Ok(Self { queue: Some(WorkQueue { scheduler, counters: Arc::clone(&counters) }), threads, counters })
+        Ok(Self { queue: Some(WorkQueue { scheduler, counters: Arc::clone(&counters) }), threads, counters, limits })
     }
 
     /// Queues `job` in its tenant's turn (the tenant of the connection it came on).
@@ -281,11 +299,11 @@ fn work(scheduler: &Scheduler, shared: &Shared) {
         let mut then_drain = None;
         let started = Instant::now();
         let timed = matches!(job, Job::Execute { .. } | Job::Resume { .. });
-        let limit = if timed { shared.deadline } else { None };
+        let limit = if timed { shared.limits.deadline } else { None };
         let result = caught(|| match job {
-            Job::Execute { model, frame } => deadline::within(limit, || execute(tenant, model, frame, shared)),
+            Job::Execute { model, frame } => shared.limited(tenant, limit, || execute(tenant, model, frame, shared)),
             Job::Resume { handle, parked, frame } => {
-                deadline::within(limit, || resume(handle, parked, frame, shared, &mut then_drain))
+                shared.limited(tenant, limit, || resume(handle, parked, frame, shared, &mut then_drain))
             }
             Job::Inspect { activation, handle, block } => {
                 Ok(paused(handle, block, Sent::activation(Some(&activation))?))
@@ -351,7 +369,8 @@ fn session_next(id: u64, shared: &Shared) -> bool {
     let Some(op) = lock(sessions).next_op(id) else { return false };
     match op {
         Op::Step { frame, to, replier } => {
-            let result = caught(|| deadline::within(shared.deadline, || step(to.tenant, id, frame, shared)));
+            let result =
+                caught(|| shared.limited(to.tenant, shared.limits.deadline, || step(to.tenant, id, frame, shared)));
             if result.is_err() {
                 // Whatever failed (a panic included), the session is not stepping any more.
                 let _ = lock(sessions).end_step(id, None);

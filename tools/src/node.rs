@@ -189,6 +189,11 @@ pub struct NodeArgs {
     /// between two operators with a DeadlineExceeded error and its memory freed; 0 for no limit.
     #[arg(long, default_value_t = 300.0)]
     execute_deadline: f64,
+    /// The most memory one graph run may hold at once (its intermediates and outputs, as its
+    /// plan on the meta device counts them before it runs); a run planned over it is refused.
+    /// Default: the device-memory budget.
+    #[arg(long)]
+    max_run_memory: Option<ByteSize>,
     /// The price of an hour of this node (any currency the cluster agrees on), for minimize_cost.
     #[arg(long, default_value_t = 1.0)]
     cost_per_hour: f64,
@@ -330,6 +335,7 @@ pub fn run(args: NodeArgs, auth: Option<Arc<Authenticator>>) -> Result<()> {
             0.0 => None,
             limit => Some(seconds("--execute-deadline", limit)?),
         },
+        max_run_memory: args.max_run_memory.map(|b| b.0),
         auth: auth.clone(),
         push_rdma: rdma.as_ref().map(|ctx| ctx.port().clone()),
         push_connections: PeerLimits {
