@@ -968,7 +968,8 @@ fn empty_objects_are_charged_and_capped_per_tenant() {
 
 /// Sessions and parked requests are counted per tenant too: past 4,096 of either, more are
 /// refused (`QuotaExceeded`) while another tenant opens and parks as before; closing and
-/// aborting make room.
+/// aborting make room. A session of no state is charged its bookkeeping, a page, which goes
+/// with it.
 #[test]
 fn sessions_and_parked_requests_are_capped_per_tenant() {
     let dir = tempfile::tempdir().unwrap();
@@ -978,6 +979,7 @@ fn sessions_and_parked_requests_are_capped_per_tenant() {
     let cache = register(&mut alice, &["growing_cache"]);
     register(&mut bob, &["growing_cache"]);
     let empty = [TensorRef { dtype: DType::F32, shape: &[0, 4], bytes: &[] }];
+    let before = node.stat(&mut alice, "budget_used_bytes");
     let mut opened = Vec::new();
     let mut refused = 0;
     for _ in 0..4_200 {
@@ -990,9 +992,14 @@ fn sessions_and_parked_requests_are_capped_per_tenant() {
         }
     }
     assert_eq!((opened.len(), refused), (4096, 104));
+    assert_eq!(node.stat(&mut alice, "budget_used_bytes") - before, 4096 * 4096, "a page each");
     bob.session_open(&cache, &empty, 0).expect("bob opens his own");
     alice.session_close(opened[0]).unwrap();
-    alice.session_open(&cache, &empty, 0).expect("room after a close");
+    let again = alice.session_open(&cache, &empty, 0).expect("room after a close");
+    for s in opened.iter().skip(1).chain([&again]) {
+        alice.session_close(*s).unwrap();
+    }
+    assert_eq!(node.stat(&mut alice, "budget_used_bytes") - before, 4096, "only bob's is left");
 
     let stack = register(&mut alice, &["stack.block0", "stack.block1"]);
     register(&mut bob, &["stack.block0", "stack.block1"]);

@@ -6,6 +6,7 @@ mod agents;
 mod execute;
 mod fair;
 mod placement;
+mod plan;
 mod push;
 mod rdma;
 mod report;
@@ -25,6 +26,7 @@ pub use agents::AgentsArgs;
 pub use execute::ExecuteArgs;
 pub use fair::FairArgs;
 pub use placement::PlacementArgs;
+pub use plan::PlanArgs;
 pub use push::PushArgs;
 pub use rdma::RdmaArgs;
 pub use resume::ResumeArgs;
@@ -52,6 +54,9 @@ pub enum BenchCommand {
     /// The control plane's placement decision with 1,000 nodes and 10,000 models, against the
     /// simplest placer (most free memory) over the same nodes.
     Placement(PlacementArgs),
+    /// What planning a graph run costs (its pass over meta tensors before it runs): runs with
+    /// a plan kept and with a new plan each time, against the same runs unplanned.
+    Plan(PlanArgs),
     /// A node pushing a kept tensor into another node's memory, 64 KiB to 256 MiB, against raw
     /// loopback TCP and (on a GPU) the device-to-host copy.
     Push(PushArgs),
@@ -76,6 +81,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
         BenchCommand::Rdma(args) => rdma::run(args),
         BenchCommand::Stream(args) => stream::run(args),
         BenchCommand::Placement(args) => placement::run(args),
+        BenchCommand::Plan(args) => plan::run(args),
         BenchCommand::Push(args) => push::run(args),
         BenchCommand::Agents(args) => agents::run(args),
         BenchCommand::Resume(args) => resume::run(args),

@@ -1183,6 +1183,165 @@ mod tests {
         (djinn_graph::encode(&program, &slices).unwrap(), weights)
     }
 
+    fn dtype_name(kind: Kind) -> &'static str {
+        match kind {
+            Kind::Bool => "bool",
+            Kind::Int => "int32",
+            Kind::Int64 => "int64",
+            Kind::Double => "float64",
+            _ => "float32",
+        }
+    }
+
+    /// A graph of the one operator `op` on `inputs` (values 0..) and the constants in `args`
+    /// (where `Arg::Value` names an input); its outputs, run on the CPU and over meta tensors
+    /// (the plan's calls), as (sizes, dtype) pairs.
+    fn on_cpu_and_meta(
+        op: &str,
+        args: Vec<Arg>,
+        kwargs: &[(&str, Arg)],
+        inputs: &[Tensor],
+        outputs: usize,
+    ) -> [Vec<(Vec<i64>, Kind)>; 2] {
+        let (name, overload) = op.split_once('.').unwrap_or((op, ""));
+        let program = Program {
+            format: FORMAT,
+            inputs: inputs
+                .iter()
+                .enumerate()
+                .map(|(i, t)| Input {
+                    name: format!("x{i}"),
+                    value: i as u32,
+                    dtype: dtype_name(t.kind()).into(),
+                    dims: t.size().iter().map(|&n| DimRange { min: n, max: n }).collect(),
+                    state: false,
+                })
+                .collect(),
+            weights: vec![],
+            nodes: vec![Node {
+                op: name.into(),
+                overload: overload.into(),
+                args,
+                kwargs: kwargs.iter().map(|(k, a)| (k.to_string(), a.clone())).collect(),
+                outputs: (100..100 + outputs as u32).collect(),
+            }],
+            outputs: (100..100 + outputs as u32).map(Arg::Value).collect(),
+            state: vec![],
+            entries: vec![],
+        };
+        let graph = GraphModule::load(&djinn_graph::encode(&program, &[]).unwrap(), Device::Cpu).unwrap();
+        let described = |values: Vec<RtValue>| {
+            values
+                .iter()
+                .map(|v| match v {
+                    RtValue::Tensor(t) => (t.size(), t.kind()),
+                    other => panic!("{op}: {other:?}"),
+                })
+                .collect::<Vec<_>>()
+        };
+        let real = described(graph.run(inputs.iter().map(Tensor::shallow_clone).collect()).unwrap());
+        // The plan's path: meta inputs through the plan's calls.
+        let mut env: Vec<Option<RtValue>> = (0..graph.checked.graphs[0].values).map(|_| None).collect();
+        for (i, t) in inputs.iter().enumerate() {
+            env[i] = Some(RtValue::Tensor(meta_like(t).unwrap()));
+        }
+        let call = graph.plan_calls[0][0].as_ref().unwrap();
+        let meta = run_call(call, &env, None, &mut Vec::new()).unwrap_or_else(|e| panic!("{op} on meta: {e}"));
+        [real, described(meta)]
+    }
+
+    #[test]
+    fn the_nodes_meta_kernels_give_the_sizes_and_dtypes_libtorch_computes() {
+        let f = |s: &[i64]| Tensor::randn(s, (Kind::Float, Device::Cpu));
+        let int = |s: &[i64], k: Kind| Tensor::randint(7, s, (k, Device::Cpu)) + 1;
+        let (v, i, fl, b) = (Arg::Value, Arg::Int, |x: &str| Arg::Float(x.into()), Arg::Bool);
+        let ints = |xs: &[i64]| Arg::List(xs.iter().map(|&x| Arg::Int(x)).collect());
+        let x = f(&[3, 4]);
+        let image = f(&[2, 4, 9, 9]);
+        let cases: Vec<(&str, Vec<Arg>, Vec<Tensor>, usize)> = vec![
+            ("aten::relu", vec![v(0)], vec![x.shallow_clone()], 1),
+            ("aten::hardtanh", vec![v(0), fl("-1.0"), fl("1.0")], vec![x.shallow_clone()], 1),
+            ("aten::flip", vec![v(0), ints(&[0])], vec![x.shallow_clone()], 1),
+            ("aten::isnan", vec![v(0)], vec![x.shallow_clone()], 1),
+            (
+                "aten::where.self",
+                vec![v(0), v(1), v(2)],
+                vec![f(&[3, 1]).gt(0.0), f(&[1, 4]), Tensor::randn([3, 4], (Kind::Double, Device::Cpu))],
+                1,
+            ),
+            ("aten::__lshift__.Scalar", vec![v(0), i(2)], vec![int(&[3], Kind::Int)], 1),
+            ("aten::__rshift__.Tensor", vec![v(0), v(1)], vec![int(&[3, 1], Kind::Int), int(&[4], Kind::Int64)], 1),
+            ("aten::floor_divide", vec![v(0), v(1)], vec![f(&[3, 4]), f(&[4])], 1),
+            ("aten::rsub.Tensor", vec![v(0), v(1)], vec![f(&[2, 1]), f(&[3])], 1),
+            ("aten::remainder.Scalar_Tensor", vec![i(3), v(0)], vec![int(&[5], Kind::Int)], 1),
+            ("aten::index_select", vec![v(0), i(1), v(1)], vec![f(&[5, 6]), int(&[3], Kind::Int64)], 1),
+            ("aten::max", vec![v(0)], vec![x.shallow_clone()], 1),
+            ("aten::min", vec![v(0)], vec![int(&[4], Kind::Int)], 1),
+            ("aten::prod", vec![v(0)], vec![int(&[4], Kind::Int)], 1),
+            ("aten::_adaptive_avg_pool2d", vec![v(0), ints(&[3, 2])], vec![image.shallow_clone()], 1),
+            ("aten::_adaptive_avg_pool3d", vec![v(0), ints(&[1, 2, 3])], vec![f(&[2, 3, 4, 5, 6])], 1),
+            ("aten::reflection_pad2d", vec![v(0), ints(&[1, 2, 3, 0])], vec![image.shallow_clone()], 1),
+            (
+                "aten::convolution",
+                vec![v(0), v(1), v(2), ints(&[2, 1]), ints(&[1, 0]), ints(&[1, 2]), b(false), ints(&[0, 0]), i(2)],
+                vec![image.shallow_clone(), f(&[6, 2, 3, 3]), f(&[6])],
+                1,
+            ),
+            (
+                "aten::convolution",
+                vec![v(0), v(1), Arg::None, ints(&[2, 2]), ints(&[1, 1]), ints(&[1, 1]), b(true), ints(&[1, 0]), i(1)],
+                vec![image.shallow_clone(), f(&[4, 3, 3, 3])],
+                1,
+            ),
+            (
+                "aten::convolution",
+                vec![v(0), v(1), Arg::None, ints(&[1]), ints(&[2]), ints(&[1]), b(false), ints(&[0]), i(1)],
+                vec![f(&[2, 4, 10]), f(&[5, 4, 3])],
+                1,
+            ),
+            ("aten::native_layer_norm", vec![v(0), ints(&[8]), v(1), v(2), fl("1e-05")], vec![f(&[2, 3, 8]), f(&[8]), f(&[8])], 3),
+            (
+                "aten::_native_batch_norm_legit_no_training",
+                vec![v(0), v(1), v(2), v(3), v(4), fl("0.1"), fl("1e-05")],
+                vec![image.shallow_clone(), f(&[4]), f(&[4]), f(&[4]), f(&[4]).abs()],
+                3,
+            ),
+            (
+                "aten::_native_batch_norm_legit.no_stats",
+                vec![v(0), v(1), v(2), b(true), fl("0.1"), fl("1e-05")],
+                vec![image.shallow_clone(), f(&[4]), f(&[4])],
+                3,
+            ),
+            (
+                "aten::native_group_norm",
+                vec![v(0), v(1), v(2), i(2), i(4), i(81), i(2), fl("1e-05")],
+                vec![image.shallow_clone(), f(&[4]), f(&[4])],
+                3,
+            ),
+            (
+                "aten::scaled_dot_product_attention",
+                vec![v(0), v(1), v(2)],
+                vec![f(&[2, 4, 5, 8]), f(&[2, 4, 7, 8]), f(&[2, 4, 7, 16])],
+                1,
+            ),
+        ];
+        for (op, args, inputs, outputs) in cases {
+            let [real, meta] = on_cpu_and_meta(op, args, &[], &inputs, outputs);
+            assert_eq!(meta, real, "{op}");
+        }
+        // Keyword arguments.
+        let keyword_cases: Vec<(&str, Vec<Arg>, Vec<(&str, Arg)>, Tensor)> = vec![
+            ("aten::prod", vec![v(0)], vec![("dtype", Arg::Dtype("float64".into()))], x),
+            ("aten::var.correction", vec![v(0), ints(&[1])], vec![("correction", i(1))], f(&[3, 4, 5])),
+            ("aten::var.correction", vec![v(0), ints(&[-1, 0])], vec![("keepdim", b(true))], f(&[3, 4, 5])),
+            ("aten::var.correction", vec![v(0)], vec![], f(&[3, 4, 5])),
+        ];
+        for (op, args, kwargs, input) in keyword_cases {
+            let [real, meta] = on_cpu_and_meta(op, args, &kwargs, &[input], 1);
+            assert_eq!(meta, real, "{op} {kwargs:?}");
+        }
+    }
+
     #[test]
     fn a_plan_counts_operations_and_the_peak_of_values_still_read() {
         let (bytes, w) = mlp();

@@ -169,6 +169,9 @@ struct Session {
     draining: bool,
     /// A step is running on (shallow clones of) the state: it must stay where it is.
     stepping: bool,
+    /// The session's own charge (`MIN_CHARGE`) against the device budget and the tenant's
+    /// quota, whatever its state: a session of no state still counts.
+    _bookkeeping: Reservation,
     /// The running step is parked at a breakpoint: later requests wait until it ends.
     paused: bool,
 }
@@ -270,6 +273,7 @@ impl SessionTable {
                 "this tenant has {held} sessions open, the most one tenant may: close some first"
             )));
         }
+        let bookkeeping = self.device_budget.try_reserve_for(tenant, crate::MIN_CHARGE)?;
         let bytes = state_bytes(&state);
         let charge = reserve.max(bytes);
         let reservations = self.make_room(tenant, charge, None, false)?;
@@ -291,6 +295,7 @@ impl SessionTable {
                 draining: false,
                 stepping: false,
                 paused: false,
+                _bookkeeping: bookkeeping,
             },
         );
         self.counters.opened += 1;
