@@ -197,3 +197,60 @@ fn a_graph_with_state_keeps_it_in_sessions_written_in_place_and_bounded_before_i
     assert_eq!(e.remote_code(), Some(ErrorCode::GraphRefused), "{e}");
     assert!(e.to_string().contains("new value of state"), "{e}");
 }
+
+/// Models are counted per tenant on a node and each hold is charged a page of host memory,
+/// however small the model: past 4,096 distinct graphs of no weights, more are refused
+/// (`QuotaExceeded`) while another tenant registers as before; unregistering makes room, and
+/// the pages come back.
+#[test]
+fn a_tenant_holds_a_bounded_number_of_models_each_charged_its_bookkeeping() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tokens.json");
+    let other = "graphs-other-tenant-token-0123";
+    std::fs::write(
+        &file,
+        format!(r#"{{"principals": [{{"name": "graphs", "tokens": ["{TOKEN}"]}}, {{"name": "other", "tokens": ["{other}"]}}]}}"#),
+    )
+    .unwrap();
+    let node = Node::start("mio", &["--auth-file", file.to_str().unwrap()]);
+    let connect = |token: &str| {
+        Client::connect_with(node.addr, ClientOptions { token: token.into(), ..Default::default() }).unwrap()
+    };
+    let (mut client, mut other) = (connect(TOKEN), connect(other));
+    // x * k: a graph of no weights, a new fingerprint for each k.
+    let scaled = |k: i64| {
+        let mut p = program(vec![op("aten::mul", "Scalar", vec![Arg::Value(0), Arg::Int(k)], vec![2])], 2);
+        p.weights.clear();
+        djinn_graph::encode(&p, &[]).unwrap()
+    };
+    let before = node.stat(&mut client, "host_budget_used_bytes");
+    let mut models = Vec::new();
+    let mut refused = 0;
+    for k in 0..4_100 {
+        match client.register_model(&[scaled(k)], |_, _| {}) {
+            Ok(info) => models.push(info.fingerprint),
+            Err(e) => {
+                assert_eq!(e.remote_code(), Some(ErrorCode::QuotaExceeded), "{e}");
+                assert!(e.to_string().contains("4096 models"), "{e}");
+                refused += 1;
+            }
+        }
+        if k % 1000 == 0 {
+            other.register_model(&[scaled(-k)], |_, _| {}).expect("the other tenant registers its own");
+        }
+    }
+    assert_eq!((models.len(), refused), (4096, 4));
+    let pages = node.stat(&mut client, "host_budget_used_bytes") - before;
+    assert_eq!(pages, (4096 + 5) * 4096, "a page for each hold, the other tenant's five included");
+    client.unregister_model(&models[0]).unwrap();
+    let again = client.register_model(&[scaled(5000)], |_, _| {}).expect("room after an unregistration").fingerprint;
+    let x: Vec<u8> = [1.5f32, 2.0, -1.0, 0.25].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let out =
+        client.execute(&again, &[Value::Tensor(0)], &[TensorRef { dtype: DType::F32, shape: &[1, 4], bytes: &x }]);
+    let want: Vec<u8> = [7500f32, 10000.0, -5000.0, 1250.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+    assert_eq!(out.unwrap().tensor_bytes(0), &want[..]);
+    for m in models.iter().skip(1).chain([&again]) {
+        client.unregister_model(m).unwrap();
+    }
+    assert_eq!(node.stat(&mut client, "host_budget_used_bytes") - before, 5 * 4096, "only the other tenant's");
+}

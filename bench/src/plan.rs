@@ -34,7 +34,13 @@ fn graph(width: i64, weights: &[Tensor], nodes: Vec<Node>, output: u32) -> Resul
     let mut bytes = Vec::new();
     for (i, w) in weights.iter().enumerate() {
         let len = w.numel() * 4;
-        specs.push(Weight { name: format!("w{i}"), value: i as u32 + 1, dtype: "float32".into(), shape: w.size(), offset });
+        specs.push(Weight {
+            name: format!("w{i}"),
+            value: i as u32 + 1,
+            dtype: "float32".into(),
+            shape: w.size(),
+            offset,
+        });
         offset += (len as u64).next_multiple_of(WEIGHT_ALIGN);
         let mut b = vec![0u8; len];
         w.f_copy_data_u8(&mut b, w.numel())?;
@@ -135,7 +141,12 @@ pub fn run(args: PlanArgs) -> Result<()> {
         writeln!(table, "| {name}, unplanned | {} | 1.00 | 1.00 |", us(bare))?;
         writeln!(table, "| {name}, plan kept from an earlier call | {} | {} |", us(kept), ratio(kept, bare))?;
         writeln!(table, "| {name}, batch 1 to 128 in turn, unplanned | {} | 1.00 | 1.00 |", us(cycle_bare))?;
-        writeln!(table, "| {name}, batch 1 to 128 in turn, a new plan each run | {} | {} |", us(cycle_new), ratio(cycle_new, cycle_bare))?;
+        writeln!(
+            table,
+            "| {name}, batch 1 to 128 in turn, a new plan each run | {} | {} |",
+            us(cycle_new),
+            ratio(cycle_new, cycle_bare)
+        )?;
     }
     println!("{table}");
     if let Some(path) = &args.results {

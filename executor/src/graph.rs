@@ -1299,7 +1299,12 @@ mod tests {
                 vec![f(&[2, 4, 10]), f(&[5, 4, 3])],
                 1,
             ),
-            ("aten::native_layer_norm", vec![v(0), ints(&[8]), v(1), v(2), fl("1e-05")], vec![f(&[2, 3, 8]), f(&[8]), f(&[8])], 3),
+            (
+                "aten::native_layer_norm",
+                vec![v(0), ints(&[8]), v(1), v(2), fl("1e-05")],
+                vec![f(&[2, 3, 8]), f(&[8]), f(&[8])],
+                3,
+            ),
             (
                 "aten::_native_batch_norm_legit_no_training",
                 vec![v(0), v(1), v(2), v(3), v(4), fl("0.1"), fl("1e-05")],

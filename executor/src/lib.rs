@@ -27,6 +27,8 @@ pub(crate) const MIN_CHARGE: u64 = 4096;
 pub const MAX_OBJECTS_PER_TENANT: usize = 65_536;
 /// Most sessions, and most parked requests, one tenant holds on a node.
 pub const MAX_SESSIONS_PER_TENANT: usize = 4096;
+/// Most models one tenant holds on a node (as the control plane's default cap per tenant).
+pub const MAX_MODELS_PER_TENANT: usize = 4096;
 /// Most registrations one tenant has in progress on a node at once.
 pub const MAX_UPLOADS_PER_TENANT: usize = 16;
 mod deadline;

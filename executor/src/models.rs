@@ -447,7 +447,15 @@ struct Entry {
     last_used: u64,
     /// The tenants that registered it (one, for a private model), with what each is charged:
     /// it is theirs to use until the last one unregisters it.
-    owners: BTreeMap<TenantId, Charge>,
+    owners: BTreeMap<TenantId, Hold>,
+}
+
+/// What a tenant's hold on a model charges it: the model's device bytes against its quota,
+/// and a page of host memory for the hold's bookkeeping (however few bytes the model has).
+#[derive(Debug)]
+struct Hold {
+    _device: Charge,
+    _bookkeeping: Reservation,
 }
 
 impl Entry {
@@ -535,10 +543,11 @@ impl ModelStore {
             Some(entry) if entry.owners.contains_key(&tenant) => return Ok(true),
             Some(entry) => entry.model.device_bytes(),
         };
+        let bookkeeping = self.bookkeeping(tenant)?;
         let charge = self.charge_evicting(tenant, bytes, Some(key))?;
         // `except` kept the entry: it is still here.
         if let Some(entry) = self.models.get_mut(&key) {
-            entry.owners.insert(tenant, charge);
+            entry.owners.insert(tenant, Hold { _device: charge, _bookkeeping: bookkeeping });
         }
         Ok(true)
     }
@@ -548,11 +557,8 @@ impl ModelStore {
     /// a model some request is using is never evicted. The plan counts what could be evicted
     /// as available, so a model streams only when it cannot fit whole even after evictions.
     /// The weights of the streamed blocks are charged to the host budget.
-    fn reserve_for(
-        &mut self,
-        loaded: &LoadedModel,
-        tenant: TenantId,
-    ) -> Result<(Plan, Reservations, Charge), ExecError> {
+    fn reserve_for(&mut self, loaded: &LoadedModel, tenant: TenantId) -> Result<(Plan, Reservations, Hold), ExecError> {
+        let bookkeeping = self.bookkeeping(tenant)?;
         let (room, quota_room) = self.room(tenant);
         let plan = match plan(&loaded.slot_lens, quota_room.map_or(room, |q| q.min(room))) {
             // Where the quota is what is short, that is the error.
@@ -571,7 +577,18 @@ impl ModelStore {
         let bytes = plan.device_bytes(&loaded.slot_lens);
         let charge = self.charge_evicting(tenant, bytes, None)?;
         let device = self.reserve_evicting(tenant, bytes)?;
-        Ok((plan, Reservations { device, _host: host }, charge))
+        Ok((plan, Reservations { device, _host: host }, Hold { _device: charge, _bookkeeping: bookkeeping }))
+    }
+
+    /// A new hold's bookkeeping, unless `tenant` holds as many models as a node allows one.
+    fn bookkeeping(&self, tenant: TenantId) -> Result<Reservation, ExecError> {
+        let held = self.models.values().filter(|e| e.owners.contains_key(&tenant)).count();
+        if held >= crate::MAX_MODELS_PER_TENANT {
+            return Err(ExecError::TooMany(format!(
+                "this tenant holds {held} models on this node, the most one tenant may: unregister some first"
+            )));
+        }
+        Ok(self.host_budget.try_reserve_for(tenant, crate::MIN_CHARGE)?)
     }
 
     /// Device bytes a new model of `tenant` may have: what is free and what it may evict,
@@ -662,7 +679,7 @@ impl ModelStore {
     /// Makes a model visible to `tenant`, charged `charge`. If it is already here in that
     /// scope (two clients uploaded it at once), the copy already serving is kept and this one
     /// dropped.
-    fn publish(&mut self, model: Model, scope: Scope, (tenant, charge): (TenantId, Charge)) -> Arc<Model> {
+    fn publish(&mut self, model: Model, scope: Scope, (tenant, charge): (TenantId, Hold)) -> Arc<Model> {
         self.clock += 1;
         let key = (scope, model.fingerprint);
         if let Some(entry) = self.models.get_mut(&key) {
