@@ -1335,13 +1335,12 @@ mod tests {
             assert_eq!(meta, real, "{op}");
         }
         // Keyword arguments.
-        let keyword_cases: Vec<(&str, Vec<Arg>, Vec<(&str, Arg)>, Tensor)> = vec![
+        for (op, args, kwargs, input) in [
             ("aten::prod", vec![v(0)], vec![("dtype", Arg::Dtype("float64".into()))], x),
             ("aten::var.correction", vec![v(0), ints(&[1])], vec![("correction", i(1))], f(&[3, 4, 5])),
             ("aten::var.correction", vec![v(0), ints(&[-1, 0])], vec![("keepdim", b(true))], f(&[3, 4, 5])),
             ("aten::var.correction", vec![v(0)], vec![], f(&[3, 4, 5])),
-        ];
-        for (op, args, kwargs, input) in keyword_cases {
+        ] {
             let [real, meta] = on_cpu_and_meta(op, args, &kwargs, &[input], 1);
             assert_eq!(meta, real, "{op} {kwargs:?}");
         }
