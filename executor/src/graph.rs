@@ -1274,7 +1274,7 @@ mod tests {
             ("aten::floor_divide", vec![v(0), v(1)], vec![f(&[3, 4]), f(&[4])], 1),
             ("aten::rsub.Tensor", vec![v(0), v(1)], vec![f(&[2, 1]), f(&[3])], 1),
             ("aten::remainder.Scalar_Tensor", vec![i(3), v(0)], vec![int(&[5], Kind::Int)], 1),
-            ("aten::index_select", vec![v(0), i(1), v(1)], vec![f(&[5, 6]), int(&[3], Kind::Int64)], 1),
+            ("aten::index_select", vec![v(0), i(1), v(1)], vec![f(&[5, 6]), Tensor::from_slice(&[0i64, 5, 2])], 1),
             ("aten::max", vec![v(0)], vec![x.shallow_clone()], 1),
             ("aten::min", vec![v(0)], vec![int(&[4], Kind::Int)], 1),
             ("aten::prod", vec![v(0)], vec![int(&[4], Kind::Int)], 1),
