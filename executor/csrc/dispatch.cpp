@@ -18,6 +18,7 @@
 #include <c10/core/InferenceMode.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstring>
 #include <sstream>
 #include <string>
@@ -222,6 +223,10 @@ void convolution(const c10::OperatorHandle& op, Stack* stack) {
     int64_t groups = g.isInt() ? g.toInt() : g.toSymInt().guard_int(__FILE__, __LINE__);
     int64_t spatial = input.dim() - 2;
     TORCH_CHECK(spatial >= 1 && weight.dim() == input.dim(), "convolution's ranks");
+    // Checked before the arithmetic below (a zero stride would divide by zero), as libtorch's
+    // own convolution checks them before it runs.
+    auto positive = [](const std::vector<int64_t>& v) { return std::all_of(v.begin(), v.end(), [](int64_t x) { return x > 0; }); };
+    TORCH_CHECK(positive(stride) && positive(dilation) && groups > 0, "non-positive stride, dilation or groups");
     auto at_or = [](const std::vector<int64_t>& v, int64_t i, int64_t otherwise) {
         return v.empty() ? otherwise : v[v.size() == 1 ? 0 : i];
     };

@@ -576,6 +576,8 @@ impl GraphModule {
         let mut estimate = Estimate::default();
         let mut outs: Vec<ffi::Out> = Vec::new();
         for (((step, call), node), dead) in checked.steps.iter().zip(calls).zip(program.nodes).zip(dies_after) {
+            // A plan takes about as long as the run's dispatching: under the same deadline.
+            crate::deadline::check()?;
             let results = match (step, call) {
                 (Step::Native { op, args }, _) => native(*op, args, &env).map(|v| vec![v]).ok(),
                 (Step::Op { .. }, Some(call)) => {
@@ -1196,13 +1198,13 @@ mod tests {
     /// A graph of the one operator `op` on `inputs` (values 0..) and the constants in `args`
     /// (where `Arg::Value` names an input); its outputs, run on the CPU and over meta tensors
     /// (the plan's calls), as (sizes, dtype) pairs.
-    fn on_cpu_and_meta(
+    fn one_operator(
         op: &str,
         args: Vec<Arg>,
         kwargs: &[(&str, Arg)],
         inputs: &[Tensor],
         outputs: usize,
-    ) -> [Vec<(Vec<i64>, Kind)>; 2] {
+    ) -> GraphModule {
         let (name, overload) = op.split_once('.').unwrap_or((op, ""));
         let program = Program {
             format: FORMAT,
@@ -1229,7 +1231,17 @@ mod tests {
             state: vec![],
             entries: vec![],
         };
-        let graph = GraphModule::load(&djinn_graph::encode(&program, &[]).unwrap(), Device::Cpu).unwrap();
+        GraphModule::load(&djinn_graph::encode(&program, &[]).unwrap(), Device::Cpu).unwrap()
+    }
+
+    fn on_cpu_and_meta(
+        op: &str,
+        args: Vec<Arg>,
+        kwargs: &[(&str, Arg)],
+        inputs: &[Tensor],
+        outputs: usize,
+    ) -> [Vec<(Vec<i64>, Kind)>; 2] {
+        let graph = one_operator(op, args, kwargs, inputs, outputs);
         let described = |values: Vec<RtValue>| {
             values
                 .iter()
@@ -1344,6 +1356,19 @@ mod tests {
             let [real, meta] = on_cpu_and_meta(op, args, &kwargs, &[input], 1);
             assert_eq!(meta, real, "{op} {kwargs:?}");
         }
+        // What libtorch refuses, the meta kernel refuses too, before its arithmetic (a zero
+        // stride would divide by zero): the plan stops there and the run fails, typed.
+        let conv = one_operator(
+            "aten::convolution",
+            vec![v(0), v(1), Arg::None, ints(&[0, 1]), ints(&[0, 0]), ints(&[1, 1]), b(false), ints(&[0, 0]), i(1)],
+            &[],
+            &[image.shallow_clone(), f(&[4, 4, 3, 3])],
+            1,
+        );
+        let inputs = [image.shallow_clone(), f(&[4, 4, 3, 3])];
+        assert_eq!(conv.estimate_run(&inputs).unwrap().stopped_at.as_deref(), Some("aten::convolution"));
+        let e = conv.run(inputs.iter().map(Tensor::shallow_clone).collect()).unwrap_err();
+        assert!(e.to_string().contains("stride"), "{e}");
     }
 
     #[test]
