@@ -7,6 +7,7 @@
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
+use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::Args;
@@ -14,8 +15,9 @@ use djinn_executor::graph::GraphModule;
 use djinn_executor::tch::{self, Device, Kind, Tensor};
 use djinn_graph::format::{FORMAT, WEIGHT_ALIGN};
 use djinn_graph::{Arg, DimRange, Input, Node, Program, Weight};
+use hdrhistogram::Histogram;
 
-use crate::report::{Stats, append_section, measure};
+use crate::report::{Stats, append_section};
 
 #[derive(Args, Debug)]
 pub struct PlanArgs {
@@ -70,8 +72,33 @@ fn node(op: &str, args: Vec<Arg>, output: u32) -> Node {
     Node { op: op.into(), overload: String::new(), args, kwargs: Default::default(), outputs: vec![output] }
 }
 
-/// Runs without a plan, with a kept plan, and with a new plan each time, on inputs of `rows`
-/// rows (cycling through 128 batch sizes for the new plans: more than a graph keeps).
+/// Runs `ops` in turn, a hundred calls of each per round, so that drifts of the machine (its
+/// clock, other processes) fall on all of them alike; a round of each first, untimed.
+fn alternating<const N: usize>(iters: u64, mut ops: [&mut dyn FnMut() -> Result<()>; N]) -> Result<[Stats; N]> {
+    const ROUND: u64 = 100;
+    let mut histograms: Vec<Histogram<u64>> =
+        (0..N).map(|_| Histogram::new(3).context("histogram")).collect::<Result<_>>()?;
+    for op in ops.iter_mut() {
+        for _ in 0..ROUND {
+            op()?;
+        }
+    }
+    for _ in 0..iters.div_ceil(ROUND) {
+        for (op, h) in ops.iter_mut().zip(&mut histograms) {
+            for _ in 0..ROUND {
+                let start = Instant::now();
+                op()?;
+                h.record(start.elapsed().as_nanos() as u64).context("histogram range")?;
+            }
+        }
+    }
+    let stats: Vec<Stats> = histograms.iter().map(Stats::of).collect();
+    stats.try_into().map_err(|_| anyhow::anyhow!("one figure per measurement"))
+}
+
+/// Runs without a plan and with a kept plan, on inputs of `rows` rows; and without a plan and
+/// with a new plan each time, cycling through 128 batch sizes (more than a graph keeps plans
+/// of).
 fn measure_graph(g: &GraphModule, width: i64, rows: i64, iters: u64) -> Result<[Stats; 4]> {
     let x = Tensor::randn([rows, width], (Kind::Float, Device::Cpu));
     let run = |x: &Tensor| g.run(vec![x.shallow_clone()]).map(drop).map_err(anyhow::Error::from);
@@ -79,20 +106,23 @@ fn measure_graph(g: &GraphModule, width: i64, rows: i64, iters: u64) -> Result<[
         g.estimate_run(std::slice::from_ref(x))?;
         run(x)
     };
+    let [bare, kept] = alternating(iters, [&mut || run(&x), &mut || plan_and_run(&x)])?;
     let cycle: Vec<Tensor> = (1..=128).map(|r| Tensor::randn([r, width], (Kind::Float, Device::Cpu))).collect();
     let (mut a, mut b) = (0usize, 0usize);
-    Ok([
-        measure(iters, || run(&x))?,
-        measure(iters, || plan_and_run(&x))?,
-        measure(iters, || {
-            a += 1;
-            run(&cycle[a % cycle.len()])
-        })?,
-        measure(iters, || {
-            b += 1;
-            plan_and_run(&cycle[b % cycle.len()])
-        })?,
-    ])
+    let [cycle_bare, cycle_new] = alternating(
+        iters,
+        [
+            &mut || {
+                a += 1;
+                run(&cycle[a % cycle.len()])
+            },
+            &mut || {
+                b += 1;
+                plan_and_run(&cycle[b % cycle.len()])
+            },
+        ],
+    )?;
+    Ok([bare, kept, cycle_bare, cycle_new])
 }
 
 pub fn run(args: PlanArgs) -> Result<()> {
@@ -150,7 +180,9 @@ pub fn run(args: PlanArgs) -> Result<()> {
     }
     println!("{table}");
     if let Some(path) = &args.results {
-        let notes = [format!("Timed runs: {n} each, in this process, libtorch on 1 thread")];
+        let notes = [format!(
+            "Timed runs: {n} each, in this process, libtorch on 1 thread; each pair measured in alternating rounds of 100"
+        )];
         append_section(path, "plan", &notes, &table)?;
     }
     Ok(())

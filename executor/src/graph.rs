@@ -468,10 +468,7 @@ impl GraphModule {
     pub fn run(&self, inputs: Vec<Tensor>) -> Result<Vec<RtValue>, ExecError> {
         let index = self.select(&inputs)?;
         // Held until the run ends: its planned peak against the tenant's memory quota.
-        let _charge = match crate::cost::charged() {
-            true => crate::cost::admit(&self.estimate(index, &inputs)?)?,
-            false => None,
-        };
+        let _charge = if crate::cost::charged() { crate::cost::admit(&self.estimate(index, &inputs)?)? } else { None };
         let (Some(program), Some(checked), Some(calls), Some(dies_after)) = (
             self.checked.program.graph(index),
             self.checked.graphs.get(index),
@@ -535,14 +532,12 @@ impl GraphModule {
         /// Plans kept per graph; a caller cycling through more shapes than this plans again.
         const KEPT: usize = 64;
         let key: Vec<(Vec<i64>, Vec<i64>)> = inputs.iter().map(|t| (t.size(), t.stride())).collect();
-        let cached =
-            |estimates: &mut Vec<HashMap<_, Estimate>>| estimates.get(index).and_then(|m| m.get(&key).cloned());
-        if let Some(e) = cached(&mut self.estimates.lock().unwrap_or_else(|e| e.into_inner())) {
+        let lock = || self.estimates.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(e) = lock().get(index).and_then(|plans| plans.get(&key)).cloned() {
             return Ok(e);
         }
         let estimate = self.plan(index, inputs)?;
-        let mut estimates = self.estimates.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(plans) = estimates.get_mut(index) {
+        if let Some(plans) = lock().get_mut(index) {
             if plans.len() >= KEPT {
                 plans.clear();
             }

@@ -115,11 +115,11 @@ struct Shared {
 }
 
 impl Shared {
-    /// Runs an execution of `tenant`'s under the deadline `limit`, its graph runs planned and
+    /// Runs an execution of `tenant`'s under the node's deadline, its graph runs planned and
     /// charged to the tenant before each runs.
-    fn limited<T>(&self, tenant: TenantId, limit: Option<Duration>, f: impl FnOnce() -> T) -> T {
+    fn limited<T>(&self, tenant: TenantId, f: impl FnOnce() -> T) -> T {
         let account = Account { tenant, limits: self.limits.clone() };
-        cost::within(Some(Arc::new(account)), || deadline::within(limit, f))
+        cost::within(Some(Arc::new(account)), || deadline::within(self.limits.deadline, f))
     }
 }
 
@@ -299,11 +299,10 @@ fn work(scheduler: &Scheduler, shared: &Shared) {
         let mut then_drain = None;
         let started = Instant::now();
         let timed = matches!(job, Job::Execute { .. } | Job::Resume { .. });
-        let limit = if timed { shared.limits.deadline } else { None };
         let result = caught(|| match job {
-            Job::Execute { model, frame } => shared.limited(tenant, limit, || execute(tenant, model, frame, shared)),
+            Job::Execute { model, frame } => shared.limited(tenant, || execute(tenant, model, frame, shared)),
             Job::Resume { handle, parked, frame } => {
-                shared.limited(tenant, limit, || resume(handle, parked, frame, shared, &mut then_drain))
+                shared.limited(tenant, || resume(handle, parked, frame, shared, &mut then_drain))
             }
             Job::Inspect { activation, handle, block } => {
                 Ok(paused(handle, block, Sent::activation(Some(&activation))?))
@@ -369,8 +368,7 @@ fn session_next(id: u64, shared: &Shared) -> bool {
     let Some(op) = lock(sessions).next_op(id) else { return false };
     match op {
         Op::Step { frame, to, replier } => {
-            let result =
-                caught(|| shared.limited(to.tenant, shared.limits.deadline, || step(to.tenant, id, frame, shared)));
+            let result = caught(|| shared.limited(to.tenant, || step(to.tenant, id, frame, shared)));
             if result.is_err() {
                 // Whatever failed (a panic included), the session is not stepping any more.
                 let _ = lock(sessions).end_step(id, None);
