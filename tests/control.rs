@@ -743,3 +743,36 @@ fn out_of_descriptors_the_api_backs_off_and_recovers() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// Without `--store`, `djinn control` keeps its store in the state directory (`$DJINN_STATE_DIR`,
+/// else `$XDG_STATE_HOME/djinn`, else `~/.local/state/djinn`), made readable by its owner only,
+/// and writes nothing in the directory it was started from; started again the same way, it
+/// finds what it had.
+#[test]
+fn the_default_store_lives_in_the_state_directory_not_the_working_one() {
+    use std::os::unix::fs::PermissionsExt;
+    for (var, dir, store) in [
+        ("DJINN_STATE_DIR", "state", "state/control.redb"),
+        ("XDG_STATE_HOME", "xdg", "xdg/djinn/control.redb"),
+        ("HOME", "home", "home/.local/state/djinn/control.redb"),
+    ] {
+        let (cwd, root) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let start = || {
+            let mut command = Command::new(env!("CARGO_BIN_EXE_djinn"));
+            command.args(["control", "--listen", "127.0.0.1:0", "--log", "warn"]).current_dir(cwd.path());
+            command.env_remove("DJINN_STATE_DIR").env_remove("XDG_STATE_HOME").env(var, root.path().join(dir));
+            let (child, addr) = support::spawn_listening(command, "djinn control listening on ");
+            Control { child: Some(child), url: format!("http://{addr}") }
+        };
+        let control = start();
+        control.describe(&fingerprint(7), 1, MIB, 1e9);
+        drop(control);
+        let path = root.path().join(store);
+        assert!(path.is_file(), "{var}: no store at {}", path.display());
+        let mode = std::fs::metadata(path.parent().unwrap()).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700, "{var}: the state directory is its owner's");
+        assert_eq!(std::fs::read_dir(cwd.path()).unwrap().count(), 0, "{var}: nothing in the working directory");
+        let again = start();
+        assert_eq!(again.ok("GET", &format!("/v1/models/{}", fingerprint(7)), None)["blocks"][0]["weight_bytes"], MIB);
+    }
+}

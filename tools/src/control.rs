@@ -24,9 +24,11 @@ pub struct ControlArgs {
     /// Address of the HTTP API, HOST:PORT (port 0 picks a free one).
     #[arg(long, default_value = "127.0.0.1:7000")]
     pub listen: String,
-    /// The embedded store's file (used unless --etcd is given).
-    #[arg(long, default_value = "djinn-control.redb")]
-    pub store: PathBuf,
+    /// The embedded store's file (used unless --etcd is given). Default: `control.redb` in the
+    /// state directory, `$DJINN_STATE_DIR`, else `$XDG_STATE_HOME/djinn`, else
+    /// `~/.local/state/djinn`.
+    #[arg(long)]
+    pub store: Option<PathBuf>,
     /// etcd endpoints, comma-separated (http://HOST:PORT): several control processes share
     /// one cluster state there.
     #[arg(long, value_delimiter = ',')]
@@ -100,8 +102,12 @@ pub fn run(args: ControlArgs) -> Result<()> {
     };
     runtime()?.block_on(async {
         let api = if args.etcd.is_empty() {
-            let store = EmbeddedStore::open(&args.store)?;
-            tracing::info!(store = %args.store.display(), "embedded store");
+            let path = match &args.store {
+                Some(path) => path.clone(),
+                None => EmbeddedStore::default_path()?,
+            };
+            let store = EmbeddedStore::open(&path)?;
+            tracing::info!(store = %path.display(), "embedded store");
             Api::bind(store, config, authenticator, &args.listen).await?
         } else {
             let store = EtcdStore::connect(&args.etcd).await?;

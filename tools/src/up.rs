@@ -22,9 +22,10 @@ pub struct UpArgs {
     /// Address of the control plane's HTTP API, HOST:PORT (port 0 picks a free one).
     #[arg(long, default_value = "127.0.0.1:7000")]
     control_listen: String,
-    /// The control plane's embedded store file.
-    #[arg(long, default_value = "djinn-control.redb")]
-    store: PathBuf,
+    /// The control plane's embedded store file. Default: `control.redb` in the state directory
+    /// (see `djinn control --help`).
+    #[arg(long)]
+    store: Option<PathBuf>,
     /// How long a node's lease lasts without a renewal (`3s`, `1500ms`).
     #[arg(long, default_value = "3s", value_parser = control::parse_duration)]
     lease_ttl: Duration,
@@ -49,7 +50,11 @@ pub fn run(mut args: UpArgs) -> Result<()> {
     let node_auth = authenticator.clone();
     let (bound, addr) = mpsc::channel();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let (listen, store) = (args.control_listen, args.store);
+    let store = match args.store {
+        Some(path) => path,
+        None => EmbeddedStore::default_path()?,
+    };
+    let listen = args.control_listen;
     let thread = std::thread::Builder::new().name("djinn-control".into()).spawn(move || {
         control::runtime()?.block_on(async {
             let api = Api::bind(EmbeddedStore::open(&store)?, config, authenticator, &listen).await?;

@@ -3,7 +3,8 @@
 //! keeps its nodes for as long as their leases would have lasted; a thread deletes the keys of
 //! lapsed leases.
 
-use std::path::Path;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -203,6 +204,24 @@ fn key_of(event: &Event) -> &str {
 
 impl EmbeddedStore {
     /// Opens (or creates) the store at `path` and starts the thread that ends lapsed leases.
+    /// The store `djinn control` and `djinn up` keep when given no `--store`: `control.redb` in
+    /// the state directory, `$DJINN_STATE_DIR`, else `$XDG_STATE_HOME/djinn`, else
+    /// `~/.local/state/djinn` (the XDG default), made readable by its owner only if missing;
+    /// never the current directory.
+    pub fn default_path() -> Result<PathBuf, StoreError> {
+        let env = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+        let dir = env("DJINN_STATE_DIR")
+            .or_else(|| env("XDG_STATE_HOME").map(|d| d.join("djinn")))
+            .or_else(|| env("HOME").map(|h| h.join(".local/state/djinn")))
+            .ok_or_else(|| backend("no state directory: set DJINN_STATE_DIR or HOME, or give --store"))?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| backend(format!("cannot make the state directory {}: {e}", dir.display())))?;
+        Ok(dir.join("control.redb"))
+    }
+
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         let db = Database::create(path).map_err(|e| backend(format!("{}: {e}", path.display())))?;
         let inner = Arc::new(Inner { db, watchers: Mutex::new(Vec::new()) });
