@@ -776,3 +776,45 @@ fn the_default_store_lives_in_the_state_directory_not_the_working_one() {
         assert_eq!(again.ok("GET", &format!("/v1/models/{}", fingerprint(7)), None)["blocks"][0]["weight_bytes"], MIB);
     }
 }
+
+/// A model record that no live node holds expires after `--model-record-ttl`: one described and
+/// never placed goes, one a node holds stays, and goes once the node lets go of it; describing
+/// it again starts its time afresh.
+#[test]
+fn model_records_no_node_holds_expire() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("control.redb").display().to_string();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_djinn"));
+    command.args(["up", "--listen", "127.0.0.1:0", "--control-listen", "127.0.0.1:0", "--store", &store]);
+    command.args(["--model-record-ttl", "2s", "--device", "cpu", "--device-memory-budget", "64MiB", "--name", "solo"]);
+    command.args(["--log", "warn"]);
+    let (up, addrs) = support::spawn_announcing(command, &["djinn control listening on ", "djinn node listening on "]);
+    let _up = support::Killed(up);
+    let control = Control::served_at(&addrs[0]);
+    control.wait_for_nodes(&["solo"], Duration::from_secs(20));
+    let mut client = ClusterClient::open(&control.url, ClientOptions::default(), FailoverOptions::default()).unwrap();
+    let model = client.register_model(vec![support::archive("halves").into()], None, None, false, |_, _| {}).unwrap();
+    let held = model.fingerprint.to_string();
+    let (unplaced, redescribed) = (fingerprint(9), fingerprint(10));
+    control.describe(&unplaced, 1, MIB, 1e9);
+    control.describe(&redescribed, 1, MIB, 1e9);
+    let exists = |fp: &str| control.http("GET", &format!("/v1/models/{fp}"), None).0 == 200;
+    std::thread::sleep(Duration::from_millis(1200));
+    control.describe(&redescribed, 1, MIB, 1e9);
+    std::thread::sleep(Duration::from_millis(1200));
+    assert!(exists(&redescribed), "described again 1.2 s ago: not expired yet");
+    let gone_within = |fp: &str, within: Duration| {
+        let started = Instant::now();
+        while exists(fp) {
+            assert!(started.elapsed() < within, "{fp} did not expire within {within:?}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    gone_within(&unplaced, Duration::from_secs(3));
+    gone_within(&redescribed, Duration::from_secs(4));
+    assert!(exists(&held), "a record the node holds stays");
+    client.unregister_model(&model.fingerprint).unwrap();
+    gone_within(&held, Duration::from_secs(8));
+    let metrics = control.http("GET", "/metrics", None).1.to_string();
+    assert!(metrics.contains("djinn_control_model_records_expired_total 3"), "{metrics}");
+}

@@ -233,6 +233,12 @@ impl Cluster {
         self.holders.get(fingerprint).is_some_and(|h| h.contains(node))
     }
 
+    /// Whether a live node's inventory lists the model: what a node holds now, not what it
+    /// was once given.
+    pub fn in_inventory(&self, fingerprint: &str) -> bool {
+        self.membership.live().any(|(_, m)| m.inventory.models.iter().any(|fp| fp == fingerprint))
+    }
+
     /// The live nodes that hold the model or were given it, by name.
     pub fn holders(&self, fingerprint: &str) -> Vec<NodeId> {
         let mut nodes: Vec<NodeId> = self

@@ -248,6 +248,12 @@ async fn metrics<S: Store>(State(control): Control<S>) -> Response {
     metric("djinn_control_placements_total", "counter", "Placements, by the rule that decided.", &by_rule);
     metric("djinn_control_placement_errors_total", "counter", "Placements refused.", &one(load(&c.placement_errors)));
     metric(
+        "djinn_control_model_records_expired_total",
+        "counter",
+        "Model records deleted because no node held them for --model-record-ttl.",
+        &one(load(&c.records_expired)),
+    );
+    metric(
         "djinn_control_placement_seconds_total",
         "counter",
         "Time spent placing, recording included.",

@@ -28,6 +28,9 @@ pub struct ControlConfig {
     pub max_models_per_tenant: usize,
     /// Sessions one tenant may have placed at once (records that live as long as their node).
     pub max_sessions_per_tenant: usize,
+    /// A model record that no live node's inventory has listed for this long is deleted: the
+    /// descriptions of models gone from the cluster do not pile up in the store.
+    pub model_record_ttl: Duration,
 }
 
 impl Default for ControlConfig {
@@ -37,6 +40,7 @@ impl Default for ControlConfig {
             prefix: "/djinn/".into(),
             max_models_per_tenant: 4096,
             max_sessions_per_tenant: 16384,
+            model_record_ttl: Duration::from_secs(600),
         }
     }
 }
@@ -132,6 +136,8 @@ pub struct ControlCounters {
     pub placements: [AtomicU64; 4],
     pub placement_errors: AtomicU64,
     pub placement_ns: AtomicU64,
+    /// Model records deleted because no node held them for `model_record_ttl`.
+    pub records_expired: AtomicU64,
 }
 
 /// One node in [`ClusterStatus`].
@@ -166,6 +172,15 @@ pub struct ClusterStatus {
 struct State {
     cluster: Cluster,
     models: HashMap<String, ModelRecord>,
+    /// Since when (this process's clock, ms) each record no live node holds has been so; a
+    /// record written again starts afresh.
+    unheld_since: HashMap<String, u64>,
+}
+
+impl State {
+    fn new(cluster: Cluster) -> Self {
+        Self { cluster, models: HashMap::new(), unheld_since: HashMap::new() }
+    }
 }
 
 #[derive(Debug)]
@@ -253,6 +268,10 @@ fn count_of<'a>(keys: impl Iterator<Item = &'a String>, tenant: &str, ids_hold_s
     }
 }
 
+/// How often, at least and at most, expired model records are looked for.
+const MIN_SWEEP: Duration = Duration::from_millis(100);
+const MAX_SWEEP: Duration = Duration::from_secs(30);
+
 fn json<T: Serialize>(value: &T) -> Vec<u8> {
     // Our own plain data: serialising it cannot fail.
     serde_json::to_vec(value).unwrap_or_default()
@@ -264,7 +283,7 @@ impl<S: Store> ControlPlane<S> {
         let (snapshot, events) = store.watch(&config.prefix).await?;
         let control = Arc::new(Self {
             store,
-            state: Mutex::new(State { cluster: Cluster::new(0), models: HashMap::new() }),
+            state: Mutex::new(State::new(Cluster::new(0))),
             config,
             applied: watch::channel(0).0,
             started: Instant::now(),
@@ -272,13 +291,60 @@ impl<S: Store> ControlPlane<S> {
         });
         control.load(snapshot);
         tokio::spawn(Self::follow(Arc::downgrade(&control), events));
+        tokio::spawn(Self::expire_records(Arc::downgrade(&control)));
         Ok(control)
+    }
+
+    /// Deletes the model records no live node has held for `model_record_ttl`, looking a few
+    /// times per period, until the control plane is dropped.
+    async fn expire_records(control: std::sync::Weak<Self>) {
+        loop {
+            let Some(every) = control.upgrade().map(|c| (c.config.model_record_ttl / 4).clamp(MIN_SWEEP, MAX_SWEEP))
+            else {
+                return;
+            };
+            tokio::time::sleep(every).await;
+            let Some(this) = control.upgrade() else { return };
+            if let Err(e) = this.expire_unheld_records().await {
+                tracing::warn!(error = %e, "cannot delete expired model records");
+            }
+        }
+    }
+
+    /// Deletes the model records that no live node's inventory has listed for
+    /// `model_record_ttl`; returns how many.
+    pub async fn expire_unheld_records(&self) -> Result<usize, ControlError> {
+        let ttl = self.config.model_record_ttl.as_millis() as u64;
+        let expired: Vec<String> = {
+            let now = self.now_ms();
+            let mut state = self.state();
+            let State { cluster, models, unheld_since } = &mut *state;
+            unheld_since.retain(|fingerprint, _| models.contains_key(fingerprint));
+            models
+                .keys()
+                .filter(|fingerprint| {
+                    if cluster.in_inventory(fingerprint) {
+                        unheld_since.remove(*fingerprint);
+                        return false;
+                    }
+                    let since = *unheld_since.entry((*fingerprint).clone()).or_insert(now);
+                    now.saturating_sub(since) >= ttl
+                })
+                .cloned()
+                .collect()
+        };
+        for fingerprint in &expired {
+            self.store.delete(&self.key(MODELS, fingerprint)).await?;
+            self.counters.records_expired.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(model = %fingerprint, "model record expired: no node has held it");
+        }
+        Ok(expired.len())
     }
 
     /// Replaces the state with a snapshot's (what this process promised goes with it).
     fn load(&self, snapshot: Snapshot) {
         let mut state = self.state();
-        *state = State { cluster: Cluster::new(self.lease_ttl_ms()), models: HashMap::new() };
+        *state = State::new(Cluster::new(self.lease_ttl_ms()));
         for (key, value) in snapshot.entries {
             self.apply(&mut state, Event::Put { key, value });
         }
@@ -365,10 +431,12 @@ impl<S: Store> ControlPlane<S> {
             match value.map(serde_json::from_slice::<ModelRecord>) {
                 Some(Ok(record)) => {
                     state.models.insert(fingerprint.to_owned(), record);
+                    state.unheld_since.remove(fingerprint);
                 }
                 Some(Err(e)) => unreadable(&e),
                 None => {
                     state.models.remove(fingerprint);
+                    state.unheld_since.remove(fingerprint);
                 }
             }
         }
@@ -461,8 +529,11 @@ impl<S: Store> ControlPlane<S> {
         check_model(&record)?;
         {
             let state = self.state();
+            // Described again while no node holds it: written again all the same, so that
+            // every control process starts its time to expiry afresh.
+            let held = state.cluster.in_inventory(&fingerprint);
             match state.models.get(&fingerprint) {
-                Some(known) if *known == record => return Ok(()),
+                Some(known) if *known == record && held => return Ok(()),
                 Some(_) => {}
                 None => {
                     let cap = self.config.max_models_per_tenant;

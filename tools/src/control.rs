@@ -40,6 +40,10 @@ pub struct ControlArgs {
     /// gone from placement this long after its last renewal, at most.
     #[arg(long, default_value = "3s", value_parser = parse_duration)]
     pub lease_ttl: Duration,
+    /// A model record that no live node's inventory has listed for this long is deleted
+    /// (`600s`, `1500ms`): a model placed but never loaded expires too.
+    #[arg(long, default_value = "600s", value_parser = parse_duration)]
+    pub model_record_ttl: Duration,
     #[command(flatten)]
     pub principals: PrincipalsArgs,
     /// Serve the API over TLS with this certificate chain (PEM); needs --tls-key. Clients
@@ -89,7 +93,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 
 /// Serves until SIGINT or SIGTERM.
 pub fn run(args: ControlArgs) -> Result<()> {
-    let mut config = config(args.lease_ttl, &args.prefix)?;
+    let mut config = config(args.lease_ttl, args.model_record_ttl, &args.prefix)?;
     config.max_models_per_tenant = args.max_models_per_tenant;
     config.max_sessions_per_tenant = args.max_sessions_per_tenant;
     let limits = args.limits();
@@ -140,11 +144,11 @@ pub fn tls_acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor> {
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
-pub fn config(lease_ttl: Duration, prefix: &str) -> Result<ControlConfig> {
+pub fn config(lease_ttl: Duration, model_record_ttl: Duration, prefix: &str) -> Result<ControlConfig> {
     if lease_ttl < Duration::from_millis(100) {
         bail!("--lease-ttl must be at least 100ms");
     }
-    Ok(ControlConfig { lease_ttl, prefix: prefix.to_owned(), ..ControlConfig::default() })
+    Ok(ControlConfig { lease_ttl, model_record_ttl, prefix: prefix.to_owned(), ..ControlConfig::default() })
 }
 
 pub fn runtime() -> Result<tokio::runtime::Runtime> {

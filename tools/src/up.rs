@@ -29,6 +29,9 @@ pub struct UpArgs {
     /// How long a node's lease lasts without a renewal (`3s`, `1500ms`).
     #[arg(long, default_value = "3s", value_parser = control::parse_duration)]
     lease_ttl: Duration,
+    /// A model record that no node has held for this long is deleted (`600s`, `1500ms`).
+    #[arg(long, default_value = "600s", value_parser = control::parse_duration)]
+    model_record_ttl: Duration,
 }
 
 /// Serves until SIGINT or SIGTERM: the node stops first (it leaves the control plane), then the
@@ -37,7 +40,7 @@ pub fn run(mut args: UpArgs) -> Result<()> {
     if args.node.control.is_some() {
         bail!("`djinn up` runs its own control plane: --control is for `djinn node`");
     }
-    let config = control::config(args.lease_ttl, "/djinn/")?;
+    let config = control::config(args.lease_ttl, args.model_record_ttl, "/djinn/")?;
     // The control plane and the node share one watch of the principals.
     let auth = args.node.auth.principals.authenticator()?;
     if auth.is_some() && args.node.auth.token()?.is_empty() {
