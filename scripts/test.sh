@@ -8,9 +8,10 @@ bash scripts/setup.sh --no-build
 
 step() { printf '\n== %s\n' "$*" >&2; }
 
-step "rustfmt, clippy"
+step "rustfmt, clippy, import cycles"
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+python3 scripts/import-cycles.py
 
 step "cargo test"
 cargo test --workspace --locked

@@ -27,22 +27,6 @@ pub fn kind_of(dtype: DType) -> Kind {
     }
 }
 
-pub fn dtype_of(kind: Kind) -> Result<DType, ExecError> {
-    Ok(match kind {
-        Kind::Half => DType::F16,
-        Kind::BFloat16 => DType::BF16,
-        Kind::Float => DType::F32,
-        Kind::Double => DType::F64,
-        Kind::Int8 => DType::I8,
-        Kind::Int16 => DType::I16,
-        Kind::Int => DType::I32,
-        Kind::Int64 => DType::I64,
-        Kind::Uint8 => DType::U8,
-        Kind::Bool => DType::Bool,
-        other => return Err(ExecError::Unsupported(format!("output dtype {other:?} has no wire dtype"))),
-    })
-}
-
 /// Tensors over the bytes of `payload`, laid out as `descs` say, moved to `device` when it is
 /// not the CPU. The views borrow `payload`: it must outlive them (the caller keeps the `Arc`).
 pub fn input_tensors(
@@ -166,7 +150,7 @@ impl OutputTensor {
     pub fn new(t: Tensor, inputs: Option<Arc<Payload>>) -> Result<(Self, TensorDesc), ExecError> {
         let t = if t.device() == Device::Cpu { t } else { t.f_to_device(Device::Cpu)? };
         let t = if t.is_contiguous() { t } else { t.f_contiguous()? };
-        let desc = crate::handles::describe(&t)?;
+        let desc = crate::tensors::describe(&t)?;
         let addr = t.data_ptr() as usize;
         Ok((Self { len: desc.byte_len as usize, addr, _tensor: t, _inputs: inputs }, desc))
     }

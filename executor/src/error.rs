@@ -1,4 +1,6 @@
-use djinn_dataplane::proto::ErrorCode;
+use std::time::Duration;
+
+use djinn_dataplane::proto::{ErrorCode, Handle};
 
 /// Why a model could not be registered or run. Each maps to the error code the client sees.
 #[derive(Debug, thiserror::Error)]
@@ -21,11 +23,11 @@ pub enum ExecError {
     #[error(transparent)]
     Cuda(#[from] djinn_gpudirect::DeviceError),
     #[error(transparent)]
-    Handle(#[from] crate::handles::HandleError),
+    Handle(#[from] HandleError),
     #[error(transparent)]
-    Session(#[from] crate::sessions::SessionError),
+    Session(#[from] SessionError),
     #[error(transparent)]
-    Breakpoint(#[from] crate::parked::BreakpointError),
+    Breakpoint(#[from] BreakpointError),
     /// The principal may not do this (TorchScript without the right).
     #[error("{0}")]
     Forbidden(String),
@@ -80,5 +82,105 @@ impl ExecError {
             Self::Breakpoint(e) => e.code(),
             Self::Cuda(_) | Self::Internal(_) => ErrorCode::Internal,
         }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum HandleError {
+    #[error(
+        "handle {handle} is from an earlier life of this node (its epoch is now {current:016x}): the node restarted and what it kept is gone"
+    )]
+    Stale { handle: Handle, current: u64 },
+    #[error(
+        "no tensor is kept under handle {handle} on this node: it was released, or expired after {idle_ttl:?} unused"
+    )]
+    Unknown { handle: Handle, idle_ttl: Duration },
+}
+
+impl HandleError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Self::Stale { .. } => ErrorCode::StaleHandle,
+            Self::Unknown { .. } => ErrorCode::NotFound,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SessionError {
+    #[error(
+        "session {session} is from an earlier life of this node (its epoch is now {current:016x}): the node restarted and the session's state is gone"
+    )]
+    Stale { session: Handle, current: u64 },
+    #[error("no session {session} on this node: it was closed, or expired after {idle_ttl:?} idle")]
+    Unknown { session: Handle, idle_ttl: Duration },
+    #[error("no room for session state: {0}")]
+    Full(String),
+    #[error(
+        "a step of a session with {state} state tensors must return a tuple of its outputs then its new state: {got}"
+    )]
+    BadStep { state: usize, got: String },
+    #[error(
+        "session {session} has {queued} requests waiting (its step parked, or still running): send more once they are done"
+    )]
+    Busy { session: Handle, queued: usize },
+}
+
+impl SessionError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Self::Stale { .. } => ErrorCode::StaleHandle,
+            Self::Unknown { .. } => ErrorCode::NotFound,
+            Self::Full(_) => ErrorCode::OverBudget,
+            Self::BadStep { .. } => ErrorCode::ExecutionFailed,
+            Self::Busy { .. } => ErrorCode::Busy,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BreakpointError {
+    #[error(
+        "parked request {parked} is from an earlier life of this node (its epoch is now {current:016x}): the node restarted and the request is gone"
+    )]
+    Stale { parked: Handle, current: u64 },
+    #[error("no parked request {parked} on this node (parked requests are released after {ttl:?})")]
+    Unknown { parked: Handle, ttl: Duration },
+    #[error("parked request {parked} was already {how}: a parked request is resumed or aborted once")]
+    Ended { parked: Handle, how: Ended },
+    #[error("the replacement activation does not match the parked one: {0}")]
+    Mismatch(String),
+    #[error("cannot stop after block {block}: {why}")]
+    BadBlock { block: u32, why: String },
+}
+
+impl BreakpointError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Self::Stale { .. } => ErrorCode::StaleHandle,
+            Self::Unknown { .. } | Self::Ended { .. } => ErrorCode::NotFound,
+            Self::Mismatch(_) | Self::BadBlock { .. } => ErrorCode::BadBreakpoint,
+        }
+    }
+}
+
+/// How a parked request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    Resumed,
+    Aborted,
+    Expired,
+}
+
+impl std::fmt::Display for Ended {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Resumed => "resumed",
+            Self::Aborted => "aborted",
+            Self::Expired => "released after its time limit",
+        })
     }
 }

@@ -14,6 +14,7 @@ use tch::{Device, Kind, Tensor};
 
 use crate::cost::Estimate;
 use crate::error::ExecError;
+pub use crate::value::RtValue;
 
 mod ffi {
     use std::ffi::{c_char, c_int, c_void};
@@ -115,38 +116,6 @@ fn take_message(message: *mut c_char) -> String {
     // SAFETY: as above.
     unsafe { ffi::djinn_free_message(message) };
     text
-}
-
-/// A runtime value of the graph.
-#[derive(Debug)]
-pub enum RtValue {
-    None,
-    Tensor(Tensor),
-    Int(i64),
-    Float(f64),
-    Bool(bool),
-    List(Vec<RtValue>),
-}
-
-impl RtValue {
-    pub(crate) fn shallow_clone(&self) -> RtValue {
-        match self {
-            RtValue::None => RtValue::None,
-            RtValue::Tensor(t) => RtValue::Tensor(t.shallow_clone()),
-            RtValue::Int(i) => RtValue::Int(*i),
-            RtValue::Float(f) => RtValue::Float(*f),
-            RtValue::Bool(b) => RtValue::Bool(*b),
-            RtValue::List(items) => RtValue::List(items.iter().map(RtValue::shallow_clone).collect()),
-        }
-    }
-
-    pub(crate) fn int(&self) -> Option<i64> {
-        match self {
-            RtValue::Int(i) => Some(*i),
-            RtValue::Bool(b) => Some(i64::from(*b)),
-            _ => None,
-        }
-    }
 }
 
 /// One request's generator: random operators draw from it and from nothing shared.

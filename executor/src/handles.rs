@@ -9,34 +9,12 @@ use std::hash::BuildHasher;
 use std::time::{Duration, Instant};
 
 use djinn_auth::TenantId;
-use djinn_dataplane::proto::{ErrorCode, Handle, HandleInfo, Payload, TensorDesc};
+use djinn_dataplane::proto::{Handle, HandleInfo, Payload, TensorDesc};
 use djinn_gpudirect::{MemoryBudget, Reservation};
 use tch::Tensor;
 
-use crate::convert::dtype_of;
-use crate::error::ExecError;
-
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum HandleError {
-    #[error(
-        "handle {handle} is from an earlier life of this node (its epoch is now {current:016x}): the node restarted and what it kept is gone"
-    )]
-    Stale { handle: Handle, current: u64 },
-    #[error(
-        "no tensor is kept under handle {handle} on this node: it was released, or expired after {idle_ttl:?} unused"
-    )]
-    Unknown { handle: Handle, idle_ttl: Duration },
-}
-
-impl HandleError {
-    pub fn code(&self) -> ErrorCode {
-        match self {
-            Self::Stale { .. } => ErrorCode::StaleHandle,
-            Self::Unknown { .. } => ErrorCode::NotFound,
-        }
-    }
-}
+use crate::error::{ExecError, HandleError};
+use crate::tensors::describe;
 
 struct Entry {
     tenant: TenantId,
@@ -241,15 +219,10 @@ pub(crate) fn fresh_epoch() -> u64 {
 }
 
 /// The wire descriptor of a tensor (its dtype and shape; contiguous bytes).
-pub fn describe(tensor: &Tensor) -> Result<TensorDesc, ExecError> {
-    let dtype = dtype_of(tensor.kind())?;
-    let shape = tensor.size().iter().map(|&d| d as u64).collect();
-    TensorDesc::new(dtype, shape).map_err(|e| ExecError::Unsupported(e.to_string()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use djinn_dataplane::proto::ErrorCode;
     use tch::{Device, Kind};
 
     const T: TenantId = TenantId(1);

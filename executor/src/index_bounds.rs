@@ -9,7 +9,7 @@
 use djinn_graph::Arg;
 use tch::{Kind, Tensor};
 
-use crate::graph::RtValue;
+use crate::value::RtValue;
 
 /// Which dimensions of the indexed tensor the indices are into.
 #[derive(Debug, Clone)]

@@ -23,6 +23,7 @@ use tch::{Device, Tensor};
 use crate::error::ExecError;
 use crate::graph::{GraphModule, RtValue};
 use crate::stream::{Plan, StreamStats, StreamedBlock, Streamer, plan};
+use crate::tensors::tensor_bytes;
 use djinn_gpudirect::CudaContext;
 
 /// A model on the node's device: its blocks in execution order, some of them streamed when the
@@ -339,10 +340,6 @@ pub(crate) fn spread(out: IValue) -> Vec<IValue> {
         IValue::Tuple(items) => items,
         other => vec![other],
     }
-}
-
-pub(crate) fn tensor_bytes(t: &Tensor) -> u64 {
-    t.numel() as u64 * t.kind().elt_size_in_bytes() as u64
 }
 
 /// A model loaded (or sized) but not yet charged to the budget nor visible to clients.

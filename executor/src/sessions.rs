@@ -18,14 +18,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use djinn_auth::TenantId;
-use djinn_dataplane::proto::{ErrorCode, Frame, Handle, Signal};
+use djinn_dataplane::proto::{Frame, Handle, Signal};
 use djinn_dataplane::tcp::{Replier, ReplyTo};
 use djinn_gpudirect::{MemoryBudget, Reservation};
 use tch::{Device, Tensor};
 
-use crate::error::ExecError;
+use crate::error::{ExecError, SessionError};
 use crate::handles::fresh_epoch;
-use crate::models::{Model, tensor_bytes};
+use crate::models::Model;
+use crate::tensors::tensor_bytes;
 
 /// Which resident session makes room for another.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,39 +67,6 @@ pub struct SessionOptions {
     pub host_pool: u64,
     /// A session untouched this long is closed (its client is presumed gone).
     pub idle_ttl: Duration,
-}
-
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum SessionError {
-    #[error(
-        "session {session} is from an earlier life of this node (its epoch is now {current:016x}): the node restarted and the session's state is gone"
-    )]
-    Stale { session: Handle, current: u64 },
-    #[error("no session {session} on this node: it was closed, or expired after {idle_ttl:?} idle")]
-    Unknown { session: Handle, idle_ttl: Duration },
-    #[error("no room for session state: {0}")]
-    Full(String),
-    #[error(
-        "a step of a session with {state} state tensors must return a tuple of its outputs then its new state: {got}"
-    )]
-    BadStep { state: usize, got: String },
-    #[error(
-        "session {session} has {queued} requests waiting (its step parked, or still running): send more once they are done"
-    )]
-    Busy { session: Handle, queued: usize },
-}
-
-impl SessionError {
-    pub fn code(&self) -> ErrorCode {
-        match self {
-            Self::Stale { .. } => ErrorCode::StaleHandle,
-            Self::Unknown { .. } => ErrorCode::NotFound,
-            Self::Full(_) => ErrorCode::OverBudget,
-            Self::BadStep { .. } => ErrorCode::ExecutionFailed,
-            Self::Busy { .. } => ErrorCode::Busy,
-        }
-    }
 }
 
 /// Requests (steps, signals, a close) one session may have waiting: past it, more are refused

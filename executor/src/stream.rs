@@ -26,7 +26,7 @@ use tch::jit::IValue;
 use tch::{Device, Kind, Tensor};
 
 use crate::error::ExecError;
-use crate::models::tensor_bytes;
+use crate::tensors::tensor_bytes;
 
 /// Which blocks stream, and the ring they stream through.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -19,11 +19,12 @@ use crate::convert::{OutputTensor, Outputs, aliases, input_tensors, kept_inputs,
 use crate::cost::{self, Account, Limits};
 use crate::deadline;
 use crate::error::ExecError;
+use crate::error::SessionError;
 use crate::fair::FairQueue;
 use crate::handles::HandleTable;
 use crate::models::{Model, ModelStore, Upload, spread};
 use crate::parked::{Activation, Parked, ParkedTable, SessionStep, Stopped, check_breakpoint};
-use crate::sessions::{Op, SessionError, SessionTable, lock};
+use crate::sessions::{Op, SessionTable, lock};
 
 pub enum Job {
     Execute {

@@ -129,7 +129,7 @@ pub fn tokens(command: TokensCommand) -> Result<()> {
     match command {
         TokensCommand::Put { file, etcd, key } => {
             let document = std::fs::read(&file).with_context(|| format!("cannot read {}", file.display()))?;
-            crate::control::runtime()?.block_on(async {
+            crate::runtime()?.block_on(async {
                 let store = djinn_control::store::EtcdStore::connect(&etcd).await?;
                 principals::put(&store, &key, document).await
             })?;

@@ -104,7 +104,7 @@ pub fn run(args: ControlArgs) -> Result<()> {
         (Some(cert), Some(key)) => Some(tls_acceptor(cert, key)?),
         _ => None,
     };
-    runtime()?.block_on(async {
+    crate::runtime()?.block_on(async {
         let api = if args.etcd.is_empty() {
             let path = match &args.store {
                 Some(path) => path.clone(),
@@ -149,15 +149,6 @@ pub fn config(lease_ttl: Duration, model_record_ttl: Duration, prefix: &str) -> 
         bail!("--lease-ttl must be at least 100ms");
     }
     Ok(ControlConfig { lease_ttl, model_record_ttl, prefix: prefix.to_owned(), ..ControlConfig::default() })
-}
-
-pub fn runtime() -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("djinn-control")
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")
 }
 
 /// The control plane's HTTP API, bound to its address but not serving yet.

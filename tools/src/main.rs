@@ -198,3 +198,13 @@ fn main() -> Result<()> {
 fn us(d: std::time::Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
+
+/// The async runtime of the control plane and of the commands that talk to etcd.
+pub fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("djinn-control")
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}

@@ -59,7 +59,7 @@ pub fn run(mut args: UpArgs) -> Result<()> {
     };
     let listen = args.control_listen;
     let thread = std::thread::Builder::new().name("djinn-control".into()).spawn(move || {
-        control::runtime()?.block_on(async {
+        crate::runtime()?.block_on(async {
             let api = Api::bind(EmbeddedStore::open(&store)?, config, authenticator, &listen).await?;
             let _ = bound.send(api.addr());
             // The node's own signal handler stops the node; the control plane waits for it.
