@@ -16,6 +16,9 @@ python3 scripts/import-cycles.py
 step "cargo test"
 cargo test --workspace --locked
 
+step "the docs' runnable shell blocks"
+python3 scripts/doc-blocks.py "$PWD/target/debug"
+
 step "python tests (the real extension against a real node)"
 DJINN_BIN="$PWD/target/debug/djinn" .venv/bin/python -m pytest -q client-lib/python/tests
 

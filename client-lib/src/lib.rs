@@ -395,7 +395,7 @@ impl Client {
         }
     }
 
-    /// Opens a session of a registered model whose initial state is `state` (see the README's
+    /// Opens a session of a registered model whose initial state is `state` (see docs/python.md's
     /// contract for stateful models); the state stays on the node between steps. `reserve` is
     /// the state's expected size at its largest, in bytes.
     pub fn session_open(

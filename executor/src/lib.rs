@@ -1,7 +1,10 @@
-//! The node side of Djinn: what a node holds and computes. Named tensors live in host memory
-//! under the node's budget; models are ordered lists of TorchScript blocks, loaded once per
-//! fingerprint onto the node's device (libtorch through `tch`) and run by worker threads that
-//! the data plane's poller feeds.
+//! The node side of Djinn: what a node holds and computes. Named and kept tensors live under
+//! the node's memory budget; a model is an ordered list of blocks, each a checked graph run
+//! through libtorch's dispatcher (`graph.rs`; TorchScript only from principals with the
+//! right), loaded once per fingerprint onto the node's device and run by worker threads that
+//! the data plane's poller feeds, each run planned and charged to its tenant before it runs
+//! (`cost.rs`). Sessions keep state between steps, breakpoints park runs between blocks, and
+//! models larger than the budget stream through a ring (`stream.rs`).
 
 // One libtorch binding, chosen by feature (tch checks the torch version it is built against).
 #[cfg(all(feature = "torch-2-13", feature = "torch-2-11"))]

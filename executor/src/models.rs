@@ -318,7 +318,7 @@ fn load_block(mut reader: BlockReader<'_>, i: usize, device: Device, torchscript
         return Err(ExecError::Forbidden(format!(
             "block {i} is TorchScript, which is code that runs on the node: only a principal given the right \
              \"torchscript\" may register it. Register the model as a graph instead: djinn.register(model, example) \
-             exports it with torch.export (README, \"From TorchScript to graphs\")"
+             exports it with torch.export (docs/python.md, \"From TorchScript to graphs\")"
         )));
     }
     let mut block = CModule::load_data_on_device(&mut std::io::Read::chain(head, reader), device)

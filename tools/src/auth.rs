@@ -15,7 +15,7 @@ use djinn_control::principals::{self, EtcdPrincipals};
 /// Where the principals (tenants, nodes, operators) and their tokens come from.
 #[derive(Args, Debug, Clone, Default)]
 pub struct PrincipalsArgs {
-    /// Require tokens: the principals and their tokens, as JSON (see the README). The file is
+    /// Require tokens: the principals and their tokens, as JSON (see docs/tenancy.md). The file is
     /// read again when it changes, so tokens rotate without a restart.
     #[arg(long, conflicts_with = "auth_etcd")]
     pub auth_file: Option<PathBuf>,
@@ -114,7 +114,7 @@ pub enum TokensCommand {
     /// Check a token file and write it to etcd, where every process started with --auth-etcd
     /// takes it up within moments (an invalid file is refused and nothing is written).
     Put {
-        /// The principals and their tokens, as JSON (see the README).
+        /// The principals and their tokens, as JSON (see docs/tenancy.md).
         file: PathBuf,
         /// etcd endpoints, comma-separated (http://HOST:PORT).
         #[arg(long, value_delimiter = ',', required = true)]
