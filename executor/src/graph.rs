@@ -438,14 +438,7 @@ impl GraphModule {
         let index = self.select(&inputs)?;
         // Held until the run ends: its planned peak against the tenant's memory quota.
         let _charge = if crate::cost::charged() { crate::cost::admit(&self.estimate(index, &inputs)?)? } else { None };
-        let (Some(program), Some(checked), Some(calls), Some(dies_after)) = (
-            self.checked.program.graph(index),
-            self.checked.graphs.get(index),
-            self.calls.get(index),
-            self.dies_after.get(index),
-        ) else {
-            return Err(ExecError::Internal(format!("graph {index} is not prepared")));
-        };
+        let Prepared { program, checked, calls, dies_after } = self.prepared(index, &self.calls)?;
         let mut env: Vec<Option<RtValue>> = (0..checked.values).map(|_| None).collect();
         for (spec, t) in program.inputs.iter().zip(inputs) {
             let t = if t.device() == self.device { t } else { t.f_to_device(self.device)? };
@@ -491,6 +484,21 @@ impl GraphModule {
         program.outputs.iter().map(|arg| value_of(arg, &env).map_err(ExecError::Execution)).collect()
     }
 
+    /// Graph `index` with `calls`' (the run's or the plan's) and the values each node drops.
+    fn prepared<'a>(&'a self, index: usize, calls: &'a [Vec<Option<PreparedCall>>]) -> Result<Prepared<'a>, ExecError> {
+        match (
+            self.checked.program.graph(index),
+            self.checked.graphs.get(index),
+            calls.get(index),
+            self.dies_after.get(index),
+        ) {
+            (Some(program), Some(checked), Some(calls), Some(dies_after)) => {
+                Ok(Prepared { program, checked, calls, dies_after })
+            }
+            _ => Err(ExecError::Internal(format!("graph {index} is not prepared"))),
+        }
+    }
+
     /// What a run on `inputs` will take (see [`crate::cost`]), without running it.
     pub fn estimate_run(&self, inputs: &[Tensor]) -> Result<Estimate, ExecError> {
         self.estimate(self.select(inputs)?, inputs)
@@ -518,14 +526,7 @@ impl GraphModule {
     /// Runs graph `index` over meta tensors shaped as `inputs`: every operator's operations,
     /// and the bytes of new storage live after each (each value dropped where the run drops it).
     fn plan(&self, index: usize, inputs: &[Tensor]) -> Result<Estimate, ExecError> {
-        let (Some(program), Some(checked), Some(calls), Some(dies_after)) = (
-            self.checked.program.graph(index),
-            self.checked.graphs.get(index),
-            self.plan_calls.get(index),
-            self.dies_after.get(index),
-        ) else {
-            return Err(ExecError::Internal(format!("graph {index} is not prepared")));
-        };
+        let Prepared { program, checked, calls, dies_after } = self.prepared(index, &self.plan_calls)?;
         let mut env: Vec<Option<RtValue>> = (0..checked.values).map(|_| None).collect();
         let mut held = Storages::default();
         for (spec, t) in program.inputs.iter().zip(inputs) {
@@ -584,6 +585,14 @@ impl GraphModule {
         estimate.peak_bytes = held.peak;
         Ok(estimate)
     }
+}
+
+/// One graph of a module, ready to run (or to plan).
+struct Prepared<'a> {
+    program: djinn_graph::Graph<'a>,
+    checked: &'a djinn_graph::CheckedGraph,
+    calls: &'a [Option<PreparedCall>],
+    dies_after: &'a [Vec<u32>],
 }
 
 /// The storages a plan's values hold, counted once however many values view each.
