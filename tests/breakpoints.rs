@@ -5,7 +5,7 @@
 mod support;
 
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use djinn_client::{Breakpoint, Client, DType, ErrorCode, Fingerprint, Handle, Output, Resumed, TensorRef, Value};
 use support::{Node, archive};
@@ -331,8 +331,18 @@ fn requests_waiting_on_a_parked_session_step_are_bounded() {
     let e = client.session_step(session, &[Value::Tensor(0)], &t).expect_err("a step past the bound");
     assert_eq!(code(e), ErrorCode::Busy);
     client.abort(paused.parked).expect("abort");
-    // The waiting signals run; then the session steps as before (state 0 + 2·1).
-    let out = client.session_step(session, &[Value::Tensor(0)], &t).expect("step");
+    // The waiting signals run; then the session steps as before (state 0 + 2·1). The abort's
+    // reply can come before they have run: until then a step is still refused, as above.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let out = loop {
+        match client.session_step(session, &[Value::Tensor(0)], &t) {
+            Err(e) if Instant::now() < deadline => {
+                assert_eq!(code(e), ErrorCode::Busy);
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            out => break out.expect("step"),
+        }
+    };
     assert_eq!(f32s(out.tensor_bytes(0)), [2.0; 4]);
     client.session_close(session).expect("close");
 }

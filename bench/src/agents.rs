@@ -347,18 +347,20 @@ fn trial(
 }
 
 /// Runs the first steps of a session on the node and of the TorchScript decoder in this
-/// process: their logits must be equal, bit for bit for TorchScript, within float32 rounding for
-/// the graph (the same kernels, called by another runner). Returns the hot step: p50/p99 of
+/// process, on the node's device: their logits must be equal, bit for bit for TorchScript on a
+/// CPU, else within float32 rounding (the graph: the same kernels, called by another runner; a
+/// GPU: cuBLAS picks its kernels per process). Returns the hot step: p50/p99 of
 /// `iters` steps of that one session, its state resident and in the CPU's caches.
 fn check_and_time_hot_step(args: &AgentsArgs, script: &[u8], decoder: &Decoder<'_>, cache: &Tensor) -> Result<Stats> {
-    let local = CModule::load_data(&mut &script[..]).context("the decoder does not load here")?;
+    let device = args.device;
+    let local = CModule::load_data_on_device(&mut &script[..], device).context("the decoder does not load here")?;
     let state = EmptyState::of(cache);
     let node = node(args, "lru", &state, 1)?;
     let fingerprint = Client::connect(node.addr)?.register_model(&[decoder.archive], |_, _| {})?.fingerprint;
     let mut agent = Agent::open(node.addr, &fingerprint, &state, decoder.format)?;
-    let (mut local_cache, mut local_position) = (cache.copy(), Tensor::from_slice(&[0i64]));
+    let (mut local_cache, mut local_position) = (cache.to(device), Tensor::from_slice(&[0i64]).to(device));
     for i in 0..4 {
-        let token = Tensor::from_slice(&[agent.token]).view([1, 1]);
+        let token = Tensor::from_slice(&[agent.token]).view([1, 1]).to(device);
         let out = local.forward_is(&[IValue::from(token), IValue::from(local_cache), IValue::from(local_position)])?;
         let IValue::Tuple(mut out) = out else { anyhow::bail!("the decoder returned no tuple") };
         let (Some(IValue::Tensor(position)), Some(IValue::Tensor(next)), Some(IValue::Tensor(logits))) =
@@ -367,10 +369,11 @@ fn check_and_time_hot_step(args: &AgentsArgs, script: &[u8], decoder: &Decoder<'
             anyhow::bail!("the decoder returned something else than (logits, cache, position)")
         };
         (local_cache, local_position) = (next, position);
+        let logits = logits.to(tch::Device::Cpu).contiguous();
         let remote = agent.step()?;
         let same = match decoder.format {
-            Format::Torchscript => remote.tensor_bytes(0) == bytes_of(&logits),
-            Format::Graph => {
+            Format::Torchscript if device == tch::Device::Cpu => remote.tensor_bytes(0) == bytes_of(&logits),
+            _ => {
                 let got = Tensor::from_data_size(remote.tensor_bytes(0), &logits.size(), Kind::Float);
                 got.allclose(&logits, 1e-5, 1e-6, false)
             }

@@ -70,7 +70,9 @@ from gpt import GPT, GPTConfig  # noqa: E402
 gpt = GPT(GPTConfig.tiny()).eval()
 x = torch.randint(0, gpt.config.vocab, (1, 16))
 for i, block in enumerate(gpt.blocks()):
-    save(block, f"gpt.block{i}", x)
+    # The embedding is scripted, not traced: a trace would fix the device of its positions
+    # (`torch.arange(..., device=idx.device)`) to the CPU it was traced on.
+    save(block, f"gpt.block{i}", x if i > 0 else None)
     x = block(x)
 print("models written to", out)
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import djinn
-from conftest import NodeProcess
+from conftest import NodeProcess, hf_llama, scripted
 from gpt import GPT, CachedGPT, GPTConfig, greedy
 
 pytestmark = pytest.mark.skipif(
@@ -70,7 +70,10 @@ def test_a_sessions_state_goes_to_pinned_memory_and_back_between_steps(gpu_clien
     torch.manual_seed(4)
     prompt = torch.randint(0, GPTConfig.tiny().vocab, (2, 8))
     cached = CachedGPT(gpt).eval()
-    rm = djinn.register(cached, (prompt, *cached.empty_state(prompt.shape[0])))
+    # A session whose state the client gives and each step writes in place: TorchScript, which
+    # the user scripts (as in test_sessions.py).
+    example = (prompt, *cached.empty_state(prompt.shape[0]))
+    rm = djinn.register(cached, example, blocks=scripted([cached], example))
     before = gpu_client.node_stats()
     with djinn.session(rm, *cached.empty_state(prompt.shape[0])) as s:
 
@@ -94,20 +97,20 @@ def test_graph_blocks_stream_and_a_graph_session_keeps_its_cache_on_the_gpu():
     under a device budget of half its weights, equal to the resident copy; greedy decoding
     through a session of the Llama with a static cache on the GPU (written in place there)
     gives the tokens of local `generate` on the same GPU."""
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
 
     torch.manual_seed(11)
-    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                   bos_token_id=0, eos_token_id=0, pad_token_id=0)
-    model = transformers.LlamaForCausalLM(cfg).eval()
+    # Without a cache for the split model (a block graph returns tensors, not a DynamicCache);
+    # with one for the session, which registers it static (`cache_len=`).
+    model = hf_llama(layers=6, hidden=64, use_cache=False).eval()
     ids = torch.randint(1, 97, (2, 16))
     dynamic = {"input_ids": {1: ("seq", 2, 32)}}
     weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     resident_node = NodeProcess("--device", "cuda:0")
     streamed_node = NodeProcess("--device", "cuda:0", "--device-memory-budget", str(weights // 2))
     try:
-        resident = djinn.Client(resident_node.address).register(model, {"input_ids": ids}, dynamic=dynamic, split=True)
+        on_resident = djinn.Client(resident_node.address)
+        resident = on_resident.register(model, {"input_ids": ids}, dynamic=dynamic, split=True)
         client = djinn.Client(streamed_node.address)
         streamed = client.register(model, {"input_ids": ids}, dynamic=dynamic, split=True)
         assert client.node_stats()["streamed_models"] == 1
@@ -116,7 +119,9 @@ def test_graph_blocks_stream_and_a_graph_session_keeps_its_cache_on_the_gpu():
         assert torch.equal(p.resume().logits, resident(input_ids=ids).logits)
 
         prompt = ids[:1, :7]
-        rm = client.register(model, {"input_ids": prompt}, dynamic=dynamic, cache_len=32)
+        model.config.use_cache = True
+        # Whole, the model does not fit the streamed node's budget: the session runs on the other.
+        rm = on_resident.register(model, {"input_ids": prompt}, dynamic=dynamic, cache_len=32)
         with torch.no_grad():
             want = copy.deepcopy(model).cuda().generate(prompt.cuda(), max_new_tokens=10, do_sample=False)[:, 7:].cpu()
         with rm.session() as s:
@@ -129,7 +134,7 @@ def test_graph_blocks_stream_and_a_graph_session_keeps_its_cache_on_the_gpu():
                     s.io_wait(5)
                 logits = s.step(input_ids=tok)
         assert torch.cat(got, 1).tolist() == want.tolist()
-        assert client.node_stats()["session_state_bytes_in_place"] > 0
+        assert on_resident.node_stats()["session_state_bytes_in_place"] > 0
     finally:
         resident_node.stop()
         streamed_node.stop()
