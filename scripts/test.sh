@@ -8,10 +8,14 @@ bash scripts/setup.sh --no-build
 
 step() { printf '\n== %s\n' "$*" >&2; }
 
-step "rustfmt, clippy, import cycles"
+step "rustfmt, clippy, import cycles, the protocol crate's dependencies"
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 python3 scripts/import-cycles.py
+# The wire protocol stays free of I/O and device crates: the fuzz targets and anything that
+# only speaks the protocol build without them.
+io_crates=$(cargo tree -p djinn-proto -e normal --prefix none --locked | grep -E '^(mio|io-uring|sideway|rdma-mummy-sys|cudarc|tokio|libloading) ' || true)
+[ -z "$io_crates" ] || { printf 'djinn-proto depends on I/O or device crates:\n%s\n' "$io_crates" >&2; exit 1; }
 
 step "cargo test"
 cargo test --workspace --locked

@@ -249,7 +249,7 @@ fn kept_tensors_live_in_gpu_memory_on_a_gpu_node() {
 /// peer here is a listener that speaks just enough of the protocol.)
 #[test]
 fn a_peers_reply_is_bounded_by_what_a_push_asked_for() {
-    use djinn_dataplane::proto::{FrameHeader, Hello, Kind, Limits, Message, transports};
+    use djinn_proto::{FrameHeader, Hello, Kind, Limits, Message, transports};
     use std::io::Write;
     let fake = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let fake_addr = fake.local_addr().unwrap().to_string();
@@ -271,7 +271,7 @@ fn a_peers_reply_is_bounded_by_what_a_push_asked_for() {
         assert!(matches!(hello, Message::Hello(_)), "{hello:?}");
         let mut out = Vec::new();
         let ack = Message::HelloAck(Hello::new(&Limits::default(), transports::TCP, "fake"));
-        djinn_dataplane::proto::encode_head(&mut out, header.request_id.get(), &ack).unwrap();
+        djinn_proto::encode_head(&mut out, header.request_id.get(), &ack).unwrap();
         s.write_all(&out).unwrap();
         let (header, keep, _) = support::read_reply(&mut s);
         assert!(matches!(keep, Message::Keep { .. }), "{keep:?}");

@@ -10,7 +10,7 @@ use std::thread;
 use std::time::Duration;
 
 use djinn_client::{ClientError, DType, ErrorCode};
-use djinn_dataplane::proto::{
+use djinn_proto::{
     FrameHeader, HEADER_LEN, Hello, Kind, Limits, Message, PROTOCOL_VERSION, TensorDesc, encode_head, transports,
 };
 use support::{BACKENDS, Node, pattern, read_reply, reset_on_close};

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use djinn_dataplane::rdma::{
     Completion, CompletionKind, QueueDepths, RcEndpoint, RdmaContext, RdmaError, RdmaPort, find_port,
 };
-use djinn_gpudirect::HostBuf;
+use djinn_memory::HostBuf;
 use support::pattern;
 
 fn device_port() -> Option<RdmaPort> {
@@ -487,8 +487,9 @@ fn memory_lent_to_a_call_is_not_read_after_it_returns() {
 /// and serves another client throughout.
 #[test]
 fn a_client_that_takes_no_replies_over_rdma_is_bounded_and_closed() {
-    use djinn_dataplane::proto::{Hello, Limits, Message, encode_head, transports};
-    use djinn_dataplane::rdma::{RdmaChannel, SessionConfig};
+    use djinn_dataplane::rdma::RdmaChannel;
+    use djinn_proto::rdma::SessionConfig;
+    use djinn_proto::{Hello, Limits, Message, encode_head, transports};
     use std::io::Write;
     let Some(port) = device_port() else { return };
     let node = rdma_node(&port.device, &["--stall-timeout", "2"]);

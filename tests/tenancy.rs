@@ -14,7 +14,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use djinn_client::{Breakpoint, Client, ClientError, ClientOptions, DType, ErrorCode, TensorRef, TensorSource, Value};
-use djinn_dataplane::proto::{FrameHeader, Hello, Kind, Limits, Message, TensorDesc, encode_head, transports};
+use djinn_proto::{FrameHeader, Hello, Kind, Limits, Message, TensorDesc, encode_head, transports};
 use support::{Node, archive, closed_within, f32_bytes, read_reply, register, spawn_listening};
 
 const ALICE: &str = "alice-token-0123456789";
@@ -265,7 +265,7 @@ fn quotas_hold_each_tenant_to_its_own() {
     let hello = Hello { token: DAVE.into(), ..Hello::new(&Limits::default(), transports::TCP, "raw") };
     raw.write_all(&frame(1, &Message::Hello(hello))).unwrap();
     assert!(matches!(read_reply(&mut raw).1, Message::HelloAck(_)));
-    let fetch = Message::Fetch { handle: djinn_dataplane::proto::Handle { id: 1, epoch: 1 } };
+    let fetch = Message::Fetch { handle: djinn_proto::Handle { id: 1, epoch: 1 } };
     raw.write_all(&[frame(2, &fetch), frame(3, &fetch), frame(4, &fetch)].concat()).unwrap();
     let mut replies: Vec<(u64, Message)> = (0..3)
         .map(|_| {

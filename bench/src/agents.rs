@@ -26,7 +26,7 @@ use clap::Args;
 use djinn_client::{Client, DType, Handle, Output, Signal, TensorRef, Value};
 use djinn_executor::Device;
 use djinn_executor::tch;
-use djinn_gpudirect::ByteSize;
+use djinn_memory::ByteSize;
 use hdrhistogram::Histogram;
 use tch::jit::CModule;
 use tch::{IValue, Kind, Tensor};

@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use djinn_client::{Client, ClientOptions, ClusterClient, DType, FailoverOptions, TensorRef, Value};
 use djinn_executor::tch;
-use djinn_gpudirect::ByteSize;
+use djinn_memory::ByteSize;
 use tch::jit::CModule;
 use tch::{Device, Kind, Tensor, nn, nn::Module};
 

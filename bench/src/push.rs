@@ -13,7 +13,7 @@ use clap::Args;
 use djinn_client::{Client, ClientOptions, DType, TensorRef, TensorSource};
 use djinn_executor::Device;
 use djinn_executor::tch;
-use djinn_gpudirect::ByteSize;
+use djinn_memory::ByteSize;
 use tch::{Kind, Tensor};
 
 use crate::Spawned;

@@ -14,7 +14,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use djinn_client::{Client, ClientOptions, DType, Transport};
 use djinn_dataplane::rdma::{QueueDepths, RcEndpoint, RdmaContext, Registered, find_port};
-use djinn_gpudirect::{ByteSize, HostBuf};
+use djinn_memory::{ByteSize, HostBuf};
 
 use crate::Spawned;
 use crate::report::{Stats, append_section, measure};

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use djinn_executor::tch;
-use djinn_gpudirect::ByteSize;
+use djinn_memory::ByteSize;
 use hdrhistogram::Histogram;
 
 use crate::Spawned;

@@ -76,7 +76,7 @@ pub fn run(args: ResumeArgs) -> Result<()> {
         let x = Tensor::randn([rows, args.width], (Kind::Float, Device::Cpu));
         let row = Sizes { rows, width: args.width };
         let [kept, replaced, plain] = measure_size(&mut client, &models, &x, after, row, args.iters)?;
-        let size = djinn_gpudirect::ByteSize((rows * args.width * 4) as u64);
+        let size = djinn_memory::ByteSize((rows * args.width * 4) as u64);
         let us = |s: &Stats| format!("{:.1} | {:.1} | {:.1}", s.p50, s.p99, s.p999);
         writeln!(table, "| {size} | resume, activation kept on the node | {} |", us(&kept))?;
         writeln!(table, "| {size} | resume with a replacement activation (sent) | {} |", us(&replaced))?;

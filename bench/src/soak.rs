@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use clap::Args;
 use djinn_client::{Client, ClientError, ClientOptions, DType, ErrorCode, Fingerprint, TensorRef, Value};
-use djinn_dataplane::proto::{Handle, Message, TensorDesc, encode_head};
 use djinn_executor::tch;
+use djinn_proto::{Handle, Message, TensorDesc, encode_head};
 use tch::jit::CModule;
 use tch::{Device, Kind, Tensor, nn, nn::Module};
 

@@ -12,10 +12,11 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result, bail, ensure};
 use clap::Args;
-use djinn_dataplane::proto::{Fingerprint, Payload};
 use djinn_executor::tch;
 use djinn_executor::{Device, Model, ModelStore, Upload};
-use djinn_gpudirect::{ByteSize, CopyStream, CudaContext, HostBuf, MemoryBudget, PinnedBuf};
+use djinn_gpudirect::{CopyStream, CudaContext, PinnedBuf};
+use djinn_memory::{ByteSize, HostBuf, MemoryBudget};
+use djinn_proto::{Fingerprint, Payload};
 use tch::jit::{CModule, IValue};
 use tch::{Kind, Tensor};
 

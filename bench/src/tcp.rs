@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::Args;
 use djinn_client::{Client, ClientOptions, ClientTls, DType};
-use djinn_gpudirect::ByteSize;
+use djinn_memory::ByteSize;
 
 use crate::Spawned;
 use crate::report::{Stats, append_section, measure, raw};

@@ -15,8 +15,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use djinn_dataplane::proto::{Breakpoint, ErrorCode, Fingerprint, Handle, HandleInfo, Signal, TensorSource, Value};
 use djinn_dataplane::rdma::Registrations;
+use djinn_proto::{Breakpoint, ErrorCode, Fingerprint, Handle, HandleInfo, Signal, TensorSource, Value};
 
 use crate::control::{BlockEstimate, ControlClient, ControlError, ModelDescription, Placed};
 use crate::{

@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use djinn_dataplane::proto::Fingerprint;
+use djinn_proto::Fingerprint;
 
 /// One block of a model as the control plane's cost model sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]

@@ -15,14 +15,14 @@ pub mod control;
 use std::net::ToSocketAddrs;
 use std::time::{Duration, Instant};
 
-pub use djinn_dataplane::proto::{
-    Breakpoint, DType, ErrorCode, Fingerprint, Handle, HandleInfo, Hello, ListEntry, ModelInfo, Signal, TensorDesc,
-    TensorSource, Value,
-};
-use djinn_dataplane::proto::{Frame, Message, Payload, payload_layout, transports};
 pub use djinn_dataplane::rdma::Registrations;
 use djinn_dataplane::tcp::ClientConn;
 pub use djinn_dataplane::tcp::{ClientError, ClientOptions, ClientTls, Transport};
+pub use djinn_proto::{
+    Breakpoint, DType, ErrorCode, Fingerprint, Handle, HandleInfo, Hello, ListEntry, ModelInfo, Signal, TensorDesc,
+    TensorSource, Value,
+};
+use djinn_proto::{Frame, Message, Payload, payload_layout, transports};
 
 pub use cluster::{
     Archive, ClusterClient, ClusterError, ClusterStats, FailoverOptions, RemoteParked, RemoteSession, RemoteTensor,
@@ -35,7 +35,7 @@ pub use control::{BlockEstimate, CA_ENV, ControlClient, ControlError, GraphAnnot
 #[derive(Debug)]
 pub struct Tensor {
     pub desc: TensorDesc,
-    data: Option<djinn_dataplane::proto::Payload>,
+    data: Option<djinn_proto::Payload>,
 }
 
 impl Tensor {

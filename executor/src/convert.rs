@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use djinn_auth::TenantId;
-use djinn_dataplane::proto::{DType, Handle, HandleInfo, Payload, TensorDesc, Value, payload_layout};
+use djinn_proto::{DType, Handle, HandleInfo, Payload, TensorDesc, Value, payload_layout};
 use tch::jit::IValue;
 use tch::{Device, Kind, Tensor};
 

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use djinn_auth::TenantId;
-use djinn_gpudirect::{Charge, MemoryBudget};
+use djinn_memory::{Charge, MemoryBudget};
 
 use crate::error::ExecError;
 
@@ -300,7 +300,7 @@ mod tests {
         meter.charge(limited, 1000, t0).unwrap();
         let e = meter.charge(limited, 500, t0).unwrap_err();
         assert!(e.to_string().contains("enough in 0.500 s"), "{e}");
-        assert_eq!(e.code(), djinn_dataplane::proto::ErrorCode::QuotaExceeded);
+        assert_eq!(e.code(), djinn_proto::ErrorCode::QuotaExceeded);
         assert!(meter.charge(limited, 500, t0 + Duration::from_millis(499)).is_err(), "not refilled yet");
         meter.charge(limited, 500, t0 + Duration::from_millis(500)).unwrap();
         // A quiet spell refills no more than the burst.

@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use djinn_dataplane::proto::{ErrorCode, Handle};
+use djinn_proto::{ErrorCode, Handle};
 
 /// Why a model could not be registered or run. Each maps to the error code the client sees.
 #[derive(Debug, thiserror::Error)]
@@ -15,7 +15,7 @@ pub enum ExecError {
     #[error("{0}")]
     Unsupported(String),
     #[error("{0}")]
-    OverBudget(#[from] djinn_gpudirect::OverBudget),
+    OverBudget(#[from] djinn_memory::OverBudget),
     #[error(
         "block {block} needs {len} bytes of device memory and only {available} are available: it cannot run even streamed"
     )]
@@ -52,7 +52,7 @@ pub enum ExecError {
     RunTooLarge { planned: u64, limit: u64 },
     /// The run's plan needs more memory than the tenant's quota has left: refused before it runs.
     #[error("the run's intermediates and outputs would hold {planned} bytes at once: {quota}")]
-    RunOverQuota { planned: u64, quota: djinn_gpudirect::OverBudget },
+    RunOverQuota { planned: u64, quota: djinn_memory::OverBudget },
     /// The run costs more operations than the tenant's compute quota has left.
     #[error("{0}")]
     ComputeQuota(String),

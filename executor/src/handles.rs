@@ -9,8 +9,8 @@ use std::hash::BuildHasher;
 use std::time::{Duration, Instant};
 
 use djinn_auth::TenantId;
-use djinn_dataplane::proto::{Handle, HandleInfo, Payload, TensorDesc};
-use djinn_gpudirect::{MemoryBudget, Reservation};
+use djinn_memory::{MemoryBudget, Reservation};
+use djinn_proto::{Handle, HandleInfo, Payload, TensorDesc};
 use tch::Tensor;
 
 use crate::error::{ExecError, HandleError};
@@ -222,7 +222,7 @@ pub(crate) fn fresh_epoch() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use djinn_dataplane::proto::ErrorCode;
+    use djinn_proto::ErrorCode;
     use tch::{Device, Kind};
 
     const T: TenantId = TenantId(1);

@@ -15,8 +15,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use djinn_auth::TenantId;
-use djinn_dataplane::proto::{ArchiveError, Archives, BlockReader, Fingerprint, ModelInfo};
-use djinn_gpudirect::{Charge, MemoryBudget, OverBudget, Reservation};
+use djinn_memory::{Charge, MemoryBudget, OverBudget, Reservation};
+use djinn_proto::{ArchiveError, Archives, BlockReader, Fingerprint, ModelInfo};
 use tch::jit::{CModule, IValue};
 use tch::{Device, Tensor};
 
@@ -742,7 +742,7 @@ impl ModelStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use djinn_dataplane::proto::ErrorCode;
+    use djinn_proto::ErrorCode;
 
     /// A multiple of the ring's slot alignment, so sizes are what they say.
     const K: u64 = 256;

@@ -23,11 +23,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
-use djinn_dataplane::proto::{
-    ErrorCode, Hello, Limits, Message, PROTOCOL_VERSION, SharedBytes, TensorDesc, transports,
-};
-use djinn_dataplane::rdma::{RdmaPort, SessionConfig};
+use djinn_dataplane::rdma::RdmaPort;
 use djinn_dataplane::tcp::{ClientConn, ClientError, ClientOptions, ClientTls, Replier, Reply, ReplyTo};
+use djinn_proto::rdma::SessionConfig;
+use djinn_proto::{ErrorCode, Hello, Limits, Message, PROTOCOL_VERSION, SharedBytes, TensorDesc, transports};
 use tch::Tensor;
 
 use crate::convert::OutputTensor;
@@ -278,7 +277,7 @@ fn push(
     to: &str,
     grant: &str,
     tenant: &str,
-) -> Result<(djinn_dataplane::proto::HandleInfo, &'static str), (ErrorCode, String)> {
+) -> Result<(djinn_proto::HandleInfo, &'static str), (ErrorCode, String)> {
     let (desc, bytes): (TensorDesc, SharedBytes) = match source {
         PushSource::Bytes { desc, bytes } => (desc, bytes),
         PushSource::Tensor(t) => {

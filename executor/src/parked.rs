@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use djinn_auth::TenantId;
-use djinn_dataplane::proto::{Handle, TensorDesc, Value};
-use djinn_gpudirect::{MemoryBudget, Reservation};
+use djinn_memory::{MemoryBudget, Reservation};
+use djinn_proto::{Handle, TensorDesc, Value};
 use tch::Tensor;
 use tch::jit::IValue;
 
@@ -390,7 +390,7 @@ fn value_kind(v: &Value) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use djinn_dataplane::proto::DType;
+    use djinn_proto::DType;
 
     fn desc(dtype: DType, shape: &[u64]) -> TensorDesc {
         TensorDesc::new(dtype, shape.to_vec()).unwrap()

@@ -8,11 +8,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use djinn_auth::{Authenticator, TenantId};
-use djinn_dataplane::proto::{
-    Archives, ErrorCode, Fingerprint, Frame, Handle, Message, Payload, Refusal, TensorSource,
-};
 use djinn_dataplane::tcp::{Replier, Reply, ReplyTo, Service};
-use djinn_gpudirect::{BufferPool, MemoryBudget};
+use djinn_memory::{BufferPool, MemoryBudget};
+use djinn_proto::{Archives, ErrorCode, Fingerprint, Frame, Handle, Message, Payload, Refusal, TensorSource};
 use tch::Device;
 
 use crate::cost::{ComputeMeter, ComputeQuota, Limits};
@@ -501,7 +499,7 @@ struct InProgress {
     upload: Upload,
     last_chunk: Instant,
     /// The block lengths' charge.
-    _bookkeeping: djinn_gpudirect::Reservation,
+    _bookkeeping: djinn_memory::Reservation,
 }
 
 /// Ends the session step a parked request stopped (its state stays as before the step);

@@ -18,9 +18,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use djinn_auth::TenantId;
-use djinn_dataplane::proto::{Frame, Handle, Signal};
 use djinn_dataplane::tcp::{Replier, ReplyTo};
-use djinn_gpudirect::{MemoryBudget, Reservation};
+use djinn_memory::{MemoryBudget, Reservation};
+use djinn_proto::{Frame, Handle, Signal};
 use tch::{Device, Tensor};
 
 use crate::error::{ExecError, SessionError};

@@ -6,9 +6,9 @@ use std::ops::Bound;
 use std::sync::Arc;
 
 use djinn_auth::TenantId;
-use djinn_dataplane::proto::{ErrorCode, ListEntry, Message, Payload, Refusal, TensorDesc};
 use djinn_dataplane::tcp::Reply;
-use djinn_gpudirect::{BufferPool, HostBuf, MemoryBudget, Reservation};
+use djinn_memory::{BufferPool, HostBuf, MemoryBudget, Reservation};
+use djinn_proto::{ErrorCode, ListEntry, Message, Payload, Refusal, TensorDesc};
 
 /// A tensor in the store: its descriptor and the received payload it lives in (never copied).
 #[derive(Debug)]
@@ -131,7 +131,7 @@ impl TensorStore {
 
 impl TensorStore {
     /// `tenant`'s named tensor: its descriptor and its bytes, shared with the store.
-    pub fn shared(&self, tenant: TenantId, name: &str) -> Option<(TensorDesc, djinn_dataplane::proto::SharedBytes)> {
+    pub fn shared(&self, tenant: TenantId, name: &str) -> Option<(TensorDesc, djinn_proto::SharedBytes)> {
         // The key is owned; a look-up by borrowed parts would need a custom Borrow.
         self.tensors.get(&(tenant, name.to_owned())).map(|t| (t.desc.clone(), Arc::clone(t) as _))
     }

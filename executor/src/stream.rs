@@ -1,6 +1,6 @@
 //! Models larger than their share of device memory: the residency plan (which blocks stay on
 //! the device, which stream) and the streaming itself, through a skip-end ring
-//! ([`djinn_gpudirect::SkipEndRing`]) over one fixed region.
+//! ([`djinn_memory::SkipEndRing`]) over one fixed region.
 //!
 //! A streamed block's parameters are copied once, at registration, into one host buffer laid
 //! out exactly as the block's slot will be (each tensor aligned to [`SLOT_ALIGN`]), so that
@@ -21,7 +21,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use djinn_gpudirect::{CopyStream, CudaContext, Event, HostBuf, PinnedBuf, SLOT_ALIGN, SkipEndRing, Slot};
+use djinn_gpudirect::{CopyStream, CudaContext, Event, PinnedBuf};
+use djinn_memory::{HostBuf, SLOT_ALIGN, SkipEndRing, Slot};
 use tch::jit::IValue;
 use tch::{Device, Kind, Tensor};
 

@@ -1,7 +1,7 @@
 //! Tensors as the wire describes them: a libtorch dtype's wire dtype, a tensor's descriptor and
 //! its bytes. The bottom of the executor: it imports nothing of the crate but its error.
 
-use djinn_dataplane::proto::{DType, TensorDesc};
+use djinn_proto::{DType, TensorDesc};
 use tch::{Kind, Tensor};
 
 use crate::error::ExecError;

@@ -10,8 +10,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use djinn_auth::TenantId;
-use djinn_dataplane::proto::{Breakpoint, Frame, Handle, Message, Payload, SharedBytes, TensorDesc, Value};
 use djinn_dataplane::tcp::{Replier, Reply, ReplyTo};
+use djinn_proto::{Breakpoint, Frame, Handle, Message, Payload, SharedBytes, TensorDesc, Value};
 use tch::jit::IValue;
 use tch::{Device, Tensor};
 
@@ -384,7 +384,7 @@ fn session_next(id: u64, shared: &Shared) -> bool {
             for op in after {
                 if let Op::Step { to, replier, .. } | Op::Close { to, replier } = op {
                     let e = ExecError::Internal(format!("session {id} was closed before this request"));
-                    replier.send(to, Reply::error(djinn_dataplane::proto::ErrorCode::NotFound, e.to_string()));
+                    replier.send(to, Reply::error(djinn_proto::ErrorCode::NotFound, e.to_string()));
                 }
             }
             return false;

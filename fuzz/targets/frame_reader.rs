@@ -18,12 +18,11 @@
 //!   192..=255 = (b - 191) × 512 bytes (512 B to 32 KiB);
 //! - the rest: the byte stream.
 
-use djinn_dataplane::proto::{
+use djinn_memory::HostBuf;
+use djinn_proto::{
     ErrorCode, FrameHeader, FrameReader, HEADER_LEN, Kind, Limits, Message, Payload, PayloadAlloc, ProtocolError,
     RecvEvent, Refusal, payload_layout,
 };
-use djinn_dataplane::tcp::MAX_META_BEFORE_HELLO;
-use djinn_gpudirect::HostBuf;
 
 fn limits(large_meta: bool) -> Limits {
     let max_meta = if large_meta { 1 << 17 } else { 1 << 16 };
@@ -32,7 +31,7 @@ fn limits(large_meta: bool) -> Limits {
 
 /// The limits of the first frame: before a hello, the node's own bound on metadata.
 fn first_limits(limits: Limits, before_hello: bool) -> Limits {
-    if before_hello { Limits { max_meta: MAX_META_BEFORE_HELLO, ..limits } } else { limits }
+    if before_hello { limits.before_hello() } else { limits }
 }
 
 /// What a reader reports, in a form that can be compared.

@@ -5,7 +5,7 @@
 //! Input layout: bytes 0..2 = the kind's wire code (little-endian u16, as in the frame header);
 //! the rest = the metadata.
 
-use djinn_dataplane::proto::{Kind, Limits, Message};
+use djinn_proto::{Kind, Limits, Message};
 
 fn limits() -> Limits {
     Limits { max_payload: 1 << 20, max_meta: 1 << 16, ..Default::default() }

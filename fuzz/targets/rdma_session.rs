@@ -16,9 +16,9 @@
 
 use std::collections::{HashSet, VecDeque};
 
-use djinn_dataplane::proto::{ErrorCode, Limits, Message, Payload, PayloadAlloc, RecvEvent, Refusal};
-use djinn_dataplane::rdma::{Action, RDMA_HEADER_LEN, Session, SessionConfig};
-use djinn_gpudirect::HostBuf;
+use djinn_memory::HostBuf;
+use djinn_proto::rdma::{Action, RDMA_HEADER_LEN, Session, SessionConfig};
+use djinn_proto::{ErrorCode, Limits, Message, Payload, PayloadAlloc, RecvEvent, Refusal};
 
 const MAX_PAYLOAD: u64 = 1 << 20;
 

@@ -16,8 +16,8 @@
 
 use std::io::Read;
 
-use djinn_dataplane::proto::{ArchiveError, Archives, Fingerprint, Payload};
-use djinn_gpudirect::HostBuf;
+use djinn_memory::HostBuf;
+use djinn_proto::{ArchiveError, Archives, Fingerprint, Payload};
 
 struct Input<'a>(&'a [u8]);
 

@@ -12,7 +12,7 @@
 //! and a byte-length byte (0: the length that follows from dtype and shape; 1: that plus one;
 //! else the next 8 bytes). Byte 0 picks the limits: bit 0 set, no payload limit at all.
 
-use djinn_dataplane::proto::{
+use djinn_proto::{
     DType, Fingerprint, Kind, Limits, Message, TENSOR_ALIGN, TensorDesc, check_tensor_lens, paddings, payload_layout,
     payload_len,
 };

@@ -1,6 +1,6 @@
 //! Device memory owned outright (not libtorch's allocator) and its export as a dma-buf: the
 //! file descriptor a NIC registers (`ibv_reg_dmabuf_mr`) to read and write GPU memory without
-//! a host copy. Registration itself is not built yet (see [`crate::MEMORY_PATH`]); what is here
+//! a host copy. Registration itself is not built yet (see `djinn_dataplane::MEMORY_PATH`); what is here
 //! lets a host say whether its driver and kernel can do the first half.
 
 use std::os::fd::{FromRawFd, OwnedFd};

@@ -9,7 +9,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use djinn_client::Client;
-use djinn_dataplane::proto::{FrameHeader, HEADER_LEN, Kind, Limits, Message};
+use djinn_proto::{FrameHeader, HEADER_LEN, Kind, Limits, Message};
 
 pub const BACKENDS: [&str; 2] = ["mio", "uring"];
 

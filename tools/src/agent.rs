@@ -72,7 +72,7 @@ impl Membership {
             memory_bandwidth: self.me.memory_bandwidth,
             link_bandwidth: self.me.link_bandwidth,
             transports: self.me.transports.clone(),
-            memory_path: djinn_gpudirect::MEMORY_PATH.into(),
+            memory_path: djinn_dataplane::MEMORY_PATH.into(),
             queue_depth: u32::try_from(stat("jobs_queued")).unwrap_or(u32::MAX),
             cost_per_hour: self.me.cost_per_hour,
             models,

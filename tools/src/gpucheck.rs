@@ -10,7 +10,8 @@ use std::time::Instant;
 
 use anyhow::Result;
 use djinn_executor::tch::{self, Device, Kind, Tensor};
-use djinn_gpudirect::{ByteSize, CopyStream, CudaContext, DeviceBuf, DmaBufError, PinnedBuf, export_dmabuf};
+use djinn_gpudirect::{CopyStream, CudaContext, DeviceBuf, DmaBufError, PinnedBuf, export_dmabuf};
+use djinn_memory::ByteSize;
 
 #[derive(Debug, clap::Args)]
 pub struct GpuCheckArgs {

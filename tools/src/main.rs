@@ -15,7 +15,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use djinn_client::{Client, ClientOptions, DType, Transport};
 
-use djinn_gpudirect::ByteSize;
+use djinn_memory::ByteSize;
 
 #[derive(Parser, Debug)]
 #[command(name = "djinn", version, about = "Run PyTorch work on the GPUs of other machines in the rack", long_about = None)]

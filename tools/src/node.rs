@@ -9,17 +9,18 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use djinn_auth::Authenticator;
-use djinn_dataplane::proto::Limits;
-use djinn_dataplane::rdma::{RdmaChannel, RdmaContext, SessionConfig};
+use djinn_dataplane::rdma::{RdmaChannel, RdmaContext};
 use djinn_dataplane::tcp::{Backend, Server, ServerConfig, Transport};
 use djinn_executor::{
     Device, ListNodes, NodeOptions, NodeService, PeerLimits, Policy, PushPeers, SessionOptions, tenant_budget,
 };
+use djinn_proto::Limits;
+use djinn_proto::rdma::SessionConfig;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
 use djinn_executor::tch;
-use djinn_gpudirect::ByteSize;
+use djinn_memory::ByteSize;
 
 use crate::agent;
 use crate::auth::AuthArgs;
@@ -362,20 +363,21 @@ pub fn run(args: NodeArgs, auth: Option<Arc<Authenticator>>) -> Result<()> {
         }
         _ => None,
     };
-    if tls.is_some() && matches!(args.tcp_backend, TcpBackend::Uring) {
-        bail!("--tls-cert needs --tcp-backend mio: the io_uring backend does not speak TLS");
-    }
+    let backend = match args.tcp_backend {
+        TcpBackend::Mio => Backend::Mio { rdma, tls },
+        TcpBackend::Uring if tls.is_some() => {
+            bail!("--tls-cert needs --tcp-backend mio: the io_uring backend does not speak TLS")
+        }
+        // rdma_context() offers none with io_uring.
+        TcpBackend::Uring => Backend::Uring,
+    };
     let config = ServerConfig {
         limits,
         spin: Duration::from_micros(args.spin_us),
         max_queued_bytes: args.max_queued.0,
         max_queued_total: args.max_queued_total.0,
-        backend: match args.tcp_backend {
-            TcpBackend::Mio => Backend::Mio,
-            TcpBackend::Uring => Backend::Uring,
-        },
+        backend,
         rdma_connections: (RDMA_CQE / RdmaChannel::completion_entries(&SessionConfig::default())) as usize,
-        rdma,
         auth,
         stall_timeout: seconds("--stall-timeout", args.stall_timeout)?,
         hello_timeout: seconds("--hello-timeout", args.hello_timeout)?,
@@ -383,7 +385,6 @@ pub fn run(args: NodeArgs, auth: Option<Arc<Authenticator>>) -> Result<()> {
         max_connections,
         max_unauthenticated: args.max_unauthenticated,
         max_unauthenticated_per_source: args.max_unauthenticated_per_source,
-        tls,
         ..ServerConfig::default()
     };
     let agent = concat!("djinn-node/", env!("CARGO_PKG_VERSION"));

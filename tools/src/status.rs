@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use djinn_client::ControlClient;
 use djinn_control::ClusterStatus;
-use djinn_gpudirect::ByteSize;
+use djinn_memory::ByteSize;
 
 #[derive(Args, Debug)]
 pub struct StatusArgs {

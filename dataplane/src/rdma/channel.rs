@@ -5,13 +5,13 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use djinn_gpudirect::HostBuf;
+use djinn_memory::HostBuf;
 
-use super::session::{Action, Session, SessionConfig, SessionError};
 use super::verbs::{
     Completion, CompletionKind, Domain, EndpointInfo, QueueDepths, RcEndpoint, RdmaContext, RdmaError, Registered,
 };
-use crate::proto::{Message, OutFrame, PayloadAlloc, ProtocolError, RdmaParams, RecvEvent};
+use djinn_proto::rdma::{Action, Session, SessionConfig, SessionError};
+use djinn_proto::{Message, OutFrame, PayloadAlloc, ProtocolError, RdmaParams, RecvEvent};
 
 /// Why an RDMA connection stopped.
 #[derive(Debug, thiserror::Error)]
@@ -21,7 +21,7 @@ pub enum ChannelError {
     #[error("peer broke the RDMA protocol: {0}")]
     Session(#[from] SessionError),
     #[error("allocating RDMA slots: {0}")]
-    Alloc(#[from] djinn_gpudirect::AllocError),
+    Alloc(#[from] djinn_memory::AllocError),
     /// The frame to send does not match its message (nothing was sent; the connection is fine).
     #[error("inconsistent frame: {0}")]
     Request(#[source] ProtocolError),

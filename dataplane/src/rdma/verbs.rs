@@ -7,7 +7,7 @@
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 
-use djinn_gpudirect::HostBuf;
+use djinn_memory::HostBuf;
 use rdma_mummy_sys as sys;
 use sideway::ibverbs::AccessFlags;
 use sideway::ibverbs::address::{AddressHandleAttribute, Gid};

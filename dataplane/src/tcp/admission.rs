@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use djinn_auth::{Authenticator, Quota, TenantId};
 
-use crate::proto::{ErrorCode, Refusal};
+use djinn_proto::{ErrorCode, Refusal};
 
 #[derive(Debug)]
 pub(crate) struct Admission {

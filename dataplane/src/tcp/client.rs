@@ -9,15 +9,14 @@ use std::time::{Duration, Instant};
 
 use std::sync::Arc;
 
-use djinn_gpudirect::BufferPool;
+use djinn_memory::BufferPool;
 
 use super::tls::{ClientTls, TlsWire};
-use crate::proto::{OutFrame, SharedBytes};
-use crate::rdma::{
-    ChannelError, Completion, RdmaChannel, RdmaContext, RdmaError, RdmaPort, Registrations, SessionConfig,
-};
+use crate::rdma::{ChannelError, Completion, RdmaChannel, RdmaContext, RdmaError, RdmaPort, Registrations};
+use djinn_proto::rdma::SessionConfig;
+use djinn_proto::{OutFrame, SharedBytes};
 
-use crate::proto::{
+use djinn_proto::{
     ErrorCode, Frame, FrameReader, Hello, Limits, Message, PROTOCOL_VERSION, Payload, PayloadAlloc, ProtocolError,
     RecvEvent, Refusal, ZEROS, check_tensor_lens, encode_head, paddings,
 };

@@ -84,7 +84,7 @@ impl<S: Service> MioServer<S> {
             }
         });
         let core = make_core(Arc::clone(&wake));
-        let rdma = core.config.rdma.clone();
+        let rdma = core.config.backend.rdma().cloned();
         if let Some(ctx) = &rdma {
             poll.registry().register(&mut SourceFd(&ctx.fd()), RDMA, Interest::READABLE)?;
         }
@@ -143,6 +143,9 @@ impl<S: Service> MioServer<S> {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
             }
+            // The core's time for this turn: one clock read.
+            let now = Instant::now();
+            self.core.set_now(now);
             let mut worked = !events.is_empty() || !self.ready.is_empty();
             while let Some((slot, to, reply)) = self.core.next_deferred() {
                 worked = true;
@@ -168,7 +171,7 @@ impl<S: Service> MioServer<S> {
                     std::thread::yield_now();
                 }
             }
-            if self.accept_backoff.due(Instant::now()) {
+            if self.accept_backoff.due(now) {
                 self.accept()?;
             }
             for event in events.iter() {
@@ -204,9 +207,8 @@ impl<S: Service> MioServer<S> {
                 self.ready = ready;
             }
             if worked {
-                last_work = Instant::now();
+                last_work = now;
             }
-            let now = Instant::now();
             if now >= next_timeout_check {
                 next_timeout_check = now + self.core.timeout_check_every();
                 let expired: Vec<usize> = self
@@ -280,7 +282,7 @@ impl<S: Service> MioServer<S> {
             if !self.core.may_accept(peer, self.conns.len()) {
                 continue;
             }
-            let tls = match self.core.config.tls.as_ref().map(TlsWire::accept).transpose() {
+            let tls = match self.core.config.backend.tls().map(TlsWire::accept).transpose() {
                 Ok(tls) => tls.map(Box::new),
                 Err(e) => {
                     tracing::warn!(%peer, error = %e, "connection closed: no TLS state for it");

@@ -4,6 +4,8 @@
 mod accept;
 mod admission;
 mod client;
+#[cfg(test)]
+mod core_tests;
 mod mio_backend;
 mod server;
 mod tls;
@@ -11,11 +13,10 @@ mod uring_backend;
 
 use std::io;
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
+use std::time::Instant;
 
 pub use client::{ClientConn, ClientError, ClientOptions, Transport};
-pub use server::{
-    Backend, MAX_META_BEFORE_HELLO, Replier, Reply, ReplyTo, ServerConfig, ServerCounters, Service, ShutdownHandle,
-};
+pub use server::{Backend, Replier, Reply, ReplyTo, ServerConfig, ServerCounters, Service, ShutdownHandle};
 pub use tls::{ClientTls, TlsError, TlsWire, server_config as tls_server_config};
 
 use server::Core;
@@ -40,16 +41,14 @@ impl<S> std::fmt::Debug for Server<S> {
 impl<S: Service> Server<S> {
     /// Binds `addr` (port 0 picks a free port) with the configured backend.
     pub fn bind(addr: impl ToSocketAddrs, config: ServerConfig, service: S, agent: &str) -> io::Result<Self> {
-        if config.tls.is_some() && config.backend == Backend::Uring {
-            return Err(io::Error::new(io::ErrorKind::Unsupported, "TLS on the data plane needs the mio backend"));
-        }
         let listener = TcpListener::bind(addr)?;
         let local_addr = listener.local_addr()?;
-        let backend = config.backend;
-        let make_core = |wake| Core::new(service, config, agent, wake);
-        let backend = match backend {
-            Backend::Mio => BackendServer::Mio(Box::new(mio_backend::MioServer::new(listener, make_core)?)),
-            Backend::Uring => BackendServer::Uring(Box::new(uring_backend::UringServer::new(listener, make_core)?)),
+        let uring = matches!(config.backend, Backend::Uring);
+        let make_core = |wake| Core::new(service, config, agent, wake, Instant::now());
+        let backend = if uring {
+            BackendServer::Uring(Box::new(uring_backend::UringServer::new(listener, make_core)?))
+        } else {
+            BackendServer::Mio(Box::new(mio_backend::MioServer::new(listener, make_core)?))
         };
         Ok(Self { local_addr, backend })
     }

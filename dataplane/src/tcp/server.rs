@@ -1,5 +1,8 @@
 //! What every server backend shares: per-connection protocol state, request dispatch, the
-//! built-in kinds (hello, ping, stats), back-pressure and counters. Backends only move bytes.
+//! built-in kinds (hello, ping, stats), authentication, quotas, back-pressure, deadlines and
+//! counters. It reads no clock: the backend passes the time ([`Core::set_now`], once per turn
+//! of its loop), so the unit tests (`core_tests.rs`) drive it with a clock of their own and no
+//! socket. Backends only move bytes and wake.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -12,9 +15,10 @@ use crossbeam_channel::{Receiver, Sender};
 use djinn_auth::{Authenticator, TenantId};
 
 use super::admission::Admission;
-use crate::rdma::{ChannelError, Completion, RdmaChannel, RdmaContext, RdmaError, SessionConfig};
+use crate::rdma::{ChannelError, Completion, RdmaChannel, RdmaContext, RdmaError};
+use djinn_proto::rdma::SessionConfig;
 
-use crate::proto::{
+use djinn_proto::{
     ErrorCode, Frame, FrameReader, Hello, Limits, Message, OutFrame, PROTOCOL_VERSION, Payload, PayloadAlloc,
     ProtocolError, RdmaParams, RecvEvent, Refusal, SendQueue, SharedBytes, TensorDesc, transports,
 };
@@ -105,12 +109,42 @@ pub trait Service {
     fn expire(&mut self, _now: Instant) {}
 }
 
-/// The server backend: mio (epoll) or io_uring.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// The server backend, with what each can carry: mio (epoll) polls TLS connections and the
+/// RDMA completion channel beside its sockets; io_uring moves plain TCP only. A configuration
+/// of io_uring with RDMA or TLS cannot be written.
+#[derive(Debug, Clone)]
 pub enum Backend {
-    #[default]
-    Mio,
+    Mio {
+        /// When set, clients may move their frames to RDMA.
+        rdma: Option<Arc<RdmaContext>>,
+        /// When set, every connection speaks TLS; frames moved to RDMA do not.
+        tls: Option<Arc<rustls::ServerConfig>>,
+    },
     Uring,
+}
+
+impl Default for Backend {
+    fn default() -> Self {
+        Self::Mio { rdma: None, tls: None }
+    }
+}
+
+impl Backend {
+    /// The RDMA context clients may move to, where the backend offers RDMA.
+    pub fn rdma(&self) -> Option<&Arc<RdmaContext>> {
+        match self {
+            Self::Mio { rdma, .. } => rdma.as_ref(),
+            Self::Uring => None,
+        }
+    }
+
+    /// The TLS configuration every connection speaks, where the backend has one.
+    pub fn tls(&self) -> Option<&Arc<rustls::ServerConfig>> {
+        match self {
+            Self::Mio { tls, .. } => tls.as_ref(),
+            Self::Uring => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -147,8 +181,6 @@ pub struct ServerConfig {
     /// reading that connection.
     pub max_in_flight: usize,
     pub backend: Backend,
-    /// When set, clients may move their frames to RDMA (mio backend only).
-    pub rdma: Option<Arc<RdmaContext>>,
     /// RDMA connections at once (their queue pairs share one completion queue); more are
     /// refused and those clients use TCP.
     pub rdma_connections: usize,
@@ -162,8 +194,6 @@ pub struct ServerConfig {
     /// are namespaced by the token's tenant and held to the tenant's request quotas; else
     /// everyone shares one namespace.
     pub auth: Option<Arc<Authenticator>>,
-    /// When set, every connection speaks TLS (mio backend only); frames moved to RDMA do not.
-    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl Default for ServerConfig {
@@ -182,12 +212,10 @@ impl Default for ServerConfig {
             idle_timeout: Duration::from_secs(600),
             max_in_flight: 256,
             backend: Backend::default(),
-            rdma: None,
             rdma_connections: 16,
-            memory_path: djinn_gpudirect::MEMORY_PATH.into(),
+            memory_path: crate::MEMORY_PATH.into(),
             stall_timeout: Duration::from_secs(10),
             auth: None,
-            tls: None,
         }
     }
 }
@@ -217,9 +245,6 @@ pub struct ServerCounters {
     /// Connections refused at once for the bounds on those without a good hello yet.
     pub unauthenticated_refused: u64,
 }
-
-/// The metadata a frame may carry before its connection's hello: a hello, a ping.
-pub const MAX_META_BEFORE_HELLO: u32 = 4096;
 
 /// How long a push grant stays good, and how many a tenant may hold at once.
 pub const GRANT_TTL: Duration = Duration::from_secs(60);
@@ -355,6 +380,8 @@ pub(crate) struct Core<S> {
     admission: Option<Admission>,
     /// Connections without a good hello yet, by source address (where clients need tokens).
     unauthenticated: HashMap<IpAddr, usize>,
+    /// The time, as the backend last said ([`Self::set_now`]).
+    now: Instant,
     /// Connections closed since the allocator last gave free memory back, and when it did.
     closed_since_trim: usize,
     last_trim: Instant,
@@ -372,6 +399,7 @@ struct Alloc<'a, S> {
     /// See [`Conn::granted`].
     granted: Option<&'a (TensorDesc, bool)>,
     counters: &'a mut ServerCounters,
+    now: Instant,
 }
 
 impl<S: Service> PayloadAlloc for Alloc<'_, S> {
@@ -383,7 +411,7 @@ impl<S: Service> PayloadAlloc for Alloc<'_, S> {
             return Err(granted_only());
         }
         if let Some(admission) = self.admission.as_deref_mut() {
-            admission.admit(tenant, Instant::now()).inspect_err(|_| self.counters.quota_refusals += 1)?;
+            admission.admit(tenant, self.now).inspect_err(|_| self.counters.quota_refusals += 1)?;
         }
         self.service.alloc(message, len, tenant)
     }
@@ -413,9 +441,10 @@ fn unauthenticated() -> Refusal {
 }
 
 impl<S: Service> Core<S> {
-    /// `wake` makes the backend's poller return from a blocking wait.
-    pub fn new(service: S, config: ServerConfig, agent: &str, wake: Arc<dyn Fn() + Send + Sync>) -> Self {
-        let offered = if config.rdma.is_some() { transports::TCP | transports::RDMA } else { transports::TCP };
+    /// `wake` makes the backend's poller return from a blocking wait; `now` is the time.
+    pub fn new(service: S, config: ServerConfig, agent: &str, wake: Arc<dyn Fn() + Send + Sync>, now: Instant) -> Self {
+        let offered =
+            if config.backend.rdma().is_some() { transports::TCP | transports::RDMA } else { transports::TCP };
         let hello = Hello { memory_path: config.memory_path.clone(), ..Hello::new(&config.limits, offered, agent) };
         let (tx, replies) = crossbeam_channel::unbounded();
         let admission = config.auth.clone().map(Admission::new);
@@ -431,15 +460,21 @@ impl<S: Service> Core<S> {
             replies,
             admission,
             unauthenticated: HashMap::new(),
+            now,
             closed_since_trim: 0,
-            last_trim: Instant::now(),
+            last_trim: now,
             grants: HashMap::new(),
         }
     }
 
+    /// The time is now `now` (never earlier than the last time said).
+    pub fn set_now(&mut self, now: Instant) {
+        self.now = self.now.max(now);
+    }
+
     /// Gives `tenant` a grant to receive one `tensor` pushed by another node.
     fn grant(&mut self, tenant: TenantId, tensor: TensorDesc) -> Reply {
-        let now = Instant::now();
+        let now = self.now;
         self.grants.retain(|_, g| g.expires > now);
         if self.grants.values().filter(|g| g.tenant == tenant).count() >= MAX_GRANTS_PER_TENANT {
             return Reply::error(
@@ -459,7 +494,7 @@ impl<S: Service> Core<S> {
     /// Takes the grant `secret` for the tenant named `name`, when it is one, unexpired.
     fn redeem(&mut self, secret: &str, name: &str) -> Option<Grant> {
         let grant = self.grants.remove(secret)?;
-        (grant.expires > Instant::now() && grant.name == name).then_some(grant)
+        (grant.expires > self.now && grant.name == name).then_some(grant)
     }
 
     /// Gives the memory of closed connections back to the system: once a second while they
@@ -526,12 +561,11 @@ impl<S: Service> Core<S> {
         tracing::debug!(%peer, "connection accepted");
         let limits = if self.config.auth.is_some() {
             *self.unauthenticated.entry(peer.ip()).or_default() += 1;
-            // Before a hello, a frame head of a few KiB is all a stranger may make us hold.
-            Limits { max_meta: self.config.limits.max_meta.min(MAX_META_BEFORE_HELLO), ..self.config.limits }
+            self.config.limits.before_hello()
         } else {
             self.config.limits
         };
-        let now = Instant::now();
+        let now = self.now;
         Conn {
             reader: FrameReader::new(limits),
             queue: SendQueue::default(),
@@ -548,7 +582,7 @@ impl<S: Service> Core<S> {
             accepted: now,
             last_active: now,
             active: false,
-            window: (Instant::now(), 0, 0),
+            window: (now, 0, 0),
             rdma_sent_mark: 0,
             dropped: false,
         }
@@ -700,6 +734,7 @@ impl<S: Service> Core<S> {
                 tenant: conn.tenant,
                 granted: conn.granted.as_ref(),
                 counters: &mut self.counters,
+                now: self.now,
             };
             let event = match conn.reader.next_event(&mut alloc) {
                 Some(event) => event,
@@ -752,7 +787,7 @@ impl<S: Service> Core<S> {
                     if frame.payload.is_none()
                         && !matches!(frame.message, Message::Ping)
                         && let Some(admission) = &mut self.admission
-                        && let Err(Refusal { code, message }) = admission.admit(to.tenant, Instant::now())
+                        && let Err(Refusal { code, message }) = admission.admit(to.tenant, self.now)
                     {
                         self.counters.requests_refused += 1;
                         self.counters.quota_refusals += 1;
@@ -838,7 +873,7 @@ impl<S: Service> Core<S> {
 
     /// Sets up this connection's RDMA channel; the reply carries the node's side.
     fn rdma_connect(&mut self, conn: &mut Conn, params: RdmaParams) -> Reply {
-        let Some(ctx) = &self.config.rdma else {
+        let Some(ctx) = self.config.backend.rdma() else {
             return Reply::error(ErrorCode::Unexpected, "this node does not offer RDMA");
         };
         if self.rdma_open >= self.config.rdma_connections || conn.rdma.is_some() {
@@ -875,6 +910,7 @@ impl<S: Service> Core<S> {
                 tenant: conn.tenant,
                 granted: conn.granted.as_ref(),
                 counters: &mut self.counters,
+                now: self.now,
             };
             channel.on_completion(c, &mut alloc)
         });

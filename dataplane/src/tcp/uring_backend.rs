@@ -162,6 +162,7 @@ impl<S: Service> UringServer<S> {
                 self.dirty.extend(self.conns.iter().map(|(key, _)| key));
             }
             let now = Instant::now();
+            self.core.set_now(now);
             if self.accept_backoff.due(now) {
                 self.arm_accept()?;
             }
@@ -214,8 +215,11 @@ impl<S: Service> UringServer<S> {
             }
             completions.clear();
             completions.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
+            // The core's time for the completions: one clock read after the wait.
+            let now = Instant::now();
+            self.core.set_now(now);
             if !completions.is_empty() {
-                last_work = Instant::now();
+                last_work = now;
             } else if busy {
                 std::thread::yield_now();
             }

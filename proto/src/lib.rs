@@ -1,4 +1,6 @@
-//! The wire protocol, with no I/O in it: header, messages, tensor descriptors, framing.
+//! Djinn's wire protocol, with no I/O in it: the header, the messages, tensor descriptors,
+//! framing and the send queue; and [`rdma`], the session core that carries frames and payloads
+//! over RDMA queue pairs. The transports (`djinn-dataplane`) move the bytes these produce.
 
 mod archives;
 mod codec;
@@ -6,6 +8,7 @@ mod error;
 mod header;
 mod limits;
 mod message;
+pub mod rdma;
 mod tensor;
 mod value;
 
@@ -16,7 +19,7 @@ pub use codec::{
 };
 pub use error::{ErrorCode, ProtocolError};
 pub use header::{FrameHeader, HEADER_LEN, Kind, MAGIC, PROTOCOL_VERSION};
-pub use limits::Limits;
+pub use limits::{Limits, MAX_META_BEFORE_HELLO};
 pub use message::{
     Breakpoint, Fingerprint, HandleInfo, Hello, ListEntry, Message, ModelInfo, RdmaParams, Signal, TensorSource,
     transports,

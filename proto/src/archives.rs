@@ -170,7 +170,7 @@ impl Read for BlockReader<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use djinn_gpudirect::HostBuf;
+    use djinn_memory::HostBuf;
 
     fn chunk(bytes: &[u8]) -> Payload {
         Payload { buf: HostBuf::copy_from(bytes).unwrap(), reservation: None }

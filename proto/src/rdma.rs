@@ -14,7 +14,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use crate::proto::{
+use crate::{
     FrameHeader, HEADER_LEN, Kind, Limits, Message, OutFrame, Payload, PayloadAlloc, ProtocolError, RecvEvent, Refusal,
     append_head, check_tensor_lens, decode_body, paddings, payload_len,
 };
@@ -143,7 +143,7 @@ enum Outgoing {
 
 struct Incoming {
     request_id: u64,
-    message: crate::proto::Message,
+    message: crate::Message,
     payload: Payload,
 }
 
@@ -493,7 +493,7 @@ impl Session {
     /// A WRITE with immediate `xfer` landed (it used receive slot `slot`): the frame is whole.
     pub fn on_write_received(&mut self, slot: u32, xfer: u32) -> Result<(), SessionError> {
         let incoming = self.incoming.remove(&xfer).ok_or(SessionError::UnknownTransfer(xfer))?;
-        let frame = RecvEvent::Frame(crate::proto::Frame {
+        let frame = RecvEvent::Frame(crate::Frame {
             request_id: incoming.request_id,
             message: incoming.message,
             payload: Some(incoming.payload),
@@ -586,7 +586,7 @@ impl Session {
                     .ok_or_else(|| Refusal::from(ProtocolError::UnknownKind { kind: header.kind.get() }))
             })
             .and_then(|kind| decode_body(header, kind, meta, &self.config.limits, alloc));
-        let frame = |message, payload| RecvEvent::Frame(crate::proto::Frame { request_id, message, payload });
+        let frame = |message, payload| RecvEvent::Frame(crate::Frame { request_id, message, payload });
         match (decoded, eager) {
             (Err(refusal), _) => self.inbox.push_back(Inbound::Ready(RecvEvent::Rejected { request_id, refusal })),
             (Ok((message, None)), _) => self.inbox.push_back(Inbound::Ready(frame(message, None))),
@@ -643,3 +643,6 @@ impl Session {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

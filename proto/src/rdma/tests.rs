@@ -5,11 +5,11 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use djinn_gpudirect::HostBuf;
+use djinn_memory::HostBuf;
 use proptest::prelude::*;
 
-use super::session::{Action, Session, SessionConfig};
-use crate::proto::{DType, Message, OutFrame, Payload, PayloadAlloc, RecvEvent, Refusal, SharedBytes, TensorDesc};
+use super::{Action, Session, SessionConfig};
+use crate::{DType, Message, OutFrame, Payload, PayloadAlloc, RecvEvent, Refusal, SharedBytes, TensorDesc};
 
 enum Wire {
     Send(Vec<u8>),
@@ -24,7 +24,7 @@ struct Alloc {
 impl PayloadAlloc for Alloc {
     fn alloc(&mut self, _message: &Message, len: usize) -> Result<Payload, Refusal> {
         if len > self.max {
-            return Err(Refusal { code: crate::proto::ErrorCode::OverBudget, message: format!("{len} bytes") });
+            return Err(Refusal { code: crate::ErrorCode::OverBudget, message: format!("{len} bytes") });
         }
         Ok(Payload { buf: HostBuf::zeroed(len)?, reservation: None })
     }
@@ -266,7 +266,7 @@ fn a_transfer_announced_twice_ends_the_session() {
     let before = b.session.incoming_buffer(xfer).map(|p| p.buf.as_slice().as_ptr());
     let slot = b.posted.pop_front().unwrap();
     let e = b.session.on_receive(slot, &rts, &mut b.alloc).unwrap_err();
-    assert_eq!(e, super::session::SessionError::DuplicateTransfer(xfer));
+    assert_eq!(e, super::SessionError::DuplicateTransfer(xfer));
     let after = b.session.incoming_buffer(xfer).map(|p| p.buf.as_slice().as_ptr());
     assert!(before.is_some() && before == after, "the first transfer's memory stays");
 }

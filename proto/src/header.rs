@@ -6,7 +6,7 @@
 //! | magic | version | kind | flags | request id | meta len | payload len |
 //! ```
 //! A frame is the header, `meta_len` bytes of metadata (the message's fields), then
-//! `payload_len` bytes of tensor data laid out by [`crate::proto::payload_layout`].
+//! `payload_len` bytes of tensor data laid out by [`crate::payload_layout`].
 
 use zerocopy::little_endian::{U16, U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use djinn_gpudirect::HostBuf;
+use djinn_memory::HostBuf;
 use proptest::prelude::*;
 
 use super::*;

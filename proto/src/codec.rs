@@ -14,8 +14,8 @@ use std::io::IoSlice;
 use std::mem;
 use std::sync::Arc;
 
-use djinn_gpudirect::HostBuf;
-use djinn_gpudirect::Reservation;
+use djinn_memory::HostBuf;
+use djinn_memory::Reservation;
 
 use super::error::{ErrorCode, ProtocolError};
 use super::header::{FrameHeader, HEADER_LEN, Kind};
@@ -61,15 +61,15 @@ impl From<ProtocolError> for Refusal {
     }
 }
 
-impl From<djinn_gpudirect::OverBudget> for Refusal {
-    fn from(e: djinn_gpudirect::OverBudget) -> Self {
+impl From<djinn_memory::OverBudget> for Refusal {
+    fn from(e: djinn_memory::OverBudget) -> Self {
         let code = if e.tenant.is_some() { ErrorCode::QuotaExceeded } else { ErrorCode::OverBudget };
         Self { code, message: e.to_string() }
     }
 }
 
-impl From<djinn_gpudirect::AllocError> for Refusal {
-    fn from(e: djinn_gpudirect::AllocError) -> Self {
+impl From<djinn_memory::AllocError> for Refusal {
+    fn from(e: djinn_memory::AllocError) -> Self {
         Self { code: ErrorCode::OutOfMemory, message: e.to_string() }
     }
 }
