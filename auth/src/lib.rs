@@ -38,6 +38,8 @@
 //! progress and requests' inputs hold at once, is bounded by the node's `--tenant-host-memory`
 //! where the quota names none, so that no tenant takes all of it from the others.
 
+mod sync;
+
 use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -47,6 +49,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use serde::Deserialize;
+
+use crate::sync::Locked;
 
 /// A tenant's number in this process: what models, tensors, handles and sessions are
 /// namespaced by. Stable while the process lives (a reload never renumbers a name), never
@@ -305,7 +309,7 @@ impl Authenticator {
         }
         let file: TokenFile = serde_json::from_value(value).map_err(|e| invalid(e.to_string()))?;
         let mut registry = Registry::default();
-        let mut names = self.names.lock().unwrap_or_else(|e| e.into_inner());
+        let mut names = self.names.locked();
         for entry in file.principals {
             if entry.name.is_empty() || entry.name.len() > 128 || entry.name.chars().any(char::is_control) {
                 return Err(invalid(format!(
@@ -367,7 +371,7 @@ impl Authenticator {
     /// principals stay as they were. True when something changed.
     pub fn update(&self, bytes: &[u8]) -> Result<bool, LoadError> {
         let hash = blake3::hash(bytes);
-        let mut loaded = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
+        let mut loaded = self.loaded.locked();
         if *loaded == hash {
             return Ok(false);
         }
@@ -449,7 +453,7 @@ impl Authenticator {
 
     /// A tenant's name (for logs, and for a node acting for it), also after it left the file.
     pub fn name(&self, tenant: TenantId) -> Option<Arc<str>> {
-        let names = self.names.lock().unwrap_or_else(|e| e.into_inner());
+        let names = self.names.locked();
         tenant.0.checked_sub(1).and_then(|i| names.names.get(i as usize)).cloned()
     }
 }

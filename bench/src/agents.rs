@@ -33,6 +33,7 @@ use tch::{IValue, Kind, Tensor};
 
 use crate::Spawned;
 use crate::report::{Stats, append_section, bytes_of, measure};
+use crate::sync::Locked;
 
 #[derive(Args, Debug)]
 pub struct AgentsArgs {
@@ -317,14 +318,14 @@ fn trial(
                         std::thread::sleep(wait);
                     }
                     agent.client.session_close(agent.session)?;
-                    let mut record = record.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut record = record.locked();
                     for l in latencies {
                         record.latencies.record(l.as_nanos() as u64)?;
                     }
                     Ok(())
                 };
                 if let Err(e) = run() {
-                    record.lock().unwrap_or_else(|e| e.into_inner()).fail(&e);
+                    record.locked().fail(&e);
                 }
             });
         }

@@ -13,6 +13,7 @@ mod report;
 mod resume;
 mod soak;
 mod stream;
+mod sync;
 mod tcp;
 
 use std::io::{BufRead, BufReader, Read, Write};

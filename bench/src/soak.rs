@@ -25,6 +25,7 @@ use tch::{Device, Kind, Tensor, nn, nn::Module};
 use crate::Spawned;
 use crate::execute::archive;
 use crate::report::{append_section, bytes_of};
+use crate::sync::Locked;
 
 #[derive(Args, Debug)]
 pub struct SoakArgs {
@@ -480,7 +481,7 @@ pub fn run(args: SoakArgs) -> Result<()> {
             let (done, tally) = (Arc::clone(&done), Arc::clone(&tally));
             std::thread::spawn(move || {
                 let t = w.run(deadline, &done);
-                tally.lock().unwrap_or_else(|e| e.into_inner()).merge(t);
+                tally.locked().merge(t);
             })
         })
         .collect();
@@ -526,7 +527,7 @@ pub fn run(args: SoakArgs) -> Result<()> {
     let stats = check.stats()?;
     let stat = |name: &str| stats.iter().find(|(k, _)| k == name).map_or(0, |(_, v)| *v);
 
-    let tally = std::mem::take(&mut *tally.lock().unwrap_or_else(|e| e.into_inner()));
+    let tally = std::mem::take(&mut *tally.locked());
     let share = |(sent, ok): (u64, u64)| if sent == 0 { 0.0 } else { 100.0 * ok as f64 / sent as f64 };
     let growth = after as i64 - baseline as i64;
     let mut out = String::new();

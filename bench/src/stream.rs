@@ -21,6 +21,7 @@ use tch::jit::{CModule, IValue};
 use tch::{Kind, Tensor};
 
 use crate::report::{Stats, append_section, measure};
+use crate::sync::Locked;
 
 /// Writes `block{i}.pt` and `block{i}.graph`: `Linear(width, width)` then GELU, random weights,
 /// traced as TorchScript and exported as a graph.
@@ -103,7 +104,7 @@ fn load(archives: &[Vec<u8>], device: Device, budget: u64) -> Result<(Arc<Model>
 
 fn stat(store: &Mutex<ModelStore>, name: &str) -> u64 {
     let mut stats = Vec::new();
-    store.lock().unwrap_or_else(|e| e.into_inner()).stats(&mut stats);
+    store.locked().stats(&mut stats);
     stats.into_iter().find(|(n, _)| n == name).map_or(0, |(_, v)| v)
 }
 

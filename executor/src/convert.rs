@@ -11,6 +11,7 @@ use tch::{Device, Kind, Tensor};
 
 use crate::error::ExecError;
 use crate::handles::HandleTable;
+use crate::sync::Locked;
 
 pub fn kind_of(dtype: DType) -> Kind {
     match dtype {
@@ -66,7 +67,7 @@ pub fn kept_inputs(
     if handles.is_empty() {
         return Ok(found);
     }
-    let mut table = table.lock().unwrap_or_else(|e| e.into_inner());
+    let mut table = table.locked();
     for h in handles {
         if let std::collections::hash_map::Entry::Vacant(slot) = found.entry(h) {
             slot.insert(table.get(tenant, h)?.0);
@@ -176,7 +177,7 @@ impl<'a> Outputs<'a> {
     pub fn release_kept(&mut self) {
         if let Some((table, tenant)) = self.keep {
             let handles: Vec<Handle> = self.kept.drain(..).map(|k| k.handle).collect();
-            table.lock().unwrap_or_else(|e| e.into_inner()).release(tenant, &handles);
+            table.locked().release(tenant, &handles);
         }
     }
 
@@ -230,7 +231,7 @@ impl<'a> Outputs<'a> {
             (false, false) => t.f_contiguous()?,
             (false, true) => t,
         };
-        let info = table.lock().unwrap_or_else(|e| e.into_inner()).keep(tenant, t)?;
+        let info = table.locked().keep(tenant, t)?;
         let value = Value::Handle(info.handle);
         self.kept.push(info);
         Ok(value)

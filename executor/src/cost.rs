@@ -19,6 +19,7 @@ use djinn_auth::TenantId;
 use djinn_memory::{Charge, MemoryBudget};
 
 use crate::error::ExecError;
+use crate::sync::Locked;
 
 /// A graph run's cost at one call's shapes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -140,7 +141,7 @@ impl ComputeMeter {
                 quota.burst
             )));
         }
-        let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
+        let mut buckets = self.buckets.locked();
         let bucket = buckets.entry(tenant).or_insert(Bucket { flops: quota.burst, refilled: now });
         let elapsed = now.saturating_duration_since(bucket.refilled).as_secs_f64();
         bucket.flops = (bucket.flops + elapsed * quota.flops_per_second).min(quota.burst);

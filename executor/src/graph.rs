@@ -14,6 +14,7 @@ use tch::{Device, Kind, Tensor};
 
 use crate::cost::Estimate;
 use crate::error::ExecError;
+use crate::sync::Locked;
 pub use crate::value::RtValue;
 
 mod ffi {
@@ -509,7 +510,7 @@ impl GraphModule {
         /// Plans kept per graph; a caller cycling through more shapes than this plans again.
         const KEPT: usize = 64;
         let key: Vec<(Vec<i64>, Vec<i64>)> = inputs.iter().map(|t| (t.size(), t.stride())).collect();
-        let lock = || self.estimates.lock().unwrap_or_else(|e| e.into_inner());
+        let lock = || self.estimates.locked();
         if let Some(e) = lock().get(index).and_then(|plans| plans.get(&key)).cloned() {
             return Ok(e);
         }

@@ -21,6 +21,7 @@ pub use ::tch;
 
 mod convert;
 pub mod cost;
+mod sync;
 
 /// What a named or kept tensor is charged besides its bytes, and what a parked request is
 /// charged at least: its bookkeeping, so that objects of no bytes still count against the

@@ -23,6 +23,7 @@ use tch::{Device, Tensor};
 use crate::error::ExecError;
 use crate::graph::{GraphModule, RtValue};
 use crate::stream::{Plan, StreamStats, StreamedBlock, Streamer, plan};
+use crate::sync::Locked;
 use crate::tensors::tensor_bytes;
 use djinn_gpudirect::CudaContext;
 
@@ -73,7 +74,7 @@ pub fn parse_device(s: &str) -> Result<Device, String> {
 /// Loads an upload into `models` as a node does: sized against what is free, planned and
 /// reserved, then published. The store is locked between the steps, never while loading.
 pub fn load(upload: Upload, device: Device, models: &Mutex<ModelStore>) -> Result<Arc<Model>, ExecError> {
-    let lock = || models.lock().unwrap_or_else(|e| e.into_inner());
+    let lock = || models.locked();
     let (scope, tenant) = (upload.scope, upload.tenant);
     let available = lock().available(tenant);
     let loaded = upload.load(device, available)?;
@@ -112,7 +113,7 @@ impl Model {
         }
         let _guard = tch::no_grad_guard();
         // A run that starts past block 0 makes the streamer bring its blocks in from there.
-        let mut stream = self.stream.as_ref().map(|s| s.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut stream = self.stream.as_ref().map(|s| s.locked());
         let mut args = args;
         for (i, block) in self.blocks.iter().enumerate().take(last + 1).skip(first) {
             crate::deadline::check()?;

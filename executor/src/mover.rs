@@ -30,6 +30,7 @@ use djinn_proto::{ErrorCode, Hello, Limits, Message, PROTOCOL_VERSION, SharedByt
 use tch::Tensor;
 
 use crate::convert::OutputTensor;
+use crate::sync::Locked;
 
 /// How the bytes of a push travel, by the transport between the hosts; reported in the `Pushed`
 /// reply.
@@ -80,7 +81,7 @@ impl PushPeers {
             return true;
         }
         let Some((list, listed)) = &self.listed else { return false };
-        let listed = || listed.lock().unwrap_or_else(|e| e.into_inner());
+        let listed = || listed.locked();
         {
             let mut known = listed();
             let found = known.addrs.iter().any(|a| same_peer(a, to));
@@ -195,7 +196,7 @@ impl Mover {
         replier: &Replier,
     ) {
         let job = PushJob { source, to, grant, reply_to, replier: replier.clone() };
-        let mut workers = self.workers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut workers = self.workers.locked();
         let job = match workers.get(&tenant) {
             Some((tx, _)) => match tx.send(job) {
                 Ok(()) => return,
@@ -219,7 +220,7 @@ impl Mover {
 
 impl Drop for Mover {
     fn drop(&mut self) {
-        let workers = std::mem::take(&mut *self.workers.lock().unwrap_or_else(|e| e.into_inner()));
+        let workers = std::mem::take(&mut *self.workers.locked());
         let threads: Vec<_> = workers.into_values().map(|(_, thread)| thread).collect();
         for thread in threads {
             let _ = thread.join();

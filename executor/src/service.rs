@@ -20,6 +20,7 @@ use crate::mover::{Mover, PeerLimits, PushPeers, PushSource};
 use crate::parked::{Parked, ParkedTable};
 use crate::sessions::{Op, SessionOptions, SessionTable, lock};
 use crate::store::TensorStore;
+use crate::sync::Locked;
 use crate::workers::{Job, WorkQueue, Workers};
 
 #[derive(Debug, Clone)]
@@ -132,7 +133,7 @@ impl NodeService {
             limits,
         )?;
         tracing::info!(
-            epoch = format_args!("{:016x}", handles.lock().unwrap_or_else(|e| e.into_inner()).epoch()),
+            epoch = format_args!("{:016x}", handles.locked().epoch()),
             session_policy = options.sessions.policy.name(),
             session_budget = options.sessions.budget,
             "kept tensors and sessions start a new epoch"
@@ -164,7 +165,7 @@ impl NodeService {
     }
 
     fn models(&self) -> MutexGuard<'_, ModelStore> {
-        self.models.lock().unwrap_or_else(|e| e.into_inner())
+        self.models.locked()
     }
 
     /// A receive buffer charged to `tenant`'s part of the host budget (`charge` bytes of it).
@@ -174,7 +175,7 @@ impl NodeService {
     }
 
     fn handles(&self) -> MutexGuard<'_, HandleTable> {
-        self.handles.lock().unwrap_or_else(|e| e.into_inner())
+        self.handles.locked()
     }
 
     fn sessions(&self) -> MutexGuard<'_, SessionTable> {
@@ -182,7 +183,7 @@ impl NodeService {
     }
 
     fn parked(&self) -> MutexGuard<'_, ParkedTable> {
-        self.parked.lock().unwrap_or_else(|e| e.into_inner())
+        self.parked.locked()
     }
 
     /// Drops a parked request; a session step parked ends with the state it had before it.
@@ -533,7 +534,7 @@ impl Sweeper {
         queue: WorkQueue,
     ) -> std::io::Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
-        let parked_ttl = parked.lock().unwrap_or_else(|e| e.into_inner()).ttl();
+        let parked_ttl = parked.locked().ttl();
         let ttl = handles
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -548,8 +549,8 @@ impl Sweeper {
             while !flag.load(Ordering::Acquire) {
                 let now = Instant::now();
                 if now >= next_sweep {
-                    handles.lock().unwrap_or_else(|e| e.into_inner()).expire(now);
-                    let expired = parked.lock().unwrap_or_else(|e| e.into_inner()).expire(now);
+                    handles.locked().expire(now);
+                    let expired = parked.locked().expire(now);
                     for request in expired {
                         if let Some(id) = end_parked_step(&request, &table) {
                             queue.drain_session(id, request.tenant);

@@ -26,6 +26,7 @@ use tch::{Device, Tensor};
 use crate::error::{ExecError, SessionError};
 use crate::handles::fresh_epoch;
 use crate::models::Model;
+use crate::sync::Locked;
 use crate::tensors::tensor_bytes;
 
 /// Which resident session makes room for another.
@@ -621,7 +622,7 @@ impl SessionTable {
 
 /// The table, whoever panicked while holding it (its state stays consistent between calls).
 pub(crate) fn lock(table: &std::sync::Mutex<SessionTable>) -> std::sync::MutexGuard<'_, SessionTable> {
-    table.lock().unwrap_or_else(|e| e.into_inner())
+    table.locked()
 }
 
 fn state_bytes(state: &[Tensor]) -> u64 {

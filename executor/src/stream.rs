@@ -27,6 +27,7 @@ use tch::jit::IValue;
 use tch::{Device, Kind, Tensor};
 
 use crate::error::ExecError;
+use crate::sync::Locked;
 use crate::tensors::tensor_bytes;
 
 /// Which blocks stream, and the ring they stream through.
@@ -490,7 +491,7 @@ impl Copier {
                         // the destination until this copy is waited for.
                         unsafe { std::ptr::copy_nonoverlapping(job.src, job.dst, job.len) };
                         done.seq.fetch_add(1, Ordering::Release);
-                        let _held = done.lock.lock().unwrap_or_else(|e| e.into_inner());
+                        let _held = done.lock.locked();
                         done.cv.notify_all();
                     }
                 })
@@ -516,7 +517,7 @@ impl Done {
         if self.seq.load(Ordering::Acquire) >= seq {
             return;
         }
-        let mut held = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut held = self.lock.locked();
         while self.seq.load(Ordering::Acquire) < seq {
             held = self.cv.wait(held).unwrap_or_else(|e| e.into_inner());
         }

@@ -25,6 +25,7 @@ use crate::handles::HandleTable;
 use crate::models::{Model, ModelStore, Upload, spread};
 use crate::parked::{Activation, Parked, ParkedTable, SessionStep, Stopped, check_breakpoint};
 use crate::sessions::{Op, SessionTable, lock};
+use crate::sync::Locked;
 
 pub enum Job {
     Execute {
@@ -92,7 +93,7 @@ struct Scheduler {
 
 impl Scheduler {
     fn lock(&self) -> MutexGuard<'_, Queued> {
-        self.queued.lock().unwrap_or_else(|e| e.into_inner())
+        self.queued.locked()
     }
 
     /// Queues a job in `tenant`'s turn.
@@ -490,7 +491,7 @@ impl Run {
             session: self.session,
             charged,
         };
-        let handle = shared.parked.lock().unwrap_or_else(|e| e.into_inner()).park(stopped)?;
+        let handle = shared.parked.locked().park(stopped)?;
         if let Some(s) = self.session {
             lock(&shared.sessions).pause(s.id);
         }
@@ -563,7 +564,7 @@ fn resume(
     let ran = match ran {
         Ok(ran) => ran,
         Err(e) => {
-            shared.parked.lock().unwrap_or_else(|e| e.into_inner()).put_back(handle, parked);
+            shared.parked.locked().put_back(handle, parked);
             return Err(e);
         }
     };
@@ -694,7 +695,7 @@ fn keep(
     let tensor = input_tensors(std::slice::from_ref(desc), payload.as_ref(), device)?
         .pop()
         .ok_or_else(|| ExecError::Internal("no tensor".into()))?;
-    let mut table = handles.lock().unwrap_or_else(|e| e.into_inner());
+    let mut table = handles.locked();
     let kept = match payload {
         // The tensor is a view of the payload: the payload goes into the table with it.
         Some(payload) if device == Device::Cpu => {
@@ -707,7 +708,7 @@ fn keep(
 }
 
 fn fetch(tenant: TenantId, handle: Handle, handles: &Mutex<HandleTable>) -> Result<Reply, ExecError> {
-    let (tensor, _) = handles.lock().unwrap_or_else(|e| e.into_inner()).get(tenant, handle)?;
+    let (tensor, _) = handles.locked().get(tenant, handle)?;
     let (bytes, desc) = OutputTensor::new(tensor, None)?;
     Ok(Reply { message: Message::GetReply { tensor: desc }, tensors: vec![Arc::new(bytes) as SharedBytes] })
 }

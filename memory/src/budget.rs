@@ -13,6 +13,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use djinn_auth::TenantId;
 
+use crate::sync::Locked;
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{}: {requested} bytes asked for, {used} of {limit} in use", match tenant {
     Some(t) => format!("over {t}'s memory quota"),
@@ -44,7 +46,7 @@ struct Inner {
 
 impl Inner {
     fn tenants(&self) -> MutexGuard<'_, HashMap<TenantId, u64>> {
-        self.tenants.lock().unwrap_or_else(|e| e.into_inner())
+        self.tenants.locked()
     }
 
     fn uncharge(&self, tenant: TenantId, bytes: u64) {

@@ -12,6 +12,8 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::sync::Locked;
+
 /// Alignment of every buffer of at least this many bytes: enough for any dtype and for
 /// vectorised kernels. A smaller buffer is aligned to the largest power of two it holds, up to
 /// 16 (what the allocator gives such a block without the cost of an aligned allocation), which
@@ -263,7 +265,7 @@ impl BufferPool {
             return HostBuf::zeroed(len);
         }
         let recycled = {
-            let mut free = shared.free.lock().unwrap_or_else(|e| e.into_inner());
+            let mut free = shared.free.locked();
             let cap = free.range(len..=len.saturating_mul(2)).next().map(|(cap, _)| *cap);
             cap.and_then(|cap| {
                 let list = free.get_mut(&cap)?;
@@ -317,7 +319,7 @@ impl PoolShared {
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| (r + cap <= self.max_retained).then_some(r + cap))
             .is_ok();
         if admitted {
-            let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+            let mut free = self.free.locked();
             free.entry(raw.cap).or_default().push(raw);
         }
         // else: `raw` drops here and its memory goes back to the system.

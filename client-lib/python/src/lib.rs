@@ -5,6 +5,7 @@
 //! `torch.frombuffer` wraps without a copy.
 
 mod lent;
+mod sync;
 
 use std::ffi::c_int;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -22,6 +23,8 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+
+use crate::sync::Locked;
 
 create_exception!(djinn, DjinnError, PyException, "Base of every error the djinn package raises.");
 create_exception!(djinn, TransportError, DjinnError, "The node could not be reached or the connection broke.");
@@ -389,19 +392,19 @@ struct Client {
 impl Client {
     /// The client, after releasing what Python dropped since the last call.
     fn lock(&self) -> MutexGuard<'_, ClusterClient> {
-        let mut client = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let dropped = std::mem::take(&mut *self.unreleased.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut client = self.inner.locked();
+        let dropped = std::mem::take(&mut *self.unreleased.locked());
         for (node, handles) in by_node(dropped) {
             // A failure means the node is gone, and its tensors with it: nothing is left to
             // free. (Unreleased tensors on a live node expire after its --handle-ttl.)
             let _ = client.release(&node, &handles);
         }
-        for session in std::mem::take(&mut *self.unclosed.lock().unwrap_or_else(|e| e.into_inner())) {
+        for session in std::mem::take(&mut *self.unclosed.locked()) {
             // Likewise: a session on a live node that this misses is closed after the node's
             // --session-idle-timeout.
             let _ = client.session_close(&session);
         }
-        for parked in std::mem::take(&mut *self.unaborted.lock().unwrap_or_else(|e| e.into_inner())) {
+        for parked in std::mem::take(&mut *self.unaborted.locked()) {
             // Likewise: the node releases it after its --parked-ttl.
             let _ = client.abort(&parked);
         }
@@ -681,7 +684,7 @@ impl Client {
 
     /// Aborts a parked request with the next call (for finalisers: never waits).
     fn abort_later(&self, parked: &Parked) {
-        self.unaborted.lock().unwrap_or_else(|e| e.into_inner()).push(parked.0.clone());
+        self.unaborted.locked().push(parked.0.clone());
     }
 
     /// Uploads a tensor (contiguous, on the CPU, as for `execute`) to be kept
@@ -720,7 +723,7 @@ impl Client {
 
     /// Frees a kept tensor with the next call (for finalisers: never waits).
     fn release_later(&self, kept: &Kept) {
-        self.unreleased.lock().unwrap_or_else(|e| e.into_inner()).push((kept.node.clone(), kept.handle()));
+        self.unreleased.locked().push((kept.node.clone(), kept.handle()));
     }
 
     /// Opens a session of a registered model on its node. `state`: the initial state tensors
@@ -774,7 +777,7 @@ impl Client {
 
     /// Closes a session with the next call (for finalisers: never waits).
     fn close_later(&self, session: &Session) {
-        self.unclosed.lock().unwrap_or_else(|e| e.into_inner()).push(session.0.clone());
+        self.unclosed.locked().push(session.0.clone());
     }
 
     fn unregister_model(&self, py: Python<'_>, fingerprint: &str) -> PyResult<()> {
