@@ -366,3 +366,35 @@ fn a_deferred_reply_reaches_its_connection_and_never_the_next_one_in_its_slot() 
     h.core.deliver(&mut second, to, reply);
     assert!(second.queue.is_empty());
 }
+
+#[test]
+fn the_loop_polls_on_while_work_is_recent_checks_deadlines_on_schedule_and_resumes_paused_reads() {
+    let reply_len = encode(1, &Message::ListReply { entries: Vec::new(), more: false }).len() as u64;
+    let spin = Duration::from_micros(50);
+    let stall_timeout = Duration::from_secs(4);
+    let config = ServerConfig { spin, stall_timeout, max_queued_total: reply_len, ..ServerConfig::default() };
+    let mut h = Harness::new(config);
+    let every = stall_timeout / 4;
+    let start = h.now;
+    // Deadlines: checked on the first turn, then once per quarter of the shortest timeout.
+    assert!(h.core.begin_turn(start).check_deadlines);
+    assert!(!h.core.begin_turn(start + every - Duration::from_millis(1)).check_deadlines);
+    assert!(h.core.begin_turn(start + every).check_deadlines);
+    assert_eq!(h.core.next_deadline_check(), start + 2 * every);
+    // Spinning: on for `spin` after the last work, then off; a reply owed keeps it on.
+    let t = start + every;
+    h.core.worked();
+    assert!(h.core.keep_polling(t + spin - Duration::from_micros(1)));
+    assert!(!h.core.keep_polling(t + spin));
+    let mut conn = h.accept();
+    h.request(&mut conn, 1, &Message::Get { name: "a".into() });
+    assert!(h.core.keep_polling(t + Duration::from_secs(1)));
+    // Reads paused by the global bound are resumed on the first turn after the replies drain.
+    let mut other = h.accept();
+    h.request(&mut other, 1, &list());
+    assert!(h.core.reads_paused());
+    assert!(!h.core.begin_turn(t).resume_reads);
+    h.replies(&mut other);
+    assert_eq!(h.core.begin_turn(t), super::server::Turn { resume_reads: true, check_deadlines: false });
+    assert!(!h.core.begin_turn(t).resume_reads, "once");
+}

@@ -108,12 +108,10 @@ impl<S: Service> MioServer<S> {
 
     pub fn run(mut self) -> io::Result<ServerCounters> {
         let mut events = Events::with_capacity(1024);
-        let mut last_work = Instant::now();
-        let mut next_timeout_check = Instant::now() + self.core.timeout_check_every();
-        let mut paused = false;
         while !self.flag.load(Ordering::Acquire) {
-            // Replies drained below the global bound: every connection may read again.
-            if std::mem::replace(&mut paused, self.core.reads_paused()) && !paused {
+            let now = Instant::now();
+            let turn = self.core.begin_turn(now);
+            if turn.resume_reads {
                 for (key, c) in self.conns.iter_mut() {
                     if !c.scheduled {
                         c.scheduled = true;
@@ -121,10 +119,18 @@ impl<S: Service> MioServer<S> {
                     }
                 }
             }
-            // Adaptive polling: keep polling without blocking for `spin` after the last piece
-            // of work (a wake-up on the other core costs about 20 µs here), then block.
-            let busy =
-                !self.ready.is_empty() || self.core.awaiting_replies() || last_work.elapsed() < self.core.config.spin;
+            if turn.check_deadlines {
+                let expired: Vec<usize> = self
+                    .conns
+                    .iter_mut()
+                    .filter_map(|(key, c)| self.core.check_timeouts(&mut c.conn, now).then_some(key))
+                    .collect();
+                for key in expired {
+                    self.close(key);
+                }
+                self.core.on_tick(now);
+            }
+            let busy = !self.ready.is_empty() || self.core.keep_polling(now);
             let mut timeout = busy.then_some(std::time::Duration::ZERO);
             if timeout.is_none() && self.arm_rdma() {
                 timeout = Some(std::time::Duration::ZERO);
@@ -132,10 +138,10 @@ impl<S: Service> MioServer<S> {
             // Asleep, it still wakes for the next deadline check while connections are open,
             // and to accept again after a failure.
             if timeout.is_none() && !self.conns.is_empty() {
-                timeout = Some(next_timeout_check.saturating_duration_since(Instant::now()));
+                timeout = Some(self.core.next_deadline_check().saturating_duration_since(now));
             }
             if let Some(at) = self.accept_backoff.retry_at() {
-                let until = at.saturating_duration_since(Instant::now());
+                let until = at.saturating_duration_since(now);
                 timeout = Some(timeout.map_or(until, |t| t.min(until)));
             }
             match self.poll.poll(&mut events, timeout) {
@@ -207,19 +213,7 @@ impl<S: Service> MioServer<S> {
                 self.ready = ready;
             }
             if worked {
-                last_work = now;
-            }
-            if now >= next_timeout_check {
-                next_timeout_check = now + self.core.timeout_check_every();
-                let expired: Vec<usize> = self
-                    .conns
-                    .iter_mut()
-                    .filter_map(|(key, c)| self.core.check_timeouts(&mut c.conn, now).then_some(key))
-                    .collect();
-                for key in expired {
-                    self.close(key);
-                }
-                self.core.on_tick(now);
+                self.core.worked();
             }
         }
         tracing::info!(open = self.conns.len(), "poller stopping");

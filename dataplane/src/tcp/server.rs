@@ -271,6 +271,17 @@ fn random_grant() -> std::io::Result<String> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
+/// What a backend does in a turn of its loop besides moving the bytes its events announce
+/// ([`Core::begin_turn`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Turn {
+    /// The replies queued over all connections fell below their bound: every connection may
+    /// read again, and one may have bytes waiting that no new event will announce.
+    pub resume_reads: bool,
+    /// Connections' deadlines are due: [`Core::check_timeouts`] on each, then [`Core::on_tick`].
+    pub check_deadlines: bool,
+}
+
 /// Bytes a stalling connection must move per [`ServerConfig::stall_timeout`] to stay open.
 pub const MIN_PROGRESS: u64 = 64 * 1024;
 
@@ -382,6 +393,11 @@ pub(crate) struct Core<S> {
     unauthenticated: HashMap<IpAddr, usize>,
     /// The time, as the backend last said ([`Self::set_now`]).
     now: Instant,
+    /// The loop's policy (see [`Self::begin_turn`]): whether reads were paused for the global
+    /// reply bound last turn, when deadlines are checked next, when there was work last.
+    paused: bool,
+    next_deadline_check: Instant,
+    last_work: Instant,
     /// Connections closed since the allocator last gave free memory back, and when it did.
     closed_since_trim: usize,
     last_trim: Instant,
@@ -461,6 +477,9 @@ impl<S: Service> Core<S> {
             admission,
             unauthenticated: HashMap::new(),
             now,
+            paused: false,
+            next_deadline_check: now,
+            last_work: now,
             closed_since_trim: 0,
             last_trim: now,
             grants: HashMap::new(),
@@ -470,6 +489,37 @@ impl<S: Service> Core<S> {
     /// The time is now `now` (never earlier than the last time said).
     pub fn set_now(&mut self, now: Instant) {
         self.now = self.now.max(now);
+    }
+
+    /// Starts a turn of the backend's loop at `now`: what the backend must do this turn besides
+    /// moving the bytes its events announce.
+    pub fn begin_turn(&mut self, now: Instant) -> Turn {
+        self.set_now(now);
+        let paused = self.reads_paused();
+        let resume_reads = std::mem::replace(&mut self.paused, paused) && !paused;
+        let check_deadlines = self.now >= self.next_deadline_check;
+        if check_deadlines {
+            self.next_deadline_check = self.now + self.timeout_check_every();
+        }
+        Turn { resume_reads, check_deadlines }
+    }
+
+    /// The backend found work this turn (events, completions, replies).
+    pub fn worked(&mut self) {
+        self.last_work = self.now;
+    }
+
+    /// Whether the backend should poll again without blocking: a reply from another thread is
+    /// near, or there was work within the last `spin` (a wake-up on another core costs more
+    /// than polling a while).
+    pub fn keep_polling(&self, now: Instant) -> bool {
+        self.awaiting_replies() || now.saturating_duration_since(self.last_work) < self.config.spin
+    }
+
+    /// When a blocking wait must end at the latest while connections are open: the next
+    /// deadline check.
+    pub fn next_deadline_check(&self) -> Instant {
+        self.next_deadline_check
     }
 
     /// Gives `tenant` a grant to receive one `tensor` pushed by another node.

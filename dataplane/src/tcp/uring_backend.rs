@@ -152,22 +152,17 @@ impl<S: Service> UringServer<S> {
     pub fn run(mut self) -> io::Result<ServerCounters> {
         self.arm_accept()?;
         self.arm_wake()?;
-        let mut last_work = Instant::now();
-        let mut next_timeout_check = Instant::now() + self.core.timeout_check_every();
-        let mut paused = false;
         let mut completions: Vec<(u64, i32)> = Vec::with_capacity(RING_ENTRIES as usize);
         while !self.flag.load(Ordering::Acquire) {
-            // Replies drained below the global bound: every connection may read again.
-            if std::mem::replace(&mut paused, self.core.reads_paused()) && !paused {
+            let now = Instant::now();
+            let turn = self.core.begin_turn(now);
+            if turn.resume_reads {
                 self.dirty.extend(self.conns.iter().map(|(key, _)| key));
             }
-            let now = Instant::now();
-            self.core.set_now(now);
             if self.accept_backoff.due(now) {
                 self.arm_accept()?;
             }
-            if now >= next_timeout_check {
-                next_timeout_check = now + self.core.timeout_check_every();
+            if turn.check_deadlines {
                 self.core.on_tick(now);
                 for (key, c) in self.conns.iter_mut() {
                     if self.core.check_timeouts(&mut c.conn, now) {
@@ -176,7 +171,7 @@ impl<S: Service> UringServer<S> {
                 }
             }
             while let Some((slot, to, reply)) = self.core.next_deferred() {
-                last_work = Instant::now();
+                self.core.worked();
                 if let Some(c) = self.conns.get_mut(slot) {
                     self.core.deliver(&mut c.conn, to, reply);
                     self.dirty.push(slot);
@@ -190,15 +185,15 @@ impl<S: Service> UringServer<S> {
             if self.dirty.is_empty() {
                 self.dirty = dirty;
             }
-            // Adaptive polling, as in the mio backend: enter without waiting while recently
-            // busy (which also runs the kernel's pending completion work), then block.
-            let busy = self.core.awaiting_replies() || last_work.elapsed() < self.core.config.spin;
+            // Entering without waiting while busy also runs the kernel's pending completion work.
+            let busy = self.core.keep_polling(now);
             // Asleep, it still wakes for the next deadline check while connections are open, and
             // to accept again after a failure.
+            let next_check = self.core.next_deadline_check();
             let wake_at = match self.accept_backoff.retry_at() {
                 Some(at) if self.conns.is_empty() => Some(at),
-                Some(at) => Some(at.min(next_timeout_check)),
-                None => (!self.conns.is_empty()).then_some(next_timeout_check),
+                Some(at) => Some(at.min(next_check)),
+                None => (!self.conns.is_empty()).then_some(next_check),
             };
             let entered = if busy {
                 self.ring.submit()
@@ -219,7 +214,7 @@ impl<S: Service> UringServer<S> {
             let now = Instant::now();
             self.core.set_now(now);
             if !completions.is_empty() {
-                last_work = now;
+                self.core.worked();
             } else if busy {
                 std::thread::yield_now();
             }
