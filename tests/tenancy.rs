@@ -1031,7 +1031,7 @@ fn sessions_and_parked_requests_are_capped_per_tenant() {
 /// is dropped with all it held.
 #[test]
 fn uploads_are_bounded_per_tenant_and_dropped_when_quiet() {
-    use djinn_dataplane::tcp::ClientConn;
+    use djinn_dataplane::client::ClientConn;
     let dir = tempfile::tempdir().unwrap();
     let file = token_file(dir.path(), ALICE);
     let node = Node::start(

@@ -15,9 +15,10 @@ pub mod control;
 use std::net::ToSocketAddrs;
 use std::time::{Duration, Instant};
 
+use djinn_dataplane::client::ClientConn;
+pub use djinn_dataplane::client::{ClientError, ClientOptions, Transport};
 pub use djinn_dataplane::rdma::Registrations;
-use djinn_dataplane::tcp::ClientConn;
-pub use djinn_dataplane::tcp::{ClientError, ClientOptions, ClientTls, Transport};
+pub use djinn_dataplane::tcp::ClientTls;
 pub use djinn_proto::{
     Breakpoint, DType, ErrorCode, Fingerprint, Handle, HandleInfo, Hello, ListEntry, ModelInfo, Signal, TensorDesc,
     TensorSource, Value,

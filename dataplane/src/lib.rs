@@ -1,8 +1,9 @@
 //! Djinn's transports, around the sans-IO protocol of `djinn-proto`: over TCP ([`tcp`]), the
-//! node's poller on mio or io_uring, optional TLS, and the client's blocking connection; over
-//! RDMA ([`rdma`]), the verbs bindings and the channel that drives the protocol's RDMA session
-//! core beside a TCP connection.
+//! node's poller on mio or io_uring and optional TLS; over RDMA ([`rdma`]), the verbs bindings
+//! and the channel that drives the protocol's RDMA session core beside a TCP connection; and
+//! [`client`], a client's connection over either.
 
+pub mod client;
 pub mod rdma;
 pub mod tcp;
 

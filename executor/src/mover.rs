@@ -23,8 +23,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
+use djinn_dataplane::client::{ClientConn, ClientError, ClientOptions};
 use djinn_dataplane::rdma::RdmaPort;
-use djinn_dataplane::tcp::{ClientConn, ClientError, ClientOptions, ClientTls, Replier, Reply, ReplyTo};
+use djinn_dataplane::tcp::{ClientTls, Replier, Reply, ReplyTo};
 use djinn_proto::rdma::SessionConfig;
 use djinn_proto::{ErrorCode, Hello, Limits, Message, PROTOCOL_VERSION, SharedBytes, TensorDesc, transports};
 use tch::Tensor;

@@ -435,6 +435,27 @@ impl OutFrame {
     }
 }
 
+/// Fills `out` with what is left of `slices` once their first `sent` bytes are written, in
+/// order; returns how many it filled. A writer keeps only the count of bytes written.
+pub fn unsent_slices<'a>(slices: impl IntoIterator<Item = &'a [u8]>, sent: u64, out: &mut [IoSlice<'a>]) -> usize {
+    let mut filled = 0;
+    let mut skip = sent;
+    for slice in slices {
+        if filled == out.len() {
+            break;
+        }
+        let len = slice.len() as u64;
+        if skip >= len {
+            skip -= len;
+            continue;
+        }
+        out[filled] = IoSlice::new(&slice[skip as usize..]);
+        filled += 1;
+        skip = 0;
+    }
+    filled
+}
+
 /// Outgoing frames of one connection, in order, with how much of the first is already sent.
 #[derive(Debug, Default)]
 pub struct SendQueue {
@@ -464,22 +485,7 @@ impl SendQueue {
 
     /// Fills `out` with the next slices to write, in order; returns how many it filled.
     pub fn write_slices<'a>(&'a self, out: &mut [IoSlice<'a>]) -> usize {
-        let mut filled = 0;
-        let mut skip = self.sent;
-        for slice in self.frames.iter().flat_map(OutFrame::slices) {
-            if filled == out.len() {
-                break;
-            }
-            let len = slice.len() as u64;
-            if skip >= len {
-                skip -= len;
-                continue;
-            }
-            out[filled] = IoSlice::new(&slice[skip as usize..]);
-            filled += 1;
-            skip = 0;
-        }
-        filled
+        unsent_slices(self.frames.iter().flat_map(OutFrame::slices), self.sent, out)
     }
 
     /// Records that `n` bytes were written; frames fully sent are dropped.

@@ -15,7 +15,7 @@ mod value;
 pub use archives::{ArchiveError, Archives, BlockReader};
 pub use codec::{
     Frame, FrameReader, OutFrame, Payload, PayloadAlloc, ReadTarget, RecvEvent, Refusal, STAGING_LEN, SendQueue,
-    SharedBytes, ZEROS, append_head, decode_body, encode_head,
+    SharedBytes, ZEROS, append_head, decode_body, encode_head, unsent_slices,
 };
 pub use error::{ErrorCode, ProtocolError};
 pub use header::{FrameHeader, HEADER_LEN, Kind, MAGIC, PROTOCOL_VERSION};

@@ -549,3 +549,25 @@ fn a_nan_value_round_trips_bit_for_bit() {
     let Message::ExecuteReply { output: Value::Float(v), .. } = again else { panic!("{again:?}") };
     assert_eq!(v.to_bits(), f64::NAN.to_bits());
 }
+
+proptest! {
+    /// What a writer that kept only a count of bytes written sends next: exactly the rest of
+    /// the bytes, in order, whatever the slices and however many iovecs it has.
+    #[test]
+    fn unsent_slices_are_the_rest_of_the_bytes(
+        slices in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..40), 0..12),
+        sent_fraction in 0.0f64..=1.0,
+        iovecs in 1usize..6,
+    ) {
+        let all: Vec<u8> = slices.concat();
+        let sent = (all.len() as f64 * sent_fraction) as u64;
+        let mut out = [std::io::IoSlice::new(&[]); 16];
+        let n = unsent_slices(slices.iter().map(Vec::as_slice), sent, &mut out[..iovecs]);
+        let next: Vec<u8> = out[..n].iter().flat_map(|s| s.iter().copied()).collect();
+        prop_assert!(out[..n].iter().all(|s| !s.is_empty()), "no empty iovec");
+        prop_assert!(all[sent as usize..].starts_with(&next));
+        if n < iovecs {
+            prop_assert_eq!(next.as_slice(), &all[sent as usize..], "room left: everything unsent is there");
+        }
+    }
+}

@@ -9,8 +9,9 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use djinn_auth::Authenticator;
+use djinn_dataplane::client::Transport;
 use djinn_dataplane::rdma::{RdmaChannel, RdmaContext};
-use djinn_dataplane::tcp::{Backend, Server, ServerConfig, Transport};
+use djinn_dataplane::tcp::{Backend, Server, ServerConfig};
 use djinn_executor::{
     Device, ListNodes, NodeOptions, NodeService, PeerLimits, Policy, PushPeers, SessionOptions, tenant_budget,
 };

@@ -1,9 +1,8 @@
-//! TCP drivers around the protocol core: the node's poller (mio or io_uring) and the client's
-//! blocking connection.
+//! TCP drivers around the protocol core: the node's poller (mio or io_uring) and TLS; the
+//! client's connection is in [`crate::client`].
 
 mod accept;
 mod admission;
-mod client;
 #[cfg(test)]
 mod core_tests;
 mod mio_backend;
@@ -15,7 +14,6 @@ use std::io;
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::time::Instant;
 
-pub use client::{ClientConn, ClientError, ClientOptions, Transport};
 pub use server::{Backend, Replier, Reply, ReplyTo, ServerConfig, ServerCounters, Service, ShutdownHandle};
 pub use tls::{ClientTls, TlsError, TlsWire, server_config as tls_server_config};
 
