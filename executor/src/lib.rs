@@ -21,7 +21,6 @@ pub use ::tch;
 
 mod convert;
 pub mod cost;
-mod sync;
 
 /// What a named or kept tensor is charged besides its bytes, and what a parked request is
 /// charged at least: its bookkeeping, so that objects of no bytes still count against the
@@ -45,9 +44,11 @@ pub mod libtorch;
 mod models;
 mod mover;
 mod parked;
+mod request;
 mod service;
 mod sessions;
 mod store;
+mod sync;
 pub mod stream;
 mod tensors;
 mod value;

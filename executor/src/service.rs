@@ -18,6 +18,7 @@ use crate::handles::HandleTable;
 use crate::models::{ModelStore, Unregistered, Upload};
 use crate::mover::{Mover, PeerLimits, PushPeers, PushSource};
 use crate::parked::{Parked, ParkedTable};
+use crate::request::CallInputs;
 use crate::sessions::{Op, SessionOptions, SessionTable, lock};
 use crate::store::TensorStore;
 use crate::sync::Locked;
@@ -331,7 +332,7 @@ impl Service for NodeService {
     }
 
     fn handle(&mut self, frame: Frame, to: ReplyTo, replier: &Replier) -> Option<Reply> {
-        let Frame { message, payload, request_id } = frame;
+        let Frame { message, payload, .. } = frame;
         let tenant = to.tenant;
         Some(match message {
             message @ (Message::Put { .. } | Message::Get { .. } | Message::Delete { .. } | Message::List { .. }) => {
@@ -353,12 +354,8 @@ impl Service for NodeService {
             Message::Execute { fingerprint, tensors, inputs, keep, until } => {
                 match self.models().get(tenant, &fingerprint) {
                     Some(model) => {
-                        let message = Message::Execute { fingerprint, tensors, inputs, keep, until };
-                        self.workers.submit(
-                            Job::Execute { model, frame: Frame { request_id, message, payload } },
-                            to,
-                            replier,
-                        );
+                        let inputs = CallInputs { values: inputs, tensors, payload };
+                        self.workers.submit(Job::Execute { model, inputs, keep, until }, to, replier);
                         return None;
                     }
                     None => Reply::error(ErrorCode::UnknownModel, format!("no model {fingerprint} on this node")),
@@ -398,16 +395,14 @@ impl Service for NodeService {
             Message::Push { source, to: peer, grant } => return self.push(source, peer, grant, to, replier),
             Message::SessionOpen { fingerprint, state, reserve } => match self.models().get(tenant, &fingerprint) {
                 Some(model) => {
-                    let message = Message::SessionOpen { fingerprint, state, reserve };
-                    let frame = Frame { request_id, message, payload };
-                    self.workers.submit(Job::SessionOpen { model, frame }, to, replier);
+                    self.workers.submit(Job::SessionOpen { model, state, payload, reserve }, to, replier);
                     return None;
                 }
                 None => Reply::error(ErrorCode::UnknownModel, format!("no model {fingerprint} on this node")),
             },
             Message::SessionStep { session, tensors, inputs, until } => {
-                let message = Message::SessionStep { session, tensors, inputs, until };
-                let op = Op::Step { frame: Frame { request_id, message, payload }, to, replier: replier.clone() };
+                let inputs = CallInputs { values: inputs, tensors, payload };
+                let op = Op::Step { inputs, until, to, replier: replier.clone() };
                 return self.enqueue(tenant, session, op);
             }
             // Acknowledged at once: the signal takes effect in its turn, in the background.
@@ -422,9 +417,8 @@ impl Service for NodeService {
             Message::Resume { parked: handle, tensors, activation, until } => {
                 match self.parked().take_for_resume(tenant, handle, activation.as_ref(), &tensors) {
                     Ok(parked) => {
-                        let message = Message::Resume { parked: handle, tensors, activation, until };
-                        let frame = Frame { request_id, message, payload };
-                        self.workers.submit(Job::Resume { handle, parked, frame }, to, replier);
+                        let job = Job::Resume { handle, parked, activation, tensors, payload, until };
+                        self.workers.submit(job, to, replier);
                         return None;
                     }
                     Err(e) => Reply::error(e.code(), e.to_string()),

@@ -20,12 +20,13 @@ use std::time::{Duration, Instant};
 use djinn_auth::TenantId;
 use djinn_dataplane::tcp::{Replier, ReplyTo};
 use djinn_memory::{MemoryBudget, Reservation};
-use djinn_proto::{Frame, Handle, Signal};
+use djinn_proto::{Breakpoint, Handle, Signal};
 use tch::{Device, Tensor};
 
 use crate::error::{ExecError, SessionError};
 use crate::handles::fresh_epoch;
 use crate::models::Model;
+use crate::request::CallInputs;
 use crate::sync::Locked;
 use crate::tensors::tensor_bytes;
 
@@ -77,7 +78,8 @@ pub const MAX_QUEUED_OPS: usize = 256;
 /// A session's request, waiting its turn.
 pub enum Op {
     Step {
-        frame: Frame,
+        inputs: CallInputs,
+        until: Option<Breakpoint>,
         to: ReplyTo,
         replier: Replier,
     },
@@ -93,7 +95,7 @@ pub enum Op {
 impl std::fmt::Debug for Op {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Step { frame, .. } => f.debug_struct("Step").field("request_id", &frame.request_id).finish(),
+            Self::Step { to, .. } => f.debug_struct("Step").field("request_id", &to.request_id).finish(),
             Self::Signal(signal) => f.debug_tuple("Signal").field(signal).finish(),
             Self::Close { .. } => f.write_str("Close"),
             Self::Restore => f.write_str("Restore"),

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use djinn_auth::TenantId;
 use djinn_dataplane::tcp::{Replier, Reply, ReplyTo};
-use djinn_proto::{Breakpoint, Frame, Handle, Message, Payload, SharedBytes, TensorDesc, Value};
+use djinn_proto::{Breakpoint, Handle, Message, Payload, SharedBytes, TensorDesc, Value};
 use tch::jit::IValue;
 use tch::{Device, Tensor};
 
@@ -24,13 +24,16 @@ use crate::fair::FairQueue;
 use crate::handles::HandleTable;
 use crate::models::{Model, ModelStore, Upload, spread};
 use crate::parked::{Activation, Parked, ParkedTable, SessionStep, Stopped, check_breakpoint};
+use crate::request::CallInputs;
 use crate::sessions::{Op, SessionTable, lock};
 use crate::sync::Locked;
 
 pub enum Job {
     Execute {
         model: Arc<Model>,
-        frame: Frame,
+        inputs: CallInputs,
+        keep: bool,
+        until: Option<Breakpoint>,
     },
     Load {
         upload: Upload,
@@ -52,7 +55,10 @@ pub enum Job {
     /// Opens a session: its initial state goes to the device.
     SessionOpen {
         model: Arc<Model>,
-        frame: Frame,
+        /// The initial state's tensors, in the payload (none: the graph's own initial state).
+        state: Vec<TensorDesc>,
+        payload: Option<Payload>,
+        reserve: u64,
     },
     /// Runs a session's queued requests in order, each answered as it completes (the job
     /// itself has no reply).
@@ -63,7 +69,11 @@ pub enum Job {
     Resume {
         handle: Handle,
         parked: Parked,
-        frame: Frame,
+        /// The activation that replaces the parked one, if any, and the tensors it names.
+        activation: Option<Value>,
+        tensors: Vec<TensorDesc>,
+        payload: Option<Payload>,
+        until: Option<Breakpoint>,
     },
     /// Sends a parked request's activation back.
     Inspect {
@@ -302,10 +312,13 @@ fn work(scheduler: &Scheduler, shared: &Shared) {
         let started = Instant::now();
         let timed = matches!(job, Job::Execute { .. } | Job::Resume { .. });
         let result = caught(|| match job {
-            Job::Execute { model, frame } => shared.limited(tenant, || execute(tenant, model, frame, shared)),
-            Job::Resume { handle, parked, frame } => {
-                shared.limited(tenant, || resume(handle, parked, frame, shared, &mut then_drain))
+            Job::Execute { model, inputs, keep, until } => {
+                shared.limited(tenant, || execute(tenant, model, inputs, keep, until, shared))
             }
+            Job::Resume { handle, parked, activation, tensors, payload, until } => shared.limited(tenant, || {
+                let replacement = Replacement { activation, tensors, payload };
+                resume(handle, parked, replacement, until, shared, &mut then_drain)
+            }),
             Job::Inspect { activation, handle, block } => {
                 Ok(paused(handle, block, Sent::activation(Some(&activation))?))
             }
@@ -316,7 +329,9 @@ fn work(scheduler: &Scheduler, shared: &Shared) {
             }
             Job::Keep { tensor, payload } => keep(tenant, &tensor, payload, device, handles),
             Job::Fetch { handle } => fetch(tenant, handle, handles),
-            Job::SessionOpen { model, frame } => open_session(tenant, model, frame, sessions),
+            Job::SessionOpen { model, state, payload, reserve } => {
+                open_session(tenant, model, &state, payload, reserve, sessions)
+            }
             Job::Session { .. } => Err(ExecError::Internal("a session drain with a reply".into())),
         });
         if timed {
@@ -369,8 +384,8 @@ fn session_next(id: u64, shared: &Shared) -> bool {
     let sessions = &shared.sessions;
     let Some(op) = lock(sessions).next_op(id) else { return false };
     match op {
-        Op::Step { frame, to, replier } => {
-            let result = caught(|| shared.limited(to.tenant, || step(to.tenant, id, frame, shared)));
+        Op::Step { inputs, until, to, replier } => {
+            let result = caught(|| shared.limited(to.tenant, || step(to.tenant, id, inputs, until, shared)));
             if result.is_err() {
                 // Whatever failed (a panic included), the session is not stepping any more.
                 let _ = lock(sessions).end_step(id, None);
@@ -396,16 +411,19 @@ fn session_next(id: u64, shared: &Shared) -> bool {
 
 /// One step: the model runs on the inputs followed by the state; the last outputs become the
 /// new state. A step with a breakpoint parks (the session's later requests wait).
-fn step(tenant: TenantId, id: u64, frame: Frame, shared: &Shared) -> Result<Reply, ExecError> {
-    let Message::SessionStep { tensors, inputs, until, .. } = frame.message else {
-        return Err(ExecError::Internal("not a session step".into()));
-    };
+fn step(
+    tenant: TenantId,
+    id: u64,
+    inputs: CallInputs,
+    until: Option<Breakpoint>,
+    shared: &Shared,
+) -> Result<Reply, ExecError> {
     let (model, state) = lock(&shared.sessions).begin_step(id)?;
     let session = SessionStep { id, state: state.len() };
-    let payload = frame.payload.map(Arc::new);
-    let tensors = input_tensors(&tensors, payload.as_ref(), model.device)?;
-    let kept = kept_inputs(tenant, &inputs, &shared.handles)?;
-    let mut args = inputs.iter().map(|v| to_ivalue(v, &tensors, &kept)).collect::<Result<Vec<_>, _>>()?;
+    let payload = inputs.payload.map(Arc::new);
+    let tensors = input_tensors(&inputs.tensors, payload.as_ref(), model.device)?;
+    let kept = kept_inputs(tenant, &inputs.values, &shared.handles)?;
+    let mut args = inputs.values.iter().map(|v| to_ivalue(v, &tensors, &kept)).collect::<Result<Vec<_>, _>>()?;
     args.extend(state.into_iter().map(IValue::Tensor));
     let run = Run { tenant, model, first: 0, keep: false, session: Some(session), payload };
     let ran = run.blocks(args, until)?;
@@ -532,20 +550,26 @@ fn paused(parked: Handle, block: usize, sent: Sent) -> Reply {
     }
 }
 
+/// The activation a resume gives in place of the parked one, and the tensors it names.
+struct Replacement {
+    activation: Option<Value>,
+    tensors: Vec<TensorDesc>,
+    payload: Option<Payload>,
+}
+
 /// Runs a parked request on from its breakpoint. When its blocks fail it is parked again as it
 /// was, so the client may try another activation; once they ran, it is over (a session step
 /// that ended sets `then_drain`).
 fn resume(
     handle: Handle,
     parked: Parked,
-    frame: Frame,
+    given: Replacement,
+    until: Option<Breakpoint>,
     shared: &Shared,
     then_drain: &mut Option<u64>,
 ) -> Result<Reply, ExecError> {
-    let Message::Resume { tensors, activation, until, .. } = frame.message else {
-        return Err(ExecError::Internal("not a resume".into()));
-    };
-    let payload = frame.payload.map(Arc::new);
+    let Replacement { activation, tensors, payload } = given;
+    let payload = payload.map(Arc::new);
     let run = Run {
         tenant: parked.tenant,
         model: Arc::clone(&parked.model),
@@ -639,15 +663,14 @@ fn ivalue_kind(v: &IValue) -> &'static str {
 fn open_session(
     tenant: TenantId,
     model: Arc<Model>,
-    frame: Frame,
+    state: &[TensorDesc],
+    payload: Option<Payload>,
+    reserve: u64,
     sessions: &Mutex<SessionTable>,
 ) -> Result<Reply, ExecError> {
-    let Message::SessionOpen { state, reserve, .. } = frame.message else {
-        return Err(ExecError::Internal("not a session open".into()));
-    };
-    let payload = frame.payload.map(Arc::new);
+    let payload = payload.map(Arc::new);
     // On the CPU the tensors are views of the request's payload, which goes back to the pool.
-    let mut state = input_tensors(&state, payload.as_ref(), model.device)?
+    let mut state = input_tensors(state, payload.as_ref(), model.device)?
         .into_iter()
         .map(|t| if aliases(&t, payload.as_ref()) { t.f_detach_copy().map_err(Into::into) } else { Ok(t) })
         .collect::<Result<Vec<_>, ExecError>>()?;
@@ -664,19 +687,23 @@ fn open_session(
     Ok(Reply::message(Message::SessionOpened { session }))
 }
 
-fn execute(tenant: TenantId, model: Arc<Model>, frame: Frame, shared: &Shared) -> Result<Reply, ExecError> {
-    let Message::Execute { tensors, inputs, keep, until, .. } = frame.message else {
-        return Err(ExecError::Internal("not an execute request".into()));
-    };
+fn execute(
+    tenant: TenantId,
+    model: Arc<Model>,
+    inputs: CallInputs,
+    keep: bool,
+    until: Option<Breakpoint>,
+    shared: &Shared,
+) -> Result<Reply, ExecError> {
     if model.stateful().is_some() {
         return Err(ExecError::BadInput(
             "the model keeps state between calls (a KV cache): run it in a session (rm.session())".into(),
         ));
     }
-    let payload = frame.payload.map(Arc::new);
-    let tensors = input_tensors(&tensors, payload.as_ref(), model.device)?;
-    let kept = kept_inputs(tenant, &inputs, &shared.handles)?;
-    let args = inputs.iter().map(|v| to_ivalue(v, &tensors, &kept)).collect::<Result<Vec<_>, _>>()?;
+    let payload = inputs.payload.map(Arc::new);
+    let tensors = input_tensors(&inputs.tensors, payload.as_ref(), model.device)?;
+    let kept = kept_inputs(tenant, &inputs.values, &shared.handles)?;
+    let args = inputs.values.iter().map(|v| to_ivalue(v, &tensors, &kept)).collect::<Result<Vec<_>, _>>()?;
     let run = Run { tenant, model, first: 0, keep, session: None, payload };
     let ran = run.blocks(args, until)?;
     run.reply(ran, shared)
