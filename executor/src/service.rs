@@ -19,7 +19,7 @@ use crate::models::{ModelStore, Unregistered, Upload};
 use crate::mover::{Mover, PeerLimits, PushPeers, PushSource};
 use crate::parked::{Parked, ParkedTable};
 use crate::request::CallInputs;
-use crate::sessions::{Op, SessionOptions, SessionTable, lock};
+use crate::sessions::{Op, SessionOptions, SessionTable, Sessions, lock};
 use crate::store::TensorStore;
 use crate::sync::Locked;
 use crate::workers::{Job, WorkQueue, Workers};
@@ -88,7 +88,7 @@ pub struct NodeService {
     host_budget: MemoryBudget,
     device: tch::Device,
     handles: Arc<Mutex<HandleTable>>,
-    sessions: Arc<Mutex<SessionTable>>,
+    sessions: Sessions,
     parked: Arc<Mutex<ParkedTable>>,
     mover: Mover,
     auth: Option<Arc<Authenticator>>,
@@ -103,12 +103,8 @@ impl NodeService {
         let models = Arc::new(Mutex::new(ModelStore::new(budget.clone(), options.host_budget.clone())));
         let handles = Arc::new(Mutex::new(HandleTable::new(budget.clone(), options.handle_ttl)));
         let host_pool = tenant_budget(options.sessions.host_pool, options.auth.as_ref(), |q| q.host_swap);
-        let sessions = Arc::new(Mutex::new(SessionTable::new(
-            options.sessions.clone(),
-            budget.clone(),
-            host_pool,
-            options.device,
-        )));
+        let sessions =
+            Sessions::new(SessionTable::new(options.sessions.clone(), budget.clone(), host_pool, options.device));
         let parked = Arc::new(Mutex::new(ParkedTable::new(budget.clone(), options.parked_ttl)));
         let meter = match &options.auth {
             Some(auth) => {
@@ -129,7 +125,7 @@ impl NodeService {
             options.device,
             Arc::clone(&models),
             Arc::clone(&handles),
-            Arc::clone(&sessions),
+            sessions.clone(),
             Arc::clone(&parked),
             limits,
         )?;
@@ -149,7 +145,7 @@ impl NodeService {
             pool,
             host_budget: options.host_budget,
             device: options.device,
-            _sweeper: Sweeper::start(Arc::clone(&handles), Arc::clone(&sessions), Arc::clone(&parked), queue)?,
+            _sweeper: Sweeper::start(Arc::clone(&handles), sessions.clone(), Arc::clone(&parked), queue)?,
             handles,
             sessions,
             parked,
@@ -179,10 +175,6 @@ impl NodeService {
         self.handles.locked()
     }
 
-    fn sessions(&self) -> MutexGuard<'_, SessionTable> {
-        lock(&self.sessions)
-    }
-
     fn parked(&self) -> MutexGuard<'_, ParkedTable> {
         self.parked.locked()
     }
@@ -202,7 +194,7 @@ impl NodeService {
 
     /// Queues a request on its session (drained by one worker at a time, in order).
     fn enqueue(&self, tenant: TenantId, session: Handle, op: Op) -> Option<Reply> {
-        match self.sessions().enqueue(tenant, session, op) {
+        match self.sessions.queues().enqueue(tenant, session, op) {
             Ok(start) => {
                 if start {
                     self.workers.drain_session(session.id, tenant);
@@ -442,7 +434,7 @@ impl Service for NodeService {
         self.tensors.stats(out);
         self.models().stats(out);
         self.handles().stats(out);
-        self.sessions().stats(out);
+        self.sessions.stats.append(self.sessions.queues().len(), out);
         self.parked().stats(out);
         let c = &self.workers.counters;
         let plans = &self.workers.limits.counters;
@@ -497,13 +489,12 @@ struct InProgress {
     _bookkeeping: djinn_memory::Reservation,
 }
 
-/// Ends the session step a parked request stopped (its state stays as before the step);
-/// returns the session when its waiting requests must be drained.
-fn end_parked_step(request: &Parked, sessions: &Mutex<SessionTable>) -> Option<u64> {
+/// Ends the session step a parked request stopped (its state stays as before the step, and a
+/// worker ends the step first in the session's turn); returns the session when its requests
+/// must be drained.
+fn end_parked_step(request: &Parked, sessions: &Sessions) -> Option<u64> {
     let s = request.session?;
-    let mut table = lock(sessions);
-    let _ = table.end_step(s.id, None);
-    table.unpause(s.id).then_some(s.id)
+    sessions.queues().end_parked(s.id).then_some(s.id)
 }
 
 /// Frees kept tensors, parked requests and sessions that lie unused past their time limits
@@ -523,7 +514,7 @@ impl std::fmt::Debug for Sweeper {
 impl Sweeper {
     fn start(
         handles: Arc<Mutex<HandleTable>>,
-        sessions: Arc<Mutex<SessionTable>>,
+        sessions: Sessions,
         parked: Arc<Mutex<ParkedTable>>,
         queue: WorkQueue,
     ) -> std::io::Result<Self> {
@@ -533,11 +524,11 @@ impl Sweeper {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .idle_ttl()
-            .min(lock(&sessions).options().idle_ttl)
+            .min(lock(&sessions.table).options().idle_ttl)
             .min(parked_ttl);
         let period = (ttl / 4).clamp(Duration::from_millis(10), Duration::from_secs(10));
         let flag = Arc::clone(&stop);
-        let table = Arc::clone(&sessions);
+        let table = sessions.clone();
         let thread = std::thread::Builder::new().name("djinn-sweeper".into()).spawn(move || {
             let mut next_sweep = Instant::now() + period;
             while !flag.load(Ordering::Acquire) {
@@ -550,12 +541,12 @@ impl Sweeper {
                             queue.drain_session(id, request.tenant);
                         }
                     }
-                    lock(&table).expire(now);
+                    lock(&table.table).expire(now, &mut table.queues());
                     next_sweep = now + period;
                 }
-                let (due, next_restore) = lock(&table).due_restores(now);
+                let (due, next_restore) = lock(&table.table).due_restores(now);
                 for (id, tenant) in due {
-                    if lock(&table).enqueue_restore(id) {
+                    if table.queues().enqueue_restore(id) {
                         queue.drain_session(id, tenant);
                     }
                 }
@@ -563,7 +554,7 @@ impl Sweeper {
                 std::thread::park_timeout(wake.saturating_duration_since(Instant::now()));
             }
         })?;
-        lock(&sessions).set_clock(thread.thread().clone());
+        lock(&sessions.table).set_clock(thread.thread().clone());
         Ok(Self { stop, thread: Some(thread) })
     }
 }

@@ -3,8 +3,11 @@
 //! computes again.
 //!
 //! The table decides where each session's state lives; it runs no model. A session's requests
-//! are queued on it in arrival order and drained by one worker at a time ([`SessionTable::enqueue`],
-//! [`SessionTable::next_op`]), so its steps and signals take effect in the order they were sent.
+//! are queued in arrival order and drained by one worker at a time ([`SessionQueues::enqueue`],
+//! [`SessionQueues::next_op`]), so its steps and signals take effect in the order they were sent.
+//! The queues are kept apart from the table: workers hold the table while they move a state
+//! between device and host memory, and the poller, which only queues requests, must never wait
+//! on such a copy. Lock order: the table, then the queues.
 //!
 //! Device memory for state is bounded twice: by the session budget (so the policies can be
 //! compared at a fixed number of resident sessions) and by the node's device budget (which every
@@ -15,6 +18,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use djinn_auth::TenantId;
@@ -90,6 +94,9 @@ pub enum Op {
     },
     /// Brings swapped-out state back ahead of its agent's expected resume (no reply).
     Restore,
+    /// The step parked at a breakpoint was aborted: the session is not stepping any more and
+    /// its state stays as before the step (no reply).
+    EndStep,
 }
 
 impl std::fmt::Debug for Op {
@@ -99,11 +106,12 @@ impl std::fmt::Debug for Op {
             Self::Signal(signal) => f.debug_tuple("Signal").field(signal).finish(),
             Self::Close { .. } => f.write_str("Close"),
             Self::Restore => f.write_str("Restore"),
+            Self::EndStep => f.write_str("EndStep"),
         }
     }
 }
 
-impl Session {
+impl Queue {
     /// Marks the queue as drained by a worker; true when none was (the caller starts one).
     /// A session whose step is parked is not drained.
     fn start_drain(&mut self) -> bool {
@@ -135,30 +143,44 @@ struct Session {
     last_used: Instant,
     io_wait: bool,
     resume_at: Option<Instant>,
-    ops: VecDeque<Op>,
-    /// A worker is draining `ops`.
-    draining: bool,
     /// A step is running on (shallow clones of) the state: it must stay where it is.
     stepping: bool,
     /// The session's own charge (`MIN_CHARGE`) against the device budget and the tenant's
     /// quota, whatever its state: a session of no state still counts.
     _bookkeeping: Reservation,
-    /// The running step is parked at a breakpoint: later requests wait until it ends.
-    paused: bool,
 }
 
-#[derive(Debug, Default, Clone, Copy)]
+/// A session's requests waiting their turn.
+struct Queue {
+    tenant: TenantId,
+    ops: VecDeque<Op>,
+    /// A worker is draining `ops`.
+    draining: bool,
+    /// The running step is parked at a breakpoint: later requests wait until it ends.
+    paused: bool,
+    /// When a request last came.
+    last_used: Instant,
+}
+
+/// What the sessions counted, read by stats replies without the table's lock.
+#[derive(Debug, Default)]
 struct Counters {
-    opened: u64,
-    closed: u64,
-    expired: u64,
-    steps: u64,
-    swaps_out: u64,
-    swaps_in: u64,
-    restores_ahead: u64,
-    swaps_refused: u64,
-    state_bytes_in_place: u64,
-    state_bytes_replaced: u64,
+    opened: AtomicU64,
+    closed: AtomicU64,
+    expired: AtomicU64,
+    steps: AtomicU64,
+    swaps_out: AtomicU64,
+    swaps_in: AtomicU64,
+    restores_ahead: AtomicU64,
+    swaps_refused: AtomicU64,
+    state_bytes_in_place: AtomicU64,
+    state_bytes_replaced: AtomicU64,
+    /// Sessions whose state is on the device now.
+    on_device: AtomicU64,
+}
+
+fn add(counter: &AtomicU64, n: u64) {
+    counter.fetch_add(n, Ordering::Relaxed);
 }
 
 pub struct SessionTable {
@@ -172,7 +194,7 @@ pub struct SessionTable {
     device: Device,
     /// Host-to-device bytes per second seen in restores, for how far ahead to start one.
     restore_rate: f64,
-    counters: Counters,
+    counters: Arc<Counters>,
     /// Woken when a restore is scheduled (the clock thread sleeps until the next one is due).
     clock: Option<std::thread::Thread>,
 }
@@ -203,7 +225,7 @@ impl SessionTable {
             device_budget,
             device,
             restore_rate: 1e9,
-            counters: Counters::default(),
+            counters: Arc::default(),
             clock: None,
         }
     }
@@ -214,6 +236,15 @@ impl SessionTable {
 
     pub fn options(&self) -> &SessionOptions {
         &self.options
+    }
+
+    /// The sessions' counters and budgets as stats replies read them, without this table's lock.
+    pub fn stats_view(&self) -> SessionStats {
+        SessionStats {
+            counters: Arc::clone(&self.counters),
+            budget: self.budget.clone(),
+            host_pool: self.host_pool.clone(),
+        }
     }
 
     /// The thread to wake when a restore is scheduled.
@@ -262,74 +293,13 @@ impl SessionTable {
                 last_used: now,
                 io_wait: false,
                 resume_at: None,
-                ops: VecDeque::new(),
-                draining: false,
                 stepping: false,
-                paused: false,
                 _bookkeeping: bookkeeping,
             },
         );
-        self.counters.opened += 1;
+        add(&self.counters.opened, 1);
+        add(&self.counters.on_device, 1);
         Ok(Handle { id, epoch: self.epoch })
-    }
-
-    /// The id of `tenant`'s session; another tenant's is unknown to it.
-    fn id_of(&self, tenant: TenantId, session: Handle) -> Result<u64, SessionError> {
-        if session.epoch != self.epoch {
-            return Err(SessionError::Stale { session, current: self.epoch });
-        }
-        if self.sessions.get(&session.id).is_some_and(|s| s.tenant == tenant) {
-            Ok(session.id)
-        } else {
-            Err(SessionError::Unknown { session, idle_ttl: self.options.idle_ttl })
-        }
-    }
-
-    /// Queues `op` on the session; true when no worker drains its queue yet (the caller starts
-    /// one, which calls [`Self::next_op`] until it returns `None`).
-    pub fn enqueue(&mut self, tenant: TenantId, session: Handle, op: Op) -> Result<bool, SessionError> {
-        let id = self.id_of(tenant, session)?;
-        let s = self.sessions.get_mut(&id).ok_or(SessionError::Unknown { session, idle_ttl: self.options.idle_ttl })?;
-        if s.ops.len() >= MAX_QUEUED_OPS {
-            return Err(SessionError::Busy { session, queued: s.ops.len() });
-        }
-        s.last_used = Instant::now();
-        s.ops.push_back(op);
-        Ok(s.start_drain())
-    }
-
-    /// Queues a restore ahead of a resume; true when the caller must start a drain.
-    pub fn enqueue_restore(&mut self, id: u64) -> bool {
-        let Some(s) = self.sessions.get_mut(&id) else { return false };
-        s.ops.push_back(Op::Restore);
-        s.start_drain()
-    }
-
-    /// The session's next request, or `None` (the drain ends) when its queue is empty, its
-    /// step is parked at a breakpoint, or the session is gone.
-    pub fn next_op(&mut self, id: u64) -> Option<Op> {
-        let s = self.sessions.get_mut(&id)?;
-        let op = if s.paused { None } else { s.ops.pop_front() };
-        if op.is_none() {
-            s.draining = false;
-        }
-        op
-    }
-
-    /// The running step stopped at a breakpoint: the session's later requests wait until
-    /// [`Self::unpause`].
-    pub fn pause(&mut self, id: u64) {
-        if let Some(s) = self.sessions.get_mut(&id) {
-            s.paused = true;
-        }
-    }
-
-    /// The parked step ended (after [`Self::end_step`]); true when requests wait and the
-    /// caller must start a drain.
-    pub fn unpause(&mut self, id: u64) -> bool {
-        let Some(s) = self.sessions.get_mut(&id) else { return false };
-        s.paused = false;
-        !s.ops.is_empty() && s.start_drain()
     }
 
     /// Where the session's state tensors are (a parked activation that passes them on shares
@@ -377,9 +347,9 @@ impl SessionTable {
             .map(|(new, _)| tensor_bytes(new))
             .sum();
         s.state = state;
-        self.counters.steps += 1;
-        self.counters.state_bytes_in_place += in_place;
-        self.counters.state_bytes_replaced += bytes - in_place;
+        add(&self.counters.steps, 1);
+        add(&self.counters.state_bytes_in_place, in_place);
+        add(&self.counters.state_bytes_replaced, bytes - in_place);
         Ok(())
     }
 
@@ -422,32 +392,45 @@ impl SessionTable {
     pub fn restore_ahead(&mut self, id: u64) {
         let on_host = self.sessions.get(&id).is_some_and(|s| matches!(s.place, Place::Host { .. }));
         if on_host && self.restore(id, true).is_ok() {
-            self.counters.restores_ahead += 1;
+            add(&self.counters.restores_ahead, 1);
         }
     }
 
-    /// Closes the session; returns the requests queued after the close (to be refused).
-    pub fn close(&mut self, id: u64) -> VecDeque<Op> {
-        match self.sessions.remove(&id) {
-            Some(s) => {
-                self.counters.closed += 1;
-                s.ops
-            }
-            None => VecDeque::new(),
+    /// Closes the session (its queue is closed by [`SessionQueues::close`]).
+    pub fn close(&mut self, id: u64) {
+        if self.remove(id) {
+            add(&self.counters.closed, 1);
         }
     }
 
-    /// Closes sessions idle past the time limit (none with work queued or running).
-    pub fn expire(&mut self, now: Instant) -> usize {
+    fn remove(&mut self, id: u64) -> bool {
+        let Some(s) = self.sessions.remove(&id) else { return false };
+        if matches!(s.place, Place::Device(_)) {
+            self.counters.on_device.fetch_sub(1, Ordering::Relaxed);
+        }
+        true
+    }
+
+    /// Closes sessions idle past the time limit (none with work queued or running), their
+    /// queues with them.
+    pub fn expire(&mut self, now: Instant, queues: &mut SessionQueues) -> usize {
         let ttl = self.options.idle_ttl;
-        let before = self.sessions.len();
-        self.sessions.retain(|_, s| s.draining || s.stepping || now.saturating_duration_since(s.last_used) < ttl);
-        let expired = before - self.sessions.len();
-        self.counters.expired += expired as u64;
-        if expired > 0 {
-            tracing::info!(expired, "sessions closed after {ttl:?} idle");
+        let idle = |s: &Session| now.saturating_duration_since(s.last_used) >= ttl;
+        let gone: Vec<u64> = self
+            .sessions
+            .iter()
+            .filter(|&(&id, s)| !s.stepping && idle(s) && queues.idle(id, now, ttl))
+            .map(|(&id, _)| id)
+            .collect();
+        for &id in &gone {
+            queues.queues.remove(&id);
+            self.remove(id);
         }
-        expired
+        add(&self.counters.expired, gone.len() as u64);
+        if !gone.is_empty() {
+            tracing::info!(expired = gone.len(), "sessions closed after {ttl:?} idle");
+        }
+        gone.len()
     }
 
     /// Sessions whose restore is due (each is returned once, with its tenant), and when the
@@ -470,32 +453,6 @@ impl SessionTable {
         (due, next)
     }
 
-    pub fn stats(&self, out: &mut Vec<(String, u64)>) {
-        let on_device = self.sessions.values().filter(|s| matches!(s.place, Place::Device(_))).count() as u64;
-        let c = &self.counters;
-        out.extend(
-            [
-                ("sessions", self.sessions.len() as u64),
-                ("sessions_on_device", on_device),
-                ("sessions_on_host", self.sessions.len() as u64 - on_device),
-                ("session_device_bytes", self.budget.used()),
-                ("session_budget_bytes", self.budget.limit()),
-                ("session_host_bytes", self.host_pool.used()),
-                ("sessions_opened", c.opened),
-                ("sessions_closed", c.closed),
-                ("sessions_expired", c.expired),
-                ("session_steps", c.steps),
-                ("session_swaps_out", c.swaps_out),
-                ("session_swaps_in", c.swaps_in),
-                ("session_restores_ahead", c.restores_ahead),
-                ("session_swaps_refused", c.swaps_refused),
-                ("session_state_bytes_in_place", c.state_bytes_in_place),
-                ("session_state_bytes_replaced", c.state_bytes_replaced),
-            ]
-            .map(|(k, v)| (k.to_owned(), v)),
-        );
-    }
-
     /// A session that a caller holding the table just saw.
     fn session_mut(&mut self, id: u64) -> Result<&mut Session, ExecError> {
         self.sessions.get_mut(&id).ok_or_else(|| ExecError::Internal(format!("session {id} vanished")))
@@ -516,11 +473,12 @@ impl SessionTable {
         s.state = state;
         s.place = Place::Device(reservations);
         let (bytes, seconds) = (state_bytes(&s.state), started.elapsed().as_secs_f64());
+        add(&self.counters.on_device, 1);
         if bytes > 0 && seconds > 0.0 {
             // A moving average: one slow copy does not set every later lead time.
             self.restore_rate = 0.8 * self.restore_rate + 0.2 * (bytes as f64 / seconds);
         }
-        self.counters.swaps_in += 1;
+        add(&self.counters.swaps_in, 1);
         Ok(())
     }
 
@@ -534,7 +492,7 @@ impl SessionTable {
         let pool = match self.host_pool.try_reserve_for(s.tenant, state_bytes(&s.state)) {
             Ok(r) => r,
             Err(e) => {
-                self.counters.swaps_refused += 1;
+                add(&self.counters.swaps_refused, 1);
                 return Err(SessionError::Full(format!("the host pool cannot take the state: {e}")).into());
             }
         };
@@ -542,7 +500,8 @@ impl SessionTable {
         s.state = state;
         // The device reservations go with the old place.
         s.place = Place::Host { _pool: pool };
-        self.counters.swaps_out += 1;
+        self.counters.on_device.fetch_sub(1, Ordering::Relaxed);
+        add(&self.counters.swaps_out, 1);
         Ok(())
     }
 
@@ -619,6 +578,185 @@ impl SessionTable {
                 unswappable.push(victim);
             }
         }
+    }
+}
+
+/// The sessions' request queues (see the module's comment): the poller's side of sessions.
+pub struct SessionQueues {
+    epoch: u64,
+    idle_ttl: Duration,
+    queues: HashMap<u64, Queue>,
+}
+
+impl std::fmt::Debug for SessionQueues {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionQueues").field("sessions", &self.queues.len()).finish()
+    }
+}
+
+impl SessionQueues {
+    /// The queues of `table`'s sessions (none yet).
+    pub fn of(table: &SessionTable) -> Self {
+        Self { epoch: table.epoch, idle_ttl: table.options.idle_ttl, queues: HashMap::new() }
+    }
+
+    /// Sessions open.
+    pub fn len(&self) -> usize {
+        self.queues.len()
+    }
+
+    /// A session [`SessionTable::open`] just opened.
+    pub fn insert(&mut self, session: Handle, tenant: TenantId) {
+        let queue = Queue { tenant, ops: VecDeque::new(), draining: false, paused: false, last_used: Instant::now() };
+        self.queues.insert(session.id, queue);
+    }
+
+    /// The id of `tenant`'s session; another tenant's is unknown to it.
+    fn id_of(&self, tenant: TenantId, session: Handle) -> Result<u64, SessionError> {
+        if session.epoch != self.epoch {
+            return Err(SessionError::Stale { session, current: self.epoch });
+        }
+        if self.queues.get(&session.id).is_some_and(|q| q.tenant == tenant) {
+            Ok(session.id)
+        } else {
+            Err(SessionError::Unknown { session, idle_ttl: self.idle_ttl })
+        }
+    }
+
+    /// Queues `op` on the session; true when no worker drains its queue yet (the caller starts
+    /// one, which calls [`Self::next_op`] until it returns `None`).
+    pub fn enqueue(&mut self, tenant: TenantId, session: Handle, op: Op) -> Result<bool, SessionError> {
+        let id = self.id_of(tenant, session)?;
+        let q = self.queues.get_mut(&id).ok_or(SessionError::Unknown { session, idle_ttl: self.idle_ttl })?;
+        if q.ops.len() >= MAX_QUEUED_OPS {
+            return Err(SessionError::Busy { session, queued: q.ops.len() });
+        }
+        q.last_used = Instant::now();
+        q.ops.push_back(op);
+        Ok(q.start_drain())
+    }
+
+    /// Queues a restore ahead of a resume; true when the caller must start a drain.
+    pub fn enqueue_restore(&mut self, id: u64) -> bool {
+        let Some(q) = self.queues.get_mut(&id) else { return false };
+        q.ops.push_back(Op::Restore);
+        q.start_drain()
+    }
+
+    /// The session's next request, or `None` (the drain ends) when its queue is empty, its
+    /// step is parked at a breakpoint, or the session is gone.
+    pub fn next_op(&mut self, id: u64) -> Option<Op> {
+        let q = self.queues.get_mut(&id)?;
+        let op = if q.paused { None } else { q.ops.pop_front() };
+        if op.is_none() {
+            q.draining = false;
+        }
+        op
+    }
+
+    /// The running step stopped at a breakpoint: the session's later requests wait until
+    /// [`Self::unpause`] or [`Self::end_parked`].
+    pub fn pause(&mut self, id: u64) {
+        if let Some(q) = self.queues.get_mut(&id) {
+            q.paused = true;
+        }
+    }
+
+    /// The parked step ended (after [`SessionTable::end_step`]); true when requests wait and
+    /// the caller must start a drain.
+    pub fn unpause(&mut self, id: u64) -> bool {
+        let Some(q) = self.queues.get_mut(&id) else { return false };
+        q.paused = false;
+        !q.ops.is_empty() && q.start_drain()
+    }
+
+    /// The parked step was aborted: the step's end ([`Op::EndStep`]) goes first, then the
+    /// requests that waited. True when the caller must start a drain.
+    pub fn end_parked(&mut self, id: u64) -> bool {
+        let Some(q) = self.queues.get_mut(&id) else { return false };
+        q.paused = false;
+        q.ops.push_front(Op::EndStep);
+        q.start_drain()
+    }
+
+    /// Closes the session's queue; returns the requests queued after the close (to be
+    /// refused).
+    pub fn close(&mut self, id: u64) -> VecDeque<Op> {
+        self.queues.remove(&id).map(|q| q.ops).unwrap_or_default()
+    }
+
+    /// True when nothing waits on the session and no request came for `ttl`.
+    fn idle(&self, id: u64, now: Instant, ttl: Duration) -> bool {
+        self.queues
+            .get(&id)
+            .is_none_or(|q| !q.draining && q.ops.is_empty() && now.saturating_duration_since(q.last_used) >= ttl)
+    }
+}
+
+/// The sessions' part of a stats reply, read without the table's lock.
+#[derive(Clone)]
+pub struct SessionStats {
+    counters: Arc<Counters>,
+    budget: MemoryBudget,
+    host_pool: MemoryBudget,
+}
+
+impl std::fmt::Debug for SessionStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionStats").finish_non_exhaustive()
+    }
+}
+
+impl SessionStats {
+    /// Appends the counters, with `open` sessions (from their queues).
+    pub fn append(&self, open: usize, out: &mut Vec<(String, u64)>) {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let open = open as u64;
+        let on_device = get(&c.on_device).min(open);
+        out.extend(
+            [
+                ("sessions", open),
+                ("sessions_on_device", on_device),
+                ("sessions_on_host", open - on_device),
+                ("session_device_bytes", self.budget.used()),
+                ("session_budget_bytes", self.budget.limit()),
+                ("session_host_bytes", self.host_pool.used()),
+                ("sessions_opened", get(&c.opened)),
+                ("sessions_closed", get(&c.closed)),
+                ("sessions_expired", get(&c.expired)),
+                ("session_steps", get(&c.steps)),
+                ("session_swaps_out", get(&c.swaps_out)),
+                ("session_swaps_in", get(&c.swaps_in)),
+                ("session_restores_ahead", get(&c.restores_ahead)),
+                ("session_swaps_refused", get(&c.swaps_refused)),
+                ("session_state_bytes_in_place", get(&c.state_bytes_in_place)),
+                ("session_state_bytes_replaced", get(&c.state_bytes_replaced)),
+            ]
+            .map(|(k, v)| (k.to_owned(), v)),
+        );
+    }
+}
+
+/// A node's sessions: the table of their states and their request queues, each under its own
+/// lock, and their counters for stats.
+#[derive(Debug, Clone)]
+pub struct Sessions {
+    pub table: Arc<std::sync::Mutex<SessionTable>>,
+    pub queues: Arc<std::sync::Mutex<SessionQueues>>,
+    pub stats: SessionStats,
+}
+
+impl Sessions {
+    pub fn new(table: SessionTable) -> Self {
+        let queues = SessionQueues::of(&table);
+        let stats = table.stats_view();
+        Self { table: Arc::new(std::sync::Mutex::new(table)), queues: Arc::new(std::sync::Mutex::new(queues)), stats }
+    }
+
+    /// The queues, whoever panicked while holding them.
+    pub fn queues(&self) -> std::sync::MutexGuard<'_, SessionQueues> {
+        self.queues.locked()
     }
 }
 

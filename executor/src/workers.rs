@@ -25,7 +25,7 @@ use crate::handles::HandleTable;
 use crate::models::{Model, ModelStore, Upload, spread};
 use crate::parked::{Activation, Parked, ParkedTable, SessionStep, Stopped, check_breakpoint};
 use crate::request::CallInputs;
-use crate::sessions::{Op, SessionTable, lock};
+use crate::sessions::{Op, Sessions, lock};
 use crate::sync::Locked;
 
 pub enum Job {
@@ -119,7 +119,7 @@ struct Shared {
     device: Device,
     models: Arc<Mutex<ModelStore>>,
     handles: Arc<Mutex<HandleTable>>,
-    sessions: Arc<Mutex<SessionTable>>,
+    sessions: Sessions,
     parked: Arc<Mutex<ParkedTable>>,
     counters: Arc<WorkerCounters>,
     /// What bounds an execution: its deadline, its graph runs' plans (see `cost.rs`).
@@ -201,7 +201,7 @@ impl Workers {
         device: Device,
         models: Arc<Mutex<ModelStore>>,
         handles: Arc<Mutex<HandleTable>>,
-        sessions: Arc<Mutex<SessionTable>>,
+        sessions: Sessions,
         parked: Arc<Mutex<ParkedTable>>,
         limits: Limits,
     ) -> std::io::Result<Self> {
@@ -381,8 +381,8 @@ fn reply_of(result: Result<Reply, ExecError>) -> Reply {
 /// Runs a session's next queued request, in order; true while the drain goes on (false once
 /// its queue is empty, a step parks, or it closed).
 fn session_next(id: u64, shared: &Shared) -> bool {
-    let sessions = &shared.sessions;
-    let Some(op) = lock(sessions).next_op(id) else { return false };
+    let sessions = &shared.sessions.table;
+    let Some(op) = shared.sessions.queues().next_op(id) else { return false };
     match op {
         Op::Step { inputs, until, to, replier } => {
             let result = caught(|| shared.limited(to.tenant, || step(to.tenant, id, inputs, until, shared)));
@@ -394,8 +394,12 @@ fn session_next(id: u64, shared: &Shared) -> bool {
         }
         Op::Signal(signal) => lock(sessions).signal(id, signal),
         Op::Restore => lock(sessions).restore_ahead(id),
+        Op::EndStep => {
+            let _ = lock(sessions).end_step(id, None);
+        }
         Op::Close { to, replier } => {
-            let after = lock(sessions).close(id);
+            let after = shared.sessions.queues().close(id);
+            lock(sessions).close(id);
             replier.send(to, Reply::message(Message::SessionClosed));
             for op in after {
                 if let Op::Step { to, replier, .. } | Op::Close { to, replier } = op {
@@ -418,7 +422,7 @@ fn step(
     until: Option<Breakpoint>,
     shared: &Shared,
 ) -> Result<Reply, ExecError> {
-    let (model, state) = lock(&shared.sessions).begin_step(id)?;
+    let (model, state) = lock(&shared.sessions.table).begin_step(id)?;
     let session = SessionStep { id, state: state.len() };
     let payload = inputs.payload.map(Arc::new);
     let tensors = input_tensors(&inputs.tensors, payload.as_ref(), model.device)?;
@@ -480,7 +484,7 @@ impl Run {
                     .into_iter()
                     .map(|t| owned(&t, self.payload.as_ref()))
                     .collect::<Result<Vec<_>, ExecError>>()?;
-                lock(&shared.sessions).end_step(s.id, Some(new_state))?;
+                lock(&shared.sessions.table).end_step(s.id, Some(new_state))?;
                 output
             }
             None => output,
@@ -499,7 +503,7 @@ impl Run {
         let activation =
             Activation::of(activation, &mut |t| if aliases(&t, payload) { t.f_detach_copy() } else { Ok(t) })?;
         let sent = Sent::activation(send.then_some(&activation))?;
-        let charged = self.session.map_or_else(Vec::new, |s| lock(&shared.sessions).state_addrs(s.id));
+        let charged = self.session.map_or_else(Vec::new, |s| lock(&shared.sessions.table).state_addrs(s.id));
         let stopped = Stopped {
             tenant: self.tenant,
             model: self.model,
@@ -511,7 +515,7 @@ impl Run {
         };
         let handle = shared.parked.locked().park(stopped)?;
         if let Some(s) = self.session {
-            lock(&shared.sessions).pause(s.id);
+            shared.sessions.queues().pause(s.id);
         }
         Ok(paused(handle, block, sent))
     }
@@ -598,11 +602,10 @@ fn resume(
     if let Some(s) = session
         && (!stopped || result.is_err())
     {
-        let mut sessions = lock(&shared.sessions);
         if result.is_err() {
-            let _ = sessions.end_step(s.id, None);
+            let _ = lock(&shared.sessions.table).end_step(s.id, None);
         }
-        if sessions.unpause(s.id) {
+        if shared.sessions.queues().unpause(s.id) {
             *then_drain = Some(s.id);
         }
     }
@@ -666,7 +669,7 @@ fn open_session(
     state: &[TensorDesc],
     payload: Option<Payload>,
     reserve: u64,
-    sessions: &Mutex<SessionTable>,
+    sessions: &Sessions,
 ) -> Result<Reply, ExecError> {
     let payload = payload.map(Arc::new);
     // On the CPU the tensors are views of the request's payload, which goes back to the pool.
@@ -677,13 +680,14 @@ fn open_session(
     // A graph with state starts from its initial values, or from a state the client gave.
     if let Some(graph) = model.stateful() {
         if state.is_empty() {
-            lock(sessions).could_hold(graph.state_bytes())?;
+            lock(&sessions.table).could_hold(graph.state_bytes())?;
             state = graph.initial_state()?;
         } else {
             graph.check_state(&state)?;
         }
     }
-    let session = lock(sessions).open(tenant, model, state, reserve)?;
+    let session = lock(&sessions.table).open(tenant, model, state, reserve)?;
+    sessions.queues().insert(session, tenant);
     Ok(Reply::message(Message::SessionOpened { session }))
 }
 
