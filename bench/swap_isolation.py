@@ -1,12 +1,14 @@
 """Whether one session's swaps hold up a node's other requests: one client's pings, timed alone
 and while another client's session moves a large state out to host memory and back (IO_WAIT,
-then COMPUTE, each acknowledged at once and carried out by a worker), in alternating phases of
-one run on one node (the swapping client steps after each pair, so its requests do not pile
-up). The ratio of the two p99s is the head-of-line blocking a swap causes at
-the node's poller: about 1 when the poller never waits on a worker's copy.
+then COMPUTE, each acknowledged at once and carried out by a worker, then a step, whose reply
+says both are done), in alternating phases of one run on one node: in each swapping phase the
+session swaps out and back `--cycles` times and the other client pings throughout; each quiet
+phase takes as many pings. The ratio of the two p99s is the head-of-line blocking a swap
+causes at the node's poller: about 1 when the poller never waits on a worker's copy (on a
+machine with a core to spare for the copy).
 
 Usage: .venv/bin/python bench/swap_isolation.py [--node target/release/djinn] [--state-mib 256]
-           [--iters 4000] [--phases 4] [--results FILE]
+           [--cycles 5] [--phases 4] [--results FILE]
 """
 import argparse
 import os
@@ -42,7 +44,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--node", default=str(ROOT / "target" / "release" / "djinn"))
     ap.add_argument("--state-mib", type=int, default=256)
-    ap.add_argument("--iters", type=int, default=4000, help="pings per kind of phase, in all")
+    ap.add_argument("--cycles", type=int, default=5, help="swaps out and back per swapping phase")
     ap.add_argument("--phases", type=int, default=4, help="phases of each kind, alternating")
     ap.add_argument("--results")
     args = ap.parse_args()
@@ -61,33 +63,27 @@ def main():
         rm = swapper.register(model, example, blocks=[torch.jit.script(model)])
         session = rm.session(state)
         session.step(torch.ones(4))
-        stop = threading.Event()
 
         def swap():
             # As an agent does: a tool call (the state goes out), then back to work (it comes
             # back); the step's reply says both are done.
-            while not stop.is_set():
+            for _ in range(args.cycles):
                 session.io_wait()
                 session.compute()
                 session.step(torch.ones(4))
 
         alone, swapping = [], []
-        per_phase = max(1, args.iters // args.phases)
         swaps_before = pinger.node_stats()["session_swaps_out"]
-        for phase in range(2 * args.phases):
-            busy = phase % 2 == 1
-            thread = threading.Thread(target=swap) if busy else None
-            if thread:
-                stop.clear()
-                thread.start()
-                time.sleep(0.05)
-            out = swapping if busy else alone
-            for _ in range(per_phase):
-                out.append(pinger.ping() * 1e6)
-            if thread:
-                stop.set()
-                thread.join()
-            print(f"phase {phase + 1}/{2 * args.phases} ({'swapping' if busy else 'alone'}) done", file=sys.stderr)
+        for phase in range(args.phases):
+            thread = threading.Thread(target=swap)
+            thread.start()
+            taken = 0
+            while thread.is_alive():
+                swapping.append(pinger.ping() * 1e6)
+                taken += 1
+            thread.join()
+            alone.extend(pinger.ping() * 1e6 for _ in range(taken))
+            print(f"phase {phase + 1}/{args.phases}: {taken} pings each way", file=sys.stderr)
         swaps = pinger.node_stats()["session_swaps_out"] - swaps_before
         session.close()
     finally:
@@ -98,11 +94,11 @@ def main():
         f"### `bench/swap_isolation.py` — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
         "",
         f"Command: `.venv/bin/python bench/swap_isolation.py --node {args.node} --state-mib {args.state_mib} "
-        f"--iters {args.iters} --phases {args.phases}`  ",
+        f"--cycles {args.cycles} --phases {args.phases}`  ",
         f"Machine: {os.cpu_count()} cores, {platform.platform()}; torch {torch.__version__}  ",
         f"A session of {args.state_mib} MiB of state swapped out and back {swaps} times by one client while "
-        f"another pings the node; {len(alone)} pings alone and {len(swapping)} while swapping, in "
-        f"{2 * args.phases} alternating phases.",
+        f"another pings the node throughout; {len(swapping)} pings while swapping and as many alone, "
+        f"in {args.phases} pairs of phases.",
         "",
         "| pings | p50 µs | p99 µs | p999 µs |",
         "|---|---|---|---|",
