@@ -16,6 +16,10 @@ python3 scripts/import-cycles.py
 # only speaks the protocol build without them.
 io_crates=$(cargo tree -p djinn-proto -e normal --prefix none --locked | grep -E '^(mio|io-uring|sideway|rdma-mummy-sys|cudarc|tokio|libloading) ' || true)
 [ -z "$io_crates" ] || { printf 'djinn-proto depends on I/O or device crates:\n%s\n' "$io_crates" >&2; exit 1; }
+# The Python package's extension builds the transports without the node's poller.
+cargo clippy -p djinn-dataplane --all-targets --locked -- -D warnings
+poller_crates=$(cargo tree -p djinn-python -e normal --prefix none --locked | grep -E '^(mio|io-uring|cudarc) ' || true)
+[ -z "$poller_crates" ] || { printf 'the Python extension depends on the node poller or CUDA:\n%s\n' "$poller_crates" >&2; exit 1; }
 
 step "cargo test"
 cargo test --workspace --locked

@@ -1,72 +1,25 @@
-//! TCP drivers around the protocol core: the node's poller (mio or io_uring) and TLS; the
-//! client's connection is in [`crate::client`].
+//! TCP around the protocol core: TLS, for both sides; and, with the feature `server`, the
+//! node's poller on mio or io_uring. The client's connection is in
+//! [`crate::client`].
 
+#[cfg(feature = "server")]
 mod accept;
+#[cfg(feature = "server")]
 mod admission;
-#[cfg(test)]
+#[cfg(all(test, feature = "server"))]
 mod core_tests;
+#[cfg(feature = "server")]
+mod listener;
+#[cfg(feature = "server")]
 mod mio_backend;
+#[cfg(feature = "server")]
 mod server;
 mod tls;
+#[cfg(feature = "server")]
 mod uring_backend;
 
-use std::io;
-use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
-use std::time::Instant;
-
+#[cfg(feature = "server")]
+pub use listener::Server;
+#[cfg(feature = "server")]
 pub use server::{Backend, Replier, Reply, ReplyTo, ServerConfig, ServerCounters, Service, ShutdownHandle};
 pub use tls::{ClientTls, TlsError, TlsWire, server_config as tls_server_config};
-
-use server::Core;
-
-/// A bound node server; [`Server::run`] drives it on the calling thread until shut down.
-pub struct Server<S> {
-    local_addr: SocketAddr,
-    backend: BackendServer<S>,
-}
-
-enum BackendServer<S> {
-    Mio(Box<mio_backend::MioServer<S>>),
-    Uring(Box<uring_backend::UringServer<S>>),
-}
-
-impl<S> std::fmt::Debug for Server<S> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Server").field("local_addr", &self.local_addr).finish()
-    }
-}
-
-impl<S: Service> Server<S> {
-    /// Binds `addr` (port 0 picks a free port) with the configured backend.
-    pub fn bind(addr: impl ToSocketAddrs, config: ServerConfig, service: S, agent: &str) -> io::Result<Self> {
-        let listener = TcpListener::bind(addr)?;
-        let local_addr = listener.local_addr()?;
-        let uring = matches!(config.backend, Backend::Uring);
-        let make_core = |wake| Core::new(service, config, agent, wake, Instant::now());
-        let backend = if uring {
-            BackendServer::Uring(Box::new(uring_backend::UringServer::new(listener, make_core)?))
-        } else {
-            BackendServer::Mio(Box::new(mio_backend::MioServer::new(listener, make_core)?))
-        };
-        Ok(Self { local_addr, backend })
-    }
-
-    pub fn local_addr(&self) -> SocketAddr {
-        self.local_addr
-    }
-
-    pub fn shutdown_handle(&self) -> ShutdownHandle {
-        match &self.backend {
-            BackendServer::Mio(s) => s.shutdown_handle(),
-            BackendServer::Uring(s) => s.shutdown_handle(),
-        }
-    }
-
-    /// Serves until [`ShutdownHandle::shutdown`]; returns the final counters.
-    pub fn run(self) -> io::Result<ServerCounters> {
-        match self.backend {
-            BackendServer::Mio(s) => s.run(),
-            BackendServer::Uring(s) => s.run(),
-        }
-    }
-}

@@ -106,6 +106,7 @@ impl TlsWire {
         Self { conn }
     }
 
+    #[cfg(feature = "server")]
     pub(crate) fn accept(config: &Arc<rustls::ServerConfig>) -> Result<Self, TlsError> {
         Ok(Self::new(rustls::ServerConnection::new(Arc::clone(config))?.into()))
     }
@@ -180,7 +181,7 @@ impl TlsWire {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "server"))]
 mod tests {
     use super::*;
     use std::net::{TcpListener, TcpStream};
