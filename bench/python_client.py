@@ -18,14 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "client-lib" / "python" / "examples"))
 import djinn  # noqa: E402
 from gpt import GPT, GPTConfig  # noqa: E402
+from percentiles import percentiles  # noqa: E402
 
 torch.set_num_threads(1)  # as the node computes
-
-
-def percentiles(samples):
-    s = sorted(samples)
-    pick = lambda q: s[min(len(s) - 1, int(q * len(s)))] * 1e6  # noqa: E731
-    return pick(0.5), pick(0.99), pick(0.999)
 
 
 def timed(fn, iters, warmup, per=1):
@@ -37,7 +32,7 @@ def timed(fn, iters, warmup, per=1):
         t = time.perf_counter()
         fn()
         out.append((time.perf_counter() - t) / per)
-    return percentiles(out)
+    return percentiles([t * 1e6 for t in out])
 
 
 def main():

@@ -25,12 +25,8 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "client-lib" / "python"))
 import djinn  # noqa: E402
+from percentiles import percentiles  # noqa: E402
 
-
-def percentiles(samples):
-    s = sorted(samples)
-    at = lambda q: s[min(len(s) - 1, int(q * len(s)))]  # noqa: E731
-    return at(0.5), at(0.99), at(0.999)
 
 
 class Carry(nn.Module):
