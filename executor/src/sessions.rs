@@ -784,3 +784,64 @@ fn move_to(t: &Tensor, device: Device) -> Result<Tensor, ExecError> {
     };
     Ok(copy)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queues() -> SessionQueues {
+        let options = SessionOptions {
+            policy: Policy::Semantic,
+            budget: 1 << 20,
+            host_pool: 1 << 20,
+            idle_ttl: Duration::from_secs(60),
+        };
+        let table = SessionTable::new(options, MemoryBudget::new(1 << 20), MemoryBudget::new(1 << 20), Device::Cpu);
+        SessionQueues::of(&table)
+    }
+
+    fn kinds(q: &mut SessionQueues, id: u64) -> Vec<String> {
+        std::iter::from_fn(|| q.next_op(id)).map(|op| format!("{op:?}")).collect()
+    }
+
+    #[test]
+    fn a_sessions_requests_are_its_tenants_bounded_and_drained_by_one_worker_in_order() {
+        let mut q = queues();
+        let (ann, ben) = (TenantId(1), TenantId(2));
+        let session = Handle { id: 7, epoch: q.epoch };
+        q.insert(session, ann);
+        assert!(matches!(q.enqueue(ben, session, Op::Restore), Err(SessionError::Unknown { .. })));
+        let stale = Handle { id: 7, epoch: q.epoch ^ 1 };
+        assert!(matches!(q.enqueue(ann, stale, Op::Restore), Err(SessionError::Stale { .. })));
+        // The first request starts a drain; the ones after it join that drain.
+        assert!(q.enqueue(ann, session, Op::Signal(Signal::Compute)).unwrap());
+        for _ in 1..MAX_QUEUED_OPS {
+            assert!(!q.enqueue(ann, session, Op::Restore).unwrap());
+        }
+        assert!(matches!(q.enqueue(ann, session, Op::Restore), Err(SessionError::Busy { .. })));
+        assert_eq!(kinds(&mut q, 7).len(), MAX_QUEUED_OPS);
+        // Drained: the next request starts a drain again.
+        assert!(q.enqueue(ann, session, Op::Restore).unwrap());
+    }
+
+    #[test]
+    fn an_aborted_parked_step_ends_before_the_requests_that_waited_for_it() {
+        let mut q = queues();
+        let (tenant, session) = (TenantId(1), Handle { id: 3, epoch: q.epoch });
+        q.insert(session, tenant);
+        assert!(q.enqueue(tenant, session, Op::Restore).unwrap());
+        assert!(q.next_op(3).is_some());
+        // The step the drain ran parked: the next request waits, and the drain ends.
+        q.pause(3);
+        assert!(!q.enqueue(tenant, session, Op::Signal(Signal::IoWait { resume_in_ms: None })).unwrap());
+        assert!(q.next_op(3).is_none());
+        // Aborted: a drain starts, with the step's end first.
+        assert!(q.end_parked(3));
+        assert_eq!(kinds(&mut q, 3), ["EndStep", "Signal(IoWait { resume_in_ms: None })"]);
+        // Closed: what waited comes back (to be refused), and the session is unknown.
+        assert!(q.enqueue(tenant, session, Op::Restore).unwrap());
+        assert_eq!(q.close(3).len(), 1);
+        assert!(matches!(q.enqueue(tenant, session, Op::Restore), Err(SessionError::Unknown { .. })));
+        assert_eq!(q.len(), 0);
+    }
+}
