@@ -38,8 +38,6 @@
 //! progress and requests' inputs hold at once, is bounded by the node's `--tenant-host-memory`
 //! where the quota names none, so that no tenant takes all of it from the others.
 
-mod sync;
-
 use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -50,7 +48,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::sync::Locked;
+use djinn_sync::Locked;
 
 /// A tenant's number in this process: what models, tensors, handles and sessions are
 /// namespaced by. Stable while the process lives (a reload never renumbers a name), never

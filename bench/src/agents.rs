@@ -33,7 +33,7 @@ use tch::{IValue, Kind, Tensor};
 
 use crate::Spawned;
 use crate::report::{Stats, append_section, bytes_of, measure};
-use crate::sync::Locked;
+use djinn_sync::Locked;
 
 #[derive(Args, Debug)]
 pub struct AgentsArgs {

@@ -13,7 +13,6 @@ mod report;
 mod resume;
 mod soak;
 mod stream;
-mod sync;
 mod tcp;
 
 use std::io::{BufRead, BufReader, Read, Write};

@@ -25,7 +25,7 @@ use tch::{Device, Kind, Tensor, nn, nn::Module};
 use crate::Spawned;
 use crate::execute::archive;
 use crate::report::{append_section, bytes_of};
-use crate::sync::Locked;
+use djinn_sync::Locked;
 
 #[derive(Args, Debug)]
 pub struct SoakArgs {

@@ -21,7 +21,7 @@ use tch::jit::{CModule, IValue};
 use tch::{Kind, Tensor};
 
 use crate::report::{Stats, append_section, measure};
-use crate::sync::Locked;
+use djinn_sync::Locked;
 
 /// Writes `block{i}.pt` and `block{i}.graph`: `Linear(width, width)` then GELU, random weights,
 /// traced as TorchScript and exported as a graph.

@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
+use djinn_sync::Locked;
+
 use crate::cluster::{Cluster, Decision, PlaceError, PlaceRequest, Rule};
 use crate::membership::{Inventory, LeaseId, Member, MembershipError, NodeId};
 use crate::placement::{Block, Demand, Phase, Policy};
@@ -390,7 +392,7 @@ impl<S: Store> ControlPlane<S> {
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.locked()
     }
 
     fn now_ms(&self) -> u64 {

@@ -11,7 +11,7 @@ use tch::{Device, Kind, Tensor};
 
 use crate::error::ExecError;
 use crate::handles::HandleTable;
-use crate::sync::Locked;
+use djinn_sync::Locked;
 
 pub fn kind_of(dtype: DType) -> Kind {
     match dtype {

@@ -19,7 +19,7 @@ use djinn_auth::TenantId;
 use djinn_memory::{Charge, MemoryBudget};
 
 use crate::error::ExecError;
-use crate::sync::Locked;
+use djinn_sync::Locked;
 
 /// A graph run's cost at one call's shapes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -14,8 +14,8 @@ use tch::{Device, Kind, Tensor};
 
 use crate::cost::Estimate;
 use crate::error::ExecError;
-use crate::sync::Locked;
 pub use crate::value::RtValue;
+use djinn_sync::Locked;
 
 mod ffi {
     use std::ffi::{c_char, c_int, c_void};

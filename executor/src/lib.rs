@@ -49,7 +49,6 @@ mod service;
 mod sessions;
 mod store;
 pub mod stream;
-mod sync;
 mod tensors;
 mod value;
 mod workers;

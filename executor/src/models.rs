@@ -23,9 +23,9 @@ use tch::{Device, Tensor};
 use crate::error::ExecError;
 use crate::graph::{GraphModule, RtValue};
 use crate::stream::{Plan, StreamStats, StreamedBlock, Streamer, plan};
-use crate::sync::Locked;
 use crate::tensors::tensor_bytes;
 use djinn_gpudirect::CudaContext;
+use djinn_sync::Locked;
 
 /// A model on the node's device: its blocks in execution order, some of them streamed when the
 /// whole does not fit.

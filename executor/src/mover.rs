@@ -31,7 +31,7 @@ use djinn_proto::{ErrorCode, Hello, Limits, Message, PROTOCOL_VERSION, SharedByt
 use tch::Tensor;
 
 use crate::convert::OutputTensor;
-use crate::sync::Locked;
+use djinn_sync::Locked;
 
 /// How the bytes of a push travel, by the transport between the hosts; reported in the `Pushed`
 /// reply.

@@ -19,10 +19,10 @@ use crate::models::{ModelStore, Unregistered, Upload};
 use crate::mover::{Mover, PeerLimits, PushPeers, PushSource};
 use crate::parked::{Parked, ParkedTable};
 use crate::request::CallInputs;
-use crate::sessions::{Op, SessionOptions, SessionTable, Sessions, lock};
+use crate::sessions::{Op, SessionOptions, SessionTable, Sessions};
 use crate::store::TensorStore;
-use crate::sync::Locked;
 use crate::workers::{Job, WorkQueue, Workers};
+use djinn_sync::Locked;
 
 #[derive(Debug, Clone)]
 pub struct NodeOptions {
@@ -520,12 +520,7 @@ impl Sweeper {
     ) -> std::io::Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
         let parked_ttl = parked.locked().ttl();
-        let ttl = handles
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .idle_ttl()
-            .min(lock(&sessions.table).options().idle_ttl)
-            .min(parked_ttl);
+        let ttl = handles.locked().idle_ttl().min(sessions.table.locked().options().idle_ttl).min(parked_ttl);
         let period = (ttl / 4).clamp(Duration::from_millis(10), Duration::from_secs(10));
         let flag = Arc::clone(&stop);
         let table = sessions.clone();
@@ -541,10 +536,10 @@ impl Sweeper {
                             queue.drain_session(id, request.tenant);
                         }
                     }
-                    lock(&table.table).expire(now, &mut table.queues());
+                    table.table.locked().expire(now, &mut table.queues());
                     next_sweep = now + period;
                 }
-                let (due, next_restore) = lock(&table.table).due_restores(now);
+                let (due, next_restore) = table.table.locked().due_restores(now);
                 for (id, tenant) in due {
                     if table.queues().enqueue_restore(id) {
                         queue.drain_session(id, tenant);
@@ -554,7 +549,7 @@ impl Sweeper {
                 std::thread::park_timeout(wake.saturating_duration_since(Instant::now()));
             }
         })?;
-        lock(&sessions.table).set_clock(thread.thread().clone());
+        sessions.table.locked().set_clock(thread.thread().clone());
         Ok(Self { stop, thread: Some(thread) })
     }
 }

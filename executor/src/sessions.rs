@@ -31,8 +31,8 @@ use crate::error::{ExecError, SessionError};
 use crate::handles::fresh_epoch;
 use crate::models::Model;
 use crate::request::CallInputs;
-use crate::sync::Locked;
 use crate::tensors::tensor_bytes;
+use djinn_sync::Locked;
 
 /// Which resident session makes room for another.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -758,11 +758,6 @@ impl Sessions {
     pub fn queues(&self) -> std::sync::MutexGuard<'_, SessionQueues> {
         self.queues.locked()
     }
-}
-
-/// The table, whoever panicked while holding it (its state stays consistent between calls).
-pub(crate) fn lock(table: &std::sync::Mutex<SessionTable>) -> std::sync::MutexGuard<'_, SessionTable> {
-    table.locked()
 }
 
 fn state_bytes(state: &[Tensor]) -> u64 {

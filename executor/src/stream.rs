@@ -27,8 +27,8 @@ use tch::jit::IValue;
 use tch::{Device, Kind, Tensor};
 
 use crate::error::ExecError;
-use crate::sync::Locked;
 use crate::tensors::tensor_bytes;
+use djinn_sync::Locked;
 
 /// Which blocks stream, and the ring they stream through.
 #[derive(Debug, Clone, PartialEq, Eq)]

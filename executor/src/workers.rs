@@ -25,8 +25,8 @@ use crate::handles::HandleTable;
 use crate::models::{Model, ModelStore, Upload, spread};
 use crate::parked::{Activation, Parked, ParkedTable, SessionStep, Stopped, check_breakpoint};
 use crate::request::CallInputs;
-use crate::sessions::{Op, Sessions, lock};
-use crate::sync::Locked;
+use crate::sessions::{Op, Sessions};
+use djinn_sync::Locked;
 
 pub enum Job {
     Execute {
@@ -388,18 +388,18 @@ fn session_next(id: u64, shared: &Shared) -> bool {
             let result = caught(|| shared.limited(to.tenant, || step(to.tenant, id, inputs, until, shared)));
             if result.is_err() {
                 // Whatever failed (a panic included), the session is not stepping any more.
-                let _ = lock(sessions).end_step(id, None);
+                let _ = sessions.locked().end_step(id, None);
             }
             replier.send(to, reply_of(result));
         }
-        Op::Signal(signal) => lock(sessions).signal(id, signal),
-        Op::Restore => lock(sessions).restore_ahead(id),
+        Op::Signal(signal) => sessions.locked().signal(id, signal),
+        Op::Restore => sessions.locked().restore_ahead(id),
         Op::EndStep => {
-            let _ = lock(sessions).end_step(id, None);
+            let _ = sessions.locked().end_step(id, None);
         }
         Op::Close { to, replier } => {
             let after = shared.sessions.queues().close(id);
-            lock(sessions).close(id);
+            sessions.locked().close(id);
             replier.send(to, Reply::message(Message::SessionClosed));
             for op in after {
                 if let Op::Step { to, replier, .. } | Op::Close { to, replier } = op {
@@ -422,7 +422,7 @@ fn step(
     until: Option<Breakpoint>,
     shared: &Shared,
 ) -> Result<Reply, ExecError> {
-    let (model, state) = lock(&shared.sessions.table).begin_step(id)?;
+    let (model, state) = shared.sessions.table.locked().begin_step(id)?;
     let session = SessionStep { id, state: state.len() };
     let payload = inputs.payload.map(Arc::new);
     let tensors = input_tensors(&inputs.tensors, payload.as_ref(), model.device)?;
@@ -484,7 +484,7 @@ impl Run {
                     .into_iter()
                     .map(|t| owned(&t, self.payload.as_ref()))
                     .collect::<Result<Vec<_>, ExecError>>()?;
-                lock(&shared.sessions.table).end_step(s.id, Some(new_state))?;
+                shared.sessions.table.locked().end_step(s.id, Some(new_state))?;
                 output
             }
             None => output,
@@ -503,7 +503,7 @@ impl Run {
         let activation =
             Activation::of(activation, &mut |t| if aliases(&t, payload) { t.f_detach_copy() } else { Ok(t) })?;
         let sent = Sent::activation(send.then_some(&activation))?;
-        let charged = self.session.map_or_else(Vec::new, |s| lock(&shared.sessions.table).state_addrs(s.id));
+        let charged = self.session.map_or_else(Vec::new, |s| shared.sessions.table.locked().state_addrs(s.id));
         let stopped = Stopped {
             tenant: self.tenant,
             model: self.model,
@@ -603,7 +603,7 @@ fn resume(
         && (!stopped || result.is_err())
     {
         if result.is_err() {
-            let _ = lock(&shared.sessions.table).end_step(s.id, None);
+            let _ = shared.sessions.table.locked().end_step(s.id, None);
         }
         if shared.sessions.queues().unpause(s.id) {
             *then_drain = Some(s.id);
@@ -680,13 +680,13 @@ fn open_session(
     // A graph with state starts from its initial values, or from a state the client gave.
     if let Some(graph) = model.stateful() {
         if state.is_empty() {
-            lock(&sessions.table).could_hold(graph.state_bytes())?;
+            sessions.table.locked().could_hold(graph.state_bytes())?;
             state = graph.initial_state()?;
         } else {
             graph.check_state(&state)?;
         }
     }
-    let session = lock(&sessions.table).open(tenant, model, state, reserve)?;
+    let session = sessions.table.locked().open(tenant, model, state, reserve)?;
     sessions.queues().insert(session, tenant);
     Ok(Reply::message(Message::SessionOpened { session }))
 }

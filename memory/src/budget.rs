@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use djinn_auth::TenantId;
 
-use crate::sync::Locked;
+use djinn_sync::Locked;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{}: {requested} bytes asked for, {used} of {limit} in use", match tenant {

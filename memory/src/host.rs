@@ -12,7 +12,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::sync::Locked;
+use djinn_sync::Locked;
 
 /// Alignment of every buffer of at least this many bytes: enough for any dtype and for
 /// vectorised kernels. A smaller buffer is aligned to the largest power of two it holds, up to

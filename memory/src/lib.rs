@@ -6,7 +6,6 @@ pub mod budget;
 pub mod host;
 pub mod ring;
 mod size;
-mod sync;
 
 pub use budget::{Charge, MemoryBudget, OverBudget, Reservation, TenantQuota};
 pub use host::{AllocError, BUFFER_ALIGN, BufferPool, HostBuf, PoolStats, align_for};

@@ -12,6 +12,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use djinn_client::{Client, ClientOptions, Transport};
+use djinn_sync::Locked;
 
 type Shared = Arc<(SocketAddr, Mutex<Option<Client>>)>;
 
@@ -31,7 +32,7 @@ fn exposition(counters: &[(String, u64)]) -> String {
 async fn metrics(State(shared): State<Shared>) -> Response {
     let read = tokio::task::spawn_blocking(move || {
         let (addr, client) = &*shared;
-        let mut client = client.lock().unwrap_or_else(|e| e.into_inner());
+        let mut client = client.locked();
         if client.is_none() {
             let options = ClientOptions { transport: Transport::Tcp, ..ClientOptions::default() };
             *client = Some(Client::connect_with(*addr, options)?);

@@ -5,7 +5,6 @@
 //! `torch.frombuffer` wraps without a copy.
 
 mod lent;
-mod sync;
 
 use std::ffi::c_int;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -24,7 +23,7 @@ use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
-use crate::sync::Locked;
+use djinn_sync::Locked;
 
 create_exception!(djinn, DjinnError, PyException, "Base of every error the djinn package raises.");
 create_exception!(djinn, TransportError, DjinnError, "The node could not be reached or the connection broke.");

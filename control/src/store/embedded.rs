@@ -12,6 +12,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTran
 use tokio::sync::mpsc;
 
 use super::{Created, Event, Revision, Snapshot, Store, StoreError, StoreLease, Watch};
+use djinn_sync::Locked;
 
 /// Key → the lease it is bound to (0 for none, 8 bytes little-endian), then the value.
 const KV: TableDefinition<&str, &[u8]> = TableDefinition::new("kv");
@@ -82,7 +83,7 @@ impl Write {
 
 impl Inner {
     fn watchers(&self) -> MutexGuard<'_, Vec<Watcher>> {
-        self.watchers.lock().unwrap_or_else(|e| e.into_inner())
+        self.watchers.locked()
     }
 
     /// Runs `f` in one write transaction and, once it commits, tells the watchers.

@@ -716,7 +716,7 @@ impl<S: Service> Core<S> {
     }
 
     /// How often the backend checks its connections' deadlines ([`Self::check_timeouts`]).
-    pub fn timeout_check_every(&self) -> Duration {
+    fn timeout_check_every(&self) -> Duration {
         let shortest = self.config.stall_timeout.min(self.config.hello_timeout).min(self.config.idle_timeout);
         (shortest / 4).max(Duration::from_millis(10))
     }
