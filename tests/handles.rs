@@ -249,7 +249,7 @@ fn kept_tensors_live_in_gpu_memory_on_a_gpu_node() {
 /// peer here is a listener that speaks just enough of the protocol.)
 #[test]
 fn a_peers_reply_is_bounded_by_what_a_push_asked_for() {
-    use djinn_proto::{FrameHeader, Hello, Kind, Limits, Message, transports};
+    use djinn_proto::{DataKind, DataMessage, FrameHeader, Hello, KeptMessage, Kind, Limits, Message, transports};
     use std::io::Write;
     let fake = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let fake_addr = fake.local_addr().unwrap().to_string();
@@ -268,18 +268,19 @@ fn a_peers_reply_is_bounded_by_what_a_push_asked_for() {
     let peer = thread::spawn(move || {
         let (mut s, _) = fake.accept().unwrap();
         let (header, hello, _) = support::read_reply(&mut s);
-        assert!(matches!(hello, Message::Hello(_)), "{hello:?}");
+        assert!(matches!(hello, Message::Data(DataMessage::Hello(_))), "{hello:?}");
         let mut out = Vec::new();
-        let ack = Message::HelloAck(Hello::new(&Limits::default(), transports::TCP, "fake"));
+        let ack = Message::Data(DataMessage::HelloAck(Hello::new(&Limits::default(), transports::TCP, "fake")));
         djinn_proto::encode_head(&mut out, header.request_id.get(), &ack).unwrap();
         s.write_all(&out).unwrap();
         let (header, keep, _) = support::read_reply(&mut s);
-        assert!(matches!(keep, Message::Keep { .. }), "{keep:?}");
+        assert!(matches!(keep, Message::Kept(KeptMessage::Keep { .. })), "{keep:?}");
         // A 1 GiB tensor in reply, announced, begun and never finished.
-        let reply = Message::GetReply { tensor: TensorDesc::new(DType::U8, vec![1 << 30]).unwrap() };
+        let reply = Message::Data(DataMessage::GetReply { tensor: TensorDesc::new(DType::U8, vec![1 << 30]).unwrap() });
         let mut meta = Vec::new();
         reply.encode(&mut meta);
-        let head = FrameHeader::new(Kind::GetReply, header.request_id.get(), meta.len() as u32, 1 << 30);
+        let head =
+            FrameHeader::new(Kind::Data(DataKind::GetReply), header.request_id.get(), meta.len() as u32, 1 << 30);
         s.write_all(zerocopy::IntoBytes::as_bytes(&head)).unwrap();
         s.write_all(&meta).unwrap();
         s.write_all(&[0u8; 4096]).unwrap();

@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use djinn_client::{ClientError, DType, ErrorCode};
 use djinn_proto::{
-    FrameHeader, HEADER_LEN, Hello, Kind, Limits, Message, PROTOCOL_VERSION, TensorDesc, encode_head, transports,
+    DataKind, DataMessage, FrameHeader, HEADER_LEN, Hello, Kind, Limits, Message, PROTOCOL_VERSION, TensorDesc,
+    encode_head, transports,
 };
 use support::{BACKENDS, Node, pattern, read_reply, reset_on_close};
 
@@ -73,7 +74,11 @@ fn requests_pipelined_on_one_connection_are_answered_by_request_id() {
         let mut wire = Vec::new();
         let mut head = Vec::new();
         for id in 100..300u64 {
-            let message = if id % 2 == 0 { Message::Ping } else { Message::Get { name: "p".into() } };
+            let message = if id % 2 == 0 {
+                Message::Data(DataMessage::Ping)
+            } else {
+                Message::Data(DataMessage::Get { name: "p".into() })
+            };
             encode_head(&mut head, id, &message).unwrap();
             wire.extend_from_slice(&head);
         }
@@ -82,9 +87,9 @@ fn requests_pipelined_on_one_connection_are_answered_by_request_id() {
             let (header, message, payload) = read_reply(&mut stream);
             assert_eq!(header.request_id.get(), id);
             if id % 2 == 0 {
-                assert_eq!(message, Message::Pong);
+                assert_eq!(message, Message::Data(DataMessage::Pong));
             } else {
-                assert!(matches!(message, Message::GetReply { .. }));
+                assert!(matches!(message, Message::Data(DataMessage::GetReply { .. })));
                 assert_eq!(payload, pattern(32, 3));
             }
         }
@@ -97,13 +102,15 @@ fn error_for(node: &Node, bytes: &[u8]) -> (u64, ErrorCode, String) {
     stream.write_all(bytes).unwrap();
     stream.shutdown(Shutdown::Write).unwrap();
     let (header, message, _) = read_reply(&mut stream);
-    let Message::Error { code, message } = message else { panic!("expected an error, got {message:?}") };
+    let Message::Data(DataMessage::Error { code, message }) = message else {
+        panic!("expected an error, got {message:?}")
+    };
     (header.request_id.get(), code, message)
 }
 
 fn put_frame(id: u64, name: &str, tensor: TensorDesc, payload: &[u8]) -> Vec<u8> {
     let mut wire = Vec::new();
-    encode_head(&mut wire, id, &Message::Put { name: name.into(), tensor }).unwrap();
+    encode_head(&mut wire, id, &Message::Data(DataMessage::Put { name: name.into(), tensor })).unwrap();
     wire.extend_from_slice(payload);
     wire
 }
@@ -116,7 +123,7 @@ fn bad_input_round(node: &Node) -> Vec<ErrorCode> {
     };
 
     // Malformed header: wrong magic.
-    let mut bad = header(Kind::Ping, 0, 0);
+    let mut bad = header(Kind::Data(DataKind::Ping), 0, 0);
     bad[..4].copy_from_slice(b"HTTP");
     codes.push(error_for(node, &bad).1);
 
@@ -128,32 +135,32 @@ fn bad_input_round(node: &Node) -> Vec<ErrorCode> {
     codes.push(code);
 
     // Length over the limit (the node runs with --max-payload 64MiB): refused from the header.
-    codes.push(error_for(node, &header(Kind::Put, 20, (64 << 20) + 1)).1);
+    codes.push(error_for(node, &header(Kind::Data(DataKind::Put), 20, (64 << 20) + 1)).1);
 
     // Unknown kind, with a body the node must skip: the connection stays usable.
     let mut stream = TcpStream::connect(node.addr).unwrap();
-    let mut unknown = header(Kind::Ping, 4, 100);
+    let mut unknown = header(Kind::Data(DataKind::Ping), 4, 100);
     unknown[6..8].copy_from_slice(&0x0177u16.to_le_bytes());
     unknown.extend([0u8; 104]);
     let mut ping = Vec::new();
-    encode_head(&mut ping, 9, &Message::Ping).unwrap();
+    encode_head(&mut ping, 9, &Message::Data(DataMessage::Ping)).unwrap();
     unknown.extend(&ping);
     stream.write_all(&unknown).unwrap();
     let (h, reply, _) = read_reply(&mut stream);
     assert_eq!(h.request_id.get(), 7);
-    let Message::Error { code, .. } = reply else { panic!("{reply:?}") };
+    let Message::Data(DataMessage::Error { code, .. }) = reply else { panic!("{reply:?}") };
     codes.push(code);
-    assert_eq!(read_reply(&mut stream).1, Message::Pong);
+    assert_eq!(read_reply(&mut stream).1, Message::Data(DataMessage::Pong));
 
     // Descriptor whose byte length disagrees with dtype × shape: refused, connection usable.
     let lying = TensorDesc { byte_len: 12, ..TensorDesc::new(DType::F32, vec![2, 2]).unwrap() };
     stream.write_all(&put_frame(10, "lie", lying, &[0u8; 12])).unwrap();
     let (h, reply, _) = read_reply(&mut stream);
     assert_eq!(h.request_id.get(), 10);
-    let Message::Error { code, .. } = reply else { panic!("{reply:?}") };
+    let Message::Data(DataMessage::Error { code, .. }) = reply else { panic!("{reply:?}") };
     codes.push(code);
     stream.write_all(&ping).unwrap();
-    assert_eq!(read_reply(&mut stream).1, Message::Pong);
+    assert_eq!(read_reply(&mut stream).1, Message::Data(DataMessage::Pong));
 
     // A client that vanishes mid-frame (reset, no half-close): the node just drops it.
     let mut vanishing = TcpStream::connect(node.addr).unwrap();
@@ -205,12 +212,12 @@ fn a_hello_from_another_protocol_version_is_refused_naming_both() {
         let node = Node::start(backend, &[]);
         let hello = Hello { protocol_version: 9, ..Hello::new(&Limits::default(), transports::TCP, "future") };
         let mut wire = Vec::new();
-        encode_head(&mut wire, 1, &Message::Hello(hello)).unwrap();
+        encode_head(&mut wire, 1, &Message::Data(DataMessage::Hello(hello))).unwrap();
         let (_, code, message) = error_for(&node, &wire);
         assert_eq!(code, ErrorCode::VersionMismatch);
         assert!(message.contains("version 9") && message.contains(&format!("version {PROTOCOL_VERSION}")), "{message}");
         // The same in the frame header: fatal for the stream, still named.
-        let mut wire = zerocopy::IntoBytes::as_bytes(&FrameHeader::new(Kind::Ping, 1, 0, 0)).to_vec();
+        let mut wire = zerocopy::IntoBytes::as_bytes(&FrameHeader::new(Kind::Data(DataKind::Ping), 1, 0, 0)).to_vec();
         let other = PROTOCOL_VERSION + 1;
         wire[4..6].copy_from_slice(&other.to_le_bytes());
         let (_, code, message) = error_for(&node, &wire);
@@ -281,7 +288,7 @@ fn a_client_that_never_reads_cannot_make_the_node_buffer_without_bound() {
         let mut greedy = TcpStream::connect(node.addr).unwrap();
         greedy.set_write_timeout(Some(Duration::from_millis(500))).unwrap();
         let mut head = Vec::new();
-        encode_head(&mut head, 1, &Message::Get { name: "blob".into() }).unwrap();
+        encode_head(&mut head, 1, &Message::Data(DataMessage::Get { name: "blob".into() })).unwrap();
         for _ in 0..200 {
             if greedy.write_all(&head).is_err() {
                 break; // the node stopped reading us: back-pressure reached our socket
@@ -298,7 +305,7 @@ fn a_client_that_never_reads_cannot_make_the_node_buffer_without_bound() {
         greedy.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let (header, message, payload) = read_reply(&mut greedy);
         assert_eq!(header.request_id.get(), 1);
-        assert!(matches!(message, Message::GetReply { .. }));
+        assert!(matches!(message, Message::Data(DataMessage::GetReply { .. })));
         assert_eq!(payload.len(), 4 << 20);
     }
 }
@@ -310,7 +317,7 @@ fn many_clients_that_never_read_cannot_pass_the_global_reply_bound() {
         let mut client = node.client();
         client.put("blob", DType::U8, &[4 << 20], &pattern(4 << 20, 5)).unwrap();
         let mut get = Vec::new();
-        encode_head(&mut get, 1, &Message::Get { name: "blob".into() }).unwrap();
+        encode_head(&mut get, 1, &Message::Data(DataMessage::Get { name: "blob".into() })).unwrap();
         // Eight clients each ask for 64 × 4 MiB and read nothing: each alone stays within its
         // 16 MiB, together they would queue 128 MiB.
         let deaf: Vec<TcpStream> = (0..8)
@@ -344,7 +351,7 @@ fn clients_that_stall_are_closed_and_the_node_keeps_serving() {
         client.put("blob", DType::U8, &[4 << 20], &pattern(4 << 20, 3)).unwrap();
         client.put("small", DType::U8, &[4096], &pattern(4096, 4)).unwrap();
         let mut get = Vec::new();
-        encode_head(&mut get, 1, &Message::Get { name: "blob".into() }).unwrap();
+        encode_head(&mut get, 1, &Message::Data(DataMessage::Get { name: "blob".into() })).unwrap();
 
         // Half a header, then nothing.
         let mut silent = TcpStream::connect(node.addr).unwrap();
@@ -380,7 +387,7 @@ fn clients_that_stall_are_closed_and_the_node_keeps_serving() {
         // a loaded 2-core machine, with this binary's other tests beside it, the client's own
         // 4 MiB put can pause past the 0.4 s timeout mid-frame, be counted, and reconnect.)
         let mut small = Vec::new();
-        encode_head(&mut small, 2, &Message::Get { name: "small".into() }).unwrap();
+        encode_head(&mut small, 2, &Message::Data(DataMessage::Get { name: "small".into() })).unwrap();
         let mut idle = TcpStream::connect(node.addr).unwrap();
         idle.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         let served = |idle: &mut TcpStream| -> bool {

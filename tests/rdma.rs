@@ -489,7 +489,7 @@ fn memory_lent_to_a_call_is_not_read_after_it_returns() {
 fn a_client_that_takes_no_replies_over_rdma_is_bounded_and_closed() {
     use djinn_dataplane::rdma::RdmaChannel;
     use djinn_proto::rdma::SessionConfig;
-    use djinn_proto::{Hello, Limits, Message, encode_head, transports};
+    use djinn_proto::{DataMessage, Hello, Limits, Message, encode_head, transports};
     use std::io::Write;
     let Some(port) = device_port() else { return };
     let node = rdma_node(&port.device, &["--stall-timeout", "2"]);
@@ -508,18 +508,25 @@ fn a_client_that_takes_no_replies_over_rdma_is_bounded_and_closed() {
     stream
         .write_all(&frame(
             1,
-            &Message::Hello(Hello::new(&Limits::default(), transports::TCP | transports::RDMA, "raw")),
+            &Message::Data(DataMessage::Hello(Hello::new(
+                &Limits::default(),
+                transports::TCP | transports::RDMA,
+                "raw",
+            ))),
         ))
         .unwrap();
-    assert!(matches!(support::read_reply(&mut stream).1, Message::HelloAck(_)));
-    stream.write_all(&frame(2, &Message::RdmaConnect(channel.params()))).unwrap();
-    let Message::RdmaAccept(theirs) = support::read_reply(&mut stream).1 else { panic!("no RDMA accept") };
+    assert!(matches!(support::read_reply(&mut stream).1, Message::Data(DataMessage::HelloAck(_))));
+    stream.write_all(&frame(2, &Message::Data(DataMessage::RdmaConnect(channel.params())))).unwrap();
+    let Message::Data(DataMessage::RdmaAccept(theirs)) = support::read_reply(&mut stream).1 else {
+        panic!("no RDMA accept")
+    };
     channel.connect(&theirs).unwrap();
 
     // Gets over TCP, a thousand frames at a time; the replies go over RDMA and are never taken.
     // The node reads no more of them once it holds 1,024 replies (--max-queued's frames): what
     // it read is counted in `frames_in`.
-    let gets: Vec<u8> = (0..1000).flat_map(|i| frame(10 + i, &Message::Get { name: "x".into() })).collect();
+    let gets: Vec<u8> =
+        (0..1000).flat_map(|i| frame(10 + i, &Message::Data(DataMessage::Get { name: "x".into() }))).collect();
     stream.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
     let frames_before = node.stat(&mut other, "frames_in");
     let started = Instant::now();

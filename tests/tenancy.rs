@@ -14,7 +14,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use djinn_client::{Breakpoint, Client, ClientError, ClientOptions, DType, ErrorCode, TensorRef, TensorSource, Value};
-use djinn_proto::{FrameHeader, Hello, Kind, Limits, Message, TensorDesc, encode_head, transports};
+use djinn_proto::{
+    DataKind, DataMessage, FrameHeader, Hello, KeptMessage, Kind, Limits, Message, ModelMessage, TensorDesc,
+    encode_head, transports,
+};
 use support::{Node, archive, closed_within, f32_bytes, read_reply, register, spawn_listening};
 
 const ALICE: &str = "alice-token-0123456789";
@@ -73,16 +76,17 @@ fn only_known_tokens_get_in() {
         wire
     };
     let desc = TensorDesc::new(DType::U8, vec![1 << 20]).unwrap();
-    raw.write_all(&frame(7, &Message::Put { name: "y".into(), tensor: desc }, &vec![0u8; 1 << 20])).unwrap();
+    raw.write_all(&frame(7, &Message::Data(DataMessage::Put { name: "y".into(), tensor: desc }), &vec![0u8; 1 << 20]))
+        .unwrap();
     let (header, reply, _) = read_reply(&mut raw);
     assert_eq!(header.request_id.get(), 7);
-    assert!(matches!(reply, Message::Error { code: ErrorCode::Unauthenticated, .. }), "{reply:?}");
+    assert!(matches!(reply, Message::Data(DataMessage::Error { code: ErrorCode::Unauthenticated, .. })), "{reply:?}");
     let hello = Hello { token: BOB.into(), ..Hello::new(&Limits::default(), transports::TCP, "raw") };
-    raw.write_all(&frame(8, &Message::Hello(hello), &[])).unwrap();
-    assert!(matches!(read_reply(&mut raw).1, Message::HelloAck(_)));
-    raw.write_all(&frame(9, &Message::Get { name: "x".into() }, &[])).unwrap();
+    raw.write_all(&frame(8, &Message::Data(DataMessage::Hello(hello)), &[])).unwrap();
+    assert!(matches!(read_reply(&mut raw).1, Message::Data(DataMessage::HelloAck(_))));
+    raw.write_all(&frame(9, &Message::Data(DataMessage::Get { name: "x".into() }), &[])).unwrap();
     assert!(
-        matches!(read_reply(&mut raw).1, Message::Error { code: ErrorCode::NotFound, .. }),
+        matches!(read_reply(&mut raw).1, Message::Data(DataMessage::Error { code: ErrorCode::NotFound, .. })),
         "bob does not see alice's tensor"
     );
 
@@ -263,9 +267,9 @@ fn quotas_hold_each_tenant_to_its_own() {
         wire
     };
     let hello = Hello { token: DAVE.into(), ..Hello::new(&Limits::default(), transports::TCP, "raw") };
-    raw.write_all(&frame(1, &Message::Hello(hello))).unwrap();
-    assert!(matches!(read_reply(&mut raw).1, Message::HelloAck(_)));
-    let fetch = Message::Fetch { handle: djinn_proto::Handle { id: 1, epoch: 1 } };
+    raw.write_all(&frame(1, &Message::Data(DataMessage::Hello(hello)))).unwrap();
+    assert!(matches!(read_reply(&mut raw).1, Message::Data(DataMessage::HelloAck(_))));
+    let fetch = Message::Kept(KeptMessage::Fetch { handle: djinn_proto::Handle { id: 1, epoch: 1 } });
     raw.write_all(&[frame(2, &fetch), frame(3, &fetch), frame(4, &fetch)].concat()).unwrap();
     let mut replies: Vec<(u64, Message)> = (0..3)
         .map(|_| {
@@ -274,13 +278,16 @@ fn quotas_hold_each_tenant_to_its_own() {
         })
         .collect();
     replies.sort_by_key(|r| r.0);
-    assert!(matches!(replies[0].1, Message::Error { code: ErrorCode::StaleHandle | ErrorCode::NotFound, .. }));
+    assert!(matches!(
+        replies[0].1,
+        Message::Data(DataMessage::Error { code: ErrorCode::StaleHandle | ErrorCode::NotFound, .. })
+    ));
     for (_, reply) in &replies[1..] {
-        assert!(matches!(reply, Message::Error { code: ErrorCode::QuotaExceeded, .. }), "{reply:?}");
+        assert!(matches!(reply, Message::Data(DataMessage::Error { code: ErrorCode::QuotaExceeded, .. })), "{reply:?}");
     }
     raw.write_all(&frame(5, &fetch)).unwrap();
     assert!(
-        !matches!(read_reply(&mut raw).1, Message::Error { code: ErrorCode::QuotaExceeded, .. }),
+        !matches!(read_reply(&mut raw).1, Message::Data(DataMessage::Error { code: ErrorCode::QuotaExceeded, .. })),
         "answered: the next one is let in"
     );
     assert_eq!(node.stat(&mut bob, "quota_refusals"), 4);
@@ -655,8 +662,8 @@ fn connections_before_a_hello_and_idle_ones_are_bounded_and_closed() {
 
     let (mut silent, mut partial, mut announcing) = (Vec::new(), Vec::new(), Vec::new());
     let mut head = Vec::new();
-    encode_head(&mut head, 1, &Message::Get { name: "x".repeat(1000) }).unwrap();
-    let too_large = zerocopy::IntoBytes::as_bytes(&FrameHeader::new(Kind::Get, 1, 1 << 20, 0)).to_vec();
+    encode_head(&mut head, 1, &Message::Data(DataMessage::Get { name: "x".repeat(1000) })).unwrap();
+    let too_large = zerocopy::IntoBytes::as_bytes(&FrameHeader::new(Kind::Data(DataKind::Get), 1, 1 << 20, 0)).to_vec();
     for i in 0..1000u32 {
         let source = std::net::Ipv4Addr::new(127, 0, 1, 1 + (i % 25) as u8);
         let mut stream = connect_from(source, node.addr).unwrap();
@@ -805,19 +812,22 @@ fn a_refused_hello_logs_a_bounded_line_of_the_agent_it_named() {
     let refused_hello = |raw: &mut TcpStream, agent: String| {
         let hello = Hello { token: "not-a-token".into(), ..Hello::new(&Limits::default(), transports::TCP, agent) };
         let mut wire = Vec::new();
-        encode_head(&mut wire, 1, &Message::Hello(hello)).unwrap();
+        encode_head(&mut wire, 1, &Message::Data(DataMessage::Hello(hello))).unwrap();
         raw.write_all(&wire).unwrap();
         let reply = read_reply(raw).1;
-        assert!(matches!(reply, Message::Error { code: ErrorCode::Unauthenticated, .. }), "{reply:?}");
+        assert!(
+            matches!(reply, Message::Data(DataMessage::Error { code: ErrorCode::Unauthenticated, .. })),
+            "{reply:?}"
+        );
     };
     let stranger = line.repeat(80);
     refused_hello(&mut TcpStream::connect(&addr).unwrap(), stranger.clone());
     let mut raw = TcpStream::connect(&addr).unwrap();
     let hello = Hello { token: ALICE.into(), ..Hello::new(&Limits::default(), transports::TCP, "raw") };
     let mut wire = Vec::new();
-    encode_head(&mut wire, 2, &Message::Hello(hello)).unwrap();
+    encode_head(&mut wire, 2, &Message::Data(DataMessage::Hello(hello))).unwrap();
     raw.write_all(&wire).unwrap();
-    assert!(matches!(read_reply(&mut raw).1, Message::HelloAck(_)));
+    assert!(matches!(read_reply(&mut raw).1, Message::Data(DataMessage::HelloAck(_))));
     let tenant = line.repeat(1400);
     refused_hello(&mut raw, tenant.clone());
     let mut alice = Client::connect_with(addr.as_str(), ClientOptions { token: ALICE.into(), ..Default::default() })
@@ -1053,19 +1063,20 @@ fn uploads_are_bounded_per_tenant_and_dropped_when_quiet() {
     mallory.hello(Hello { token: MALLORY.into(), ..Hello::new(&Limits::default(), transports::TCP, "raw") }).unwrap();
     let begin = |conn: &mut ClientConn, seed: u8, blocks: usize| {
         let fingerprint = djinn_client::Fingerprint::of_blocks(&[[seed]]);
-        let message = Message::RegisterBegin { fingerprint, blocks: vec![1 << 30; blocks], public: false };
+        let message =
+            Message::Model(ModelMessage::RegisterBegin { fingerprint, blocks: vec![1 << 30; blocks], public: false });
         match conn.request(&message, &[]).map(|reply| reply.message) {
-            Ok(Message::RegisterReady { upload, registered: false }) => Ok(upload),
+            Ok(Message::Model(ModelMessage::RegisterReady { upload, registered: false })) => Ok(upload),
             Ok(other) => panic!("{other:?}"),
             Err(e) => Err(e.remote_code()),
         }
     };
     let chunk = |conn: &mut ClientConn, upload: u64, offset: u64, bytes: &[u8]| {
-        let message = Message::RegisterChunk {
+        let message = Message::Model(ModelMessage::RegisterChunk {
             upload,
             offset,
             chunk: TensorDesc::new(DType::U8, vec![bytes.len() as u64]).unwrap(),
-        };
+        });
         conn.request(&message, &[bytes]).map(drop).map_err(|e| e.remote_code())
     };
     // Alice's model is charged a page of bookkeeping.

@@ -18,7 +18,7 @@ use anyhow::{Context, Result, bail, ensure};
 use clap::Args;
 use djinn_client::{Client, ClientError, ClientOptions, DType, ErrorCode, Fingerprint, TensorRef, Value};
 use djinn_executor::tch;
-use djinn_proto::{Handle, Message, TensorDesc, encode_head};
+use djinn_proto::{DataMessage, Handle, Message, TensorDesc, encode_head};
 use tch::jit::CModule;
 use tch::{Device, Kind, Tensor, nn, nn::Module};
 
@@ -382,7 +382,8 @@ fn truncated(addr: SocketAddr, sent: usize) -> Result<(), String> {
     let mut stream = TcpStream::connect(addr).map_err(|e| format!("connect: {e}"))?;
     let desc = TensorDesc::new(DType::U8, vec![1 << 20]).map_err(|e| e.to_string())?;
     let mut frame = Vec::new();
-    encode_head(&mut frame, 1, &Message::Put { name: "cut".into(), tensor: desc }).map_err(|e| e.to_string())?;
+    encode_head(&mut frame, 1, &Message::Data(DataMessage::Put { name: "cut".into(), tensor: desc }))
+        .map_err(|e| e.to_string())?;
     frame.resize(frame.len() + sent, 0);
     let _ = stream.write_all(&frame);
     Ok(())

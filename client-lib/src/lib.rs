@@ -23,7 +23,10 @@ pub use djinn_proto::{
     Breakpoint, DType, ErrorCode, Fingerprint, Handle, HandleInfo, Hello, ListEntry, ModelInfo, Signal, TensorDesc,
     TensorSource, Value,
 };
-use djinn_proto::{Frame, Message, Payload, payload_layout, transports};
+use djinn_proto::{
+    BreakpointMessage, DataMessage, Frame, KeptMessage, Message, ModelMessage, Payload, SessionMessage, payload_layout,
+    transports,
+};
 
 pub use cluster::{
     Archive, ClusterClient, ClusterError, ClusterStats, FailoverOptions, RemoteParked, RemoteSession, RemoteTensor,
@@ -255,10 +258,13 @@ impl Client {
         mut progress: impl FnMut(u64, u64),
     ) -> Result<Registration, ClientError> {
         let lens: Vec<u64> = blocks.iter().map(|b| b.as_ref().len() as u64).collect();
-        let reply = self.call(&Message::RegisterBegin { fingerprint, blocks: lens.clone(), public }, &[])?;
+        let reply =
+            self.call(&Message::Model(ModelMessage::RegisterBegin { fingerprint, blocks: lens.clone(), public }), &[])?;
         let upload = match reply.message {
-            Message::RegisterReady { registered: true, .. } => return Ok(Registration { fingerprint, uploaded: None }),
-            Message::RegisterReady { upload, .. } => upload,
+            Message::Model(ModelMessage::RegisterReady { registered: true, .. }) => {
+                return Ok(Registration { fingerprint, uploaded: None });
+            }
+            Message::Model(ModelMessage::RegisterReady { upload, .. }) => upload,
             _ => return Err(unexpected(&self.conn, reply)),
         };
         // An upload belongs to its connection: chunks go without the reconnecting retry.
@@ -267,18 +273,20 @@ impl Client {
         for block in blocks {
             for chunk in block.as_ref().chunks(REGISTER_CHUNK) {
                 let desc = TensorDesc::new(DType::U8, vec![chunk.len() as u64]).map_err(ClientError::Request)?;
-                let message = Message::RegisterChunk { upload, offset, chunk: desc };
+                let message = Message::Model(ModelMessage::RegisterChunk { upload, offset, chunk: desc });
                 let reply = self.conn.request(&message, &[chunk])?;
-                let Message::RegisterProgress { received, .. } = reply.message else {
+                let Message::Model(ModelMessage::RegisterProgress { received, .. }) = reply.message else {
                     return Err(unexpected(&self.conn, reply));
                 };
                 offset = received;
                 progress(received, total);
             }
         }
-        let reply = self.conn.request(&Message::RegisterCommit { upload }, &[])?;
+        let reply = self.conn.request(&Message::Model(ModelMessage::RegisterCommit { upload }), &[])?;
         match reply.message {
-            Message::Registered { model } => Ok(Registration { fingerprint, uploaded: Some(model) }),
+            Message::Model(ModelMessage::Registered { model }) => {
+                Ok(Registration { fingerprint, uploaded: Some(model) })
+            }
             _ => Err(unexpected(&self.conn, reply)),
         }
     }
@@ -312,22 +320,29 @@ impl Client {
         keep: bool,
     ) -> Result<Output, ClientError> {
         let (descs, bytes) = describe(tensors)?;
-        let message =
-            Message::Execute { fingerprint: *fingerprint, tensors: descs, inputs: inputs.to_vec(), keep, until: None };
+        let message = Message::Model(ModelMessage::Execute {
+            fingerprint: *fingerprint,
+            tensors: descs,
+            inputs: inputs.to_vec(),
+            keep,
+            until: None,
+        });
         let reply = self.call(&message, &bytes)?;
         self.output(reply)
     }
 
     fn output(&self, reply: Frame) -> Result<Output, ClientError> {
         match reply.message {
-            Message::ExecuteReply { tensors, output, kept } => output_of(tensors, output, kept, reply.payload),
+            Message::Model(ModelMessage::ExecuteReply { tensors, output, kept }) => {
+                output_of(tensors, output, kept, reply.payload)
+            }
             _ => Err(unexpected(&self.conn, reply)),
         }
     }
 
     fn paused(&self, reply: Frame) -> Result<Paused, ClientError> {
         match reply.message {
-            Message::Paused { parked, block, tensors, activation } => {
+            Message::Breakpoint(BreakpointMessage::Paused { parked, block, tensors, activation }) => {
                 let activation = activation.map(|v| output_of(tensors, v, Vec::new(), reply.payload)).transpose()?;
                 Ok(Paused { parked, block, activation })
             }
@@ -337,7 +352,7 @@ impl Client {
 
     fn resumed(&self, reply: Frame) -> Result<Resumed, ClientError> {
         match reply.message {
-            Message::ExecuteReply { .. } => self.output(reply).map(Resumed::Done),
+            Message::Model(ModelMessage::ExecuteReply { .. }) => self.output(reply).map(Resumed::Done),
             _ => self.paused(reply).map(Resumed::Paused),
         }
     }
@@ -355,13 +370,13 @@ impl Client {
         until: Breakpoint,
     ) -> Result<Paused, ClientError> {
         let (descs, bytes) = describe(tensors)?;
-        let message = Message::Execute {
+        let message = Message::Model(ModelMessage::Execute {
             fingerprint: *fingerprint,
             tensors: descs,
             inputs: inputs.to_vec(),
             keep,
             until: Some(until),
-        };
+        });
         let reply = self.call(&message, &bytes)?;
         self.paused(reply)
     }
@@ -377,21 +392,24 @@ impl Client {
     ) -> Result<Resumed, ClientError> {
         let (value, tensors) = activation.map_or((None, &[][..]), |(v, t)| (Some(v.clone()), t));
         let (descs, bytes) = describe(tensors)?;
-        let reply = self.call(&Message::Resume { parked, tensors: descs, activation: value, until }, &bytes)?;
+        let reply = self.call(
+            &Message::Breakpoint(BreakpointMessage::Resume { parked, tensors: descs, activation: value, until }),
+            &bytes,
+        )?;
         self.resumed(reply)
     }
 
     /// A parked request's activation.
     pub fn inspect(&mut self, parked: Handle) -> Result<Paused, ClientError> {
-        let reply = self.call(&Message::Inspect { parked }, &[])?;
+        let reply = self.call(&Message::Breakpoint(BreakpointMessage::Inspect { parked }), &[])?;
         self.paused(reply)
     }
 
     /// Drops a parked request (a session step parked ends with the state it had before).
     pub fn abort(&mut self, parked: Handle) -> Result<(), ClientError> {
-        let reply = self.call(&Message::Abort { parked }, &[])?;
+        let reply = self.call(&Message::Breakpoint(BreakpointMessage::Abort { parked }), &[])?;
         match reply.message {
-            Message::Aborted => Ok(()),
+            Message::Breakpoint(BreakpointMessage::Aborted) => Ok(()),
             _ => Err(unexpected(&self.conn, reply)),
         }
     }
@@ -406,9 +424,12 @@ impl Client {
         reserve: u64,
     ) -> Result<Handle, ClientError> {
         let (descs, bytes) = describe(state)?;
-        let reply = self.call(&Message::SessionOpen { fingerprint: *fingerprint, state: descs, reserve }, &bytes)?;
+        let reply = self.call(
+            &Message::Session(SessionMessage::Open { fingerprint: *fingerprint, state: descs, reserve }),
+            &bytes,
+        )?;
         match reply.message {
-            Message::SessionOpened { session } => Ok(session),
+            Message::Session(SessionMessage::Opened { session }) => Ok(session),
             _ => Err(unexpected(&self.conn, reply)),
         }
     }
@@ -421,7 +442,8 @@ impl Client {
         tensors: &[TensorRef<'_>],
     ) -> Result<Output, ClientError> {
         let (descs, bytes) = describe(tensors)?;
-        let message = Message::SessionStep { session, tensors: descs, inputs: inputs.to_vec(), until: None };
+        let message =
+            Message::Session(SessionMessage::Step { session, tensors: descs, inputs: inputs.to_vec(), until: None });
         let reply = self.call(&message, &bytes)?;
         self.output(reply)
     }
@@ -437,7 +459,12 @@ impl Client {
         until: Breakpoint,
     ) -> Result<Paused, ClientError> {
         let (descs, bytes) = describe(tensors)?;
-        let message = Message::SessionStep { session, tensors: descs, inputs: inputs.to_vec(), until: Some(until) };
+        let message = Message::Session(SessionMessage::Step {
+            session,
+            tensors: descs,
+            inputs: inputs.to_vec(),
+            until: Some(until),
+        });
         let reply = self.call(&message, &bytes)?;
         self.paused(reply)
     }
@@ -445,18 +472,18 @@ impl Client {
     /// Tells the node what the session's agent does next (it takes effect after the session's
     /// earlier requests; the node answers at once).
     pub fn session_signal(&mut self, session: Handle, signal: Signal) -> Result<(), ClientError> {
-        let reply = self.call(&Message::SessionSignal { session, signal }, &[])?;
+        let reply = self.call(&Message::Session(SessionMessage::Signal { session, signal }), &[])?;
         match reply.message {
-            Message::SessionSignaled => Ok(()),
+            Message::Session(SessionMessage::Signaled) => Ok(()),
             _ => Err(unexpected(&self.conn, reply)),
         }
     }
 
     /// Frees the session's state on the node.
     pub fn session_close(&mut self, session: Handle) -> Result<(), ClientError> {
-        let reply = self.call(&Message::SessionClose { session }, &[])?;
+        let reply = self.call(&Message::Session(SessionMessage::Close { session }), &[])?;
         match reply.message {
-            Message::SessionClosed => Ok(()),
+            Message::Session(SessionMessage::Closed) => Ok(()),
             _ => Err(unexpected(&self.conn, reply)),
         }
     }
@@ -464,27 +491,27 @@ impl Client {
     /// Uploads a tensor to be kept in the node's device memory.
     pub fn keep(&mut self, tensor: TensorRef<'_>) -> Result<HandleInfo, ClientError> {
         let desc = TensorDesc::new(tensor.dtype, tensor.shape.to_vec()).map_err(ClientError::Request)?;
-        let reply = self.call(&Message::Keep { tensor: desc }, &[tensor.bytes])?;
+        let reply = self.call(&Message::Kept(KeptMessage::Keep { tensor: desc }), &[tensor.bytes])?;
         match reply.message {
-            Message::Kept { kept } => Ok(kept),
+            Message::Kept(KeptMessage::Kept { kept }) => Ok(kept),
             _ => Err(unexpected(&self.conn, reply)),
         }
     }
 
     /// The bytes of a tensor kept on the node.
     pub fn fetch(&mut self, handle: Handle) -> Result<Tensor, ClientError> {
-        let reply = self.call(&Message::Fetch { handle }, &[])?;
+        let reply = self.call(&Message::Kept(KeptMessage::Fetch { handle }), &[])?;
         match reply.message {
-            Message::GetReply { tensor } => Ok(Tensor { desc: tensor, data: reply.payload }),
+            Message::Data(DataMessage::GetReply { tensor }) => Ok(Tensor { desc: tensor, data: reply.payload }),
             _ => Err(unexpected(&self.conn, reply)),
         }
     }
 
     /// Frees tensors kept on the node; returns how many it held.
     pub fn release(&mut self, handles: &[Handle]) -> Result<u32, ClientError> {
-        let reply = self.call(&Message::Release { handles: handles.to_vec() }, &[])?;
+        let reply = self.call(&Message::Kept(KeptMessage::Release { handles: handles.to_vec() }), &[])?;
         match reply.message {
-            Message::Released { released } => Ok(released),
+            Message::Kept(KeptMessage::Released { released }) => Ok(released),
             _ => Err(unexpected(&self.conn, reply)),
         }
     }
@@ -495,10 +522,10 @@ impl Client {
     /// nodes), on `grant`, which that node gave for it ([`Self::grant_push`]): the copy is this
     /// tenant's there. Returns its handle there and the path its bytes took.
     pub fn push(&mut self, source: TensorSource, to: &str, grant: &str) -> Result<(HandleInfo, String), ClientError> {
-        let message = Message::Push { source, to: to.to_owned(), grant: grant.to_owned() };
+        let message = Message::Kept(KeptMessage::Push { source, to: to.to_owned(), grant: grant.to_owned() });
         let reply = self.call(&message, &[])?;
         match reply.message {
-            Message::Pushed { kept, path } => Ok((kept, path)),
+            Message::Kept(KeptMessage::Pushed { kept, path }) => Ok((kept, path)),
             _ => Err(unexpected(&self.conn, reply)),
         }
     }
@@ -506,25 +533,25 @@ impl Client {
     /// Asks this node for a one-time grant to receive `tensor` for this tenant, pushed by
     /// another node ([`Self::push`] there); good for a minute.
     pub fn grant_push(&mut self, tensor: &TensorDesc) -> Result<String, ClientError> {
-        let reply = self.call(&Message::PushGrant { tensor: tensor.clone() }, &[])?;
+        let reply = self.call(&Message::Kept(KeptMessage::PushGrant { tensor: tensor.clone() }), &[])?;
         match reply.message {
-            Message::PushGranted { grant } => Ok(grant),
+            Message::Kept(KeptMessage::PushGranted { grant }) => Ok(grant),
             _ => Err(unexpected(&self.conn, reply)),
         }
     }
 
     pub fn unregister_model(&mut self, fingerprint: &Fingerprint) -> Result<(), ClientError> {
-        let reply = self.call(&Message::Unregister { fingerprint: *fingerprint }, &[])?;
+        let reply = self.call(&Message::Model(ModelMessage::Unregister { fingerprint: *fingerprint }), &[])?;
         match reply.message {
-            Message::UnregisterAck => Ok(()),
+            Message::Model(ModelMessage::UnregisterAck) => Ok(()),
             _ => Err(unexpected(&self.conn, reply)),
         }
     }
 
     pub fn list_models(&mut self) -> Result<Vec<ModelInfo>, ClientError> {
-        let reply = self.call(&Message::ListModels, &[])?;
+        let reply = self.call(&Message::Model(ModelMessage::ListModels), &[])?;
         match reply.message {
-            Message::ModelList { models } => Ok(models),
+            Message::Model(ModelMessage::ModelList { models }) => Ok(models),
             _ => Err(unexpected(&self.conn, reply)),
         }
     }
@@ -537,9 +564,9 @@ impl Client {
     /// One round trip; returns its duration.
     pub fn ping(&mut self) -> Result<Duration, ClientError> {
         let start = Instant::now();
-        let reply = self.call(&Message::Ping, &[])?;
+        let reply = self.call(&Message::Data(DataMessage::Ping), &[])?;
         match reply.message {
-            Message::Pong => Ok(start.elapsed()),
+            Message::Data(DataMessage::Pong) => Ok(start.elapsed()),
             _ => Err(unexpected(&self.conn, reply)),
         }
     }
@@ -548,18 +575,18 @@ impl Client {
     /// to the socket from `bytes` itself.
     pub fn put(&mut self, name: &str, dtype: DType, shape: &[u64], bytes: &[u8]) -> Result<bool, ClientError> {
         let tensor = TensorDesc::new(dtype, shape.to_vec()).map_err(ClientError::Request)?;
-        let message = Message::Put { name: name.to_owned(), tensor };
+        let message = Message::Data(DataMessage::Put { name: name.to_owned(), tensor });
         let reply = self.call(&message, &[bytes])?;
         match reply.message {
-            Message::PutAck { replaced } => Ok(replaced),
+            Message::Data(DataMessage::PutAck { replaced }) => Ok(replaced),
             _ => Err(unexpected(&self.conn, reply)),
         }
     }
 
     pub fn get(&mut self, name: &str) -> Result<Tensor, ClientError> {
-        let reply = self.call(&Message::Get { name: name.to_owned() }, &[])?;
+        let reply = self.call(&Message::Data(DataMessage::Get { name: name.to_owned() }), &[])?;
         match reply.message {
-            Message::GetReply { tensor } => Ok(Tensor { desc: tensor, data: reply.payload }),
+            Message::Data(DataMessage::GetReply { tensor }) => Ok(Tensor { desc: tensor, data: reply.payload }),
             _ => Err(unexpected(&self.conn, reply)),
         }
     }
@@ -571,14 +598,17 @@ impl Client {
         if !self.conn.is_usable() {
             self.reconnect()?;
         }
-        let messages: Vec<Message> = names.iter().map(|name| Message::Get { name: (*name).to_owned() }).collect();
+        let messages: Vec<Message> =
+            names.iter().map(|name| Message::Data(DataMessage::Get { name: (*name).to_owned() })).collect();
         let batch: Vec<(&Message, &[&[u8]])> = messages.iter().map(|m| (m, &[][..])).collect();
         let replies = self.conn.request_batch(&batch).inspect_err(|_| self.stats.errors += 1)?;
         let mut out = Vec::with_capacity(replies.len());
         for reply in replies {
             let reply = reply.inspect_err(|_| self.stats.errors += 1)?;
             match reply.message {
-                Message::GetReply { tensor } => out.push(Tensor { desc: tensor, data: reply.payload }),
+                Message::Data(DataMessage::GetReply { tensor }) => {
+                    out.push(Tensor { desc: tensor, data: reply.payload })
+                }
                 _ => return Err(unexpected(&self.conn, reply)),
             }
         }
@@ -586,9 +616,9 @@ impl Client {
     }
 
     pub fn delete(&mut self, name: &str) -> Result<(), ClientError> {
-        let reply = self.call(&Message::Delete { name: name.to_owned() }, &[])?;
+        let reply = self.call(&Message::Data(DataMessage::Delete { name: name.to_owned() }), &[])?;
         match reply.message {
-            Message::DeleteAck => Ok(()),
+            Message::Data(DataMessage::DeleteAck) => Ok(()),
             _ => Err(unexpected(&self.conn, reply)),
         }
     }
@@ -598,8 +628,8 @@ impl Client {
         let mut all = Vec::new();
         let mut after = None;
         loop {
-            let reply = self.call(&Message::List { after: after.take(), limit: u32::MAX }, &[])?;
-            let Message::ListReply { entries, more } = reply.message else {
+            let reply = self.call(&Message::Data(DataMessage::List { after: after.take(), limit: u32::MAX }), &[])?;
+            let Message::Data(DataMessage::ListReply { entries, more }) = reply.message else {
                 return Err(unexpected(&self.conn, reply));
             };
             after = entries.last().map(|e| e.name.clone());
@@ -612,9 +642,9 @@ impl Client {
 
     /// The node's counters, by name.
     pub fn stats(&mut self) -> Result<Vec<(String, u64)>, ClientError> {
-        let reply = self.call(&Message::Stats, &[])?;
+        let reply = self.call(&Message::Data(DataMessage::Stats), &[])?;
         match reply.message {
-            Message::StatsReply { counters } => Ok(counters),
+            Message::Data(DataMessage::StatsReply { counters }) => Ok(counters),
             _ => Err(unexpected(&self.conn, reply)),
         }
     }

@@ -27,7 +27,9 @@ use djinn_dataplane::client::{ClientConn, ClientError, ClientOptions};
 use djinn_dataplane::rdma::RdmaPort;
 use djinn_dataplane::tcp::{ClientTls, Replier, Reply, ReplyTo};
 use djinn_proto::rdma::SessionConfig;
-use djinn_proto::{ErrorCode, Hello, Limits, Message, PROTOCOL_VERSION, SharedBytes, TensorDesc, transports};
+use djinn_proto::{
+    DataMessage, ErrorCode, Hello, KeptMessage, Limits, Message, PROTOCOL_VERSION, SharedBytes, TensorDesc, transports,
+};
 use tch::Tensor;
 
 use crate::convert::OutputTensor;
@@ -260,7 +262,7 @@ fn run(rx: Receiver<PushJob>, tenant: &str, config: &Config) {
             Ok((kept, path)) => {
                 let seconds = started.elapsed().as_secs_f64();
                 tracing::debug!(peer = %to, bytes = kept.tensor.byte_len, seconds, path, "pushed");
-                Reply::message(Message::Pushed { kept, path: path.into() })
+                Reply::message(KeptMessage::Pushed { kept, path: path.into() })
             }
             Err((code, message)) => {
                 tracing::info!(peer = %to, %message, "push failed");
@@ -287,16 +289,17 @@ fn push(
             (desc, std::sync::Arc::new(bytes))
         }
     };
-    let keep = Message::Keep { tensor: desc };
+    let keep = Message::Kept(KeptMessage::Keep { tensor: desc });
     let payload = [bytes.as_ref().as_ref()];
     // A kept connection is opened again by this push's grant: the hello and the tensor go
     // together, one round trip. One found broken (the peer restarted since the last push) is
     // replaced by a new one.
     let reused = match peers.remove(to).filter(|(c, _)| c.is_usable()).map(|(c, _)| c) {
-        Some(mut conn) => match conn
-            .request_two(&Message::Hello(greeting(grant, tenant, config.rdma.is_some())), (&keep, &payload))
-        {
-            Ok((Ok(ack), result)) if matches!(&ack.message, Message::HelloAck(h) if h.protocol_version == PROTOCOL_VERSION) => {
+        Some(mut conn) => match conn.request_two(
+            &Message::Data(DataMessage::Hello(greeting(grant, tenant, config.rdma.is_some()))),
+            (&keep, &payload),
+        ) {
+            Ok((Ok(ack), result)) if matches!(&ack.message, Message::Data(DataMessage::HelloAck(h)) if h.protocol_version == PROTOCOL_VERSION) => {
                 Some((conn, result))
             }
             Ok((Err(ClientError::Remote { code, message, .. }), _)) => return Err(refused_grant(to, code, &message)),
@@ -326,7 +329,7 @@ fn push(
     }
     match result {
         Ok(reply) => match reply.message {
-            Message::Kept { kept } => Ok((kept, path)),
+            Message::Kept(KeptMessage::Kept { kept }) => Ok((kept, path)),
             other => Err((ErrorCode::Internal, format!("the peer at {to} answered a {}", other.kind().name()))),
         },
         Err(ClientError::Remote { code, message, .. }) => {

@@ -10,7 +10,10 @@ use std::time::{Duration, Instant};
 use djinn_auth::{Authenticator, TenantId};
 use djinn_dataplane::tcp::{Replier, Reply, ReplyTo, Service};
 use djinn_memory::{BufferPool, MemoryBudget};
-use djinn_proto::{Archives, ErrorCode, Fingerprint, Frame, Handle, Message, Payload, Refusal, TensorSource};
+use djinn_proto::{
+    Archives, BreakpointMessage, DataMessage, ErrorCode, Fingerprint, Frame, Handle, KeptMessage, Message,
+    ModelMessage, Payload, Refusal, SessionMessage, TensorSource,
+};
 use tch::Device;
 
 use crate::cost::{ComputeMeter, ComputeQuota, Limits};
@@ -186,7 +189,7 @@ impl NodeService {
                 if let Some(id) = end_parked_step(&request, &self.sessions) {
                     self.workers.drain_session(id, request.tenant);
                 }
-                Reply::message(Message::Aborted)
+                Reply::message(BreakpointMessage::Aborted)
             }
             Err(e) => Reply::error(e.code(), e.to_string()),
         }
@@ -235,7 +238,9 @@ impl NodeService {
         // block from a principal without the right is refused when it is loaded, and a
         // TorchScript model the node holds already when it is claimed.
         match self.models().claim(to.tenant, &fingerprint, public, to.torchscript) {
-            Ok(true) => return Reply::message(Message::RegisterReady { upload: 0, registered: true }),
+            Ok(true) => {
+                return Reply::message(ModelMessage::RegisterReady { upload: 0, registered: true });
+            }
             Ok(false) => {}
             Err(e) => return Reply::error(e.code(), e.to_string()),
         }
@@ -260,7 +265,7 @@ impl NodeService {
                 self.next_upload += 1;
                 tracing::info!(model = %fingerprint, bytes = upload.archives.total(), upload = id, "registration started");
                 self.uploads.insert(id, InProgress { upload, last_chunk: Instant::now(), _bookkeeping: bookkeeping });
-                Reply::message(Message::RegisterReady { upload: id, registered: false })
+                Reply::message(ModelMessage::RegisterReady { upload: id, registered: false })
             }
             Err(e) => Reply::error(ErrorCode::BadArchive, e.to_string()),
         }
@@ -285,20 +290,20 @@ impl NodeService {
         if after > before {
             tracing::info!(model = %archives.fingerprint(), received = archives.received(), total = archives.total(), "registration {}%", after * 10);
         }
-        Reply::message(Message::RegisterProgress { received: archives.received(), total: archives.total() })
+        Reply::message(ModelMessage::RegisterProgress { received: archives.received(), total: archives.total() })
     }
 }
 
 impl Service for NodeService {
     fn alloc(&mut self, message: &Message, len: usize, tenant: TenantId) -> Result<Payload, Refusal> {
         match message {
-            Message::Put { .. } => self.tensors.alloc(tenant, len),
+            Message::Data(DataMessage::Put { .. }) => self.tensors.alloc(tenant, len),
             // Archive bytes stay in host memory until the model is loaded: they are charged to
             // the host budget (a model larger than the device streams, so its archive may be
             // larger than the device budget).
             // Each chunk is charged a page besides its bytes: chunks of a byte cannot hold more
             // memory in bookkeeping than they are charged.
-            Message::RegisterChunk { upload, .. } => {
+            Message::Model(ModelMessage::RegisterChunk { upload, .. }) => {
                 if !self.uploads.contains_key(upload) {
                     return Err(Refusal { code: ErrorCode::NotFound, message: format!("no upload {upload}") });
                 }
@@ -307,15 +312,17 @@ impl Service for NodeService {
             // Inputs live for one request, in host memory (copied to the device when it is a GPU);
             // a session's initial state is copied out of it. The host budget bounds what all
             // requests' inputs hold at once.
-            Message::Execute { .. }
-            | Message::SessionStep { .. }
-            | Message::SessionOpen { .. }
-            | Message::Resume { .. } => self.host_alloc(tenant, len, len as u64),
+            Message::Model(ModelMessage::Execute { .. })
+            | Message::Session(SessionMessage::Step { .. })
+            | Message::Session(SessionMessage::Open { .. })
+            | Message::Breakpoint(BreakpointMessage::Resume { .. }) => self.host_alloc(tenant, len, len as u64),
             // A tensor to keep: on the CPU it stays in this buffer, which is charged to the
             // device budget; on a GPU it is copied there (and charged then), so the buffer is
             // only host memory for a while.
-            Message::Keep { .. } if self.device == tch::Device::Cpu => self.tensors.alloc(tenant, len),
-            Message::Keep { .. } => self.host_alloc(tenant, len, len as u64),
+            Message::Kept(KeptMessage::Keep { .. }) if self.device == tch::Device::Cpu => {
+                self.tensors.alloc(tenant, len)
+            }
+            Message::Kept(KeptMessage::Keep { .. }) => self.host_alloc(tenant, len, len as u64),
             other => Err(Refusal {
                 code: ErrorCode::Unexpected,
                 message: format!("a {} request carries no payload", other.kind().name()),
@@ -327,14 +334,17 @@ impl Service for NodeService {
         let Frame { message, payload, .. } = frame;
         let tenant = to.tenant;
         Some(match message {
-            message @ (Message::Put { .. } | Message::Get { .. } | Message::Delete { .. } | Message::List { .. }) => {
-                self.tensors.handle(tenant, message, payload)
-            }
-            Message::RegisterBegin { fingerprint, blocks, public } => {
+            message @ (Message::Data(DataMessage::Put { .. })
+            | Message::Data(DataMessage::Get { .. })
+            | Message::Data(DataMessage::Delete { .. })
+            | Message::Data(DataMessage::List { .. })) => self.tensors.handle(tenant, message, payload),
+            Message::Model(ModelMessage::RegisterBegin { fingerprint, blocks, public }) => {
                 self.register_begin(fingerprint, blocks, public, to)
             }
-            Message::RegisterChunk { upload, offset, .. } => self.register_chunk(upload, offset, payload, to),
-            Message::RegisterCommit { upload: id } => {
+            Message::Model(ModelMessage::RegisterChunk { upload, offset, .. }) => {
+                self.register_chunk(upload, offset, payload, to)
+            }
+            Message::Model(ModelMessage::RegisterCommit { upload: id }) => {
                 match self.uploads.remove(&id).filter(|u| u.upload.connection == to.connection()) {
                     Some(InProgress { upload, .. }) => {
                         self.workers.submit(Job::Load { upload }, to, replier);
@@ -343,7 +353,7 @@ impl Service for NodeService {
                     None => Reply::error(ErrorCode::NotFound, format!("no upload {id} on this connection")),
                 }
             }
-            Message::Execute { fingerprint, tensors, inputs, keep, until } => {
+            Message::Model(ModelMessage::Execute { fingerprint, tensors, inputs, keep, until }) => {
                 match self.models().get(tenant, &fingerprint) {
                     Some(model) => {
                         let inputs = CallInputs { values: inputs, tensors, payload };
@@ -353,7 +363,7 @@ impl Service for NodeService {
                     None => Reply::error(ErrorCode::UnknownModel, format!("no model {fingerprint} on this node")),
                 }
             }
-            Message::Unregister { fingerprint } => {
+            Message::Model(ModelMessage::Unregister { fingerprint }) => {
                 let removed = self.models().remove(tenant, &fingerprint);
                 match removed {
                     // Freeing gigabytes of weights (and a streamer's pinned memory) is a
@@ -362,51 +372,57 @@ impl Service for NodeService {
                         self.workers.submit(Job::Free { model }, to, replier);
                         return None;
                     }
-                    Unregistered::StillShared => Reply::message(Message::UnregisterAck),
+                    Unregistered::StillShared => Reply::message(ModelMessage::UnregisterAck),
                     Unregistered::Unknown => {
                         Reply::error(ErrorCode::UnknownModel, format!("no model {fingerprint} on this node"))
                     }
                 }
             }
-            Message::ListModels if to.operator => {
+            Message::Model(ModelMessage::ListModels) if to.operator => {
                 let name = |t| self.auth.as_ref().and_then(|a| a.name(t)).map(|n| n.to_string());
-                Reply::message(Message::ModelList { models: self.models().list_all(name) })
+                Reply::message(ModelMessage::ModelList { models: self.models().list_all(name) })
             }
-            Message::ListModels => Reply::message(Message::ModelList { models: self.models().list(tenant) }),
-            Message::Keep { tensor } => {
+            Message::Model(ModelMessage::ListModels) => {
+                Reply::message(ModelMessage::ModelList { models: self.models().list(tenant) })
+            }
+            Message::Kept(KeptMessage::Keep { tensor }) => {
                 self.workers.submit(Job::Keep { tensor, payload }, to, replier);
                 return None;
             }
-            Message::Fetch { handle } => {
+            Message::Kept(KeptMessage::Fetch { handle }) => {
                 self.workers.submit(Job::Fetch { handle }, to, replier);
                 return None;
             }
-            Message::Release { handles } => {
-                Reply::message(Message::Released { released: self.handles().release(tenant, &handles) })
+            Message::Kept(KeptMessage::Release { handles }) => {
+                Reply::message(KeptMessage::Released { released: self.handles().release(tenant, &handles) })
             }
-            Message::Push { source, to: peer, grant } => return self.push(source, peer, grant, to, replier),
-            Message::SessionOpen { fingerprint, state, reserve } => match self.models().get(tenant, &fingerprint) {
-                Some(model) => {
-                    self.workers.submit(Job::SessionOpen { model, state, payload, reserve }, to, replier);
-                    return None;
+            Message::Kept(KeptMessage::Push { source, to: peer, grant }) => {
+                return self.push(source, peer, grant, to, replier);
+            }
+            Message::Session(SessionMessage::Open { fingerprint, state, reserve }) => {
+                match self.models().get(tenant, &fingerprint) {
+                    Some(model) => {
+                        self.workers.submit(Job::SessionOpen { model, state, payload, reserve }, to, replier);
+                        return None;
+                    }
+                    None => Reply::error(ErrorCode::UnknownModel, format!("no model {fingerprint} on this node")),
                 }
-                None => Reply::error(ErrorCode::UnknownModel, format!("no model {fingerprint} on this node")),
-            },
-            Message::SessionStep { session, tensors, inputs, until } => {
+            }
+            Message::Session(SessionMessage::Step { session, tensors, inputs, until }) => {
                 let inputs = CallInputs { values: inputs, tensors, payload };
                 let op = Op::Step { inputs, until, to, replier: replier.clone() };
                 return self.enqueue(tenant, session, op);
             }
             // Acknowledged at once: the signal takes effect in its turn, in the background.
-            Message::SessionSignal { session, signal } => {
-                self.enqueue(tenant, session, Op::Signal(signal)).unwrap_or(Reply::message(Message::SessionSignaled))
+            Message::Session(SessionMessage::Signal { session, signal }) => {
+                self.enqueue(tenant, session, Op::Signal(signal)).unwrap_or(Reply::message(SessionMessage::Signaled))
             }
-            Message::SessionClose { session } => {
+            Message::Session(SessionMessage::Close { session }) => {
                 return self.enqueue(tenant, session, Op::Close { to, replier: replier.clone() });
             }
             // The activation a resume replaces is checked here, before anything runs: a
             // mismatch leaves the request parked.
-            Message::Resume { parked: handle, tensors, activation, until } => {
+            Message::Breakpoint(BreakpointMessage::Resume { parked: handle, tensors, activation, until }) => {
                 match self.parked().take_for_resume(tenant, handle, activation.as_ref(), &tensors) {
                     Ok(parked) => {
                         let job = Job::Resume { handle, parked, activation, tensors, payload, until };
@@ -416,14 +432,16 @@ impl Service for NodeService {
                     Err(e) => Reply::error(e.code(), e.to_string()),
                 }
             }
-            Message::Inspect { parked: handle } => match self.parked().activation(tenant, handle) {
-                Ok((activation, block)) => {
-                    self.workers.submit(Job::Inspect { activation, handle, block }, to, replier);
-                    return None;
+            Message::Breakpoint(BreakpointMessage::Inspect { parked: handle }) => {
+                match self.parked().activation(tenant, handle) {
+                    Ok((activation, block)) => {
+                        self.workers.submit(Job::Inspect { activation, handle, block }, to, replier);
+                        return None;
+                    }
+                    Err(e) => Reply::error(e.code(), e.to_string()),
                 }
-                Err(e) => Reply::error(e.code(), e.to_string()),
-            },
-            Message::Abort { parked } => self.abort(tenant, parked),
+            }
+            Message::Breakpoint(BreakpointMessage::Abort { parked }) => self.abort(tenant, parked),
             other => {
                 Reply::error(ErrorCode::Unexpected, format!("a node does not serve {} requests", other.kind().name()))
             }

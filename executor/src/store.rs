@@ -8,7 +8,7 @@ use std::sync::Arc;
 use djinn_auth::TenantId;
 use djinn_dataplane::tcp::Reply;
 use djinn_memory::{BufferPool, HostBuf, MemoryBudget, Reservation};
-use djinn_proto::{ErrorCode, ListEntry, Message, Payload, Refusal, TensorDesc};
+use djinn_proto::{DataMessage, ErrorCode, ListEntry, Message, Payload, Refusal, TensorDesc};
 
 /// A tensor in the store: its descriptor and the received payload it lives in (never copied).
 #[derive(Debug)]
@@ -84,7 +84,7 @@ impl TensorStore {
             Some(old) => self.forget(old),
             None => *self.held.entry(tenant).or_default() += 1,
         }
-        Reply::message(Message::PutAck { replaced: old.is_some() })
+        Reply::message(DataMessage::PutAck { replaced: old.is_some() })
     }
 
     /// Refused when `tenant` holds as many named tensors as one tenant may.
@@ -125,7 +125,7 @@ impl TensorStore {
             size += entry_size;
             entries.push(ListEntry { name: name.clone(), tensor: tensor.desc.clone() });
         }
-        Reply::message(Message::ListReply { entries, more })
+        Reply::message(DataMessage::ListReply { entries, more })
     }
 }
 
@@ -148,22 +148,22 @@ impl TensorStore {
     /// Answers `tenant`'s put, get, delete and list.
     pub fn handle(&mut self, tenant: TenantId, message: Message, payload: Option<Payload>) -> Reply {
         match (message, payload) {
-            (Message::Put { name, tensor }, Some(data)) => self.put(tenant, name, tensor, data),
+            (Message::Data(DataMessage::Put { name, tensor }), Some(data)) => self.put(tenant, name, tensor, data),
             // An empty tensor has no payload bytes.
-            (Message::Put { name, tensor }, None) => {
+            (Message::Data(DataMessage::Put { name, tensor }), None) => {
                 self.put(tenant, name, tensor, Payload { buf: HostBuf::empty(), reservation: None })
             }
-            (Message::Get { name }, _) => {
+            (Message::Data(DataMessage::Get { name }), _) => {
                 let key = (tenant, name);
                 match self.tensors.get(&key) {
                     Some(tensor) => Reply {
-                        message: Message::GetReply { tensor: tensor.desc.clone() },
+                        message: Message::Data(DataMessage::GetReply { tensor: tensor.desc.clone() }),
                         tensors: vec![Arc::clone(tensor) as _],
                     },
                     None => Reply::error(ErrorCode::NotFound, format!("no tensor named {:?}", key.1)),
                 }
             }
-            (Message::Delete { name }, _) => {
+            (Message::Data(DataMessage::Delete { name }), _) => {
                 let key = (tenant, name);
                 match self.tensors.remove(&key) {
                     Some(old) => {
@@ -174,12 +174,12 @@ impl TensorStore {
                                 n.remove();
                             }
                         }
-                        Reply::message(Message::DeleteAck)
+                        Reply::message(DataMessage::DeleteAck)
                     }
                     None => Reply::error(ErrorCode::NotFound, format!("no tensor named {:?}", key.1)),
                 }
             }
-            (Message::List { after, limit }, _) => self.list(tenant, after, limit),
+            (Message::Data(DataMessage::List { after, limit }), _) => self.list(tenant, after, limit),
             (message, _) => Reply::error(
                 ErrorCode::Unexpected,
                 format!("the tensor store does not serve {} requests", message.kind().name()),

@@ -11,7 +11,10 @@ use std::time::{Duration, Instant};
 
 use djinn_auth::TenantId;
 use djinn_dataplane::tcp::{Replier, Reply, ReplyTo};
-use djinn_proto::{Breakpoint, Handle, Message, Payload, SharedBytes, TensorDesc, Value};
+use djinn_proto::{
+    Breakpoint, BreakpointMessage, DataMessage, Handle, KeptMessage, Message, ModelMessage, Payload, SessionMessage,
+    SharedBytes, TensorDesc, Value,
+};
 use tch::jit::IValue;
 use tch::{Device, Tensor};
 
@@ -325,7 +328,7 @@ fn work(scheduler: &Scheduler, shared: &Shared) {
             Job::Load { upload } => load(upload, device, models),
             Job::Free { model } => {
                 drop(model);
-                Ok(Reply::message(Message::UnregisterAck))
+                Ok(Reply::message(ModelMessage::UnregisterAck))
             }
             Job::Keep { tensor, payload } => keep(tenant, &tensor, payload, device, handles),
             Job::Fetch { handle } => fetch(tenant, handle, handles),
@@ -400,7 +403,7 @@ fn session_next(id: u64, shared: &Shared) -> bool {
         Op::Close { to, replier } => {
             let after = shared.sessions.queues().close(id);
             sessions.locked().close(id);
-            replier.send(to, Reply::message(Message::SessionClosed));
+            replier.send(to, Reply::message(SessionMessage::Closed));
             for op in after {
                 if let Op::Step { to, replier, .. } | Op::Close { to, replier } = op {
                     let e = ExecError::Internal(format!("session {id} was closed before this request"));
@@ -492,7 +495,7 @@ impl Run {
         let mut outputs = Outputs::new(self.payload, self.keep.then_some((&*shared.handles, self.tenant)));
         let output = outputs.value(output).inspect_err(|_| outputs.release_kept())?;
         Ok(Reply {
-            message: Message::ExecuteReply { tensors: outputs.descs, output, kept: outputs.kept },
+            message: Message::Model(ModelMessage::ExecuteReply { tensors: outputs.descs, output, kept: outputs.kept }),
             tensors: outputs.tensors.into_iter().map(|t| Arc::new(t) as SharedBytes).collect(),
         })
     }
@@ -549,7 +552,12 @@ impl Sent {
 
 fn paused(parked: Handle, block: usize, sent: Sent) -> Reply {
     Reply {
-        message: Message::Paused { parked, block: block as u32, tensors: sent.descs, activation: sent.value },
+        message: Message::Breakpoint(BreakpointMessage::Paused {
+            parked,
+            block: block as u32,
+            tensors: sent.descs,
+            activation: sent.value,
+        }),
         tensors: sent.tensors,
     }
 }
@@ -688,7 +696,7 @@ fn open_session(
     }
     let session = sessions.table.locked().open(tenant, model, state, reserve)?;
     sessions.queues().insert(session, tenant);
-    Ok(Reply::message(Message::SessionOpened { session }))
+    Ok(Reply::message(SessionMessage::Opened { session }))
 }
 
 fn execute(
@@ -735,13 +743,16 @@ fn keep(
         }
         _ => table.keep(tenant, tensor)?,
     };
-    Ok(Reply::message(Message::Kept { kept }))
+    Ok(Reply::message(KeptMessage::Kept { kept }))
 }
 
 fn fetch(tenant: TenantId, handle: Handle, handles: &Mutex<HandleTable>) -> Result<Reply, ExecError> {
     let (tensor, _) = handles.locked().get(tenant, handle)?;
     let (bytes, desc) = OutputTensor::new(tensor, None)?;
-    Ok(Reply { message: Message::GetReply { tensor: desc }, tensors: vec![Arc::new(bytes) as SharedBytes] })
+    Ok(Reply {
+        message: Message::Data(DataMessage::GetReply { tensor: desc }),
+        tensors: vec![Arc::new(bytes) as SharedBytes],
+    })
 }
 
 fn load(upload: Upload, device: Device, models: &Mutex<ModelStore>) -> Result<Reply, ExecError> {
@@ -749,7 +760,7 @@ fn load(upload: Upload, device: Device, models: &Mutex<ModelStore>) -> Result<Re
     let fingerprint = upload.archives.fingerprint();
     let model = crate::models::load(upload, device, models)?;
     tracing::info!(model = %fingerprint, weight_bytes = model.weight_bytes, seconds = started.elapsed().as_secs_f64(), "model loaded");
-    Ok(Reply::message(Message::Registered { model: model.info() }))
+    Ok(Reply::message(ModelMessage::Registered { model: model.info() }))
 }
 
 #[cfg(test)]

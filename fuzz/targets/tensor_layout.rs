@@ -13,8 +13,8 @@
 //! else the next 8 bytes). Byte 0 picks the limits: bit 0 set, no payload limit at all.
 
 use djinn_proto::{
-    DType, Fingerprint, Kind, Limits, Message, TENSOR_ALIGN, TensorDesc, check_tensor_lens, paddings, payload_layout,
-    payload_len,
+    DType, Fingerprint, Kind, Limits, Message, ModelKind, ModelMessage, TENSOR_ALIGN, TensorDesc, check_tensor_lens,
+    paddings, payload_layout, payload_len,
 };
 
 struct Input<'a>(&'a [u8]);
@@ -115,18 +115,18 @@ pub fn run(data: &[u8]) {
     if end.is_none() {
         return;
     }
-    let message = Message::Execute {
+    let message = Message::Model(ModelMessage::Execute {
         fingerprint: Fingerprint([0; 32]),
         tensors: valid.clone(),
         inputs: Vec::new(),
         keep: false,
         until: None,
-    };
+    });
     let mut meta = Vec::new();
     message.encode(&mut meta);
     let wide = Limits { max_meta: u32::MAX, ..limits };
-    match Message::decode(Kind::Execute, &meta, &wide) {
-        Ok(Message::Execute { tensors, .. }) => assert_eq!(tensors, valid),
+    match Message::decode(Kind::Model(ModelKind::Execute), &meta, &wide) {
+        Ok(Message::Model(ModelMessage::Execute { tensors, .. })) => assert_eq!(tensors, valid),
         other => panic!("an Execute of valid descriptors does not decode: {other:?}"),
     }
 }

@@ -5,7 +5,7 @@
 use std::io::Read;
 
 use super::codec::Payload;
-use super::message::Fingerprint;
+use crate::Fingerprint;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ArchiveError {

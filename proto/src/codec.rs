@@ -18,8 +18,9 @@ use djinn_memory::HostBuf;
 use djinn_memory::Reservation;
 
 use super::error::{ErrorCode, ProtocolError};
-use super::header::{FrameHeader, HEADER_LEN, Kind};
+use super::header::{FrameHeader, HEADER_LEN};
 use super::limits::Limits;
+use super::message::Kind;
 use super::message::Message;
 use super::tensor::{self, check_tensor_lens, paddings};
 

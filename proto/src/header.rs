@@ -13,6 +13,7 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 use super::error::ProtocolError;
 use super::limits::Limits;
+use super::message::Kind;
 
 pub const MAGIC: [u8; 4] = *b"DJNN";
 /// 2: tensors kept on the node (handles, keep, fetch, release, push); 3: sessions; 4:
@@ -74,80 +75,4 @@ impl FrameHeader {
         }
         Ok(())
     }
-}
-
-macro_rules! kinds {
-    ($($(#[$doc:meta])* $name:ident = $code:literal,)*) => {
-        /// Message kinds. 0x0001..0x00ff belong to the data plane; 0x0100..0x01ff are kept for
-        /// the executor's kinds (register, execute, sessions, breakpoints).
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-        pub enum Kind { $($(#[$doc])* $name,)* }
-
-        impl Kind {
-            pub fn to_wire(self) -> u16 {
-                match self { $(Kind::$name => $code,)* }
-            }
-
-            pub fn from_wire(code: u16) -> Option<Self> {
-                match code { $($code => Some(Kind::$name),)* _ => None }
-            }
-
-            pub fn name(self) -> &'static str {
-                match self { $(Kind::$name => stringify!($name),)* }
-            }
-        }
-    };
-}
-
-kinds! {
-    Hello = 0x01,
-    HelloAck = 0x02,
-    Ping = 0x03,
-    Pong = 0x04,
-    Put = 0x05,
-    PutAck = 0x06,
-    Get = 0x07,
-    GetReply = 0x08,
-    Delete = 0x09,
-    DeleteAck = 0x0a,
-    List = 0x0b,
-    ListReply = 0x0c,
-    Stats = 0x0d,
-    StatsReply = 0x0e,
-    Error = 0x0f,
-    RdmaConnect = 0x10,
-    RdmaAccept = 0x11,
-    RegisterBegin = 0x101,
-    RegisterReady = 0x102,
-    RegisterChunk = 0x103,
-    RegisterProgress = 0x104,
-    RegisterCommit = 0x105,
-    Registered = 0x106,
-    Execute = 0x107,
-    ExecuteReply = 0x108,
-    Unregister = 0x109,
-    UnregisterAck = 0x10a,
-    ListModels = 0x10b,
-    ModelList = 0x10c,
-    Keep = 0x10d,
-    Kept = 0x10e,
-    Fetch = 0x10f,
-    Release = 0x110,
-    Released = 0x111,
-    Push = 0x112,
-    Pushed = 0x113,
-    SessionOpen = 0x114,
-    SessionOpened = 0x115,
-    SessionStep = 0x116,
-    SessionSignal = 0x117,
-    SessionSignaled = 0x118,
-    SessionClose = 0x119,
-    SessionClosed = 0x11a,
-    Paused = 0x11b,
-    Resume = 0x11c,
-    Inspect = 0x11d,
-    Abort = 0x11e,
-    Aborted = 0x11f,
-    PushGrant = 0x120,
-    PushGranted = 0x121,
 }

@@ -18,12 +18,14 @@ pub use codec::{
     SharedBytes, ZEROS, append_head, decode_body, encode_head, unsent_slices,
 };
 pub use error::{ErrorCode, ProtocolError};
-pub use header::{FrameHeader, HEADER_LEN, Kind, MAGIC, PROTOCOL_VERSION};
+pub use header::{FrameHeader, HEADER_LEN, MAGIC, PROTOCOL_VERSION};
 pub use limits::{Limits, MAX_META_BEFORE_HELLO};
-pub use message::{
-    Breakpoint, Fingerprint, HandleInfo, Hello, ListEntry, Message, ModelInfo, RdmaParams, Signal, TensorSource,
-    transports,
-};
+pub use message::breakpoints::{Breakpoint, BreakpointKind, BreakpointMessage};
+pub use message::data::{DataKind, DataMessage, Hello, ListEntry, RdmaParams, transports};
+pub use message::kept::{HandleInfo, KeptKind, KeptMessage, TensorSource};
+pub use message::models::{Fingerprint, ModelInfo, ModelKind, ModelMessage};
+pub use message::sessions::{SessionKind, SessionMessage, Signal};
+pub use message::{Kind, Message};
 pub use tensor::{DType, TENSOR_ALIGN, TensorDesc, check_tensor_lens, paddings, payload_layout, payload_len};
 pub use value::{Handle, MAX_VALUE_DEPTH, Value};
 

@@ -5,8 +5,10 @@ use std::sync::Arc;
 
 use djinn_memory::HostBuf;
 use proptest::prelude::*;
+use proptest::strategy::ValueTree;
 
 use super::*;
+use crate::message::{breakpoints, data, kept, models, sessions};
 
 struct PlainAlloc {
     limits: Limits,
@@ -67,7 +69,7 @@ fn staging_fits_the_limits_and_shrinks_after_a_large_metadata_section() {
     let before_hello = Limits { max_meta: 4096, ..Limits::default() };
     let mut reader = FrameReader::new(before_hello);
     assert!(reader.staging_capacity() <= HEADER_LEN + 4096, "{}", reader.staging_capacity());
-    let head = FrameHeader::new(Kind::Put, 1, 1 << 20, 0);
+    let head = FrameHeader::new(Kind::Data(DataKind::Put), 1, 1 << 20, 0);
     let events = feed_into(&mut reader, before_hello, zerocopy::IntoBytes::as_bytes(&head), &[64]);
     assert!(matches!(events[..], [RecvEvent::Fatal(ProtocolError::MetaTooLarge { .. })]), "{events:?}");
     assert!(reader.staging_capacity() <= HEADER_LEN + 4096);
@@ -77,7 +79,7 @@ fn staging_fits_the_limits_and_shrinks_after_a_large_metadata_section() {
     reader.set_limits(limits);
     assert_eq!(reader.staging_capacity(), STAGING_LEN);
     let meta_len = 300_000;
-    let mut wire = zerocopy::IntoBytes::as_bytes(&FrameHeader::new(Kind::Put, 1, meta_len, 0)).to_vec();
+    let mut wire = zerocopy::IntoBytes::as_bytes(&FrameHeader::new(Kind::Data(DataKind::Put), 1, meta_len, 0)).to_vec();
     wire.resize(wire.len() + meta_len as usize, 0xff);
     let events = feed_into(&mut reader, limits, &wire, &[1 << 16]);
     assert!(matches!(events[..], [RecvEvent::Rejected { request_id: 1, .. }]), "{events:?}");
@@ -98,50 +100,22 @@ fn dtype() -> impl Strategy<Value = DType> {
     prop::sample::select(DType::ALL)
 }
 
-fn tensor() -> impl Strategy<Value = TensorDesc> {
+pub(crate) fn tensor() -> impl Strategy<Value = TensorDesc> {
     (dtype(), prop::collection::vec(0u64..6, 0..4)).prop_map(|(d, shape)| TensorDesc::new(d, shape).unwrap())
 }
 
-fn name() -> impl Strategy<Value = String> {
+pub(crate) fn tensors() -> impl Strategy<Value = Vec<TensorDesc>> {
+    prop::collection::vec(tensor(), 0..4)
+}
+
+pub(crate) fn name() -> impl Strategy<Value = String> {
     "[a-zA-Z0-9_./é-]{0,24}"
-}
-
-fn hello() -> impl Strategy<Value = Hello> {
-    (any::<u32>(), any::<u32>(), any::<u64>(), name(), "(staging|)", name(), name()).prop_map(
-        |(transports, max_meta, max_payload, agent, memory_path, token, tenant)| Hello {
-            protocol_version: PROTOCOL_VERSION,
-            transports,
-            max_meta,
-            max_payload,
-            agent,
-            memory_path,
-            token,
-            tenant,
-        },
-    )
-}
-
-fn fingerprint() -> impl Strategy<Value = Fingerprint> {
-    any::<[u8; 32]>().prop_map(Fingerprint)
-}
-
-fn model_info() -> impl Strategy<Value = ModelInfo> {
-    let owners = prop::collection::vec("[a-z]{1,8}", 0..3);
-    (fingerprint(), any::<u32>(), any::<u64>(), "(cpu|cuda:[0-7])", any::<u64>(), owners).prop_map(
-        |(fingerprint, blocks, weight_bytes, device, executions, owners)| ModelInfo {
-            fingerprint,
-            blocks,
-            weight_bytes,
-            device,
-            executions,
-            owners,
-        },
-    )
 }
 
 /// A nested value whose tensor indices are below `tensors` (finite floats: NaN is not equal
 /// to itself).
-fn value(tensors: u32) -> impl Strategy<Value = Value> {
+pub(crate) fn value(tensors: usize) -> impl Strategy<Value = Value> {
+    let tensors = tensors as u32;
     let leaf = prop_oneof![
         Just(Value::None),
         any::<i64>().prop_map(Value::Int),
@@ -161,146 +135,50 @@ fn value(tensors: u32) -> impl Strategy<Value = Value> {
     })
 }
 
-fn handle() -> impl Strategy<Value = Handle> {
+/// Values whose tensor indices are below `tensors`.
+pub(crate) fn values(tensors: usize) -> impl Strategy<Value = Vec<Value>> {
+    prop::collection::vec(value(tensors), 0..4)
+}
+
+pub(crate) fn handle() -> impl Strategy<Value = Handle> {
     (any::<u64>(), any::<u64>()).prop_map(|(id, epoch)| Handle { id, epoch })
 }
 
-fn handle_info() -> impl Strategy<Value = HandleInfo> {
-    (handle(), tensor()).prop_map(|(handle, tensor)| HandleInfo { handle, tensor })
-}
-
-fn kept_message() -> impl Strategy<Value = Message> {
-    prop_oneof![
-        tensor().prop_map(|tensor| Message::Keep { tensor }),
-        handle_info().prop_map(|kept| Message::Kept { kept }),
-        handle().prop_map(|handle| Message::Fetch { handle }),
-        prop::collection::vec(handle(), 0..5).prop_map(|handles| Message::Release { handles }),
-        any::<u32>().prop_map(|released| Message::Released { released }),
-        (prop_oneof![name().prop_map(TensorSource::Named), handle().prop_map(TensorSource::Handle)], name(), name())
-            .prop_map(|(source, to, grant)| Message::Push { source, to, grant }),
-        tensor().prop_map(|tensor| Message::PushGrant { tensor }),
-        name().prop_map(|grant| Message::PushGranted { grant }),
-        (handle_info(), name()).prop_map(|(kept, path)| Message::Pushed { kept, path }),
-    ]
-}
-
-fn session_message() -> impl Strategy<Value = Message> {
-    let signal = prop_oneof![
-        prop::option::of(any::<u32>()).prop_map(|resume_in_ms| Signal::IoWait { resume_in_ms }),
-        Just(Signal::Compute),
-    ];
-    prop_oneof![
-        (fingerprint(), prop::collection::vec(tensor(), 0..4), any::<u64>())
-            .prop_map(|(fingerprint, state, reserve)| Message::SessionOpen { fingerprint, state, reserve }),
-        handle().prop_map(|session| Message::SessionOpened { session }),
-        (handle(), prop::collection::vec(tensor(), 0..4))
-            .prop_flat_map(|(h, tensors)| {
-                let n = tensors.len() as u32;
-                (Just(h), Just(tensors), prop::collection::vec(value(n), 0..4), breakpoint())
-            })
-            .prop_map(|(session, tensors, inputs, until)| Message::SessionStep { session, tensors, inputs, until }),
-        (handle(), signal).prop_map(|(session, signal)| Message::SessionSignal { session, signal }),
-        Just(Message::SessionSignaled),
-        handle().prop_map(|session| Message::SessionClose { session }),
-        Just(Message::SessionClosed),
-    ]
-}
-
-fn breakpoint() -> impl Strategy<Value = Option<Breakpoint>> {
-    prop::option::of(
-        (any::<u32>(), any::<bool>()).prop_map(|(block, send_activation)| Breakpoint { block, send_activation }),
-    )
-}
-
-fn breakpoint_message() -> impl Strategy<Value = Message> {
-    let with_value = |tensors: Vec<TensorDesc>| {
-        let n = tensors.len() as u32;
-        (Just(tensors), prop::option::of(value(n)))
-    };
-    prop_oneof![
-        (handle(), any::<u32>(), prop::collection::vec(tensor(), 0..4).prop_flat_map(with_value))
-            .prop_map(|(parked, block, (tensors, activation))| Message::Paused { parked, block, tensors, activation }),
-        (handle(), prop::collection::vec(tensor(), 0..4).prop_flat_map(with_value), breakpoint())
-            .prop_map(|(parked, (tensors, activation), until)| Message::Resume { parked, tensors, activation, until }),
-        handle().prop_map(|parked| Message::Inspect { parked }),
-        handle().prop_map(|parked| Message::Abort { parked }),
-        Just(Message::Aborted),
-    ]
-}
-
-fn rdma_params() -> impl Strategy<Value = RdmaParams> {
-    (any::<u32>(), any::<u32>(), any::<[u8; 16]>(), any::<u32>(), any::<u32>(), any::<u32>()).prop_map(
-        |(qp_number, psn, gid, mtu, slots, slot_size)| RdmaParams { qp_number, psn, gid, mtu, slots, slot_size },
-    )
-}
-
-fn model_message() -> impl Strategy<Value = Message> {
-    prop_oneof![
-        rdma_params().prop_map(Message::RdmaConnect),
-        rdma_params().prop_map(Message::RdmaAccept),
-        (fingerprint(), prop::collection::vec(any::<u64>(), 0..5), any::<bool>())
-            .prop_map(|(fingerprint, blocks, public)| Message::RegisterBegin { fingerprint, blocks, public }),
-        (any::<u64>(), any::<bool>()).prop_map(|(upload, registered)| Message::RegisterReady { upload, registered }),
-        (any::<u64>(), any::<u64>(), 0u64..300).prop_map(|(upload, offset, n)| Message::RegisterChunk {
-            upload,
-            offset,
-            chunk: TensorDesc::new(DType::U8, vec![n]).unwrap()
-        }),
-        (any::<u64>(), any::<u64>()).prop_map(|(received, total)| Message::RegisterProgress { received, total }),
-        any::<u64>().prop_map(|upload| Message::RegisterCommit { upload }),
-        model_info().prop_map(|model| Message::Registered { model }),
-        (fingerprint(), prop::collection::vec(tensor(), 0..4))
-            .prop_flat_map(|(f, tensors)| {
-                let n = tensors.len() as u32;
-                (Just(f), Just(tensors), prop::collection::vec(value(n), 0..4), any::<bool>(), breakpoint())
-            })
-            .prop_map(|(fingerprint, tensors, inputs, keep, until)| Message::Execute {
-                fingerprint,
-                tensors,
-                inputs,
-                keep,
-                until
-            }),
-        prop::collection::vec(tensor(), 0..4)
-            .prop_flat_map(|tensors| {
-                let n = tensors.len() as u32;
-                (Just(tensors), value(n), prop::collection::vec(handle_info(), 0..3))
-            })
-            .prop_map(|(tensors, output, kept)| Message::ExecuteReply { tensors, output, kept }),
-        fingerprint().prop_map(|fingerprint| Message::Unregister { fingerprint }),
-        Just(Message::UnregisterAck),
-        Just(Message::ListModels),
-        prop::collection::vec(model_info(), 0..3).prop_map(|models| Message::ModelList { models }),
-    ]
-}
-
+/// Any message of any family; each family's file says how to make its own.
 fn message() -> impl Strategy<Value = Message> {
     prop_oneof![
-        model_message(),
-        kept_message(),
-        session_message(),
-        breakpoint_message(),
-        hello().prop_map(Message::Hello),
-        hello().prop_map(Message::HelloAck),
-        Just(Message::Ping),
-        Just(Message::Pong),
-        (name(), tensor()).prop_map(|(name, tensor)| Message::Put { name, tensor }),
-        any::<bool>().prop_map(|replaced| Message::PutAck { replaced }),
-        name().prop_map(|name| Message::Get { name }),
-        tensor().prop_map(|tensor| Message::GetReply { tensor }),
-        name().prop_map(|name| Message::Delete { name }),
-        Just(Message::DeleteAck),
-        (prop::option::of(name()), any::<u32>()).prop_map(|(after, limit)| Message::List { after, limit }),
-        (prop::collection::vec((name(), tensor()), 0..5), any::<bool>()).prop_map(|(entries, more)| {
-            Message::ListReply {
-                entries: entries.into_iter().map(|(name, tensor)| ListEntry { name, tensor }).collect(),
-                more,
-            }
-        }),
-        Just(Message::Stats),
-        prop::collection::vec((name(), any::<u64>()), 0..5).prop_map(|counters| Message::StatsReply { counters }),
-        (1u16..40, ".{0,40}").prop_map(|(code, message)| Message::Error { code: ErrorCode::from_wire(code), message }),
+        data::arbitrary().prop_map(Message::Data),
+        models::arbitrary().prop_map(Message::Model),
+        kept::arbitrary().prop_map(Message::Kept),
+        sessions::arbitrary().prop_map(Message::Session),
+        breakpoints::arbitrary().prop_map(Message::Breakpoint),
     ]
+}
+
+/// Every kind can be made by [`message`], so the round trips below cover it.
+#[test]
+fn every_kind_is_generated() {
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let strategy = message();
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..20_000 {
+        seen.insert(strategy.new_tree(&mut runner).unwrap().current().kind());
+    }
+    let missing: Vec<_> = Kind::all().filter(|k| !seen.contains(k)).map(Kind::name).collect();
+    assert!(missing.is_empty(), "no strategy makes {missing:?}");
+}
+
+/// The families' wire codes are one space: each kind has its own code, and reads back as itself.
+#[test]
+fn kinds_are_one_space() {
+    let mut codes = std::collections::HashMap::new();
+    for kind in Kind::all() {
+        if let Some(other) = codes.insert(kind.to_wire(), kind) {
+            panic!("{} and {} share the code {:#x}", other.name(), kind.name(), kind.to_wire());
+        }
+        assert_eq!(Kind::from_wire(kind.to_wire()), Some(kind));
+    }
+    assert!(Kind::from_wire(0).is_none());
 }
 
 /// A message with random bytes for each of its tensors.
@@ -393,11 +271,11 @@ proptest! {
     /// frame after it is still read.
     #[test]
     fn garbage_metadata_is_refused_and_the_stream_goes_on(kind in 1u16..0x20, meta in prop::collection::vec(any::<u8>(), 0..64)) {
-        let header = FrameHeader::new(Kind::Ping, 9, meta.len() as u32, 0);
+        let header = FrameHeader::new(Kind::Data(DataKind::Ping), 9, meta.len() as u32, 0);
         let mut wire = zerocopy::IntoBytes::as_bytes(&header).to_vec();
         wire[6..8].copy_from_slice(&kind.to_le_bytes());
         wire.extend(&meta);
-        wire.extend(frame_bytes(&out_frame(10, &Message::Ping, &[])));
+        wire.extend(frame_bytes(&out_frame(10, &Message::Data(DataMessage::Ping), &[])));
         let events = feed(Limits::default(), &wire, &[7]);
         match events.first() {
             Some(RecvEvent::Frame(f)) => prop_assert_eq!(f.request_id, 9),
@@ -405,7 +283,7 @@ proptest! {
             other => prop_assert!(false, "{:?}", other),
         }
         prop_assert_eq!(events.len(), 2);
-        check_frame(&events[1], 10, &Message::Ping, &[])?;
+        check_frame(&events[1], 10, &Message::Data(DataMessage::Ping), &[])?;
     }
 }
 
@@ -415,13 +293,13 @@ fn header_bytes(header: FrameHeader) -> Vec<u8> {
 
 #[test]
 fn bad_magic_and_version_are_fatal_and_named() {
-    let mut wire = header_bytes(FrameHeader::new(Kind::Ping, 1, 0, 0));
+    let mut wire = header_bytes(FrameHeader::new(Kind::Data(DataKind::Ping), 1, 0, 0));
     wire[0] = b'X';
     let events = feed(Limits::default(), &wire, &[100]);
     assert!(matches!(events.as_slice(), [RecvEvent::Fatal(ProtocolError::BadMagic { .. })]));
 
     let theirs = PROTOCOL_VERSION + 1;
-    let mut header = FrameHeader::new(Kind::Ping, 1, 0, 0);
+    let mut header = FrameHeader::new(Kind::Data(DataKind::Ping), 1, 0, 0);
     header.version = theirs.into();
     let events = feed(Limits::default(), &header_bytes(header), &[100]);
     let [RecvEvent::Fatal(e)] = events.as_slice() else { panic!("{events:?}") };
@@ -437,9 +315,9 @@ fn bad_magic_and_version_are_fatal_and_named() {
 fn lengths_over_the_limits_are_refused_before_allocation() {
     let limits = Limits { max_payload: 1 << 20, max_meta: 256, ..Limits::default() };
     // PlainAlloc panics if asked for more than the limit.
-    let events = feed(limits, &header_bytes(FrameHeader::new(Kind::Put, 1, 10, (1 << 20) + 1)), &[64]);
+    let events = feed(limits, &header_bytes(FrameHeader::new(Kind::Data(DataKind::Put), 1, 10, (1 << 20) + 1)), &[64]);
     assert!(matches!(events.as_slice(), [RecvEvent::Fatal(ProtocolError::FrameTooLarge { .. })]));
-    let events = feed(limits, &header_bytes(FrameHeader::new(Kind::Put, 1, 257, 0)), &[64]);
+    let events = feed(limits, &header_bytes(FrameHeader::new(Kind::Data(DataKind::Put), 1, 257, 0)), &[64]);
     assert!(matches!(events.as_slice(), [RecvEvent::Fatal(ProtocolError::MetaTooLarge { .. })]));
 }
 
@@ -447,7 +325,7 @@ fn lengths_over_the_limits_are_refused_before_allocation() {
 fn a_payload_of_exactly_the_limit_is_accepted() {
     let limits = Limits { max_payload: 1 << 16, ..Limits::default() };
     let tensor = TensorDesc::new(DType::U8, vec![1 << 16]).unwrap();
-    let message = Message::Put { name: "x".into(), tensor };
+    let message = Message::Data(DataMessage::Put { name: "x".into(), tensor });
     let payload = vec![vec![3u8; 1 << 16]];
     let events = feed(limits, &frame_bytes(&out_frame(5, &message, &payload)), &[4096]);
     check_frame(&events[0], 5, &message, &payload).unwrap();
@@ -456,7 +334,7 @@ fn a_payload_of_exactly_the_limit_is_accepted() {
 #[test]
 fn wrong_descriptor_and_payload_mismatch_are_refused_and_skipped() {
     let good = TensorDesc::new(DType::F32, vec![2, 2]).unwrap();
-    let bad = Message::Put { name: "t".into(), tensor: TensorDesc { byte_len: 12, ..good.clone() } };
+    let bad = Message::Data(DataMessage::Put { name: "t".into(), tensor: TensorDesc { byte_len: 12, ..good.clone() } });
     let mut wire = Vec::new();
     // Encoding does not validate descriptors, so a lying one can be built; the payload matches it.
     let mut head = Vec::new();
@@ -464,12 +342,12 @@ fn wrong_descriptor_and_payload_mismatch_are_refused_and_skipped() {
     wire.extend(&head);
     wire.extend([0u8; 12]);
     // The header claims more payload than the tensor takes.
-    let ok = Message::Put { name: "t".into(), tensor: good };
+    let ok = Message::Data(DataMessage::Put { name: "t".into(), tensor: good });
     encode_head(&mut head, 2, &ok).unwrap();
     head[24..32].copy_from_slice(&20u64.to_le_bytes());
     wire.extend(&head);
     wire.extend([0u8; 20]);
-    wire.extend(frame_bytes(&out_frame(3, &Message::Ping, &[])));
+    wire.extend(frame_bytes(&out_frame(3, &Message::Data(DataMessage::Ping), &[])));
     let events = feed(Limits::default(), &wire, &[5]);
     assert!(
         matches!(&events[0], RecvEvent::Rejected { request_id: 1, refusal } if refusal.code == ErrorCode::BadDescriptor),
@@ -484,10 +362,10 @@ fn wrong_descriptor_and_payload_mismatch_are_refused_and_skipped() {
 
 #[test]
 fn unknown_kinds_are_skipped_with_their_body() {
-    let mut wire = header_bytes(FrameHeader::new(Kind::Ping, 4, 3, 5));
+    let mut wire = header_bytes(FrameHeader::new(Kind::Data(DataKind::Ping), 4, 3, 5));
     wire[6..8].copy_from_slice(&0x0150u16.to_le_bytes());
     wire.extend([1u8; 8]);
-    wire.extend(frame_bytes(&out_frame(6, &Message::Ping, &[])));
+    wire.extend(frame_bytes(&out_frame(6, &Message::Data(DataMessage::Ping), &[])));
     let events = feed(Limits::default(), &wire, &[3]);
     assert!(
         matches!(&events[0], RecvEvent::Rejected { request_id: 4, refusal } if refusal.code == ErrorCode::UnknownKind),
@@ -499,7 +377,7 @@ fn unknown_kinds_are_skipped_with_their_body() {
 #[test]
 fn truncation_is_reported_with_the_part_cut() {
     let tensor = TensorDesc::new(DType::I64, vec![100]).unwrap();
-    let message = Message::Put { name: "t".into(), tensor };
+    let message = Message::Data(DataMessage::Put { name: "t".into(), tensor });
     let wire = frame_bytes(&out_frame(1, &message, &[vec![0; 800]]));
     for (cut, part) in [(10, "header"), (HEADER_LEN + 2, "metadata"), (wire.len() - 1, "payload")] {
         let events = feed(Limits::default(), &wire[..cut], &[64]);
@@ -542,11 +420,12 @@ fn fingerprints_separate_block_boundaries() {
 /// (the comparison must be of the encoding: NaN is not equal to itself).
 #[test]
 fn a_nan_value_round_trips_bit_for_bit() {
-    let message = Message::ExecuteReply { tensors: vec![], output: Value::Float(f64::NAN), kept: vec![] };
+    let message =
+        Message::Model(ModelMessage::ExecuteReply { tensors: vec![], output: Value::Float(f64::NAN), kept: vec![] });
     let mut meta = Vec::new();
     message.encode(&mut meta);
-    let again = Message::decode(Kind::ExecuteReply, &meta, &Limits::default()).unwrap();
-    let Message::ExecuteReply { output: Value::Float(v), .. } = again else { panic!("{again:?}") };
+    let again = Message::decode(Kind::Model(ModelKind::ExecuteReply), &meta, &Limits::default()).unwrap();
+    let Message::Model(ModelMessage::ExecuteReply { output: Value::Float(v), .. }) = again else { panic!("{again:?}") };
     assert_eq!(v.to_bits(), f64::NAN.to_bits());
 }
 

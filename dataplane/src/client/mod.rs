@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use djinn_memory::BufferPool;
 use djinn_proto::{
-    ErrorCode, Frame, FrameReader, Hello, Limits, Message, PROTOCOL_VERSION, Payload, PayloadAlloc, ProtocolError,
-    RecvEvent, Refusal,
+    DataMessage, ErrorCode, Frame, FrameReader, Hello, Limits, Message, PROTOCOL_VERSION, Payload, PayloadAlloc,
+    ProtocolError, RecvEvent, Refusal,
 };
 
 use djinn_proto::rdma::SessionConfig;
@@ -279,8 +279,8 @@ impl ClientConn {
     /// Sends `ours` and returns the peer's hello; a peer speaking another protocol version is
     /// refused with an error naming both versions.
     pub fn hello(&mut self, ours: Hello) -> Result<Hello, ClientError> {
-        let reply = self.request(&Message::Hello(ours), &[])?;
-        let Message::HelloAck(theirs) = reply.message else {
+        let reply = self.request(&Message::Data(DataMessage::Hello(ours)), &[])?;
+        let Message::Data(DataMessage::HelloAck(theirs)) = reply.message else {
             return Err(ClientError::UnexpectedReply {
                 peer: self.peer,
                 request_id: reply.request_id,
@@ -402,11 +402,11 @@ impl ClientConn {
 /// The outcome of a request from the event that answers it.
 fn reply_of(peer: SocketAddr, request_id: u64, event: RecvEvent) -> Result<Frame, ClientError> {
     match event {
-        RecvEvent::Frame(Frame { message: Message::Error { code, message }, request_id: id, .. })
-            if id == request_id || id == 0 =>
-        {
-            Err(ClientError::Remote { peer, code, message })
-        }
+        RecvEvent::Frame(Frame {
+            message: Message::Data(DataMessage::Error { code, message }),
+            request_id: id,
+            ..
+        }) if id == request_id || id == 0 => Err(ClientError::Remote { peer, code, message }),
         RecvEvent::Frame(frame) if frame.request_id == request_id => Ok(frame),
         RecvEvent::Frame(frame) => {
             Err(ClientError::UnexpectedReply { peer, request_id: frame.request_id, kind: frame.message.kind().name() })

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use djinn_proto::rdma::SessionConfig;
-use djinn_proto::{Frame, Message, OutFrame, RecvEvent, SharedBytes};
+use djinn_proto::{DataMessage, Frame, Message, OutFrame, RecvEvent, SharedBytes};
 
 use super::{ClientConn, ClientError, PoolAlloc, reply_of};
 use crate::rdma::{ChannelError, Completion, RdmaChannel, RdmaContext, RdmaError, RdmaPort, Registrations};
@@ -69,8 +69,8 @@ impl ClientConn {
         // The context is this connection's alone, and the node may see what it sends here.
         channel.keep_registrations();
         let ask = channel.params();
-        let reply = self.request(&Message::RdmaConnect(ask), &[])?;
-        let Message::RdmaAccept(node) = reply.message else {
+        let reply = self.request(&Message::Data(DataMessage::RdmaConnect(ask)), &[])?;
+        let Message::Data(DataMessage::RdmaAccept(node)) = reply.message else {
             return Err(ClientError::UnexpectedReply {
                 peer,
                 request_id: reply.request_id,

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use djinn_auth::{Authenticator, Origin, TenantId};
 use djinn_proto::{
-    ErrorCode, FrameReader, Hello, Limits, MAX_META_BEFORE_HELLO, Message, OutFrame, Payload, PayloadAlloc, RecvEvent,
-    Refusal, transports,
+    DataMessage, ErrorCode, FrameReader, Hello, Limits, MAX_META_BEFORE_HELLO, Message, OutFrame, Payload,
+    PayloadAlloc, RecvEvent, Refusal, transports,
 };
 
 use super::server::{Conn, Core, MIN_PROGRESS, Replier, Reply, ReplyTo, ServerConfig, Service};
@@ -32,7 +32,9 @@ impl Service for Answers {
 
     fn handle(&mut self, frame: djinn_proto::Frame, to: ReplyTo, replier: &Replier) -> Option<Reply> {
         match frame.message {
-            Message::List { .. } => Some(Reply::message(Message::ListReply { entries: Vec::new(), more: false })),
+            Message::Data(DataMessage::List { .. }) => {
+                Some(Reply::message(DataMessage::ListReply { entries: Vec::new(), more: false }))
+            }
             _ => {
                 self.taken.lock().unwrap().push((to, replier.clone()));
                 None
@@ -155,16 +157,19 @@ fn decode(bytes: &[u8]) -> Vec<(u64, Message)> {
 }
 
 fn hello(token: &str) -> Message {
-    Message::Hello(Hello { token: token.into(), ..Hello::new(&Limits::default(), transports::TCP, "client") })
+    Message::Data(DataMessage::Hello(Hello {
+        token: token.into(),
+        ..Hello::new(&Limits::default(), transports::TCP, "client")
+    }))
 }
 
 fn list() -> Message {
-    Message::List { after: None, limit: 10 }
+    Message::Data(DataMessage::List { after: None, limit: 10 })
 }
 
 fn error_code(message: &Message) -> Option<ErrorCode> {
     match message {
-        Message::Error { code, .. } => Some(*code),
+        Message::Data(DataMessage::Error { code, .. }) => Some(*code),
         _ => None,
     }
 }
@@ -174,17 +179,17 @@ fn a_connection_is_served_after_a_good_hello_only_and_closed_after_a_bad_one() {
     let mut h = Harness::new(ServerConfig { auth: Some(authenticator()), ..ServerConfig::default() });
     let mut conn = h.accept();
     // Before a hello: pings are answered, anything else is refused.
-    h.request(&mut conn, 1, &Message::Ping);
+    h.request(&mut conn, 1, &Message::Data(DataMessage::Ping));
     h.request(&mut conn, 2, &list());
     let replies = h.replies(&mut conn);
-    assert!(matches!(replies[0], (1, Message::Pong)));
+    assert!(matches!(replies[0], (1, Message::Data(DataMessage::Pong))));
     assert_eq!((replies[1].0, error_code(&replies[1].1)), (2, Some(ErrorCode::Unauthenticated)));
     // A good hello: served, as alice.
     h.request(&mut conn, 3, &hello(ALICE));
     h.request(&mut conn, 4, &list());
     let replies = h.replies(&mut conn);
-    assert!(matches!(replies[0], (3, Message::HelloAck(_))));
-    assert!(matches!(replies[1], (4, Message::ListReply { .. })));
+    assert!(matches!(replies[0], (3, Message::Data(DataMessage::HelloAck(_)))));
+    assert!(matches!(replies[1], (4, Message::Data(DataMessage::ListReply { .. }))));
     // A bad hello afterwards: refused, and the connection closes once that is sent.
     h.request(&mut conn, 5, &hello("not-a-token-at-all"));
     assert!(conn.closing && !h.core.wants_read(&conn));
@@ -211,7 +216,7 @@ fn before_its_hello_a_connection_may_send_only_a_small_frame_head() {
     h.request(&mut conn, 1, &hello(ALICE));
     h.request(&mut conn, 2, &big);
     let replies = h.replies(&mut conn);
-    assert!(matches!(replies[0].1, Message::HelloAck(_)), "{replies:?}");
+    assert!(matches!(replies[0].1, Message::Data(DataMessage::HelloAck(_))), "{replies:?}");
     assert_eq!(error_code(&replies[1].1), Some(ErrorCode::Unauthenticated));
 }
 
@@ -237,20 +242,20 @@ fn a_tenants_request_quotas_hold_with_the_time_passed_in() {
     h.request(&mut conn, 1, &hello(ALICE));
     h.replies(&mut conn);
     // One request at a time: the second is refused while the first is worked on.
-    h.request(&mut conn, 2, &Message::Get { name: "a".into() });
-    h.request(&mut conn, 3, &Message::Get { name: "b".into() });
+    h.request(&mut conn, 2, &Message::Data(DataMessage::Get { name: "a".into() }));
+    h.request(&mut conn, 3, &Message::Data(DataMessage::Get { name: "b".into() }));
     assert_eq!(error_code(&h.replies(&mut conn)[0].1), Some(ErrorCode::QuotaExceeded));
     let (to, replier) = h.taken.lock().unwrap().pop().unwrap();
-    replier.send(to, Reply::message(Message::DeleteAck));
+    replier.send(to, Reply::message(DataMessage::DeleteAck));
     let (slot, to, reply) = h.core.next_deferred().unwrap();
     assert_eq!(slot, 1);
     h.core.deliver(&mut conn, to, reply);
-    assert!(matches!(h.replies(&mut conn)[..], [(2, Message::DeleteAck)]));
+    assert!(matches!(h.replies(&mut conn)[..], [(2, Message::Data(DataMessage::DeleteAck))]));
     // Two a second, in a burst of two: request 2 took one (3, refused, took none), 4 takes the
     // other; then none is left until half a second has passed on the core's clock (a token
     // and a little: the bucket counts in floating point).
     h.request(&mut conn, 4, &list());
-    assert!(matches!(h.replies(&mut conn)[..], [(4, Message::ListReply { .. })]));
+    assert!(matches!(h.replies(&mut conn)[..], [(4, Message::Data(DataMessage::ListReply { .. }))]));
     h.request(&mut conn, 5, &list());
     assert_eq!(error_code(&h.replies(&mut conn)[0].1), Some(ErrorCode::QuotaExceeded));
     h.advance(Duration::from_millis(499));
@@ -258,7 +263,7 @@ fn a_tenants_request_quotas_hold_with_the_time_passed_in() {
     assert_eq!(error_code(&h.replies(&mut conn)[0].1), Some(ErrorCode::QuotaExceeded));
     h.advance(Duration::from_millis(2));
     h.request(&mut conn, 7, &list());
-    assert!(matches!(h.replies(&mut conn)[..], [(7, Message::ListReply { .. })]));
+    assert!(matches!(h.replies(&mut conn)[..], [(7, Message::Data(DataMessage::ListReply { .. }))]));
     assert_eq!(h.core.counters.quota_refusals, 3);
 }
 
@@ -284,7 +289,7 @@ fn a_connection_with_replies_over_its_bounds_is_not_read_until_they_drain() {
 
 #[test]
 fn replies_over_the_global_bound_pause_only_connections_with_replies_waiting() {
-    let reply_len = encode(1, &Message::ListReply { entries: Vec::new(), more: false }).len() as u64;
+    let reply_len = encode(1, &Message::Data(DataMessage::ListReply { entries: Vec::new(), more: false })).len() as u64;
     let config = ServerConfig { max_queued_total: 3 * reply_len, ..ServerConfig::default() };
     let mut h = Harness::new(config);
     let (mut a, mut b, mut c) = (h.accept(), h.accept(), h.accept());
@@ -321,7 +326,7 @@ fn a_connection_trickling_a_frame_or_not_reading_its_replies_is_closed_as_stalle
     for conn in [&mut trickling, &mut deaf, &mut quiet, &mut steady] {
         assert!(!h.core.check_timeouts(conn, h.now), "not before the window ends");
     }
-    let big = encode(2, &Message::Get { name: "y".repeat(MIN_PROGRESS as usize) });
+    let big = encode(2, &Message::Data(DataMessage::Get { name: "y".repeat(MIN_PROGRESS as usize) }));
     h.receive(&mut steady, &big[..MIN_PROGRESS as usize]);
     h.advance(Duration::from_millis(1));
     assert!(h.core.check_timeouts(&mut trickling, h.now) && trickling.is_dropped());
@@ -339,28 +344,28 @@ fn a_connection_trickling_a_frame_or_not_reading_its_replies_is_closed_as_stalle
 fn a_deferred_reply_reaches_its_connection_and_never_the_next_one_in_its_slot() {
     let mut h = Harness::new(ServerConfig::default());
     let mut conn = h.accept();
-    h.request(&mut conn, 7, &Message::Get { name: "a".into() });
+    h.request(&mut conn, 7, &Message::Data(DataMessage::Get { name: "a".into() }));
     assert!(h.core.awaiting_replies());
     // The peer half-closes: the connection stays until the reply is sent.
     h.core.on_eof(&mut conn);
     assert!(!conn.is_done());
     let (to, replier) = h.taken.lock().unwrap().pop().unwrap();
     assert_eq!(to.request_id, 7);
-    replier.send(to, Reply::message(Message::DeleteAck));
+    replier.send(to, Reply::message(DataMessage::DeleteAck));
     let (_, to, reply) = h.core.next_deferred().unwrap();
     h.core.deliver(&mut conn, to, reply);
-    assert!(matches!(h.replies(&mut conn)[..], [(7, Message::DeleteAck)]));
+    assert!(matches!(h.replies(&mut conn)[..], [(7, Message::Data(DataMessage::DeleteAck))]));
     assert!(conn.is_done() && !h.core.awaiting_replies());
     h.core.on_close(&conn);
 
     // A reply for a connection that closed is dropped, not given to its slot's next tenant.
     let mut first = h.accept();
-    h.request(&mut first, 1, &Message::Get { name: "b".into() });
+    h.request(&mut first, 1, &Message::Data(DataMessage::Get { name: "b".into() }));
     h.core.on_close(&first);
     h.slots -= 1;
     let mut second = h.accept();
     let (to, replier) = h.taken.lock().unwrap().pop().unwrap();
-    replier.send(to, Reply::message(Message::DeleteAck));
+    replier.send(to, Reply::message(DataMessage::DeleteAck));
     let (slot, to, reply) = h.core.next_deferred().unwrap();
     assert_eq!(slot, h.slots, "the same slot");
     h.core.deliver(&mut second, to, reply);
@@ -369,7 +374,7 @@ fn a_deferred_reply_reaches_its_connection_and_never_the_next_one_in_its_slot() 
 
 #[test]
 fn the_loop_polls_on_while_work_is_recent_checks_deadlines_on_schedule_and_resumes_paused_reads() {
-    let reply_len = encode(1, &Message::ListReply { entries: Vec::new(), more: false }).len() as u64;
+    let reply_len = encode(1, &Message::Data(DataMessage::ListReply { entries: Vec::new(), more: false })).len() as u64;
     let spin = Duration::from_micros(50);
     let stall_timeout = Duration::from_secs(4);
     let config = ServerConfig { spin, stall_timeout, max_queued_total: reply_len, ..ServerConfig::default() };
@@ -387,7 +392,7 @@ fn the_loop_polls_on_while_work_is_recent_checks_deadlines_on_schedule_and_resum
     assert!(h.core.keep_polling(t + spin - Duration::from_micros(1)));
     assert!(!h.core.keep_polling(t + spin));
     let mut conn = h.accept();
-    h.request(&mut conn, 1, &Message::Get { name: "a".into() });
+    h.request(&mut conn, 1, &Message::Data(DataMessage::Get { name: "a".into() }));
     assert!(h.core.keep_polling(t + Duration::from_secs(1)));
     // Reads paused by the global bound are resumed on the first turn after the replies drain.
     let mut other = h.accept();

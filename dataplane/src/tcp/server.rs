@@ -19,8 +19,9 @@ use crate::rdma::{ChannelError, Completion, RdmaChannel, RdmaContext, RdmaError}
 use djinn_proto::rdma::SessionConfig;
 
 use djinn_proto::{
-    ErrorCode, Frame, FrameReader, Hello, Limits, Message, OutFrame, PROTOCOL_VERSION, Payload, PayloadAlloc,
-    ProtocolError, RdmaParams, RecvEvent, Refusal, SendQueue, SharedBytes, TensorDesc, transports,
+    DataMessage, ErrorCode, Frame, FrameReader, Hello, KeptMessage, Limits, Message, OutFrame, PROTOCOL_VERSION,
+    Payload, PayloadAlloc, ProtocolError, RdmaParams, RecvEvent, Refusal, SendQueue, SharedBytes, TensorDesc,
+    transports,
 };
 
 /// The node's answer to one request.
@@ -31,8 +32,8 @@ pub struct Reply {
 }
 
 impl Reply {
-    pub fn message(message: Message) -> Self {
-        Self { message, tensors: Vec::new() }
+    pub fn message(message: impl Into<Message>) -> Self {
+        Self { message: message.into(), tensors: Vec::new() }
     }
 
     pub fn error(code: ErrorCode, message: impl Into<String>) -> Self {
@@ -422,7 +423,7 @@ impl<S: Service> PayloadAlloc for Alloc<'_, S> {
     fn alloc(&mut self, message: &Message, len: usize) -> Result<Payload, Refusal> {
         let Some(tenant) = self.tenant else { return Err(unauthenticated()) };
         if let Some((tensor, used)) = self.granted
-            && (*used || !matches!(message, Message::Keep { tensor: t } if t == tensor))
+            && (*used || !matches!(message, Message::Kept(KeptMessage::Keep { tensor: t }) if t == tensor))
         {
             return Err(granted_only());
         }
@@ -437,8 +438,8 @@ impl<S: Service> PayloadAlloc for Alloc<'_, S> {
 /// grant names, once (marked used here), pings and its RDMA upgrade.
 fn grant_allows(granted: &mut (TensorDesc, bool), message: &Message) -> bool {
     match message {
-        Message::Ping | Message::RdmaConnect(_) => true,
-        Message::Keep { tensor } if !granted.1 && *tensor == granted.0 => {
+        Message::Data(DataMessage::Ping) | Message::Data(DataMessage::RdmaConnect(_)) => true,
+        Message::Kept(KeptMessage::Keep { tensor }) if !granted.1 && *tensor == granted.0 => {
             granted.1 = true;
             true
         }
@@ -538,7 +539,7 @@ impl<S: Service> Core<S> {
         };
         let name = self.config.auth.as_ref().and_then(|a| a.name(tenant)).map_or_else(String::new, |n| n.to_string());
         self.grants.insert(secret.clone(), Grant { tenant, name, tensor, expires: now + GRANT_TTL });
-        Reply::message(Message::PushGranted { grant: secret })
+        Reply::message(KeptMessage::PushGranted { grant: secret })
     }
 
     /// Takes the grant `secret` for the tenant named `name`, when it is one, unexpired.
@@ -795,13 +796,13 @@ impl<S: Service> Core<S> {
             };
             conn.active = true;
             match event {
-                RecvEvent::Frame(Frame { request_id, message: Message::Hello(peer), .. }) => {
+                RecvEvent::Frame(Frame { request_id, message: Message::Data(DataMessage::Hello(peer)), .. }) => {
                     self.counters.frames_in += 1;
                     let reply = self.hello(conn, &peer);
                     self.send(conn, request_id, reply);
                 }
                 RecvEvent::Frame(Frame { request_id, message, .. })
-                    if conn.tenant.is_none() && !matches!(message, Message::Ping) =>
+                    if conn.tenant.is_none() && !matches!(message, Message::Data(DataMessage::Ping)) =>
                 {
                     self.counters.frames_in += 1;
                     self.counters.requests_refused += 1;
@@ -816,7 +817,11 @@ impl<S: Service> Core<S> {
                     let Refusal { code, message } = granted_only();
                     self.send(conn, request_id, Reply::error(code, message));
                 }
-                RecvEvent::Frame(Frame { request_id, message: Message::RdmaConnect(params), .. }) => {
+                RecvEvent::Frame(Frame {
+                    request_id,
+                    message: Message::Data(DataMessage::RdmaConnect(params)),
+                    ..
+                }) => {
                     self.counters.frames_in += 1;
                     // Answered over TCP: the RDMA path exists only once the client has this.
                     let reply = self.rdma_connect(conn, params);
@@ -835,7 +840,7 @@ impl<S: Service> Core<S> {
                     };
                     // A request with a payload was admitted when its memory was allocated.
                     if frame.payload.is_none()
-                        && !matches!(frame.message, Message::Ping)
+                        && !matches!(frame.message, Message::Data(DataMessage::Ping))
                         && let Some(admission) = &mut self.admission
                         && let Err(Refusal { code, message }) = admission.admit(to.tenant, self.now)
                     {
@@ -882,7 +887,7 @@ impl<S: Service> Core<S> {
             conn.operator = false;
             conn.torchscript = false;
             conn.granted = Some((grant.tensor, false));
-            return Reply::message(Message::HelloAck(self.hello.clone()));
+            return Reply::message(DataMessage::HelloAck(self.hello.clone()));
         }
         conn.granted = None;
         if let Some(auth) = &self.config.auth {
@@ -918,7 +923,7 @@ impl<S: Service> Core<S> {
         } else {
             tracing::debug!(peer = %conn.peer, agent = %Logged(&peer.agent), "hello");
         }
-        Reply::message(Message::HelloAck(self.hello.clone()))
+        Reply::message(DataMessage::HelloAck(self.hello.clone()))
     }
 
     /// Sets up this connection's RDMA channel; the reply carries the node's side.
@@ -944,7 +949,7 @@ impl<S: Service> Core<S> {
                 tracing::info!(peer = %conn.peer, qp = ours.qp_number, "connection moved to RDMA");
                 conn.rdma = Some(channel);
                 self.rdma_open += 1;
-                Reply::message(Message::RdmaAccept(ours))
+                Reply::message(DataMessage::RdmaAccept(ours))
             }
             Err(e) => Reply::error(ErrorCode::Internal, format!("cannot set up RDMA: {e}")),
         }
@@ -1030,9 +1035,9 @@ impl<S: Service> Core<S> {
 
     fn dispatch(&mut self, frame: Frame, to: ReplyTo) -> Option<Reply> {
         let reply = match &frame.message {
-            Message::Ping => Reply::message(Message::Pong),
-            Message::PushGrant { tensor } => self.grant(to.tenant, tensor.clone()),
-            Message::Stats => {
+            Message::Data(DataMessage::Ping) => Reply::message(DataMessage::Pong),
+            Message::Kept(KeptMessage::PushGrant { tensor }) => self.grant(to.tenant, tensor.clone()),
+            Message::Data(DataMessage::Stats) => {
                 let c = &self.counters;
                 let mut counters: Vec<(String, u64)> = [
                     ("connections_accepted", c.connections_accepted),
@@ -1056,7 +1061,7 @@ impl<S: Service> Core<S> {
                 .map(|(k, v)| (k.to_owned(), v))
                 .collect();
                 self.service.stats(&mut counters);
-                Reply::message(Message::StatsReply { counters })
+                Reply::message(DataMessage::StatsReply { counters })
             }
             message if message.is_reply() => {
                 let e = ProtocolError::Unexpected { kind: message.kind().name() };

@@ -9,7 +9,9 @@ use djinn_memory::HostBuf;
 use proptest::prelude::*;
 
 use super::{Action, Session, SessionConfig};
-use crate::{DType, Message, OutFrame, Payload, PayloadAlloc, RecvEvent, Refusal, SharedBytes, TensorDesc};
+use crate::{
+    DType, DataMessage, Message, OutFrame, Payload, PayloadAlloc, RecvEvent, Refusal, SharedBytes, TensorDesc,
+};
 
 enum Wire {
     Send(Vec<u8>),
@@ -128,7 +130,7 @@ fn settle(a: &mut Side, b: &mut Side) {
 fn put(id: u64, len: usize) -> (Message, Vec<u8>) {
     let bytes: Vec<u8> = (0..len).map(|i| (i as u64 * 31 + id) as u8).collect();
     let tensor = TensorDesc::new(DType::U8, vec![len as u64]).expect("desc");
-    (Message::Put { name: format!("t{id}"), tensor }, bytes)
+    (Message::Data(DataMessage::Put { name: format!("t{id}"), tensor }), bytes)
 }
 
 /// Queues a frame built as an [`OutFrame`], or (`encoded`) encoded into the session when it is

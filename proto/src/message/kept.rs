@@ -1,0 +1,149 @@
+//! Kept tensors: tensors that stay in a node's device memory under a handle, fetched, released,
+//! or pushed node to node.
+
+use super::wire::{Reader, Writer};
+use crate::error::ProtocolError;
+use crate::tensor::TensorDesc;
+use crate::value::Handle;
+
+family! {
+    /// The messages of tensors kept on a node.
+    "kept", KeptMessage, KeptKind {
+        /// Keeps the payload's tensor in the node's device memory.
+        Keep { tensor: TensorDesc } = 0x10d request,
+        Kept { kept: HandleInfo } = 0x10e reply,
+        /// Asks for a kept tensor's bytes; answered by a `GetReply`.
+        Fetch { handle: Handle } = 0x10f request,
+        /// Frees kept tensors; handles the node does not hold are skipped.
+        Release { handles: Vec<Handle> } = 0x110 request,
+        Released { released: u32 } = 0x111 reply,
+        /// Copies a tensor of this node into the device memory of the node at `to` (host:port),
+        /// where it is kept. `grant` is what that node gave the tenant for it (`PushGrant`):
+        /// this node presents it there, in its hello, instead of any credential of its own.
+        Push { source: TensorSource, to: String, grant: String } = 0x112 request,
+        /// `kept` is the handle on the peer; `path` says how the bytes went there.
+        Pushed { kept: HandleInfo, path: String } = 0x113 reply,
+        /// Asks this node for a one-time capability to receive `tensor` for the caller's tenant,
+        /// pushed from another node. Answered by `PushGranted`.
+        PushGrant { tensor: TensorDesc } = 0x120 request,
+        PushGranted { grant: String } = 0x121 reply,
+    }
+}
+
+/// A tensor kept on a node and what it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HandleInfo {
+    pub handle: Handle,
+    pub tensor: TensorDesc,
+}
+
+/// A tensor a node holds: a named tensor of its store, or a kept one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TensorSource {
+    Named(String),
+    Handle(Handle),
+}
+
+impl KeptMessage {
+    pub(super) fn tensors(&self) -> &[TensorDesc] {
+        match self {
+            Self::Keep { tensor } => std::slice::from_ref(tensor),
+            Self::Kept { .. }
+            | Self::Fetch { .. }
+            | Self::Release { .. }
+            | Self::Released { .. }
+            | Self::Push { .. }
+            | Self::Pushed { .. }
+            | Self::PushGrant { .. }
+            | Self::PushGranted { .. } => &[],
+        }
+    }
+
+    pub(super) fn encode(&self, w: &mut Writer) {
+        match self {
+            Self::Keep { tensor } | Self::PushGrant { tensor } => w.tensor(tensor),
+            Self::Kept { kept } => w.kept(kept),
+            Self::Fetch { handle } => w.handle(handle),
+            Self::Release { handles } => w.list(handles, Writer::handle),
+            Self::Released { released } => w.u32(*released),
+            Self::Push { source, to, grant } => {
+                match source {
+                    TensorSource::Named(name) => {
+                        w.u8(0);
+                        w.str(name);
+                    }
+                    TensorSource::Handle(h) => {
+                        w.u8(1);
+                        w.handle(h);
+                    }
+                }
+                w.str(to);
+                w.str(grant);
+            }
+            Self::Pushed { kept, path } => {
+                w.kept(kept);
+                w.str(path);
+            }
+            Self::PushGranted { grant } => w.str(grant),
+        }
+    }
+
+    pub(super) fn decode(kind: KeptKind, r: &mut Reader) -> Result<Self, ProtocolError> {
+        Ok(match kind {
+            KeptKind::Keep => Self::Keep { tensor: r.tensor()? },
+            KeptKind::Kept => Self::Kept { kept: r.kept()? },
+            KeptKind::Fetch => Self::Fetch { handle: r.handle()? },
+            KeptKind::Release => Self::Release { handles: r.list("handles", 16, Reader::handle)? },
+            KeptKind::Released => Self::Released { released: r.u32("released")? },
+            KeptKind::Push => {
+                let source = match r.u8("source")? {
+                    0 => TensorSource::Named(r.name()?),
+                    1 => TensorSource::Handle(r.handle()?),
+                    v => return Err(ProtocolError::MalformedMeta(format!("tensor source {v} is neither 0 nor 1"))),
+                };
+                Self::Push { source, to: r.string("peer address")?, grant: r.string("grant")? }
+            }
+            KeptKind::Pushed => Self::Pushed { kept: r.kept()?, path: r.string("path")? },
+            KeptKind::PushGrant => Self::PushGrant { tensor: r.tensor()? },
+            KeptKind::PushGranted => Self::PushGranted { grant: r.string("grant")? },
+        })
+    }
+}
+
+impl Writer<'_> {
+    pub(super) fn kept(&mut self, k: &HandleInfo) {
+        self.handle(&k.handle);
+        self.tensor(&k.tensor);
+    }
+}
+
+impl Reader<'_> {
+    pub(super) fn kept(&mut self) -> Result<HandleInfo, ProtocolError> {
+        Ok(HandleInfo { handle: self.handle()?, tensor: self.tensor()? })
+    }
+}
+
+#[cfg(test)]
+pub(crate) fn handle_info() -> impl proptest::strategy::Strategy<Value = HandleInfo> {
+    use proptest::strategy::Strategy;
+    (crate::tests::handle(), crate::tests::tensor()).prop_map(|(handle, tensor)| HandleInfo { handle, tensor })
+}
+
+#[cfg(test)]
+pub(crate) fn arbitrary() -> impl proptest::strategy::Strategy<Value = KeptMessage> {
+    use crate::tests::{handle, name, tensor};
+    use proptest::prelude::*;
+
+    let source = prop_oneof![name().prop_map(TensorSource::Named), handle().prop_map(TensorSource::Handle)];
+    prop_oneof![
+        tensor().prop_map(|tensor| KeptMessage::Keep { tensor }),
+        handle_info().prop_map(|kept| KeptMessage::Kept { kept }),
+        handle().prop_map(|handle| KeptMessage::Fetch { handle }),
+        prop::collection::vec(handle(), 0..5).prop_map(|handles| KeptMessage::Release { handles }),
+        any::<u32>().prop_map(|released| KeptMessage::Released { released }),
+        (source, name(), name()).prop_map(|(source, to, grant)| KeptMessage::Push { source, to, grant }),
+        (handle_info(), name()).prop_map(|(kept, path)| KeptMessage::Pushed { kept, path }),
+        tensor().prop_map(|tensor| KeptMessage::PushGrant { tensor }),
+        name().prop_map(|grant| KeptMessage::PushGranted { grant }),
+    ]
+}

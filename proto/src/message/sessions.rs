@@ -1,0 +1,146 @@
+//! Sessions: a model's state that stays on the node between steps.
+
+use super::breakpoints::Breakpoint;
+use super::models::Fingerprint;
+use super::wire::{Reader, Writer};
+use crate::error::ProtocolError;
+use crate::tensor::TensorDesc;
+use crate::value::{Handle, Value};
+
+family! {
+    /// The messages of sessions. Their steps are answered by a `models.ExecuteReply`, or by a
+    /// `breakpoints.Paused`.
+    "sessions", SessionMessage, SessionKind {
+        /// Opens a session of a registered model: the payload's tensors (`state`) are its
+        /// initial state, which stays on the node between steps; `reserve` is the state's
+        /// expected size at its largest (bytes), charged to the session budget while the state
+        /// is on the device.
+        Open { fingerprint: Fingerprint, state: Vec<TensorDesc>, reserve: u64 } = 0x114 request,
+        Opened { session: Handle } = 0x115 reply,
+        /// Runs the session's model on `inputs` followed by its state tensors. The model
+        /// returns a tuple whose last items are the new state (as many as the state has
+        /// tensors); the rest comes back in an `ExecuteReply` (one item unwrapped). With
+        /// `until`, the step stops at that breakpoint; the session's later requests wait until
+        /// it is resumed or aborted.
+        Step { session: Handle, tensors: Vec<TensorDesc>, inputs: Vec<Value>, until: Option<Breakpoint> } = 0x116 request,
+        /// Takes effect after the session's earlier steps and signals, before its later ones.
+        Signal { session: Handle, signal: Signal } = 0x117 request,
+        Signaled = 0x118 reply,
+        /// Frees the session's state (after its earlier steps).
+        Close { session: Handle } = 0x119 request,
+        Closed = 0x11a reply,
+    }
+}
+
+/// What a session's client says of it between steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    /// The agent waits on something else (a tool): its state may leave the device, to be back
+    /// before `resume_in_ms` when given.
+    IoWait { resume_in_ms: Option<u32> },
+    /// The agent computes again soon: bring its state back to the device.
+    Compute,
+}
+
+impl SessionMessage {
+    pub(super) fn tensors(&self) -> &[TensorDesc] {
+        match self {
+            Self::Open { state: tensors, .. } | Self::Step { tensors, .. } => tensors,
+            Self::Opened { .. } | Self::Signal { .. } | Self::Signaled | Self::Close { .. } | Self::Closed => &[],
+        }
+    }
+
+    pub(super) fn encode(&self, w: &mut Writer) {
+        match self {
+            Self::Open { fingerprint, state, reserve } => {
+                w.fingerprint(fingerprint);
+                w.tensors(state);
+                w.u64(*reserve);
+            }
+            Self::Opened { session } | Self::Close { session } => w.handle(session),
+            Self::Step { session, tensors, inputs, until } => {
+                w.handle(session);
+                w.tensors(tensors);
+                w.values(inputs);
+                w.breakpoint(until);
+            }
+            Self::Signal { session, signal } => {
+                w.handle(session);
+                match signal {
+                    Signal::IoWait { resume_in_ms } => {
+                        w.u8(0);
+                        match resume_in_ms {
+                            Some(ms) => {
+                                w.u8(1);
+                                w.u32(*ms);
+                            }
+                            None => w.u8(0),
+                        }
+                    }
+                    Signal::Compute => w.u8(1),
+                }
+            }
+            Self::Signaled | Self::Closed => {}
+        }
+    }
+
+    pub(super) fn decode(kind: SessionKind, r: &mut Reader) -> Result<Self, ProtocolError> {
+        Ok(match kind {
+            SessionKind::Open => {
+                Self::Open { fingerprint: r.fingerprint()?, state: r.tensors()?, reserve: r.u64("reserve")? }
+            }
+            SessionKind::Opened => Self::Opened { session: r.handle()? },
+            SessionKind::Step => {
+                let session = r.handle()?;
+                let tensors = r.tensors()?;
+                let inputs = r.values(tensors.len())?;
+                Self::Step { session, tensors, inputs, until: r.breakpoint()? }
+            }
+            SessionKind::Signal => {
+                let session = r.handle()?;
+                let signal = match r.u8("signal")? {
+                    0 => Signal::IoWait {
+                        resume_in_ms: if r.bool("has resume time")? { Some(r.u32("resume in ms")?) } else { None },
+                    },
+                    1 => Signal::Compute,
+                    v => return Err(ProtocolError::MalformedMeta(format!("signal {v} is neither 0 nor 1"))),
+                };
+                Self::Signal { session, signal }
+            }
+            SessionKind::Signaled => Self::Signaled,
+            SessionKind::Close => Self::Close { session: r.handle()? },
+            SessionKind::Closed => Self::Closed,
+        })
+    }
+}
+
+#[cfg(test)]
+pub(crate) fn arbitrary() -> impl proptest::strategy::Strategy<Value = SessionMessage> {
+    use super::breakpoints::breakpoint;
+    use super::models::fingerprint;
+    use crate::tests::{handle, tensors, values};
+    use proptest::prelude::*;
+
+    let signal = prop_oneof![
+        prop::option::of(any::<u32>()).prop_map(|resume_in_ms| Signal::IoWait { resume_in_ms }),
+        Just(Signal::Compute),
+    ];
+    prop_oneof![
+        (fingerprint(), tensors(), any::<u64>()).prop_map(|(fingerprint, state, reserve)| SessionMessage::Open {
+            fingerprint,
+            state,
+            reserve
+        }),
+        handle().prop_map(|session| SessionMessage::Opened { session }),
+        (handle(), tensors())
+            .prop_flat_map(|(h, tensors)| {
+                let n = tensors.len();
+                (Just(h), Just(tensors), values(n), breakpoint())
+            })
+            .prop_map(|(session, tensors, inputs, until)| SessionMessage::Step { session, tensors, inputs, until }),
+        (handle(), signal).prop_map(|(session, signal)| SessionMessage::Signal { session, signal }),
+        Just(SessionMessage::Signaled),
+        handle().prop_map(|session| SessionMessage::Close { session }),
+        Just(SessionMessage::Closed),
+    ]
+}
