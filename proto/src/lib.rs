@@ -30,4 +30,6 @@ pub use tensor::{DType, TENSOR_ALIGN, TensorDesc, check_tensor_lens, paddings, p
 pub use value::{Handle, MAX_VALUE_DEPTH, Value};
 
 #[cfg(test)]
+mod strategies;
+#[cfg(test)]
 mod tests;

@@ -1,10 +1,7 @@
 //! `djinn`: run a node, talk to one, benchmark the data plane.
 
-mod agent;
 mod auth;
 mod control;
-mod gpucheck;
-mod metrics;
 mod node;
 mod status;
 mod up;
@@ -16,6 +13,7 @@ use clap::{Parser, Subcommand};
 use djinn_client::{Client, ClientOptions, DType, Transport};
 
 use djinn_memory::ByteSize;
+use djinn_node::gpu_check::GpuCheck;
 
 #[derive(Parser, Debug)]
 #[command(name = "djinn", version, about = "Run PyTorch work on the GPUs of other machines in the rack", long_about = None)]
@@ -46,7 +44,14 @@ enum Command {
     Status(status::StatusArgs),
     /// What this host's GPUs can do for a node: CUDA discovery, device and pinned buffers, the
     /// staging copies from 1 KiB to --max-size, dma-buf export; one PASS/FAIL/SKIP line each.
-    GpuCheck(gpucheck::GpuCheckArgs),
+    GpuCheck {
+        /// The largest transfer of the staging checks (from 1 KiB up, ×64 each step, then this).
+        #[arg(long, default_value = "1GiB")]
+        max_size: ByteSize,
+        /// The device to check.
+        #[arg(long, default_value_t = 0)]
+        ordinal: i32,
+    },
     /// The principals and their tokens, kept in etcd for --auth-etcd.
     #[command(subcommand)]
     Tokens(auth::TokensCommand),
@@ -119,7 +124,9 @@ fn main() -> Result<()> {
         Command::Control(args) => control::run(args),
         Command::Status(args) => status::run(args),
         Command::Tokens(command) => auth::tokens(command),
-        Command::GpuCheck(args) => gpucheck::run(args),
+        Command::GpuCheck { max_size, ordinal } => {
+            djinn_node::gpu_check::run(GpuCheck { max_size, ordinal }, &mut |line| println!("{line}"))
+        }
         Command::Ping { addr, count } => {
             let mut client = connect(&addr)?;
             let node = client.node();

@@ -23,8 +23,8 @@ use signal_hook::iterator::Signals;
 use djinn_executor::tch;
 use djinn_memory::ByteSize;
 
-use crate::agent;
 use crate::auth::AuthArgs;
+use djinn_node::{membership, rates};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum TcpBackend {
@@ -393,26 +393,26 @@ pub fn run(args: NodeArgs, auth: Option<Arc<Authenticator>>) -> Result<()> {
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let addr = server.local_addr();
     if let Some(listen) = &args.metrics_listen {
-        let metrics = crate::metrics::serve(listen, addr)?;
+        let metrics = djinn_node::metrics::serve(listen, addr)?;
         tracing::info!(%metrics, "serving /metrics");
     }
     let agent = match &args.control {
         Some(control) => {
-            let me = agent::Static {
+            let me = membership::Static {
                 name: args.name.clone().unwrap_or_else(|| format!("{}-{}", hostname(), addr.port())),
                 addr: args.advertise.clone().unwrap_or_else(|| addr.to_string()),
                 device: djinn_executor::device_name(device),
                 transports,
-                flops: args.flops.unwrap_or_else(|| agent::measure_flops(device)),
-                memory_bandwidth: args.memory_bandwidth.unwrap_or_else(|| agent::measure_memory_bandwidth(device)),
-                host_to_device: args.host_to_device.unwrap_or_else(|| agent::measure_host_to_device(device)),
+                flops: args.flops.unwrap_or_else(|| rates::measure_flops(device)),
+                memory_bandwidth: args.memory_bandwidth.unwrap_or_else(|| rates::measure_memory_bandwidth(device)),
+                host_to_device: args.host_to_device.unwrap_or_else(|| rates::measure_host_to_device(device)),
                 link_bandwidth: args.link_bandwidth,
                 cost_per_hour: args.cost_per_hour,
             };
             if addr.ip().is_unspecified() && args.advertise.is_none() {
                 tracing::warn!(%addr, "listening on every interface: give --advertise HOST:PORT so clients can reach the node");
             }
-            Some(agent::Agent::start(control, &token, me, addr)?)
+            Some(membership::Agent::start(control, &token, me, addr)?)
         }
         None => None,
     };

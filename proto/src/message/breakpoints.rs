@@ -116,7 +116,7 @@ pub(crate) fn breakpoint() -> impl proptest::strategy::Strategy<Value = Option<B
 
 #[cfg(test)]
 pub(crate) fn arbitrary() -> impl proptest::strategy::Strategy<Value = BreakpointMessage> {
-    use crate::tests::{handle, tensors, value};
+    use crate::strategies::{handle, tensors, value};
     use proptest::prelude::*;
 
     // Payload tensors, and an activation whose tensor indices name them.

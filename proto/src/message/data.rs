@@ -253,7 +253,7 @@ impl Reader<'_> {
 
 #[cfg(test)]
 pub(crate) fn arbitrary() -> impl proptest::strategy::Strategy<Value = DataMessage> {
-    use crate::tests::{name, tensor};
+    use crate::strategies::{name, tensor};
     use proptest::prelude::*;
 
     let hello = || {

@@ -126,12 +126,13 @@ impl Reader<'_> {
 #[cfg(test)]
 pub(crate) fn handle_info() -> impl proptest::strategy::Strategy<Value = HandleInfo> {
     use proptest::strategy::Strategy;
-    (crate::tests::handle(), crate::tests::tensor()).prop_map(|(handle, tensor)| HandleInfo { handle, tensor })
+    (crate::strategies::handle(), crate::strategies::tensor())
+        .prop_map(|(handle, tensor)| HandleInfo { handle, tensor })
 }
 
 #[cfg(test)]
 pub(crate) fn arbitrary() -> impl proptest::strategy::Strategy<Value = KeptMessage> {
-    use crate::tests::{handle, name, tensor};
+    use crate::strategies::{handle, name, tensor};
     use proptest::prelude::*;
 
     let source = prop_oneof![name().prop_map(TensorSource::Named), handle().prop_map(TensorSource::Handle)];

@@ -246,8 +246,8 @@ pub(crate) fn fingerprint() -> impl proptest::strategy::Strategy<Value = Fingerp
 pub(crate) fn arbitrary() -> impl proptest::strategy::Strategy<Value = ModelMessage> {
     use super::breakpoints::breakpoint;
     use super::kept::handle_info;
+    use crate::strategies::{tensors, value, values};
     use crate::tensor::DType;
-    use crate::tests::{tensors, value, values};
     use proptest::prelude::*;
 
     let model = || {

@@ -118,7 +118,7 @@ impl SessionMessage {
 pub(crate) fn arbitrary() -> impl proptest::strategy::Strategy<Value = SessionMessage> {
     use super::breakpoints::breakpoint;
     use super::models::fingerprint;
-    use crate::tests::{handle, tensors, values};
+    use crate::strategies::{handle, tensors, values};
     use proptest::prelude::*;
 
     let signal = prop_oneof![

@@ -1,8 +1,8 @@
 //! `djinn gpu-check`: what this host's GPUs and drivers can do for a node, checked with the
-//! node's own code rather than asked of nvidia-smi. Each check prints one line, PASS, FAIL,
-//! SKIP (nothing to check it on: no CUDA driver), UNSUPPORTED (the platform cannot: dma-buf
-//! under gVisor) or NOT RUN (it needs what this host lacks, or what is not built); the command
-//! fails when a check does.
+//! node's own code rather than asked of nvidia-smi. Each check gives one line as it ends, PASS,
+//! FAIL, SKIP (nothing to check it on: no CUDA driver), UNSUPPORTED (the platform cannot:
+//! dma-buf under gVisor) or NOT RUN (it needs what this host lacks, or what is not built); the
+//! whole fails when a check does.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -13,18 +13,16 @@ use djinn_executor::tch::{self, Device, Kind, Tensor};
 use djinn_gpudirect::{CopyStream, CudaContext, DeviceBuf, DmaBufError, PinnedBuf, export_dmabuf};
 use djinn_memory::ByteSize;
 
-#[derive(Debug, clap::Args)]
-pub struct GpuCheckArgs {
+#[derive(Debug, Clone, Copy)]
+pub struct GpuCheck {
     /// The largest transfer of the staging checks (from 1 KiB up, ×64 each step, then this).
-    #[arg(long, default_value = "1GiB")]
     pub max_size: ByteSize,
     /// The device to check.
-    #[arg(long, default_value_t = 0)]
     pub ordinal: i32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Outcome {
+pub enum Outcome {
     Pass,
     Fail,
     Skip,
@@ -32,22 +30,36 @@ enum Outcome {
     NotRun,
 }
 
-#[derive(Default)]
-struct Report {
-    failed: usize,
+/// One check's outcome; shown as `OUTCOME  check  detail` in aligned columns.
+#[derive(Debug, Clone)]
+pub struct Line {
+    pub outcome: Outcome,
+    pub check: String,
+    pub detail: String,
 }
 
-impl Report {
-    fn line(&mut self, outcome: Outcome, check: &str, detail: impl std::fmt::Display) {
-        let label = match outcome {
+impl std::fmt::Display for Line {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let label = match self.outcome {
             Outcome::Pass => "PASS",
             Outcome::Fail => "FAIL",
             Outcome::Skip => "SKIP",
             Outcome::Unsupported => "UNSUPPORTED",
             Outcome::NotRun => "NOT RUN",
         };
+        write!(f, "{label:<12} {:<34} {}", self.check, self.detail)
+    }
+}
+
+struct Report<'a> {
+    failed: usize,
+    out: &'a mut dyn FnMut(&Line),
+}
+
+impl Report<'_> {
+    fn line(&mut self, outcome: Outcome, check: &str, detail: impl std::fmt::Display) {
         self.failed += usize::from(outcome == Outcome::Fail);
-        println!("{label:<12} {check:<34} {detail}");
+        (self.out)(&Line { outcome, check: check.to_owned(), detail: detail.to_string() });
     }
 
     fn result(&mut self, check: &str, result: Result<String>) {
@@ -82,8 +94,9 @@ fn gb_per_s(bytes: u64, since: Instant) -> f64 {
     bytes as f64 / since.elapsed().as_secs_f64() / 1e9
 }
 
-pub fn run(args: GpuCheckArgs) -> Result<()> {
-    let mut report = Report::default();
+/// Runs the checks, giving each line to `out` as it ends; fails when a check does.
+pub fn run(args: GpuCheck, out: &mut dyn FnMut(&Line)) -> Result<()> {
+    let mut report = Report { failed: 0, out };
     match djinn_executor::libtorch::check() {
         Ok(torch) => report.line(
             Outcome::Pass,

@@ -1,0 +1,51 @@
+//! What a node's device can do, measured briefly at start-up for the control plane's cost
+//! model (`--flops`, `--memory-bandwidth` and `--host-to-device` give them instead).
+
+use std::time::Instant;
+
+use djinn_executor::tch;
+
+/// Units per second of `op` on `device`, each call doing `units`: one call to warm up, then
+/// timed calls, with the device synchronised before and after.
+fn rate(device: tch::Device, units: f64, mut op: impl FnMut()) -> f64 {
+    let sync = || {
+        if let tch::Device::Cuda(i) = device {
+            tch::Cuda::synchronize(i as i64);
+        }
+    };
+    op();
+    sync();
+    let rounds = 4;
+    let started = Instant::now();
+    for _ in 0..rounds {
+        op();
+    }
+    sync();
+    f64::from(rounds) * units / started.elapsed().as_secs_f64().max(1e-9)
+}
+
+/// FLOP/s of a float matrix product on `device` (a short measurement at start-up).
+pub fn measure_flops(device: tch::Device) -> f64 {
+    let n = 512i64;
+    let a = tch::Tensor::ones([n, n], (tch::Kind::Float, device));
+    rate(device, (2 * n * n * n) as f64, || drop(a.matmul(&a)))
+}
+
+/// Bytes per second read from `device`'s memory: a copy within it reads and writes each byte.
+pub fn measure_memory_bandwidth(device: tch::Device) -> f64 {
+    let len = 64i64 << 20;
+    let src = tch::Tensor::ones([len], (tch::Kind::Uint8, device));
+    let mut dst = tch::Tensor::zeros([len], (tch::Kind::Uint8, device));
+    rate(device, (2 * len) as f64, || dst.copy_(&src))
+}
+
+/// Bytes per second copied from host memory (pinned, for a GPU) to `device`.
+pub fn measure_host_to_device(device: tch::Device) -> f64 {
+    let len = 64i64 << 20;
+    let mut src = tch::Tensor::zeros([len], (tch::Kind::Uint8, tch::Device::Cpu));
+    if let tch::Device::Cuda(_) = device {
+        src = src.pin_memory(device);
+    }
+    let mut dst = tch::Tensor::zeros([len], (tch::Kind::Uint8, device));
+    rate(device, len as f64, || dst.copy_(&src))
+}
