@@ -430,6 +430,60 @@ fn a_push_lands_in_the_same_tenants_namespace_on_the_peer() {
     assert_eq!(code(bob_a.push(TensorSource::Handle(bobs.handle), &b_addr, &alices)), ErrorCode::Unauthenticated);
 }
 
+/// A session moves only on a grant of its own tenant's, for its model, once; the node it moves
+/// to opens it in that tenant's namespace, and the grant lets the moving node do nothing else.
+#[test]
+fn a_session_moves_only_on_its_tenants_grant_for_its_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = token_file(dir.path(), ALICE);
+    let (a_addr, b_addr) = (support::free_addr(), support::free_addr());
+    let start = |listen: &str, peer: &str| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_djinn"));
+        command.args(["node", "--listen", listen, "--push-peers", peer, "--log", "error", "--auth-file"]).arg(&file);
+        command.env_remove("DJINN_TOKEN");
+        let (child, addr) = spawn_listening(command, "djinn node listening on ");
+        (support::Killed(child), addr)
+    };
+    let (_a, a_addr) = start(&a_addr, &b_addr);
+    let (_b, b_addr) = start(&b_addr, &a_addr);
+    let options = |token: &str| ClientOptions { token: token.to_owned(), ..Default::default() };
+    let client = |addr: &str, token: &str| Client::connect_with(addr, options(token)).unwrap();
+    let (mut alice_a, mut alice_b, mut bob_a, mut bob_b) =
+        (client(&a_addr, ALICE), client(&b_addr, ALICE), client(&a_addr, BOB), client(&b_addr, BOB));
+    let model = register(&mut alice_a, &["counter"]);
+    register(&mut alice_b, &["counter"]);
+    register(&mut bob_a, &["counter"]);
+    register(&mut bob_b, &["counter"]);
+    let other_model = register(&mut alice_b, &["identity"]);
+    let (zeros, zero) = (f32_bytes(3, 0), 0i64.to_le_bytes());
+    let state = [
+        TensorRef { dtype: DType::F32, shape: &[3], bytes: &zeros },
+        TensorRef { dtype: DType::I64, shape: &[], bytes: &zero },
+    ];
+    let alices = alice_a.session_open(&model, &state, 0).unwrap();
+    let bobs = bob_a.session_open(&model, &state, 0).unwrap();
+
+    // Refused by B, in its words, and each time the session stays at A: bob's grant, a grant
+    // for another model, a made-up one.
+    let bobs_grant = bob_b.grant_session(&model).unwrap();
+    assert_eq!(code(alice_a.session_move(alices, &b_addr, &bobs_grant)), ErrorCode::Unauthenticated);
+    let for_identity = alice_b.grant_session(&other_model).unwrap();
+    assert_eq!(code(alice_a.session_move(alices, &b_addr, &for_identity)), ErrorCode::Forbidden);
+    assert_eq!(code(alice_a.session_move(alices, &b_addr, &"0".repeat(64))), ErrorCode::Unauthenticated);
+
+    // Her own grant moves it, into her namespace there: bob cannot step it at B.
+    let grant = alice_b.grant_session(&model).unwrap();
+    let (_, moved) = alice_a.session_move(alices, &b_addr, &grant).expect("move");
+    let x = f32_bytes(3, 1);
+    let t = [TensorRef { dtype: DType::F32, shape: &[3], bytes: &x }];
+    assert_eq!(code(bob_b.session_step(moved, &[Value::Tensor(0)], &t)), ErrorCode::NotFound);
+    alice_b.session_step(moved, &[Value::Tensor(0)], &t).expect("alice steps it at B");
+    // Bob is not told where alice's session went.
+    assert_eq!(code(bob_a.session_step(alices, &[Value::Tensor(0)], &t)), ErrorCode::NotFound);
+    // The grant is spent.
+    assert_eq!(code(bob_a.session_move(bobs, &b_addr, &grant)), ErrorCode::Unauthenticated);
+}
+
 #[test]
 fn the_control_plane_needs_tokens_and_the_right_role() {
     let dir = tempfile::tempdir().unwrap();

@@ -54,13 +54,18 @@ pub struct RemoteTensor {
     pub info: HandleInfo,
 }
 
-/// A session open on a node: the node's address (as this client reaches it) and the session's
-/// handle there. Its state lives on that node alone.
+/// A session open on a node: the node's address (as this client reaches it), the session's
+/// handle there, and its model. Its state lives on that node alone; when the session moves,
+/// these follow it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RemoteSession {
     pub node: String,
     pub session: Handle,
+    pub fingerprint: Fingerprint,
 }
+
+/// How many moves one request follows before it gives up (a session moved on and on).
+const MAX_FOLLOWED_MOVES: usize = 8;
 
 /// A request parked at a breakpoint on a node: the node's address and the request's handle
 /// there.
@@ -590,38 +595,93 @@ impl ClusterClient {
         reserve: u64,
     ) -> Result<RemoteSession, ClusterError> {
         let (session, node) = self.on_node(fingerprint, None, |node| node.session_open(fingerprint, state, reserve))?;
-        Ok(RemoteSession { node, session })
+        Ok(RemoteSession { node, session, fingerprint: *fingerprint })
+    }
+
+    /// Runs `op` on the session's node; where the node answers that the session moved, the
+    /// session follows (its node and handle change) and `op` runs again there.
+    fn on_session_node<T>(
+        &mut self,
+        session: &mut RemoteSession,
+        mut op: impl FnMut(&mut Client, Handle) -> Result<T, ClientError>,
+    ) -> Result<T, ClusterError> {
+        for _ in 0..MAX_FOLLOWED_MOVES {
+            let handle = session.session;
+            match self.at_node(&session.node.clone(), |client| op(client, handle)) {
+                Err(ClusterError::Node(ClientError::SessionMoved { to, session: moved })) => {
+                    tracing::debug!(from = %session.node, %to, "following a session that moved");
+                    session.node = to;
+                    session.session = moved;
+                }
+                other => return other,
+            }
+        }
+        let handle = session.session;
+        self.at_node(&session.node.clone(), |client| op(client, handle))
     }
 
     /// One step of a session, on its node.
     pub fn session_step(
         &mut self,
-        session: &RemoteSession,
+        session: &mut RemoteSession,
         inputs: &[Value],
         tensors: &[TensorRef<'_>],
     ) -> Result<Output, ClusterError> {
-        self.at_node(&session.node, |client| client.session_step(session.session, inputs, tensors))
+        self.on_session_node(session, |client, handle| client.session_step(handle, inputs, tensors))
     }
 
     /// A step of a session stopped at a breakpoint, parked on the session's node.
     pub fn session_step_until(
         &mut self,
-        session: &RemoteSession,
+        session: &mut RemoteSession,
         inputs: &[Value],
         tensors: &[TensorRef<'_>],
         until: Breakpoint,
     ) -> Result<Paused, ClusterError> {
-        self.at_node(&session.node, |client| client.session_step_until(session.session, inputs, tensors, until))
+        self.on_session_node(session, |client, handle| client.session_step_until(handle, inputs, tensors, until))
     }
 
     /// Tells a session's node what its agent does next.
-    pub fn session_signal(&mut self, session: &RemoteSession, signal: Signal) -> Result<(), ClusterError> {
-        self.at_node(&session.node, |client| client.session_signal(session.session, signal))
+    pub fn session_signal(&mut self, session: &mut RemoteSession, signal: Signal) -> Result<(), ClusterError> {
+        self.on_session_node(session, |client, handle| client.session_signal(handle, signal))
     }
 
     /// Frees a session's state on its node.
-    pub fn session_close(&mut self, session: &RemoteSession) -> Result<(), ClusterError> {
-        self.at_node(&session.node, |client| client.session_close(session.session))
+    pub fn session_close(&mut self, session: &mut RemoteSession) -> Result<(), ClusterError> {
+        self.on_session_node(session, |client, handle| client.session_close(handle))
+    }
+
+    /// Moves a session to the node at `to`, node to node: the session's earlier requests
+    /// finish where it is, then its state goes to `to` (which gets the model from this
+    /// client's kept archives when it lacks it) and `session` follows it. If the move fails,
+    /// the session stays where it was, whole, and this says why. A step of it parked at a
+    /// breakpoint must be resumed or aborted first.
+    pub fn session_move(&mut self, session: &mut RemoteSession, to: &str) -> Result<(), ClusterError> {
+        let mut registered_again = false;
+        loop {
+            if session.node == to {
+                return Ok(());
+            }
+            let fingerprint = session.fingerprint;
+            let grant = self.connection(to).and_then(|client| client.grant_session(&fingerprint))?;
+            match self.on_session_node(session, |client, handle| client.session_move(handle, to, &grant)) {
+                Ok((node, handle)) => {
+                    session.node = node;
+                    session.session = handle;
+                    return Ok(());
+                }
+                // The node at `to` lacks the model: it gets it, and the move is tried again.
+                Err(ClusterError::Node(e))
+                    if e.remote_code() == Some(ErrorCode::UnknownModel)
+                        && !registered_again
+                        && self.models.contains_key(&fingerprint) =>
+                {
+                    registered_again = true;
+                    self.register_on(to, &fingerprint)?;
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Unregisters a model from every node this client placed it on, and forgets it.

@@ -479,6 +479,29 @@ impl Client {
         }
     }
 
+    /// A one-time grant for another node to move a session of the model `fingerprint` here,
+    /// for this client's tenant (given to that node in [`Self::session_move`]).
+    pub fn grant_session(&mut self, fingerprint: &Fingerprint) -> Result<String, ClientError> {
+        let reply = self.call(&Message::Session(SessionMessage::ReceiveGrant { fingerprint: *fingerprint }), &[])?;
+        match reply.message {
+            Message::Kept(KeptMessage::PushGranted { grant }) => Ok(grant),
+            _ => Err(unexpected(&self.conn, reply)),
+        }
+    }
+
+    /// Moves the session to the node at `to` (as this node reaches it), on that node's
+    /// `grant` ([`Self::grant_session`]), after the session's earlier requests: where it is
+    /// then, and its handle there (another node, if it had moved already). The state goes
+    /// node to node; if the move fails, the session stays here, whole.
+    pub fn session_move(&mut self, session: Handle, to: &str, grant: &str) -> Result<(String, Handle), ClientError> {
+        let message = Message::Session(SessionMessage::Move { session, to: to.to_owned(), grant: grant.to_owned() });
+        let reply = self.call(&message, &[])?;
+        match reply.message {
+            Message::Session(SessionMessage::Moved { to, session }) => Ok((to, session)),
+            _ => Err(unexpected(&self.conn, reply)),
+        }
+    }
+
     /// Frees the session's state on the node.
     pub fn session_close(&mut self, session: Handle) -> Result<(), ClientError> {
         let reply = self.call(&Message::Session(SessionMessage::Close { session }), &[])?;
@@ -660,8 +683,15 @@ fn output_of(
     Ok(Output { value, tensors, kept, offsets, payload })
 }
 
+/// A reply that is not the one asked for: where a session went (see
+/// [`ClientError::SessionMoved`]), or an error.
 fn unexpected(conn: &ClientConn, reply: Frame) -> ClientError {
-    ClientError::UnexpectedReply { peer: conn.peer(), request_id: reply.request_id, kind: reply.message.kind().name() }
+    match reply.message {
+        Message::Session(SessionMessage::Moved { to, session }) => ClientError::SessionMoved { to, session },
+        other => {
+            ClientError::UnexpectedReply { peer: conn.peer(), request_id: reply.request_id, kind: other.kind().name() }
+        }
+    }
 }
 
 fn unspecified() -> std::net::SocketAddr {

@@ -28,6 +28,10 @@ pub enum ExecError {
     Session(#[from] SessionError),
     #[error(transparent)]
     Breakpoint(#[from] BreakpointError),
+    /// A session's move to another node failed there or on the way (the peer's code, or
+    /// `PeerUnreachable`); the session stays here.
+    #[error("{message}")]
+    Moving { code: ErrorCode, message: String },
     /// The principal may not do this (TorchScript without the right).
     #[error("{0}")]
     Forbidden(String),
@@ -80,6 +84,7 @@ impl ExecError {
             Self::Handle(e) => e.code(),
             Self::Session(e) => e.code(),
             Self::Breakpoint(e) => e.code(),
+            Self::Moving { code, .. } => *code,
             Self::Cuda(_) | Self::Internal(_) => ErrorCode::Internal,
         }
     }
@@ -126,6 +131,11 @@ pub enum SessionError {
         "session {session} has {queued} requests waiting (its step parked, or still running): send more once they are done"
     )]
     Busy { session: Handle, queued: usize },
+    /// Not an error to the client: the answer is `sessions.Moved`, which it follows.
+    #[error("session moved to the node at {to}, where it is {session}")]
+    Moved { to: String, session: Handle },
+    #[error("session {session} cannot move now: {why}")]
+    CannotMove { session: Handle, why: &'static str },
 }
 
 impl SessionError {
@@ -135,7 +145,8 @@ impl SessionError {
             Self::Unknown { .. } => ErrorCode::NotFound,
             Self::Full(_) => ErrorCode::OverBudget,
             Self::BadStep { .. } => ErrorCode::ExecutionFailed,
-            Self::Busy { .. } => ErrorCode::Busy,
+            Self::Busy { .. } | Self::CannotMove { .. } => ErrorCode::Busy,
+            Self::Moved { .. } => ErrorCode::NotFound,
         }
     }
 }

@@ -11,6 +11,9 @@
 //! ([`PushPeers`]): the live nodes the control plane lists, or a fixed list. Anywhere else
 //! nothing is connected to: no credential leaves the node, and no port is probed.
 //!
+//! Sessions move the same way ([`Mover::open_session`]): the state goes as a session `Open` of
+//! the same model on the peer, on a grant for it, from the worker whose turn the move is.
+//!
 //! The path built so far is staging: the tensor's bytes leave from host memory (copied there
 //! first from a GPU), and the peer copies them to its device. Between the two hosts they go over
 //! RDMA where both nodes have it (a large tensor is RDMA-WRITten into the host memory the peer
@@ -28,7 +31,8 @@ use djinn_dataplane::rdma::RdmaPort;
 use djinn_dataplane::tcp::{ClientTls, Replier, Reply, ReplyTo};
 use djinn_proto::rdma::SessionConfig;
 use djinn_proto::{
-    DataMessage, ErrorCode, Hello, KeptMessage, Limits, Message, PROTOCOL_VERSION, SharedBytes, TensorDesc, transports,
+    DataMessage, ErrorCode, Fingerprint, Handle, Hello, KeptMessage, Limits, Message, PROTOCOL_VERSION, SessionMessage,
+    SharedBytes, TensorDesc, transports,
 };
 use tch::Tensor;
 
@@ -221,6 +225,54 @@ impl Mover {
     }
 }
 
+impl Mover {
+    /// Opens, on the node at `to` and on its `grant`, a session of the model `fingerprint` for
+    /// `tenant` (by name) whose state is `state` (each tensor's description and bytes), holding
+    /// `reserve` bytes for it there. Runs on the caller's thread, on a connection of its own:
+    /// the handle the peer gives the session, and the path the state took.
+    pub fn open_session(
+        &self,
+        to: &str,
+        grant: &str,
+        tenant: &str,
+        fingerprint: Fingerprint,
+        state: &[(TensorDesc, OutputTensor)],
+        reserve: u64,
+    ) -> Result<(Handle, &'static str), (ErrorCode, String)> {
+        if !self.config.peers.allows(to) {
+            return Err(not_a_peer(to));
+        }
+        let mut conn = connect(to, grant, tenant, &self.config.options, self.config.rdma.as_ref())?;
+        let open = Message::Session(SessionMessage::Open {
+            fingerprint,
+            state: state.iter().map(|(desc, _)| desc.clone()).collect(),
+            reserve,
+        });
+        let payload: Vec<&[u8]> = state.iter().map(|(_, bytes)| bytes.as_ref()).collect();
+        let path = staging_path(conn.transport());
+        match conn.request(&open, &payload) {
+            Ok(reply) => match reply.message {
+                Message::Session(SessionMessage::Opened { session }) => Ok((session, path)),
+                other => Err((ErrorCode::Internal, format!("the peer at {to} answered a {}", other.kind().name()))),
+            },
+            Err(ClientError::Remote { code, message, .. }) => {
+                Err((code, format!("the peer at {to} refused the session: {message}")))
+            }
+            Err(e) => Err((ErrorCode::PeerUnreachable, format!("moving the session to {to} failed: {e}"))),
+        }
+    }
+}
+
+fn not_a_peer(to: &str) -> (ErrorCode, String) {
+    (
+        ErrorCode::Forbidden,
+        format!(
+            "{to:?} is not a node of this cluster: pushes and moves go to the live nodes the control plane lists, \
+             or to the node's --push-peers"
+        ),
+    )
+}
+
 impl Drop for Mover {
     fn drop(&mut self) {
         let workers = std::mem::take(&mut *self.workers.locked());
@@ -250,13 +302,7 @@ fn run(rx: Receiver<PushJob>, tenant: &str, config: &Config) {
         let result = if config.peers.allows(&to) {
             push(&mut peers, config, source, &to, &grant, tenant)
         } else {
-            Err((
-                ErrorCode::Forbidden,
-                format!(
-                    "{to:?} is not a node of this cluster: pushes go to the live nodes the control plane lists, \
-                     or to the node's --push-peers"
-                ),
-            ))
+            Err(not_a_peer(&to))
         };
         let reply = match result {
             Ok((kept, path)) => {

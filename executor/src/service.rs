@@ -17,6 +17,7 @@ use djinn_proto::{
 use tch::Device;
 
 use crate::cost::{ComputeMeter, ComputeQuota, Limits};
+use crate::error::SessionError;
 use crate::handles::HandleTable;
 use crate::models::{ModelStore, Unregistered, Upload};
 use crate::mover::{Mover, PeerLimits, PushPeers, PushSource};
@@ -24,7 +25,7 @@ use crate::parked::{Parked, ParkedTable};
 use crate::request::CallInputs;
 use crate::sessions::{Op, SessionOptions, SessionTable, Sessions};
 use crate::store::TensorStore;
-use crate::workers::{Job, WorkQueue, Workers};
+use crate::workers::{Job, Tables, WorkQueue, Workers};
 use djinn_sync::Locked;
 
 #[derive(Debug, Clone)]
@@ -93,7 +94,7 @@ pub struct NodeService {
     handles: Arc<Mutex<HandleTable>>,
     sessions: Sessions,
     parked: Arc<Mutex<ParkedTable>>,
-    mover: Mover,
+    mover: Arc<Mover>,
     auth: Option<Arc<Authenticator>>,
     // Before the workers: the sweeper holds a queue into them, which must go first.
     _sweeper: Sweeper,
@@ -123,15 +124,21 @@ impl NodeService {
             meter: Arc::new(meter),
             counters: Arc::default(),
         };
-        let workers = Workers::start(
-            options.workers,
-            options.device,
-            Arc::clone(&models),
-            Arc::clone(&handles),
-            sessions.clone(),
-            Arc::clone(&parked),
-            limits,
-        )?;
+        let mover = Arc::new(Mover::new(
+            options.push_timeout,
+            options.push_rdma,
+            options.push_peers,
+            options.push_connections,
+            options.push_tls,
+        ));
+        let tables = Tables {
+            models: Arc::clone(&models),
+            handles: Arc::clone(&handles),
+            sessions: sessions.clone(),
+            parked: Arc::clone(&parked),
+            mover: Arc::clone(&mover),
+        };
+        let workers = Workers::start(options.workers, options.device, tables, limits)?;
         tracing::info!(
             epoch = format_args!("{:016x}", handles.locked().epoch()),
             session_policy = options.sessions.policy.name(),
@@ -152,13 +159,7 @@ impl NodeService {
             handles,
             sessions,
             parked,
-            mover: Mover::new(
-                options.push_timeout,
-                options.push_rdma,
-                options.push_peers,
-                options.push_connections,
-                options.push_tls,
-            ),
+            mover,
             auth: options.auth,
             workers,
         })
@@ -204,8 +205,14 @@ impl NodeService {
                 }
                 None
             }
+            Err(SessionError::Moved { to, session }) => Some(Reply::message(SessionMessage::Moved { to, session })),
             Err(e) => Some(Reply::error(e.code(), e.to_string())),
         }
+    }
+
+    /// The name of `tenant`, as other nodes know it (empty where nodes need no token).
+    fn tenant_name(&self, tenant: TenantId) -> String {
+        self.auth.as_ref().and_then(|a| a.name(tenant)).map_or_else(String::new, |n| n.to_string())
     }
 
     fn push(
@@ -228,8 +235,7 @@ impl NodeService {
             },
         };
         // On the peer, the tensor is the same tenant's.
-        let name = self.auth.as_ref().and_then(|a| a.name(tenant)).map_or_else(String::new, |n| n.to_string());
-        self.mover.push(source, to, grant, name, reply_to, replier);
+        self.mover.push(source, to, grant, self.tenant_name(tenant), reply_to, replier);
         None
     }
 
@@ -413,9 +419,21 @@ impl Service for NodeService {
                 let op = Op::Step { inputs, until, to, replier: replier.clone() };
                 return self.enqueue(tenant, session, op);
             }
-            // Acknowledged at once: the signal takes effect in its turn, in the background.
+            // Acknowledged at once (the signal takes effect in its turn, in the background),
+            // unless a move is under way: then it waits for the move like a step.
             Message::Session(SessionMessage::Signal { session, signal }) => {
-                self.enqueue(tenant, session, Op::Signal(signal)).unwrap_or(Reply::message(SessionMessage::Signaled))
+                let ack = self.sessions.queues().is_moving(tenant, session).then(|| (to, replier.clone()));
+                let acked_now = ack.is_none();
+                match self.enqueue(tenant, session, Op::Signal { signal, ack }) {
+                    None if acked_now => Reply::message(SessionMessage::Signaled),
+                    None => return None,
+                    Some(refused) => refused,
+                }
+            }
+            Message::Session(SessionMessage::Move { session, to: peer, grant }) => {
+                let tenant_name = self.tenant_name(tenant);
+                let op = Op::Move { to: peer, grant, tenant: tenant_name, reply: to, replier: replier.clone() };
+                return self.enqueue(tenant, session, op);
             }
             Message::Session(SessionMessage::Close { session }) => {
                 return self.enqueue(tenant, session, Op::Close { to, replier: replier.clone() });

@@ -15,6 +15,13 @@
 //! swapped out to the host pool: under the semantic policy sessions in IO_WAIT go first, then the
 //! least recently used; under LRU only recency counts and signals move nothing. State is never
 //! dropped: a swap the host pool cannot take leaves the state where it is.
+//!
+//! A session moves to another node in its turn ([`Op::Move`]): the worker sends the state there
+//! as that node's own session (opened on a grant the tenant got from it) and frees it here only
+//! once the other node holds it. Requests that came during the move waited behind it; after it
+//! they, and any later request for the session here, are answered with where it went
+//! ([`SessionError::Moved`]), which the client follows. A move that fails leaves the session
+//! here as it was, and its queue goes on.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -87,7 +94,12 @@ pub enum Op {
         to: ReplyTo,
         replier: Replier,
     },
-    Signal(Signal),
+    /// `ack`: answered when applied, for a signal that came during a move (else it was
+    /// answered when it came).
+    Signal {
+        signal: Signal,
+        ack: Option<(ReplyTo, Replier)>,
+    },
     Close {
         to: ReplyTo,
         replier: Replier,
@@ -97,16 +109,37 @@ pub enum Op {
     /// The step parked at a breakpoint was aborted: the session is not stepping any more and
     /// its state stays as before the step (no reply).
     EndStep,
+    /// Moves the session to the node at `to` on `grant`, for the tenant named `tenant`.
+    Move {
+        to: String,
+        grant: String,
+        tenant: String,
+        reply: ReplyTo,
+        replier: Replier,
+    },
 }
 
 impl std::fmt::Debug for Op {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Step { to, .. } => f.debug_struct("Step").field("request_id", &to.request_id).finish(),
-            Self::Signal(signal) => f.debug_tuple("Signal").field(signal).finish(),
+            Self::Signal { signal, .. } => f.debug_tuple("Signal").field(signal).finish(),
             Self::Close { .. } => f.write_str("Close"),
             Self::Restore => f.write_str("Restore"),
             Self::EndStep => f.write_str("EndStep"),
+            Self::Move { to, .. } => f.debug_struct("Move").field("to", to).finish(),
+        }
+    }
+}
+
+impl Op {
+    /// Where the request's answer goes, for those that wait for one.
+    pub fn into_reply(self) -> Option<(ReplyTo, Replier)> {
+        match self {
+            Self::Step { to, replier, .. } | Self::Close { to, replier } => Some((to, replier)),
+            Self::Move { reply, replier, .. } => Some((reply, replier)),
+            Self::Signal { ack, .. } => ack,
+            Self::Restore | Self::EndStep => None,
         }
     }
 }
@@ -158,6 +191,8 @@ struct Queue {
     draining: bool,
     /// The running step is parked at a breakpoint: later requests wait until it ends.
     paused: bool,
+    /// A move is queued or under way: signals wait for it too (see [`Op::Signal`]).
+    moving: bool,
     /// When a request last came.
     last_used: Instant,
 }
@@ -177,6 +212,8 @@ struct Counters {
     state_bytes_replaced: AtomicU64,
     /// Sessions whose state is on the device now.
     on_device: AtomicU64,
+    moved_out: AtomicU64,
+    moves_failed: AtomicU64,
 }
 
 fn add(counter: &AtomicU64, n: u64) {
@@ -403,6 +440,30 @@ impl SessionTable {
         }
     }
 
+    /// Readies a move: hands out the model, the state (sharing its memory, on the device or in
+    /// host memory) and what it is charged; the state stays put until [`Self::moved_out`] or
+    /// [`Self::move_failed`].
+    pub fn begin_move(&mut self, id: u64) -> Result<(Arc<Model>, Vec<Tensor>, u64), ExecError> {
+        let s = self.session_mut(id)?;
+        s.stepping = true;
+        Ok((Arc::clone(&s.model), s.state.iter().map(Tensor::shallow_clone).collect(), s.charge))
+    }
+
+    /// The session is on another node now: its state here is freed.
+    pub fn moved_out(&mut self, id: u64) {
+        if self.remove(id) {
+            add(&self.counters.moved_out, 1);
+        }
+    }
+
+    /// The move failed: the session stays, as it was.
+    pub fn move_failed(&mut self, id: u64) {
+        if let Some(s) = self.sessions.get_mut(&id) {
+            s.stepping = false;
+        }
+        add(&self.counters.moves_failed, 1);
+    }
+
     fn remove(&mut self, id: u64) -> bool {
         let Some(s) = self.sessions.remove(&id) else { return false };
         if matches!(s.place, Place::Device(_)) {
@@ -426,6 +487,7 @@ impl SessionTable {
             queues.queues.remove(&id);
             self.remove(id);
         }
+        queues.forget_moved(now);
         add(&self.counters.expired, gone.len() as u64);
         if !gone.is_empty() {
             tracing::info!(expired = gone.len(), "sessions closed after {ttl:?} idle");
@@ -586,6 +648,17 @@ pub struct SessionQueues {
     epoch: u64,
     idle_ttl: Duration,
     queues: HashMap<u64, Queue>,
+    /// Sessions that moved to other nodes, kept for an idle timeout so that their requests
+    /// here are answered with where they went.
+    moved: HashMap<u64, MovedTo>,
+}
+
+/// Where a session went.
+struct MovedTo {
+    tenant: TenantId,
+    to: String,
+    session: Handle,
+    at: Instant,
 }
 
 impl std::fmt::Debug for SessionQueues {
@@ -597,7 +670,7 @@ impl std::fmt::Debug for SessionQueues {
 impl SessionQueues {
     /// The queues of `table`'s sessions (none yet).
     pub fn of(table: &SessionTable) -> Self {
-        Self { epoch: table.epoch, idle_ttl: table.options.idle_ttl, queues: HashMap::new() }
+        Self { epoch: table.epoch, idle_ttl: table.options.idle_ttl, queues: HashMap::new(), moved: HashMap::new() }
     }
 
     /// Sessions open.
@@ -607,7 +680,14 @@ impl SessionQueues {
 
     /// A session [`SessionTable::open`] just opened.
     pub fn insert(&mut self, session: Handle, tenant: TenantId) {
-        let queue = Queue { tenant, ops: VecDeque::new(), draining: false, paused: false, last_used: Instant::now() };
+        let queue = Queue {
+            tenant,
+            ops: VecDeque::new(),
+            draining: false,
+            paused: false,
+            moving: false,
+            last_used: Instant::now(),
+        };
         self.queues.insert(session.id, queue);
     }
 
@@ -617,9 +697,11 @@ impl SessionQueues {
             return Err(SessionError::Stale { session, current: self.epoch });
         }
         if self.queues.get(&session.id).is_some_and(|q| q.tenant == tenant) {
-            Ok(session.id)
-        } else {
-            Err(SessionError::Unknown { session, idle_ttl: self.idle_ttl })
+            return Ok(session.id);
+        }
+        match self.moved.get(&session.id) {
+            Some(m) if m.tenant == tenant => Err(SessionError::Moved { to: m.to.clone(), session: m.session }),
+            _ => Err(SessionError::Unknown { session, idle_ttl: self.idle_ttl }),
         }
     }
 
@@ -631,9 +713,61 @@ impl SessionQueues {
         if q.ops.len() >= MAX_QUEUED_OPS {
             return Err(SessionError::Busy { session, queued: q.ops.len() });
         }
+        if let Op::Move { .. } = op {
+            // A move waits for no parked step (its client could not resume it while waiting)
+            // and for no other move.
+            if q.paused || q.moving {
+                return Err(SessionError::CannotMove {
+                    session,
+                    why: if q.paused {
+                        "a step of it is parked at a breakpoint: resume or abort it first"
+                    } else {
+                        "it is moving already"
+                    },
+                });
+            }
+            q.moving = true;
+        }
         q.last_used = Instant::now();
         q.ops.push_back(op);
         Ok(q.start_drain())
+    }
+
+    /// Whether a move of `tenant`'s session is queued or under way.
+    pub fn is_moving(&self, tenant: TenantId, session: Handle) -> bool {
+        self.id_of(tenant, session).ok().and_then(|id| self.queues.get(&id)).is_some_and(|q| q.moving)
+    }
+
+    /// The session is on the node at `to` now, as `session`: its queue here is closed, and its
+    /// requests are answered with where it went until it idles out. Returns the requests that
+    /// waited behind the move.
+    pub fn moved_out(&mut self, id: u64, to: String, session: Handle) -> VecDeque<Op> {
+        let Some(q) = self.queues.remove(&id) else { return VecDeque::new() };
+        let tenant = q.tenant;
+        // Each tenant keeps as many forwarding entries as it may have sessions: the oldest go.
+        let mut theirs: Vec<(u64, Instant)> =
+            self.moved.iter().filter(|(_, m)| m.tenant == tenant).map(|(&id, m)| (id, m.at)).collect();
+        if theirs.len() >= crate::MAX_SESSIONS_PER_TENANT {
+            theirs.sort_by_key(|&(_, at)| at);
+            for (old, _) in &theirs[..=theirs.len() - crate::MAX_SESSIONS_PER_TENANT] {
+                self.moved.remove(old);
+            }
+        }
+        self.moved.insert(id, MovedTo { tenant, to, session, at: Instant::now() });
+        q.ops
+    }
+
+    /// The move failed: the session's queue goes on.
+    pub fn move_failed(&mut self, id: u64) {
+        if let Some(q) = self.queues.get_mut(&id) {
+            q.moving = false;
+        }
+    }
+
+    /// Forgets where sessions went that moved longer than an idle timeout ago.
+    fn forget_moved(&mut self, now: Instant) {
+        let ttl = self.idle_ttl;
+        self.moved.retain(|_, m| now.saturating_duration_since(m.at) < ttl);
     }
 
     /// Queues a restore ahead of a resume; true when the caller must start a drain.
@@ -725,6 +859,8 @@ impl SessionStats {
                 ("sessions_opened", get(&c.opened)),
                 ("sessions_closed", get(&c.closed)),
                 ("sessions_expired", get(&c.expired)),
+                ("sessions_moved_out", get(&c.moved_out)),
+                ("session_moves_failed", get(&c.moves_failed)),
                 ("session_steps", get(&c.steps)),
                 ("session_swaps_out", get(&c.swaps_out)),
                 ("session_swaps_in", get(&c.swaps_in)),
@@ -809,7 +945,7 @@ mod tests {
         let stale = Handle { id: 7, epoch: q.epoch ^ 1 };
         assert!(matches!(q.enqueue(ann, stale, Op::Restore), Err(SessionError::Stale { .. })));
         // The first request starts a drain; the ones after it join that drain.
-        assert!(q.enqueue(ann, session, Op::Signal(Signal::Compute)).unwrap());
+        assert!(q.enqueue(ann, session, Op::Signal { signal: Signal::Compute, ack: None }).unwrap());
         for _ in 1..MAX_QUEUED_OPS {
             assert!(!q.enqueue(ann, session, Op::Restore).unwrap());
         }
@@ -828,7 +964,10 @@ mod tests {
         assert!(q.next_op(3).is_some());
         // The step the drain ran parked: the next request waits, and the drain ends.
         q.pause(3);
-        assert!(!q.enqueue(tenant, session, Op::Signal(Signal::IoWait { resume_in_ms: None })).unwrap());
+        assert!(
+            !q.enqueue(tenant, session, Op::Signal { signal: Signal::IoWait { resume_in_ms: None }, ack: None })
+                .unwrap()
+        );
         assert!(q.next_op(3).is_none());
         // Aborted: a drain starts, with the step's end first.
         assert!(q.end_parked(3));
@@ -838,5 +977,28 @@ mod tests {
         assert_eq!(q.close(3).len(), 1);
         assert!(matches!(q.enqueue(tenant, session, Op::Restore), Err(SessionError::Unknown { .. })));
         assert_eq!(q.len(), 0);
+    }
+    /// Where moved sessions went is kept per tenant up to the number of sessions a tenant may
+    /// have (the oldest go first), for an idle timeout, and told to that tenant alone.
+    #[test]
+    fn where_moved_sessions_went_is_bounded_per_tenant_and_forgotten() {
+        let mut q = queues();
+        let (ann, ben) = (TenantId(1), TenantId(2));
+        let epoch = q.epoch;
+        let there = |id| Handle { id, epoch: 7 };
+        let total = crate::MAX_SESSIONS_PER_TENANT as u64 + 10;
+        for id in 0..total {
+            q.insert(Handle { id, epoch }, ann);
+            assert!(q.moved_out(id, "b:1".into(), there(id)).is_empty());
+        }
+        q.insert(Handle { id: total, epoch }, ben);
+        q.moved_out(total, "b:1".into(), there(total));
+        assert_eq!(q.moved.len(), crate::MAX_SESSIONS_PER_TENANT + 1);
+        assert!(matches!(q.id_of(ann, Handle { id: 0, epoch }), Err(SessionError::Unknown { .. })), "the oldest went");
+        let last = Handle { id: total - 1, epoch };
+        assert!(matches!(q.id_of(ann, last), Err(SessionError::Moved { session, .. }) if session == there(total - 1)));
+        assert!(matches!(q.id_of(ben, last), Err(SessionError::Unknown { .. })), "another tenant's");
+        q.forget_moved(Instant::now() + Duration::from_secs(61));
+        assert!(q.moved.is_empty());
     }
 }

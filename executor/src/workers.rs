@@ -26,6 +26,7 @@ use crate::error::SessionError;
 use crate::fair::FairQueue;
 use crate::handles::HandleTable;
 use crate::models::{Model, ModelStore, Upload, spread};
+use crate::mover::Mover;
 use crate::parked::{Activation, Parked, ParkedTable, SessionStep, Stopped, check_breakpoint};
 use crate::request::CallInputs;
 use crate::sessions::{Op, Sessions};
@@ -120,6 +121,8 @@ impl Scheduler {
 /// What the worker threads share.
 struct Shared {
     device: Device,
+    /// Node-to-node moves (a session's, in its turn).
+    mover: Arc<Mover>,
     models: Arc<Mutex<ModelStore>>,
     handles: Arc<Mutex<HandleTable>>,
     sessions: Sessions,
@@ -198,16 +201,18 @@ impl std::fmt::Debug for Workers {
     }
 }
 
+/// What the workers work on, shared with the node's service.
+pub struct Tables {
+    pub models: Arc<Mutex<ModelStore>>,
+    pub handles: Arc<Mutex<HandleTable>>,
+    pub sessions: Sessions,
+    pub parked: Arc<Mutex<ParkedTable>>,
+    pub mover: Arc<Mover>,
+}
+
 impl Workers {
-    pub fn start(
-        count: usize,
-        device: Device,
-        models: Arc<Mutex<ModelStore>>,
-        handles: Arc<Mutex<HandleTable>>,
-        sessions: Sessions,
-        parked: Arc<Mutex<ParkedTable>>,
-        limits: Limits,
-    ) -> std::io::Result<Self> {
+    pub fn start(count: usize, device: Device, tables: Tables, limits: Limits) -> std::io::Result<Self> {
+        let Tables { models, handles, sessions, parked, mover } = tables;
         let scheduler = Arc::new(Scheduler {
             queued: Mutex::new(Queued { jobs: FairQueue::default(), senders: 1 }),
             ready: Condvar::new(),
@@ -215,6 +220,7 @@ impl Workers {
         let counters = Arc::new(WorkerCounters::default());
         let shared = Arc::new(Shared {
             device,
+            mover,
             models,
             handles,
             sessions,
@@ -366,7 +372,7 @@ fn work(scheduler: &Scheduler, shared: &Shared) {
 }
 
 /// Runs `f`, turning a panic into an error.
-fn caught(f: impl FnOnce() -> Result<Reply, ExecError>) -> Result<Reply, ExecError> {
+fn caught<T>(f: impl FnOnce() -> Result<T, ExecError>) -> Result<T, ExecError> {
     catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|panic| {
         let what =
             panic.downcast_ref::<String>().cloned().or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()));
@@ -395,7 +401,12 @@ fn session_next(id: u64, shared: &Shared) -> bool {
             }
             replier.send(to, reply_of(result));
         }
-        Op::Signal(signal) => sessions.locked().signal(id, signal),
+        Op::Signal { signal, ack } => {
+            sessions.locked().signal(id, signal);
+            if let Some((to, replier)) = ack {
+                replier.send(to, Reply::message(SessionMessage::Signaled));
+            }
+        }
         Op::Restore => sessions.locked().restore_ahead(id),
         Op::EndStep => {
             let _ = sessions.locked().end_step(id, None);
@@ -404,16 +415,57 @@ fn session_next(id: u64, shared: &Shared) -> bool {
             let after = shared.sessions.queues().close(id);
             sessions.locked().close(id);
             replier.send(to, Reply::message(SessionMessage::Closed));
-            for op in after {
-                if let Op::Step { to, replier, .. } | Op::Close { to, replier } = op {
-                    let e = ExecError::Internal(format!("session {id} was closed before this request"));
-                    replier.send(to, Reply::error(djinn_proto::ErrorCode::NotFound, e.to_string()));
-                }
+            for (to, replier) in after.into_iter().filter_map(Op::into_reply) {
+                let e = ExecError::Internal(format!("session {id} was closed before this request"));
+                replier.send(to, Reply::error(djinn_proto::ErrorCode::NotFound, e.to_string()));
             }
             return false;
         }
+        Op::Move { to, grant, tenant, reply, replier } => {
+            let started = Instant::now();
+            match caught(|| move_session(id, &to, &grant, &tenant, shared)) {
+                Ok(session) => {
+                    let after = shared.sessions.queues().moved_out(id, to.clone(), session);
+                    sessions.locked().moved_out(id);
+                    tracing::info!(session = id, peer = %to, took = ?started.elapsed(), "session moved");
+                    let moved = || Reply::message(SessionMessage::Moved { to: to.clone(), session });
+                    replier.send(reply, moved());
+                    // What waited behind the move is answered with where the session went, and
+                    // sent there again by its client.
+                    for (to, replier) in after.into_iter().filter_map(Op::into_reply) {
+                        replier.send(to, moved());
+                    }
+                    return false;
+                }
+                Err(e) => {
+                    sessions.locked().move_failed(id);
+                    shared.sessions.queues().move_failed(id);
+                    tracing::info!(session = id, peer = %to, error = %e, "session move failed: it stays here");
+                    replier.send(reply, Reply::error(e.code(), e.to_string()));
+                }
+            }
+        }
     }
     true
+}
+
+/// Sends a session's state to the node at `to` as a session of its own there (see
+/// [`Mover::open_session`]); the session's handle there. The state stays here, unchanged,
+/// until the caller frees it.
+fn move_session(id: u64, to: &str, grant: &str, tenant: &str, shared: &Shared) -> Result<Handle, ExecError> {
+    let (model, state, charge) = shared.sessions.table.locked().begin_move(id)?;
+    let state = state
+        .into_iter()
+        .map(|t| OutputTensor::new(t, None).map(|(bytes, desc)| (desc, bytes)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let bytes: u64 = state.iter().map(|(desc, _)| desc.byte_len).sum();
+    let started = Instant::now();
+    let (session, path) = shared
+        .mover
+        .open_session(to, grant, tenant, model.fingerprint, &state, charge)
+        .map_err(|(code, message)| ExecError::Moving { code, message })?;
+    tracing::debug!(session = id, peer = %to, bytes, path, seconds = started.elapsed().as_secs_f64(), "session state sent");
+    Ok(session)
 }
 
 /// One step: the model runs on the inputs followed by the state; the last outputs become the

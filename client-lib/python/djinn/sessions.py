@@ -36,7 +36,9 @@ class Session:
     Signals and steps take effect on the node in the order sent. `reserve`: device bytes to
     hold for the state as it grows (the node charges the larger of the two). Closing frees the
     state; a session never closed (its client died) is closed by the node after its
-    `--session-idle-timeout`. If the node dies, the state is lost with it (HandleLostError)."""
+    `--session-idle-timeout`. `move(node)` moves the session to another node, node to node
+    (prefill on one node, decode on another); otherwise, if its node dies, the state is lost
+    with it (HandleLostError)."""
 
     __module__ = "djinn"
     __slots__ = ("model", "_client", "_native", "_closed")
@@ -90,6 +92,25 @@ class Session:
         if any(n != self.node for n in call.nodes):
             raise DjinnError(f"RemoteTensor inputs of a session must be on its node ({self.node})")
         return wire, call
+
+    def move(self, node: str) -> None:
+        """Moves the session to `node` (an address, or a node's name under a control plane):
+        its earlier steps and signals finish where it is, then its state goes to `node` node to
+        node (over RDMA where both have it; never through this client), and the session goes on
+        there from where it was. The target gets the model from this client when it lacks it.
+        Steps sent meanwhile by other clients wait for the move and follow it. If the move
+        fails, the session stays where it was, whole, and this raises why. A step of it parked
+        at a breakpoint must be resumed or aborted first."""
+        self._check()
+        self._client._native.session_move(self._native, self._address_of(node))
+
+    def _address_of(self, node: str) -> str:
+        if ":" in node:
+            return node
+        for n in self._client.cluster()["nodes"]:
+            if n["name"] == node:
+                return n["inventory"]["addr"]
+        raise DjinnError(f"no live node named {node!r}")
 
     def io_wait(self, expected_ms: Optional[int] = None) -> None:
         """The agent waits on something else (a tool, a user), for about `expected_ms` when

@@ -221,19 +221,21 @@ impl Kept {
     }
 }
 
-/// A session open on a node: which node, and the session's handle there.
+/// A session open on a node: which node, and the session's handle there (both change when the
+/// session moves).
 #[pyclass(frozen, module = "djinn._native")]
-struct Session(RemoteSession);
+struct Session(Mutex<RemoteSession>);
 
 #[pymethods]
 impl Session {
     #[getter]
-    fn node(&self) -> &str {
-        &self.0.node
+    fn node(&self) -> String {
+        self.0.locked().node.clone()
     }
 
     fn __repr__(&self) -> String {
-        format!("Session(node={:?}, id={})", self.0.node, self.0.session.id)
+        let s = self.0.locked();
+        format!("Session(node={:?}, id={})", s.node, s.session.id)
     }
 }
 
@@ -398,10 +400,10 @@ impl Client {
             // free. (Unreleased tensors on a live node expire after its --handle-ttl.)
             let _ = client.release(&node, &handles);
         }
-        for session in std::mem::take(&mut *self.unclosed.locked()) {
+        for mut session in std::mem::take(&mut *self.unclosed.locked()) {
             // Likewise: a session on a live node that this misses is closed after the node's
             // --session-idle-timeout.
-            let _ = client.session_close(&session);
+            let _ = client.session_close(&mut session);
         }
         for parked in std::mem::take(&mut *self.unaborted.locked()) {
             // Likewise: the node releases it after its --parked-ttl.
@@ -635,9 +637,13 @@ impl Client {
         let lent = lent::lend_all(&tensors)?;
         let refs = lent::refs(&lent);
         let until = breakpoint(block, send_activation);
-        let paused =
-            py.detach(|| self.lock().session_step_until(&session.0, &inputs, &refs, until)).map_err(to_py_err)?;
-        paused_to_py(py, paused, &session.0.node)
+        let (paused, node) = py
+            .detach(|| {
+                let mut s = session.0.locked();
+                self.lock().session_step_until(&mut s, &inputs, &refs, until).map(|p| (p, s.node.clone()))
+            })
+            .map_err(to_py_err)?;
+        paused_to_py(py, paused, &node)
     }
 
     /// Runs a parked request on, on its activation or on `activation` (nested, with
@@ -737,7 +743,9 @@ impl Client {
         let fingerprint = parse_fingerprint(fingerprint)?;
         let lent = lent::lend_all(&state)?;
         let refs = lent::refs(&lent);
-        py.detach(|| self.lock().session_open(&fingerprint, &refs, reserve)).map(Session).map_err(to_py_err)
+        py.detach(|| self.lock().session_open(&fingerprint, &refs, reserve))
+            .map(|s| Session(Mutex::new(s)))
+            .map_err(to_py_err)
     }
 
     /// One step of a session: its model runs on `inputs` (as for `execute`) and the session's
@@ -752,31 +760,42 @@ impl Client {
         let inputs = inputs.iter().map(value_from_py).collect::<PyResult<Vec<_>>>()?;
         let lent = lent::lend_all(&tensors)?;
         let refs = lent::refs(&lent);
-        let output = py.detach(|| self.lock().session_step(&session.0, &inputs, &refs)).map_err(to_py_err)?;
+        let (output, node) = py
+            .detach(|| {
+                let mut s = session.0.locked();
+                self.lock().session_step(&mut s, &inputs, &refs).map(|o| (o, s.node.clone()))
+            })
+            .map_err(to_py_err)?;
         let output = Arc::new(output);
-        value_to_py(py, &output.value, &output, &session.0.node)
+        value_to_py(py, &output.value, &output, &node)
     }
 
     /// The session's agent waits (on a tool, on a user), for about `expected_ms` when given.
     #[pyo3(signature = (session, expected_ms = None))]
     fn session_io_wait(&self, py: Python<'_>, session: &Session, expected_ms: Option<u32>) -> PyResult<()> {
         let signal = Signal::IoWait { resume_in_ms: expected_ms };
-        py.detach(|| self.lock().session_signal(&session.0, signal)).map_err(to_py_err)
+        py.detach(|| self.lock().session_signal(&mut session.0.locked(), signal)).map_err(to_py_err)
     }
 
     /// The session's agent is about to compute again.
     fn session_compute(&self, py: Python<'_>, session: &Session) -> PyResult<()> {
-        py.detach(|| self.lock().session_signal(&session.0, Signal::Compute)).map_err(to_py_err)
+        py.detach(|| self.lock().session_signal(&mut session.0.locked(), Signal::Compute)).map_err(to_py_err)
     }
 
     /// Frees the session's state on its node.
     fn session_close(&self, py: Python<'_>, session: &Session) -> PyResult<()> {
-        py.detach(|| self.lock().session_close(&session.0)).map_err(to_py_err)
+        py.detach(|| self.lock().session_close(&mut session.0.locked())).map_err(to_py_err)
+    }
+
+    /// Moves a session to the node at `node`, node to node (its state never comes here);
+    /// `session` follows it. A move that fails leaves the session where it was.
+    fn session_move(&self, py: Python<'_>, session: &Session, node: &str) -> PyResult<()> {
+        py.detach(|| self.lock().session_move(&mut session.0.locked(), node)).map_err(to_py_err)
     }
 
     /// Closes a session with the next call (for finalisers: never waits).
     fn close_later(&self, session: &Session) {
-        self.unclosed.locked().push(session.0.clone());
+        self.unclosed.locked().push(session.0.locked().clone());
     }
 
     fn unregister_model(&self, py: Python<'_>, fingerprint: &str) -> PyResult<()> {

@@ -166,3 +166,78 @@ def test_a_session_lives_on_the_node_its_model_was_placed_on_and_is_lost_with_it
     with rm.session(*cached.empty_state()) as s:
         assert s.node == rm.placement["addr"] != first["addr"]
         assert torch.equal(greedy(s.step, prompt, NEW_TOKENS), generate(gpt, prompt, NEW_TOKENS))
+
+
+def test_a_llama_session_prefills_on_one_node_and_decodes_on_another(cluster, tmp_path):
+    """A Hugging Face Llama (random weights, a static KV cache) generates greedily, token for
+    token as the local `generate` does: prefill on the node it was placed on, decode on the
+    other, moved back in the middle of decoding (by name); its first node killed after a move
+    (it goes on where it went); the node it was to go to killed before the move (it goes on
+    where it was)."""
+    from conftest import hf_llama
+    from test_graph_sessions import local_generate, register
+
+    torch.manual_seed(0)
+    model = hf_llama().eval()
+    prompt = torch.randint(1, 97, (1, 7))
+    new_tokens = 10
+    want = local_generate(model, prompt, new_tokens)[0]
+    client = djinn.Client(cluster.url, failover=20.0)
+    rm = register(client, model, prompt)
+    address = {name: node.address for name, node in cluster.nodes.items()}
+    name_at = {addr: name for name, addr in address.items()}
+
+    def other(addr):
+        return next(a for a in address.values() if a != addr)
+
+    def decode(s, logits, between=lambda i: None):
+        tokens = []
+        for i in range(new_tokens):
+            tok = logits[:, -1].argmax(-1, keepdim=True)
+            tokens.append(tok.item())
+            between(i)
+            if i + 1 < new_tokens:
+                logits = s.step(input_ids=tok)
+        return tokens
+
+    def sessions_on(addr):
+        return djinn.Client(addr).node_stats()["sessions"]
+
+    with rm.session() as s:
+        first = s.node
+        logits = s.step(input_ids=prompt)
+        s.move(other(first))
+        assert s.node == other(first)
+        assert sessions_on(first) == 0 and sessions_on(s.node) == 1
+
+        def back_at_five(i):
+            if i == 5:
+                s.move(name_at[first])
+                assert s.node == first
+
+        assert decode(s, logits, back_at_five) == want
+
+    # Moved, then its first node killed: it goes on where it went.
+    with rm.session() as s:
+        first = s.node
+        logits = s.step(input_ids=prompt)
+        s.move(other(first))
+        cluster.nodes[name_at[first]].kill()
+        assert decode(s, logits) == want
+
+    # A third node joins; the node a session was to move to is killed before the move: the
+    # move fails and the session goes on where it was.
+    cluster.nodes["spare"] = DjinnProcess(
+        "node", "--device", "cpu", "--control", cluster.url, "--name", "spare", "--device-memory-budget", "256MiB",
+    )
+    live = [n for n, node in cluster.nodes.items() if node.proc.poll() is None]
+    cluster.wait_for_nodes(live)
+    with rm.session() as s:
+        here = s.node
+        logits = s.step(input_ids=prompt)
+        there = next(n for n in live if cluster.nodes[n].address != here)
+        cluster.nodes[there].kill()
+        with pytest.raises(djinn.TransportError):
+            s.move(cluster.nodes[there].address)
+        assert s.node == here
+        assert decode(s, logits) == want

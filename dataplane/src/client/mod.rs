@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use djinn_memory::BufferPool;
 use djinn_proto::{
-    DataMessage, ErrorCode, Frame, FrameReader, Hello, Limits, Message, PROTOCOL_VERSION, Payload, PayloadAlloc,
-    ProtocolError, RecvEvent, Refusal,
+    DataMessage, ErrorCode, Frame, FrameReader, Handle, Hello, Limits, Message, PROTOCOL_VERSION, Payload,
+    PayloadAlloc, ProtocolError, RecvEvent, Refusal,
 };
 
 use djinn_proto::rdma::SessionConfig;
@@ -59,6 +59,9 @@ pub enum ClientError {
     NoRdma(String),
     #[error("TLS to {peer}: {message}")]
     Tls { peer: SocketAddr, message: String },
+    /// The session is on another node now: the request goes there (see `sessions.Moved`).
+    #[error("the session moved to the node at {to}, where it is {session}")]
+    SessionMoved { to: String, session: Handle },
 }
 
 impl ClientError {

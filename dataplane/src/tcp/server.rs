@@ -19,9 +19,9 @@ use crate::rdma::{ChannelError, Completion, RdmaChannel, RdmaContext, RdmaError}
 use djinn_proto::rdma::SessionConfig;
 
 use djinn_proto::{
-    DataMessage, ErrorCode, Frame, FrameReader, Hello, KeptMessage, Limits, Message, OutFrame, PROTOCOL_VERSION,
-    Payload, PayloadAlloc, ProtocolError, RdmaParams, RecvEvent, Refusal, SendQueue, SharedBytes, TensorDesc,
-    transports,
+    DataMessage, ErrorCode, Fingerprint, Frame, FrameReader, Hello, KeptMessage, Limits, Message, OutFrame,
+    PROTOCOL_VERSION, Payload, PayloadAlloc, ProtocolError, RdmaParams, RecvEvent, Refusal, SendQueue, SessionMessage,
+    SharedBytes, TensorDesc, transports,
 };
 
 /// The node's answer to one request.
@@ -252,13 +252,34 @@ pub const GRANT_TTL: Duration = Duration::from_secs(60);
 pub const MAX_GRANTS_PER_TENANT: usize = 64;
 
 /// A one-time capability this node gave a tenant: a node that presents it in its hello (for
-/// that tenant, by name) may deliver one tensor of `tensor`'s description into the tenant's
-/// memory here, and do nothing else. Pushing nodes carry no credential of their own.
+/// that tenant, by name) may make one delivery into the tenant's memory here, and do nothing
+/// else. Pushing nodes carry no credential of their own.
 struct Grant {
     tenant: TenantId,
     name: String,
-    tensor: TensorDesc,
+    delivery: Delivery,
     expires: Instant,
+}
+
+/// What a grant lets another node deliver.
+#[derive(Debug, Clone, PartialEq)]
+enum Delivery {
+    /// One tensor of this description, kept (`kept.Keep`).
+    Tensor(TensorDesc),
+    /// A session of this model, moved here (`sessions.Open`, with its state).
+    Session(Fingerprint),
+}
+
+impl Delivery {
+    fn is(&self, message: &Message) -> bool {
+        match (self, message) {
+            (Self::Tensor(granted), Message::Kept(KeptMessage::Keep { tensor })) => tensor == granted,
+            (Self::Session(granted), Message::Session(SessionMessage::Open { fingerprint, .. })) => {
+                fingerprint == granted
+            }
+            _ => false,
+        }
+    }
 }
 
 /// 32 bytes from the system's random source, in hex.
@@ -330,9 +351,9 @@ pub(crate) struct Conn {
     operator: bool,
     /// See [`ReplyTo::torchscript`].
     torchscript: bool,
-    /// Set when the connection came in on a push grant: the tensor it may deliver, and whether
-    /// it did. It may do nothing else.
-    granted: Option<(TensorDesc, bool)>,
+    /// Set when the connection came in on a push grant: what it may deliver, and whether it
+    /// did. It may do nothing else.
+    granted: Option<(Delivery, bool)>,
     /// When it was accepted, and when a frame last went either way (set by the timeout check
     /// from `active`, which the hot path sets: no clock read per frame).
     accepted: Instant,
@@ -414,7 +435,7 @@ struct Alloc<'a, S> {
     admission: Option<&'a mut Admission>,
     tenant: Option<TenantId>,
     /// See [`Conn::granted`].
-    granted: Option<&'a (TensorDesc, bool)>,
+    granted: Option<&'a (Delivery, bool)>,
     counters: &'a mut ServerCounters,
     now: Instant,
 }
@@ -422,8 +443,8 @@ struct Alloc<'a, S> {
 impl<S: Service> PayloadAlloc for Alloc<'_, S> {
     fn alloc(&mut self, message: &Message, len: usize) -> Result<Payload, Refusal> {
         let Some(tenant) = self.tenant else { return Err(unauthenticated()) };
-        if let Some((tensor, used)) = self.granted
-            && (*used || !matches!(message, Message::Kept(KeptMessage::Keep { tensor: t }) if t == tensor))
+        if let Some((delivery, used)) = self.granted
+            && (*used || !delivery.is(message))
         {
             return Err(granted_only());
         }
@@ -436,10 +457,10 @@ impl<S: Service> PayloadAlloc for Alloc<'_, S> {
 
 /// Whether a connection that came on a push grant may make this request: the delivery the
 /// grant names, once (marked used here), pings and its RDMA upgrade.
-fn grant_allows(granted: &mut (TensorDesc, bool), message: &Message) -> bool {
+fn grant_allows(granted: &mut (Delivery, bool), message: &Message) -> bool {
     match message {
         Message::Data(DataMessage::Ping) | Message::Data(DataMessage::RdmaConnect(_)) => true,
-        Message::Kept(KeptMessage::Keep { tensor }) if !granted.1 && *tensor == granted.0 => {
+        message if !granted.1 && granted.0.is(message) => {
             granted.1 = true;
             true
         }
@@ -449,7 +470,7 @@ fn grant_allows(granted: &mut (TensorDesc, bool), message: &Message) -> bool {
 
 /// What a connection that came on a push grant gets for anything but what the grant allows.
 fn granted_only() -> Refusal {
-    let message = "this connection came on a push grant: it may deliver the one tensor the grant names".into();
+    let message = "this connection came on a push grant: it may make the one delivery the grant names".into();
     Refusal { code: ErrorCode::Forbidden, message }
 }
 
@@ -523,8 +544,8 @@ impl<S: Service> Core<S> {
         self.next_deadline_check
     }
 
-    /// Gives `tenant` a grant to receive one `tensor` pushed by another node.
-    fn grant(&mut self, tenant: TenantId, tensor: TensorDesc) -> Reply {
+    /// Gives `tenant` a grant to receive one delivery from another node.
+    fn grant(&mut self, tenant: TenantId, delivery: Delivery) -> Reply {
         let now = self.now;
         self.grants.retain(|_, g| g.expires > now);
         if self.grants.values().filter(|g| g.tenant == tenant).count() >= MAX_GRANTS_PER_TENANT {
@@ -538,7 +559,7 @@ impl<S: Service> Core<S> {
             Err(e) => return Reply::error(ErrorCode::Internal, format!("no randomness for a grant: {e}")),
         };
         let name = self.config.auth.as_ref().and_then(|a| a.name(tenant)).map_or_else(String::new, |n| n.to_string());
-        self.grants.insert(secret.clone(), Grant { tenant, name, tensor, expires: now + GRANT_TTL });
+        self.grants.insert(secret.clone(), Grant { tenant, name, delivery, expires: now + GRANT_TTL });
         Reply::message(KeptMessage::PushGranted { grant: secret })
     }
 
@@ -886,7 +907,7 @@ impl<S: Service> Core<S> {
             conn.tenant = Some(grant.tenant);
             conn.operator = false;
             conn.torchscript = false;
-            conn.granted = Some((grant.tensor, false));
+            conn.granted = Some((grant.delivery, false));
             return Reply::message(DataMessage::HelloAck(self.hello.clone()));
         }
         conn.granted = None;
@@ -1036,7 +1057,10 @@ impl<S: Service> Core<S> {
     fn dispatch(&mut self, frame: Frame, to: ReplyTo) -> Option<Reply> {
         let reply = match &frame.message {
             Message::Data(DataMessage::Ping) => Reply::message(DataMessage::Pong),
-            Message::Kept(KeptMessage::PushGrant { tensor }) => self.grant(to.tenant, tensor.clone()),
+            Message::Kept(KeptMessage::PushGrant { tensor }) => self.grant(to.tenant, Delivery::Tensor(tensor.clone())),
+            Message::Session(SessionMessage::ReceiveGrant { fingerprint }) => {
+                self.grant(to.tenant, Delivery::Session(*fingerprint))
+            }
             Message::Data(DataMessage::Stats) => {
                 let c = &self.counters;
                 let mut counters: Vec<(String, u64)> = [

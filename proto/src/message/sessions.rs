@@ -29,6 +29,18 @@ family! {
         /// Frees the session's state (after its earlier steps).
         Close { session: Handle } = 0x119 request,
         Closed = 0x11a reply,
+        /// Moves the session to the node at `to` (host:port, as this node reaches it), after
+        /// its earlier requests: this node sends the state there on `grant` (what that node's
+        /// `ReceiveGrant` gave the tenant) and frees it once that node holds it. Answered by
+        /// `Moved`; a move that fails leaves the session here, whole.
+        Move { session: Handle, to: String, grant: String } = 0x122 request,
+        /// The session is on the node at `to` now, as `session`: the answer to a `Move`, and to
+        /// any later request for the session here.
+        Moved { to: String, session: Handle } = 0x123 reply,
+        /// Asks this node for a one-time capability to receive, for the caller's tenant, a
+        /// session of the model `fingerprint` moved from another node. Answered by
+        /// `kept.PushGranted`.
+        ReceiveGrant { fingerprint: Fingerprint } = 0x124 request,
     }
 }
 
@@ -46,7 +58,14 @@ impl SessionMessage {
     pub(super) fn tensors(&self) -> &[TensorDesc] {
         match self {
             Self::Open { state: tensors, .. } | Self::Step { tensors, .. } => tensors,
-            Self::Opened { .. } | Self::Signal { .. } | Self::Signaled | Self::Close { .. } | Self::Closed => &[],
+            Self::Opened { .. }
+            | Self::Signal { .. }
+            | Self::Signaled
+            | Self::Close { .. }
+            | Self::Closed
+            | Self::Move { .. }
+            | Self::Moved { .. }
+            | Self::ReceiveGrant { .. } => &[],
         }
     }
 
@@ -81,6 +100,16 @@ impl SessionMessage {
                 }
             }
             Self::Signaled | Self::Closed => {}
+            Self::Move { session, to, grant } => {
+                w.handle(session);
+                w.str(to);
+                w.str(grant);
+            }
+            Self::Moved { to, session } => {
+                w.str(to);
+                w.handle(session);
+            }
+            Self::ReceiveGrant { fingerprint } => w.fingerprint(fingerprint),
         }
     }
 
@@ -110,6 +139,11 @@ impl SessionMessage {
             SessionKind::Signaled => Self::Signaled,
             SessionKind::Close => Self::Close { session: r.handle()? },
             SessionKind::Closed => Self::Closed,
+            SessionKind::Move => {
+                Self::Move { session: r.handle()?, to: r.string("peer address")?, grant: r.string("grant")? }
+            }
+            SessionKind::Moved => Self::Moved { to: r.string("peer address")?, session: r.handle()? },
+            SessionKind::ReceiveGrant => Self::ReceiveGrant { fingerprint: r.fingerprint()? },
         })
     }
 }
@@ -118,7 +152,7 @@ impl SessionMessage {
 pub(crate) fn arbitrary() -> impl proptest::strategy::Strategy<Value = SessionMessage> {
     use super::breakpoints::breakpoint;
     use super::models::fingerprint;
-    use crate::strategies::{handle, tensors, values};
+    use crate::strategies::{handle, name, tensors, values};
     use proptest::prelude::*;
 
     let signal = prop_oneof![
@@ -142,5 +176,8 @@ pub(crate) fn arbitrary() -> impl proptest::strategy::Strategy<Value = SessionMe
         Just(SessionMessage::Signaled),
         handle().prop_map(|session| SessionMessage::Close { session }),
         Just(SessionMessage::Closed),
+        (handle(), name(), name()).prop_map(|(session, to, grant)| SessionMessage::Move { session, to, grant }),
+        (name(), handle()).prop_map(|(to, session)| SessionMessage::Moved { to, session }),
+        fingerprint().prop_map(|fingerprint| SessionMessage::ReceiveGrant { fingerprint }),
     ]
 }
