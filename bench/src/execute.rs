@@ -36,10 +36,9 @@ pub struct ExecuteArgs {
     results: Option<PathBuf>,
 }
 
-/// A TorchScript archive made by tracing `f` on `example`.
-pub(crate) fn archive(name: &str, example: &Tensor, f: &mut dyn FnMut(&[Tensor]) -> Vec<Tensor>) -> Result<Vec<u8>> {
-    let module =
-        CModule::create_by_tracing(name, "forward", std::slice::from_ref(example), &mut |xs: &[Tensor]| f(xs))?;
+/// A TorchScript archive made by tracing `f` on `examples` (its inputs).
+pub(crate) fn archive(name: &str, examples: &[Tensor], f: &mut dyn FnMut(&[Tensor]) -> Vec<Tensor>) -> Result<Vec<u8>> {
+    let module = CModule::create_by_tracing(name, "forward", examples, &mut |xs: &[Tensor]| f(xs))?;
     let dir = tempfile::tempdir()?;
     let path = dir.path().join(format!("{name}.pt"));
     module.save(&path)?;
@@ -58,9 +57,9 @@ pub fn run(args: ExecuteArgs) -> Result<()> {
     // Weights become constants of the traced graph, which they may only be without gradients.
     vs.freeze();
     let x = Tensor::randn([4, 256], (Kind::Float, Device::Cpu));
-    let tiny_mlp = archive("tiny_mlp", &x, &mut |xs| vec![mlp.forward(&xs[0])])?;
+    let tiny_mlp = archive("tiny_mlp", std::slice::from_ref(&x), &mut |xs| vec![mlp.forward(&xs[0])])?;
     let big = Tensor::randn([16 << 20], (Kind::Float, Device::Cpu));
-    let identity = archive("identity", &big.narrow(0, 0, 4), &mut |xs| vec![xs[0].shallow_clone()])?;
+    let identity = archive("identity", &[big.narrow(0, 0, 4)], &mut |xs| vec![xs[0].shallow_clone()])?;
 
     let store = tempfile::tempdir()?;
     let store_arg = store.path().join("control.redb").display().to_string();

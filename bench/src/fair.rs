@@ -63,7 +63,7 @@ pub fn run(args: FairArgs) -> Result<()> {
     let linear = nn::linear(vs.root() / "fc", args.width, args.width, Default::default());
     vs.freeze();
     let x = Tensor::randn([args.rows, args.width], (Kind::Float, Device::Cpu));
-    let model = archive("layer", &x, &mut |xs| vec![linear.forward(&xs[0]).gelu("none")])?;
+    let model = archive("layer", std::slice::from_ref(&x), &mut |xs| vec![linear.forward(&xs[0]).gelu("none")])?;
 
     let dir = tempfile::tempdir()?;
     let tokens = dir.path().join("tokens.json");

@@ -5,6 +5,7 @@
 mod agents;
 mod execute;
 mod fair;
+mod moves;
 mod placement;
 mod plan;
 mod push;
@@ -25,6 +26,7 @@ use clap::{Args, Subcommand};
 pub use agents::AgentsArgs;
 pub use execute::ExecuteArgs;
 pub use fair::FairArgs;
+pub use moves::MoveArgs;
 pub use placement::PlacementArgs;
 pub use plan::PlanArgs;
 pub use push::PushArgs;
@@ -60,6 +62,9 @@ pub enum BenchCommand {
     /// A node pushing a kept tensor into another node's memory, 64 KiB to 256 MiB, against raw
     /// loopback TCP and (on a GPU) the device-to-host copy.
     Push(PushArgs),
+    /// A session's state moved node to node, 64 KiB to 256 MiB, against raw loopback TCP (or
+    /// ib_write_bw), and a step sent behind a move against the move's own time.
+    Move(MoveArgs),
     /// N simulated LLM agents on the tiny transformer (Poisson arrivals, bursts of decode
     /// steps, exponential tool waits) sharing a session budget of 16: the most agents each
     /// session policy serves within a p99 bound, semantic against LRU in the same run.
@@ -83,6 +88,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
         BenchCommand::Placement(args) => placement::run(args),
         BenchCommand::Plan(args) => plan::run(args),
         BenchCommand::Push(args) => push::run(args),
+        BenchCommand::Move(args) => moves::run(args),
         BenchCommand::Agents(args) => agents::run(args),
         BenchCommand::Resume(args) => resume::run(args),
         BenchCommand::Soak(args) => soak::run(args),

@@ -58,7 +58,9 @@ pub fn run(args: ResumeArgs) -> Result<()> {
         let mut vs = nn::VarStore::new(Device::Cpu);
         let linear = nn::linear(vs.root() / "fc", args.width, args.width, Default::default());
         vs.freeze();
-        archives.push(archive(&format!("block{i}"), &example, &mut |xs| vec![linear.forward(&xs[0]).gelu("none")])?);
+        archives.push(archive(&format!("block{i}"), std::slice::from_ref(&example), &mut |xs| {
+            vec![linear.forward(&xs[0]).gelu("none")]
+        })?);
     }
     let device = djinn_executor::device_name(args.device);
     let node = Spawned::start(&["node", "--listen", "127.0.0.1:0", "--log", "warn", "--device", &device])?;

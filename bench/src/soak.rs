@@ -156,7 +156,7 @@ impl Model {
             .add(nn::linear(vs.root() / "fc2", 128, 64, Default::default()));
         vs.freeze();
         let x = Tensor::randn([4, 64], (Kind::Float, Device::Cpu));
-        let archive = archive("soak_mlp", &x, &mut |xs| vec![mlp.forward(&xs[0])])?;
+        let archive = archive("soak_mlp", std::slice::from_ref(&x), &mut |xs| vec![mlp.forward(&xs[0])])?;
         let local = CModule::load_data(&mut archive.as_slice()).context("load the model here")?;
         Ok(Self { archive, local })
     }
