@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -399,6 +400,20 @@ at::Tensor* djinn_meta_like(const at::Tensor* t, char** err) {
     at::Tensor* out = nullptr;
     guarded(err, [&] {
         out = new at::Tensor(at::empty_strided(t->sizes(), t->strides(), t->options().device(c10::kMeta)));
+    });
+    return out;
+}
+
+// A CPU tensor of `nbytes` bytes (uint8) over `data`, whose memory `context` owns: `release`
+// is called on `context` once, when no tensor uses the memory any more, however the tensors
+// that view it were shared (at once if the tensor could not be made). Memory that Rust owns
+// then lives as long as any tensor over it, never shorter.
+at::Tensor* djinn_owned_bytes(void* data, int64_t nbytes, void* context, void (*release)(void*), char** err) {
+    std::shared_ptr<void> owner(context, release);
+    at::Tensor* out = nullptr;
+    guarded(err, [&] {
+        auto options = at::TensorOptions().dtype(at::kByte).device(c10::kCPU);
+        out = new at::Tensor(at::from_blob(data, {nbytes}, [owner](void*) {}, options));
     });
     return out;
 }

@@ -11,6 +11,7 @@ use tch::{Device, Kind, Tensor};
 
 use crate::error::ExecError;
 use crate::handles::HandleTable;
+use crate::tensors::owned_view;
 use djinn_sync::Locked;
 
 pub fn kind_of(dtype: DType) -> Kind {
@@ -29,26 +30,29 @@ pub fn kind_of(dtype: DType) -> Kind {
 }
 
 /// Tensors over the bytes of `payload`, laid out as `descs` say, moved to `device` when it is
-/// not the CPU. The views borrow `payload`: it must outlive them (the caller keeps the `Arc`).
+/// not the CPU. The views hold `payload`: it lives as long as any tensor over it.
 pub fn input_tensors(
     descs: &[TensorDesc],
     payload: Option<&Arc<Payload>>,
     device: Device,
 ) -> Result<Vec<Tensor>, ExecError> {
     let (offsets, _) = payload_layout(descs).map_err(|e| ExecError::Internal(e.to_string()))?;
-    let base = payload.map_or(std::ptr::null(), |p| p.buf.as_ptr());
     descs
         .iter()
         .zip(offsets)
         .map(|(desc, offset)| {
             let shape: Vec<i64> = desc.shape.iter().map(|&d| d as i64).collect();
             let kind = kind_of(desc.dtype);
-            let tensor = if desc.byte_len == 0 || base.is_null() {
-                Tensor::f_zeros(&shape, (kind, Device::Cpu))?
-            } else {
-                // SAFETY: the frame reader checked that the payload holds every tensor at its
-                // offset with its byte length; the payload outlives the view (see above).
-                unsafe { Tensor::f_from_blob(base.add(offset as usize), &shape, &[], kind, Device::Cpu)? }
+            let tensor = match payload {
+                Some(payload) if desc.byte_len > 0 => {
+                    // SAFETY: the frame reader checked that the payload holds every tensor at
+                    // its offset with its byte length.
+                    let data = unsafe { payload.buf.as_ptr().add(offset as usize) };
+                    // SAFETY: those bytes are the payload's, whose buffer never moves while it
+                    // lives, and they are what `kind` and `shape` take.
+                    unsafe { owned_view(Arc::clone(payload), data, desc.byte_len as usize, &shape, kind)? }
+                }
+                _ => Tensor::f_zeros(&shape, (kind, Device::Cpu))?,
             };
             Ok(if device == Device::Cpu { tensor } else { tensor.f_to_device(device)? })
         })
@@ -224,7 +228,7 @@ impl<'a> Outputs<'a> {
     }
 
     /// Keeps `t` where it is; a CPU output that is a view of the request's payload (a model
-    /// returning its input) is copied first, as the payload goes back to the pool.
+    /// returning its input) is copied first (see [`aliases`]).
     fn kept_tensor(&mut self, t: Tensor, table: &Mutex<HandleTable>, tenant: TenantId) -> Result<Value, ExecError> {
         let t = match (aliases(&t, self.inputs.as_ref()), t.is_contiguous()) {
             (true, _) => t.f_contiguous()?.f_detach_copy()?,
@@ -238,8 +242,10 @@ impl<'a> Outputs<'a> {
     }
 }
 
-/// True when `t` is a view of the request's payload (a model that returns its input), which
-/// goes back to the pool after the request: a tensor kept past it must be copied.
+/// True when `t` is a view of the request's payload (a model that returns its input). The view
+/// holds the payload, so it is safe to keep; a tensor kept past the request is copied out of it
+/// all the same, to be charged as what it is while the payload's buffer and its charge as a
+/// request's input go back with the request.
 pub fn aliases(t: &Tensor, payload: Option<&Arc<Payload>>) -> bool {
     payload.is_some_and(|p| {
         let start = p.buf.as_ptr() as usize;

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use djinn_auth::TenantId;
 use djinn_memory::{MemoryBudget, Reservation};
-use djinn_proto::{Handle, HandleInfo, Payload, TensorDesc};
+use djinn_proto::{Handle, HandleInfo, TensorDesc};
 use tch::Tensor;
 
 use crate::error::{ExecError, HandleError};
@@ -21,10 +21,10 @@ struct Entry {
     tensor: Tensor,
     desc: TensorDesc,
     last_used: Instant,
-    /// What pays for the tensor's memory: a reservation of its own, or the received payload
-    /// (charged when it was allocated) that a CPU tensor is a view of.
+    /// What pays for the tensor's memory: a reservation of its own, or none for a CPU tensor
+    /// over the received payload, which holds the payload and its charge (made when it was
+    /// allocated) as long as any tensor over it lives.
     _reservation: Option<Reservation>,
-    _payload: Option<Payload>,
     /// The entry's own charge (`MIN_CHARGE`), whatever its bytes.
     _bookkeeping: Reservation,
 }
@@ -85,13 +85,13 @@ impl HandleTable {
     pub fn keep(&mut self, tenant: TenantId, tensor: Tensor) -> Result<HandleInfo, ExecError> {
         let desc = describe(&tensor)?;
         let reservation = self.budget.try_reserve_for(tenant, desc.byte_len)?;
-        self.insert(tenant, tensor, desc, Some(reservation), None)
+        self.insert(tenant, tensor, desc, Some(reservation))
     }
 
-    /// Keeps a CPU tensor that is a view of `payload`; the payload's reservation pays for it.
-    pub fn keep_view(&mut self, tenant: TenantId, tensor: Tensor, payload: Payload) -> Result<HandleInfo, ExecError> {
+    /// Keeps a CPU tensor over a received payload, whose reservation pays for it.
+    pub fn keep_view(&mut self, tenant: TenantId, tensor: Tensor) -> Result<HandleInfo, ExecError> {
         let desc = describe(&tensor)?;
-        self.insert(tenant, tensor, desc, None, Some(payload))
+        self.insert(tenant, tensor, desc, None)
     }
 
     fn insert(
@@ -100,7 +100,6 @@ impl HandleTable {
         tensor: Tensor,
         desc: TensorDesc,
         reservation: Option<Reservation>,
-        payload: Option<Payload>,
     ) -> Result<HandleInfo, ExecError> {
         let held = self.held.get(&tenant).copied().unwrap_or(0);
         if held >= crate::MAX_OBJECTS_PER_TENANT {
@@ -120,7 +119,6 @@ impl HandleTable {
             desc: desc.clone(),
             last_used: Instant::now(),
             _reservation: reservation,
-            _payload: payload,
             _bookkeeping: bookkeeping,
         };
         self.entries.insert(handle.id, entry);

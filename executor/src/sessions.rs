@@ -449,11 +449,13 @@ impl SessionTable {
         Ok((Arc::clone(&s.model), s.state.iter().map(Tensor::shallow_clone).collect(), s.charge))
     }
 
-    /// The session is on another node now: its state here is freed.
-    pub fn moved_out(&mut self, id: u64) {
-        if self.remove(id) {
-            add(&self.counters.moved_out, 1);
-        }
+    /// The session is on another node now: it leaves the table, and its charges with it. Its
+    /// state's memory goes with what this returns, for the caller to drop once it has answered
+    /// (freeing a large state takes a while).
+    pub fn moved_out(&mut self, id: u64) -> Vec<Tensor> {
+        let Some(s) = self.take(id) else { return Vec::new() };
+        add(&self.counters.moved_out, 1);
+        s.state
     }
 
     /// The move failed: the session stays, as it was.
@@ -465,11 +467,15 @@ impl SessionTable {
     }
 
     fn remove(&mut self, id: u64) -> bool {
-        let Some(s) = self.sessions.remove(&id) else { return false };
+        self.take(id).is_some()
+    }
+
+    fn take(&mut self, id: u64) -> Option<Session> {
+        let s = self.sessions.remove(&id)?;
         if matches!(s.place, Place::Device(_)) {
             self.counters.on_device.fetch_sub(1, Ordering::Relaxed);
         }
-        true
+        Some(s)
     }
 
     /// Closes sessions idle past the time limit (none with work queued or running), their

@@ -31,3 +31,94 @@ pub fn describe(tensor: &Tensor) -> Result<TensorDesc, ExecError> {
 pub(crate) fn tensor_bytes(t: &Tensor) -> u64 {
     t.numel() as u64 * t.kind().elt_size_in_bytes() as u64
 }
+
+unsafe extern "C" {
+    fn djinn_owned_bytes(
+        data: *mut std::ffi::c_void,
+        nbytes: i64,
+        context: *mut std::ffi::c_void,
+        release: unsafe extern "C" fn(*mut std::ffi::c_void),
+        err: *mut *mut std::ffi::c_char,
+    ) -> *mut std::ffi::c_void;
+    fn djinn_free_message(message: *mut std::ffi::c_char);
+}
+
+/// Gives back the `Arc` that [`owned_view`] handed to libtorch.
+unsafe extern "C" fn release_arc<T>(context: *mut std::ffi::c_void) {
+    // SAFETY: `context` is the pointer `Arc::into_raw` made in `owned_view`, released once.
+    drop(unsafe { std::sync::Arc::from_raw(context.cast_const().cast::<T>()) });
+}
+
+/// A CPU tensor of `kind` and `shape` over `len` bytes at `data`, memory that `owner` keeps.
+/// The tensor's storage holds `owner`: the memory lives as long as any tensor over it (clones,
+/// views, outputs that alias it), whoever drops `owner`'s other references meanwhile.
+///
+/// # Safety
+/// `data..data + len` must be memory that stays valid and unmoved for as long as `owner`
+/// lives, and `len` must be what `kind` and `shape` take.
+pub unsafe fn owned_view<T: Send + Sync + 'static>(
+    owner: std::sync::Arc<T>,
+    data: *const u8,
+    len: usize,
+    shape: &[i64],
+    kind: Kind,
+) -> Result<Tensor, ExecError> {
+    let context = std::sync::Arc::into_raw(owner).cast_mut().cast::<std::ffi::c_void>();
+    let mut err = std::ptr::null_mut();
+    // SAFETY: libtorch takes `context` and calls `release_arc` on it once; `data..data + len`
+    // is valid as long as `context` is (the caller's promise).
+    let raw = unsafe { djinn_owned_bytes(data.cast_mut().cast(), len as i64, context, release_arc::<T>, &mut err) };
+    if raw.is_null() {
+        let message = if err.is_null() {
+            "no tensor over the payload".to_owned()
+        } else {
+            // SAFETY: a NUL-terminated message the shim allocated.
+            let text = unsafe { std::ffi::CStr::from_ptr(err) }.to_string_lossy().into_owned();
+            // SAFETY: that message, freed once, here.
+            unsafe { djinn_free_message(err) };
+            text
+        };
+        return Err(ExecError::Internal(message));
+    }
+    // SAFETY: a new `at::Tensor*` the shim made, which the `Tensor` owns from here.
+    let bytes = unsafe { Tensor::from_ptr(raw.cast()) };
+    Ok(bytes.f_view_dtype(kind)?.f_view(shape)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    static RELEASED: AtomicUsize = AtomicUsize::new(0);
+
+    struct Owner(Vec<u8>);
+
+    impl Drop for Owner {
+        fn drop(&mut self) {
+            RELEASED.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// The memory outlives every reference of its own owner's: the tensors over it keep it, and
+    /// it goes, once, with the last of them.
+    #[test]
+    fn an_owned_view_keeps_its_memory_until_the_last_tensor_over_it_goes() {
+        let bytes: Vec<u8> = [1.5f32, -2.0, 3.25, 4.0, 5.0, 6.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let owner = Arc::new(Owner(bytes));
+        let data = owner.0.as_ptr();
+        // SAFETY: the Vec's heap memory does not move while `owner` lives.
+        let t = unsafe { owned_view(Arc::clone(&owner), data, 24, &[2, 3], Kind::Float) }.unwrap();
+        let clone = t.shallow_clone();
+        let row = t.get(1);
+        drop(owner);
+        drop(t);
+        drop(clone);
+        assert_eq!(RELEASED.load(Ordering::SeqCst), 0, "a view of it is still alive");
+        assert_eq!(Vec::<f32>::try_from(&row).unwrap(), [4.0, 5.0, 6.0]);
+        drop(row);
+        assert_eq!(RELEASED.load(Ordering::SeqCst), 1);
+    }
+}

@@ -426,7 +426,7 @@ fn session_next(id: u64, shared: &Shared) -> bool {
             match caught(|| move_session(id, &to, &grant, &tenant, shared)) {
                 Ok(session) => {
                     let after = shared.sessions.queues().moved_out(id, to.clone(), session);
-                    sessions.locked().moved_out(id);
+                    let state = sessions.locked().moved_out(id);
                     tracing::info!(session = id, peer = %to, took = ?started.elapsed(), "session moved");
                     let moved = || Reply::message(SessionMessage::Moved { to: to.clone(), session });
                     replier.send(reply, moved());
@@ -435,6 +435,7 @@ fn session_next(id: u64, shared: &Shared) -> bool {
                     for (to, replier) in after.into_iter().filter_map(Op::into_reply) {
                         replier.send(to, moved());
                     }
+                    drop(state);
                     return false;
                 }
                 Err(e) => {
@@ -553,7 +554,8 @@ impl Run {
     }
 
     fn park(self, activation: IValue, block: usize, send: bool, shared: &Shared) -> Result<Reply, ExecError> {
-        // The request's payload goes back to the pool: what the activation shares of it is copied.
+        // The request's payload goes back with the request: what the activation shares of it is
+        // copied (see `aliases`).
         let payload = self.payload.as_ref();
         let activation =
             Activation::of(activation, &mut |t| if aliases(&t, payload) { t.f_detach_copy() } else { Ok(t) })?;
@@ -684,7 +686,7 @@ fn replacement(
     Ok(Some(spread(to_ivalue(value, &tensors, &Default::default())?)))
 }
 
-/// `t`, copied when it is a view of the request's payload (which goes back to the pool).
+/// `t`, copied when it is a view of the request's payload (see `aliases`).
 fn owned(t: &Tensor, payload: Option<&Arc<Payload>>) -> Result<Tensor, ExecError> {
     Ok(if aliases(t, payload) { t.f_detach_copy()? } else { t.shallow_clone() })
 }
@@ -731,12 +733,15 @@ fn open_session(
     reserve: u64,
     sessions: &Sessions,
 ) -> Result<Reply, ExecError> {
-    let payload = payload.map(Arc::new);
-    // On the CPU the tensors are views of the request's payload, which goes back to the pool.
-    let mut state = input_tensors(state, payload.as_ref(), model.device)?
-        .into_iter()
-        .map(|t| if aliases(&t, payload.as_ref()) { t.f_detach_copy().map_err(Into::into) } else { Ok(t) })
-        .collect::<Result<Vec<_>, ExecError>>()?;
+    // On the CPU the state is the received payload itself, held by the tensors over it and
+    // charged to the session (its charge to the host budget as a request's input ends here).
+    let payload = payload.map(|mut p| {
+        if model.device == Device::Cpu {
+            p.reservation = None;
+        }
+        Arc::new(p)
+    });
+    let mut state = input_tensors(state, payload.as_ref(), model.device)?;
     // A graph with state starts from its initial values, or from a state the client gave.
     if let Some(graph) = model.stateful() {
         if state.is_empty() {
@@ -788,11 +793,8 @@ fn keep(
         .ok_or_else(|| ExecError::Internal("no tensor".into()))?;
     let mut table = handles.locked();
     let kept = match payload {
-        // The tensor is a view of the payload: the payload goes into the table with it.
-        Some(payload) if device == Device::Cpu => {
-            let payload = Arc::try_unwrap(payload).map_err(|_| ExecError::Internal("payload still shared".into()))?;
-            table.keep_view(tenant, tensor, payload)?
-        }
+        // The tensor is a view of the payload, which it holds, and its charge with it.
+        Some(_) if device == Device::Cpu => table.keep_view(tenant, tensor)?,
         _ => table.keep(tenant, tensor)?,
     };
     Ok(Reply::message(KeptMessage::Kept { kept }))
