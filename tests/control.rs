@@ -37,6 +37,15 @@ impl Control {
         self.url.trim_start_matches("http://")
     }
 
+    /// SIGKILL: no goodbye.
+    fn kill(&mut self) {
+        if let Some(child) = &mut self.child {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.child = None;
+    }
+
     /// `(status, body as JSON)`; the body is `null` when empty.
     fn http(&self, method: &str, path: &str, body: Option<&str>) -> (u16, Json) {
         let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
@@ -429,6 +438,74 @@ fn two_controls_on_one_etcd_agree() {
         |c: &Control| c.cluster()["nodes"].as_array().unwrap().iter().map(|n| n["name"].clone()).collect::<Vec<_>>();
     assert_eq!(nodes(&one), nodes(&two));
     assert_eq!(one.cluster()["sessions"], two.cluster()["sessions"]);
+}
+
+/// Two control processes on one etcd, and nodes and a client given both: killing either
+/// (SIGKILL) in the middle of a workload loses no request, no node's lease lapses, and
+/// placements (and a model's description) go on through the other; then the same with the
+/// other, once the first is back.
+#[test]
+fn either_of_two_control_processes_may_die() {
+    let backing = Backing::etcd();
+    let mut controls = [backing.control("127.0.0.1:0"), backing.control("127.0.0.1:0")];
+    let both = format!("{},{}", controls[0].url, controls[1].url);
+    let _nodes: Vec<Node> = ["a", "b"]
+        .into_iter()
+        .map(|name| {
+            let args = ["--device", "cpu", "--control", &both, "--name", name, "--flops", "1e11"];
+            Node::start("mio", &[&args[..], &["--host-to-device", "1e10", "--device-memory-budget", "256MiB"]].concat())
+        })
+        .collect();
+    for control in &controls {
+        control.wait_for_nodes(&["a", "b"], Duration::from_secs(20));
+    }
+    let leases = |c: &Control| -> Vec<(String, u64)> {
+        let cluster = c.cluster();
+        let nodes = cluster["nodes"].as_array().unwrap();
+        nodes.iter().map(|n| (n["name"].as_str().unwrap().to_owned(), n["lease"].as_u64().unwrap())).collect()
+    };
+    let held = leases(&controls[0]);
+    assert_eq!(held, leases(&controls[1]));
+
+    let options = ClientOptions { timeout: Some(Duration::from_secs(10)), ..ClientOptions::default() };
+    let mut client = ClusterClient::open(&both, options, FailoverOptions::default()).expect("the control plane");
+    let halves = client.register_model(vec![support::archive("halves").into()], None, None, false, |_, _| {});
+    let halves = halves.unwrap().fingerprint;
+    // Every request checked; each fifth under a new session key, which the control plane places.
+    let work = |client: &mut ClusterClient, round: usize, requests: std::ops::Range<u64>| {
+        for i in requests {
+            let x: Vec<f32> = (0..64).map(|j| (i * 64 + j) as f32).collect();
+            let idx: Vec<i64> = (0..8).map(|j| (i * 8 + j) as i64).collect();
+            let (xb, ib) = (f32_bytes(x.iter().copied()), i64_bytes(&idx));
+            let tensors = [
+                TensorRef { dtype: DType::F32, shape: &[64], bytes: &xb },
+                TensorRef { dtype: DType::I64, shape: &[8], bytes: &ib },
+            ];
+            let session = format!("agent-{round}-{}", i / 5);
+            let out = client
+                .execute(&halves, Some(&session), &[Value::Tensor(0), Value::Tensor(1)], &tensors)
+                .unwrap_or_else(|e| panic!("request {i}: {e}"));
+            assert_eq!(out.tensor_bytes(0), f32_bytes(x.iter().map(|v| v * 2.0)), "request {i}");
+        }
+    };
+    let ttl = Duration::from_millis(backing.lease_ttl_ms());
+    for victim in [0, 1] {
+        let survivor = 1 - victim;
+        work(&mut client, victim, 0..50);
+        let placements = client.stats().0.placements;
+        controls[victim].kill();
+        work(&mut client, victim, 50..200);
+        assert!(client.stats().0.placements >= placements + 30, "placements went on");
+        let mlp = client.register_model(vec![support::archive("mlp").into()], None, None, false, |_, _| {});
+        mlp.unwrap_or_else(|e| panic!("a model described and placed through the survivor: {e}"));
+        // Several lease times later the nodes are there under the leases they had.
+        std::thread::sleep(3 * ttl);
+        assert_eq!(leases(&controls[survivor]), held, "a lease lapsed");
+        let addr = controls[victim].addr().to_owned();
+        controls[victim] = backing.control(&addr);
+        controls[victim].wait_for_nodes(&["a", "b"], Duration::from_secs(10));
+        assert_eq!(leases(&controls[victim]), held);
+    }
 }
 
 /// A node serves its counters as Prometheus text; so does the control plane.

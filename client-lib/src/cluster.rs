@@ -158,11 +158,12 @@ fn is_node_failure(e: &ClientError) -> bool {
 }
 
 impl ClusterClient {
-    /// Connects to `address`: a control plane when it is a URL (`http://HOST:PORT`), else a
-    /// node; a bare `HOST:PORT` that turns out to serve HTTP is taken as a control plane.
+    /// Connects to `address`: a control plane when it is a URL (`http://HOST:PORT`) or a list
+    /// of them (control processes that share a store, separated by commas), else a node; a bare
+    /// `HOST:PORT` that turns out to serve HTTP is taken as a control plane.
     pub fn open(address: &str, options: ClientOptions, failover: FailoverOptions) -> Result<Self, ClusterError> {
         let timeout = options.timeout.unwrap_or(Duration::from_secs(60));
-        let target = if address.contains("://") {
+        let target = if address.contains("://") || address.contains(',') {
             let control = ControlClient::new(address, timeout).with_token(&options.token);
             control.whoami()?;
             Target::Control(control)

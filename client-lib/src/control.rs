@@ -3,6 +3,8 @@
 //! Only the fields a client acts on are read from a decision; the whole of it is kept as JSON,
 //! for people.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
@@ -112,11 +114,16 @@ struct DecisionFields {
 /// (by default, the web's public roots).
 pub const CA_ENV: &str = "DJINN_CONTROL_CA";
 
-/// A blocking HTTP client of one control plane.
+/// A blocking HTTP client of a control plane: of one control process, or of several that
+/// share a store (etcd), as etcd's own clients take a list of endpoints. A request goes to the
+/// endpoint that last answered; one that cannot be reached, or whose store is away (503), sends
+/// the request on to the next, so no one control process is a single point of failure.
 #[derive(Clone)]
 pub struct ControlClient {
     http: ureq::Agent,
-    url: String,
+    /// The endpoints (never empty) and the one that last answered, shared by the clones.
+    urls: Arc<[String]>,
+    current: Arc<AtomicUsize>,
     /// `Bearer TOKEN`, when the client has a token.
     authorization: Option<String>,
     /// Why the client cannot be used (a CA file that does not load): every request says so.
@@ -127,7 +134,7 @@ pub struct ControlClient {
 impl std::fmt::Debug for ControlClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ControlClient")
-            .field("url", &self.url)
+            .field("urls", &self.urls)
             .field("authorization", &self.authorization.as_ref().map(|_| "Bearer <redacted>"))
             .field("broken", &self.broken)
             .finish_non_exhaustive()
@@ -135,9 +142,10 @@ impl std::fmt::Debug for ControlClient {
 }
 
 impl ControlClient {
-    /// `url`: `http://HOST:PORT` or `https://HOST:PORT` (a bare `HOST:PORT` is taken as http).
-    /// An https control plane's certificate must chain to the certificates of the file that
-    /// [`CA_ENV`] names, when it is set.
+    /// `url`: `http://HOST:PORT` or `https://HOST:PORT` (a bare `HOST:PORT` is taken as http),
+    /// or several, separated by commas: control processes that share a store. An https control
+    /// plane's certificate must chain to the certificates of the file that [`CA_ENV`] names,
+    /// when it is set. `timeout` bounds each request to one endpoint.
     pub fn new(url: &str, timeout: Duration) -> Self {
         let roots = std::env::var_os(CA_ENV).map(|path| {
             std::fs::read(&path)
@@ -158,15 +166,20 @@ impl ControlClient {
         Ok(Self::build(url, timeout, Some(roots)))
     }
 
-    fn build(url: &str, timeout: Duration, roots: Option<Vec<ureq::tls::Certificate<'static>>>) -> Self {
-        let url = url.trim_end_matches('/');
-        let url = if url.contains("://") { url.to_owned() } else { format!("http://{url}") };
+    fn build(urls: &str, timeout: Duration, roots: Option<Vec<ureq::tls::Certificate<'static>>>) -> Self {
+        let normal = |url: &str| {
+            let url = url.trim().trim_end_matches('/');
+            if url.contains("://") { url.to_owned() } else { format!("http://{url}") }
+        };
+        let list: Vec<String> = urls.split(',').filter(|u| !u.trim().is_empty()).map(normal).collect();
+        let broken = list.is_empty().then(|| format!("no control plane address in {urls:?}"));
+        let urls: Arc<[String]> = if list.is_empty() { Arc::from([urls.to_owned()]) } else { list.into() };
         let mut config = ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(timeout));
         if let Some(roots) = roots {
             let roots = ureq::tls::RootCerts::Specific(std::sync::Arc::new(roots));
             config = config.tls_config(ureq::tls::TlsConfig::builder().root_certs(roots).build());
         }
-        Self { http: config.build().into(), url, authorization: None, broken: None }
+        Self { http: config.build().into(), urls, current: Arc::default(), authorization: None, broken }
     }
 
     /// Presents `token` with every request (none when empty).
@@ -183,41 +196,48 @@ impl ControlClient {
         }
     }
 
+    /// The endpoint requests go to first: the one that last answered.
     pub fn url(&self) -> &str {
-        &self.url
+        &self.urls[self.current.load(Ordering::Relaxed) % self.urls.len()]
     }
 
-    /// Sends a request; the answer's body when the status is 2xx, the control plane's typed
-    /// refusal otherwise.
-    fn send(&self, request: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> Result<String, ControlError> {
+    /// Sends the request `make` builds for an endpoint's base URL: to the endpoint that last
+    /// answered, then, while an endpoint is unreachable or its store away, to the next. The
+    /// answer's body when the status is 2xx, the control plane's typed refusal otherwise.
+    fn send(
+        &self,
+        make: impl Fn(&str) -> Result<ureq::http::Response<ureq::Body>, ureq::Error>,
+    ) -> Result<String, ControlError> {
         if let Some(why) = &self.broken {
-            return Err(ControlError::Unreachable { url: self.url.clone(), message: why.clone() });
+            return Err(ControlError::Unreachable { url: self.url().to_owned(), message: why.clone() });
         }
-        let mut response =
-            request.map_err(|e| ControlError::Unreachable { url: self.url.clone(), message: e.to_string() })?;
-        let status = response.status().as_u16();
-        let body = response
-            .body_mut()
-            .read_to_string()
-            .map_err(|e| ControlError::Unreachable { url: self.url.clone(), message: e.to_string() })?;
-        if (200..300).contains(&status) {
-            return Ok(body);
+        let first = self.current.load(Ordering::Relaxed);
+        let mut outcome = Err(ControlError::Unreachable { url: String::new(), message: "no endpoint".into() });
+        for i in 0..self.urls.len() {
+            let at = (first + i) % self.urls.len();
+            let url = &self.urls[at];
+            outcome = send_to(url, make(url));
+            match &outcome {
+                Err(e) if e.is_transient() && self.urls.len() > 1 => {
+                    tracing::warn!(control = %url, error = %e, "control plane endpoint failed: trying the next");
+                }
+                _ => {
+                    self.current.store(at, Ordering::Relaxed);
+                    break;
+                }
+            }
         }
-        let (kind, message) = match serde_json::from_str::<Refusal>(&body) {
-            Ok(Refusal { error }) => (error.kind, error.message),
-            Err(_) => ("unknown".to_owned(), body),
-        };
-        Err(ControlError::Refused { url: self.url.clone(), status, kind, message })
+        outcome
     }
 
     fn parse<T: DeserializeOwned>(&self, body: &str) -> Result<T, ControlError> {
         serde_json::from_str(body)
-            .map_err(|e| ControlError::BadAnswer { url: self.url.clone(), message: e.to_string() })
+            .map_err(|e| ControlError::BadAnswer { url: self.url().to_owned(), message: e.to_string() })
     }
 
     pub fn describe_model(&self, fingerprint: &Fingerprint, model: &ModelDescription) -> Result<(), ControlError> {
-        let url = format!("{}/v1/models/{}", self.url, fingerprint.to_hex());
-        self.send(self.authorized(self.http.put(url)).send_json(model)).map(drop)
+        let path = format!("/v1/models/{}", fingerprint.to_hex());
+        self.send(|base| self.authorized(self.http.put(format!("{base}{path}"))).send_json(model)).map(drop)
     }
 
     /// Asks where to run a described model (for `session`, when given) under `policy` (the
@@ -236,7 +256,7 @@ impl ControlClient {
             body["policy"] = policy.into();
         }
         let decision =
-            self.send(self.authorized(self.http.post(format!("{}/v1/placements", self.url))).send_json(body))?;
+            self.send(|base| self.authorized(self.http.post(format!("{base}/v1/placements"))).send_json(&body))?;
         let fields: DecisionFields = self.parse(&decision)?;
         Ok(Placed { node: fields.node, addr: fields.addr, rule: fields.rule, decision })
     }
@@ -248,27 +268,27 @@ impl ControlClient {
         inventory: &impl Serialize,
     ) -> Result<T, ControlError> {
         let body = serde_json::json!({ "name": name, "inventory": inventory });
-        let answer = self.send(self.authorized(self.http.post(format!("{}/v1/nodes", self.url))).send_json(body))?;
+        let answer = self.send(|base| self.authorized(self.http.post(format!("{base}/v1/nodes"))).send_json(&body))?;
         self.parse(&answer)
     }
 
     /// Renews node `name`'s lease, with its inventory now.
     pub fn renew_lease(&self, name: &str, lease: u64, inventory: &impl Serialize) -> Result<(), ControlError> {
         let body = serde_json::json!({ "lease": lease, "inventory": inventory });
-        self.send(self.authorized(self.http.put(format!("{}/v1/nodes/{name}/lease", self.url))).send_json(body))
+        self.send(|base| self.authorized(self.http.put(format!("{base}/v1/nodes/{name}/lease"))).send_json(&body))
             .map(drop)
     }
 
     /// Ends node `name`'s lease now.
     pub fn leave(&self, name: &str, lease: u64) -> Result<(), ControlError> {
-        self.send(self.authorized(self.http.delete(format!("{}/v1/nodes/{name}?lease={lease}", self.url))).call())
+        self.send(|base| self.authorized(self.http.delete(format!("{base}/v1/nodes/{name}?lease={lease}"))).call())
             .map(drop)
     }
 
     /// Whom the token names: `{"name", "role"}` (the anonymous operator where no token is
     /// needed). A cheap check that the control plane is there and takes the token.
     pub fn whoami(&self) -> Result<String, ControlError> {
-        self.send(self.authorized(self.http.get(format!("{}/v1/whoami", self.url))).call())
+        self.send(|base| self.authorized(self.http.get(format!("{base}/v1/whoami"))).call())
     }
 
     /// The addresses of the live nodes (for a node or an operator).
@@ -281,15 +301,33 @@ impl ControlClient {
         struct Nodes {
             nodes: Vec<Node>,
         }
-        let answer = self.send(self.authorized(self.http.get(format!("{}/v1/nodes", self.url))).call())?;
+        let answer = self.send(|base| self.authorized(self.http.get(format!("{base}/v1/nodes"))).call())?;
         let nodes: Nodes = self.parse(&answer)?;
         Ok(nodes.nodes.into_iter().map(|n| n.addr).collect())
     }
 
     /// The cluster's nodes, models and sessions, as JSON.
     pub fn cluster(&self) -> Result<String, ControlError> {
-        self.send(self.authorized(self.http.get(format!("{}/v1/cluster", self.url))).call())
+        self.send(|base| self.authorized(self.http.get(format!("{base}/v1/cluster"))).call())
     }
+}
+
+/// One endpoint's answer: its body when the status is 2xx, the control plane's typed refusal
+/// otherwise.
+fn send_to(url: &str, request: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> Result<String, ControlError> {
+    let unreachable =
+        |e: &dyn std::fmt::Display| ControlError::Unreachable { url: url.to_owned(), message: e.to_string() };
+    let mut response = request.map_err(|e| unreachable(&e))?;
+    let status = response.status().as_u16();
+    let body = response.body_mut().read_to_string().map_err(|e| unreachable(&e))?;
+    if (200..300).contains(&status) {
+        return Ok(body);
+    }
+    let (kind, message) = match serde_json::from_str::<Refusal>(&body) {
+        Ok(Refusal { error }) => (error.kind, error.message),
+        Err(_) => ("unknown".to_owned(), body),
+    };
+    Err(ControlError::Refused { url: url.to_owned(), status, kind, message })
 }
 
 /// The certificates of a PEM file (anything else in it is ignored).
@@ -316,5 +354,45 @@ mod tests {
         let shown = format!("{client:?}");
         assert!(!shown.contains("s3cret"), "{shown}");
         assert!(shown.contains("Bearer <redacted>") && shown.contains("127.0.0.1:7000"), "{shown}");
+    }
+
+    /// Answers each request of one connection with `status` and `body`, then closes.
+    fn serve(status: &str, body: &'static str) -> String {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let status = status.to_owned();
+        std::thread::spawn(move || {
+            use std::io::{BufRead, Write};
+            for stream in listener.incoming().flatten() {
+                let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+                let mut line = String::new();
+                // The request's head, up to its blank line (these requests have no body).
+                while reader.read_line(&mut line).is_ok_and(|n| n > 0) && line != "\r\n" {
+                    line.clear();
+                }
+                let answer =
+                    format!("HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+                let _ = (&stream).write_all(answer.as_bytes());
+            }
+        });
+        addr
+    }
+
+    /// Several endpoints: one that is down and one whose store is away are passed over, and
+    /// the one that answered is asked first from then on; a refusal is the answer.
+    #[test]
+    fn a_request_goes_on_to_the_next_endpoint() {
+        let down = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+        let away = serve("503 Service Unavailable", r#"{"error":{"kind":"store","message":"etcd is away"}}"#);
+        let up = serve("200 OK", r#"{"name":"ops","role":"admin"}"#);
+        let client = ControlClient::new(&format!("{down}, http://{away}/,{up}"), Duration::from_secs(2));
+        assert!(client.url().ends_with(&down));
+        assert!(client.whoami().unwrap().contains("ops"));
+        assert_eq!(client.url(), format!("http://{up}"));
+        let refusing = serve("403 Forbidden", r#"{"error":{"kind":"forbidden","message":"no"}}"#);
+        let client = ControlClient::new(&format!("{refusing},{up}"), Duration::from_secs(2));
+        assert_eq!(client.whoami().unwrap_err().kind(), Some("forbidden"), "a refusal is not passed over");
+        let nothing = ControlClient::new(" , ", Duration::from_secs(2));
+        assert!(matches!(nothing.whoami(), Err(ControlError::Unreachable { .. })));
     }
 }

@@ -103,7 +103,8 @@ pub struct NodeArgs {
     #[arg(long)]
     rdma_device: Option<String>,
     /// The control plane to join, http://HOST:PORT: the node registers its inventory and
-    /// renews its lease there.
+    /// renews its lease there. Several control processes that share an etcd, separated by
+    /// commas: the node goes on to the next when one fails, and its lease lives on.
     #[arg(long)]
     pub control: Option<String>,
     /// The node's name in the cluster. Default: HOSTNAME-PORT.

@@ -11,7 +11,7 @@ use djinn_memory::ByteSize;
 
 #[derive(Args, Debug)]
 pub struct StatusArgs {
-    /// The control plane, http://HOST:PORT (or HOST:PORT).
+    /// The control plane, http://HOST:PORT (or HOST:PORT), or several, separated by commas.
     #[arg(long, default_value = "http://127.0.0.1:7000")]
     control: String,
     /// Print the control plane's JSON as it came.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 
@@ -25,7 +25,7 @@ class Client:
 
     def __init__(
         self,
-        address: str,
+        address: Union[str, Sequence[str]],
         timeout: float = 60.0,
         transport: str = "auto",
         failover: float = 30.0,
@@ -34,8 +34,9 @@ class Client:
         tls_name: Optional[str] = None,
     ):
         """`address`: the control plane's "http://HOST:PORT" (models go where it places them,
-        and move to another node when theirs dies), or a node's "HOST:PORT" (a bare HOST:PORT
-        that serves HTTP is taken as a control plane). `transport`: "auto" (RDMA when both ends
+        and move to another node when theirs dies), or several control processes that share an
+        etcd (a list, or one string separated by commas: when one fails, the next answers), or
+        a node's "HOST:PORT" (a bare HOST:PORT that serves HTTP is taken as a control plane). `transport`: "auto" (RDMA when both ends
         have it, else TCP), "rdma" or "tcp". `failover`: seconds a call may spend finding a
         live node when its node dies. `token`: the tenant's token, where the cluster needs
         one (default: the DJINN_TOKEN environment variable); models, tensors and sessions are
@@ -51,6 +52,8 @@ class Client:
         if tls is not None:
             with open(tls, "rb") as f:
                 roots = f.read()
+        if not isinstance(address, str):
+            address = ",".join(address)
         self._native = _native.Client(address, timeout, transport, failover, token, roots, tls_name)
         self.address = address
 
@@ -111,7 +114,7 @@ _default_lock = threading.Lock()
 
 
 def init(
-    address: str,
+    address: Union[str, Sequence[str]],
     timeout: float = 60.0,
     transport: str = "auto",
     failover: float = 30.0,

@@ -241,3 +241,18 @@ def test_a_llama_session_prefills_on_one_node_and_decodes_on_another(cluster, tm
             s.move(cluster.nodes[there].address)
         assert s.node == here
         assert decode(s, logits) == want
+
+
+def test_several_control_endpoints_are_tried_in_turn(cluster):
+    """A list of control processes: one that is down is passed over."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        down = f"http://127.0.0.1:{s.getsockname()[1]}"
+    client = djinn.Client([down, cluster.url])
+    assert client.mode == "control"
+    assert sorted(n["name"] for n in client.cluster()["nodes"]) == ["compute", "memory"]
+    rm = client.register(mlp(3), torch.randn(2, 256))
+    x = torch.randn(2, 256)
+    assert torch.allclose(rm(x), mlp(3)(x), atol=1e-6)
