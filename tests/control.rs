@@ -440,6 +440,48 @@ fn two_controls_on_one_etcd_agree() {
     assert_eq!(one.cluster()["sessions"], two.cluster()["sessions"]);
 }
 
+/// A session opened under a key is placed as calls with that key are; moved to another node,
+/// node to node, its record follows it: placements of the key answer the new node.
+fn a_moved_sessions_record_follows_it(backing: &Backing) {
+    let control = backing.control("127.0.0.1:0");
+    let _nodes = three_nodes(&control);
+    let addr_of = |name: &str| -> String {
+        let cluster = control.cluster();
+        let node = cluster["nodes"].as_array().unwrap().iter().find(|n| n["name"] == name).unwrap().clone();
+        node["inventory"]["addr"].as_str().unwrap().to_owned()
+    };
+    let options = ClientOptions { timeout: Some(Duration::from_secs(10)), ..ClientOptions::default() };
+    let mut client = ClusterClient::open(&control.url, options, FailoverOptions::default()).expect("the control plane");
+    let counter = client.register_model(vec![support::archive("counter").into()], None, None, false, |_, _| {});
+    let counter = counter.unwrap().fingerprint;
+    let (zeros, zero) = (f32_bytes([0.0f32; 3].into_iter()), i64_bytes(&[0]));
+    let state = [
+        TensorRef { dtype: DType::F32, shape: &[3], bytes: &zeros },
+        TensorRef { dtype: DType::I64, shape: &[], bytes: &zero },
+    ];
+    let mut session = client.session_open(&counter, &state, 0, Some("agent-9")).expect("open");
+    let placed = control.place(&counter.to_hex(), "minimize_cost", Some("agent-9"));
+    assert_eq!((addr_of(field(&placed, "node")), field(&placed, "rule")), (session.node.clone(), "session"));
+
+    let to = ["a", "b", "c"].into_iter().map(addr_of).find(|a| *a != session.node).unwrap();
+    client.session_move(&mut session, &to).expect("move");
+    assert_eq!(session.node, to);
+    let placed = control.place(&counter.to_hex(), "load_balance", Some("agent-9"));
+    assert_eq!((addr_of(field(&placed, "node")), field(&placed, "rule")), (to, "session"), "{placed}");
+    let x = f32_bytes([1.0f32, 2.0, 3.0].into_iter());
+    let out = client.session_step(
+        &mut session,
+        &[Value::Tensor(0)],
+        &[TensorRef { dtype: DType::F32, shape: &[3], bytes: &x }],
+    );
+    assert_eq!(out.expect("a step where it went").tensor_bytes(1), i64_bytes(&[10]));
+    // A key never placed has no record to move.
+    let (status, answer) = control.http("PUT", "/v1/sessions/nobody", Some(r#"{"addr": "127.0.0.1:1"}"#));
+    assert_eq!((status, answer["error"]["kind"].as_str()), (404, Some("unknown_session")), "{answer}");
+}
+
+on_both_stores!(a_moved_sessions_record_follows_it);
+
 /// Two control processes on one etcd, and nodes and a client given both: killing either
 /// (SIGKILL) in the middle of a workload loses no request, no node's lease lapses, and
 /// placements (and a model's description) go on through the other; then the same with the

@@ -224,7 +224,7 @@ fn requests_sent_during_a_move_wait_for_it_and_follow_it() {
     // (once: it did not run at A).
     let options = ClientOptions::default();
     let mut cluster = ClusterClient::open(&a.addr.to_string(), options, FailoverOptions::default()).expect("cluster");
-    let mut remote = RemoteSession { node: a.addr.to_string(), session, fingerprint: model };
+    let mut remote = RemoteSession { node: a.addr.to_string(), session, fingerprint: model, key: None };
     let t = [TensorRef { dtype: DType::F32, shape: &[3], bytes: &x }];
     let out = cluster.session_step(&mut remote, &[Value::Tensor(0)], &t).expect("step that follows");
     counter.check(&out);

@@ -196,7 +196,7 @@ fn steps_behind_moves(pair: &mut Pair, size: u64, rounds: u64) -> Result<Behind>
     for _ in 0..rounds {
         let to = 1 - at;
         let grant = pair.clients[to].grant_session(&pair.model)?;
-        let mut remote = RemoteSession { node: pair.addrs[at].clone(), session, fingerprint: pair.model };
+        let mut remote = RemoteSession { node: pair.addrs[at].clone(), session, fingerprint: pair.model, key: None };
         let (addr, from) = (pair.addrs[to].clone(), &mut pair.clients[at]);
         let (moved, (stepped, step_end)) = std::thread::scope(|s| -> Result<_> {
             let start = Instant::now();

@@ -62,6 +62,9 @@ pub struct RemoteSession {
     pub node: String,
     pub session: Handle,
     pub fingerprint: Fingerprint,
+    /// The id the control plane placed it by, when it was opened with one: its record moves
+    /// with it.
+    pub key: Option<String>,
 }
 
 /// How many moves one request follows before it gives up (a session moved on and on).
@@ -586,17 +589,19 @@ impl ClusterClient {
     }
 
     /// Opens a session of a registered model with its initial `state` on the node that serves
-    /// the model (placed, and the model registered again, as for a call). The session stays on
-    /// that node: its steps go there, and if the node dies its state is lost with it.
-    /// `reserve`: device bytes to hold for the state as it grows.
+    /// the model (placed, and the model registered again, as for a call); with `key`, placed
+    /// as the control plane places that session id (where calls with it go). The session
+    /// stays on that node unless it is moved: its steps go there, and if the node dies its
+    /// state is lost with it. `reserve`: device bytes to hold for the state as it grows.
     pub fn session_open(
         &mut self,
         fingerprint: &Fingerprint,
         state: &[TensorRef<'_>],
         reserve: u64,
+        key: Option<&str>,
     ) -> Result<RemoteSession, ClusterError> {
-        let (session, node) = self.on_node(fingerprint, None, |node| node.session_open(fingerprint, state, reserve))?;
-        Ok(RemoteSession { node, session, fingerprint: *fingerprint })
+        let (session, node) = self.on_node(fingerprint, key, |node| node.session_open(fingerprint, state, reserve))?;
+        Ok(RemoteSession { node, session, fingerprint: *fingerprint, key: key.map(str::to_owned) })
     }
 
     /// Runs `op` on the session's node; where the node answers that the session moved, the
@@ -654,9 +659,10 @@ impl ClusterClient {
 
     /// Moves a session to the node at `to`, node to node: the session's earlier requests
     /// finish where it is, then its state goes to `to` (which gets the model from this
-    /// client's kept archives when it lacks it) and `session` follows it. If the move fails,
-    /// the session stays where it was, whole, and this says why. A step of it parked at a
-    /// breakpoint must be resumed or aborted first.
+    /// client's kept archives when it lacks it) and `session` follows it; a session opened
+    /// with a key is recorded there by the control plane, so that calls with the key follow it
+    /// too. If the move fails, the session stays where it was, whole, and this says why. A step
+    /// of it parked at a breakpoint must be resumed or aborted first.
     pub fn session_move(&mut self, session: &mut RemoteSession, to: &str) -> Result<(), ClusterError> {
         let mut registered_again = false;
         loop {
@@ -669,7 +675,7 @@ impl ClusterClient {
                 Ok((node, handle)) => {
                     session.node = node;
                     session.session = handle;
-                    return Ok(());
+                    return self.record_move(session);
                 }
                 // The node at `to` lacks the model: it gets it, and the move is tried again.
                 Err(ClusterError::Node(e))
@@ -683,6 +689,15 @@ impl ClusterClient {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// Tells the control plane where a keyed session is now, and forgets the placements of its
+    /// key here (the next call with it asks again).
+    fn record_move(&mut self, session: &RemoteSession) -> Result<(), ClusterError> {
+        let (Target::Control(control), Some(key)) = (&self.target, &session.key) else { return Ok(()) };
+        control.session_moved(key, &session.node)?;
+        self.placed.retain(|(_, placed), _| placed.as_deref() != Some(key.as_str()));
+        Ok(())
     }
 
     /// Unregisters a model from every node this client placed it on, and forgets it.

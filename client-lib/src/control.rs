@@ -261,6 +261,19 @@ impl ControlClient {
         Ok(Placed { node: fields.node, addr: fields.addr, rule: fields.rule, decision })
     }
 
+    /// Says that the placed session `session` moved to the node at `addr`, so that its later
+    /// placements go there; the answer is that node's name.
+    pub fn session_moved(&self, session: &str, addr: &str) -> Result<String, ControlError> {
+        #[derive(Deserialize)]
+        struct Moved {
+            node: String,
+        }
+        let path = format!("/v1/sessions/{}", path_segment(session));
+        let body = serde_json::json!({ "addr": addr });
+        let answer = self.send(|base| self.authorized(self.http.put(format!("{base}{path}"))).send_json(&body))?;
+        Ok(self.parse::<Moved>(&answer)?.node)
+    }
+
     /// Admits node `name` with its inventory; the answer is its lease.
     pub fn register_node<T: DeserializeOwned>(
         &self,
@@ -310,6 +323,16 @@ impl ControlClient {
     pub fn cluster(&self) -> Result<String, ControlError> {
         self.send(|base| self.authorized(self.http.get(format!("{base}/v1/cluster"))).call())
     }
+}
+
+/// `s` as one segment of a URL's path: every byte but the unreserved ones percent-encoded.
+fn path_segment(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 /// One endpoint's answer: its body when the status is 2xx, the control plane's typed refusal

@@ -8,6 +8,7 @@
 //! | `PUT /v1/models/{fingerprint}` | `{"blocks": [{"weight_bytes", "flops"}], "io_bytes", "phase"?}` | 204 |
 //! | `GET /v1/models/{fingerprint}` | | the description; 404 unknown |
 //! | `POST /v1/placements` | `{"fingerprint", "session"?, "policy"?}` | the decision and its cost breakdown |
+//! | `PUT /v1/sessions/{session}` | `{"addr"}` | `{"node"}`: the placed session moved to the node at `addr`; 404 `unknown_session`, `unknown_address` |
 //! | `GET /v1/cluster` | | nodes, models, sessions |
 //! | `GET /v1/whoami` | | `{"name", "role"}`: whom the token names |
 //! | `GET /metrics` | | Prometheus text |
@@ -59,6 +60,8 @@ impl ControlError {
             Self::Place(PlaceError::FitsNowhere { .. }) => (StatusCode::UNPROCESSABLE_ENTITY, "fits_nowhere"),
             Self::NodeLeft(_) => (StatusCode::SERVICE_UNAVAILABLE, "node_left"),
             Self::QuotaExceeded(_) => (StatusCode::TOO_MANY_REQUESTS, "quota_exceeded"),
+            Self::UnknownSession(_) => (StatusCode::NOT_FOUND, "unknown_session"),
+            Self::UnknownAddress(_) => (StatusCode::NOT_FOUND, "unknown_address"),
             Self::Store(StoreError::LeaseNotFound(_)) => (StatusCode::SERVICE_UNAVAILABLE, "lease_not_found"),
             Self::Store(StoreError::Backend(_)) => (StatusCode::SERVICE_UNAVAILABLE, "store_unavailable"),
         }
@@ -202,6 +205,25 @@ async fn place<S: Store>(
     Ok(axum::Json(decision).into_response())
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MovedBody {
+    addr: String,
+}
+
+async fn move_session<S: Store>(
+    State(control): Control<S>,
+    Extension(caller): Extension<Principal>,
+    Path(session): Path<String>,
+    bytes: Bytes,
+) -> Result<Response, ControlError> {
+    let moved: MovedBody = body(&bytes)?;
+    // A tenant's session ids are its own (as in a placement).
+    let session = if caller.role == Role::Tenant { format!("{}/{session}", caller.name) } else { session };
+    let node = control.move_session(&session, &moved.addr).await?;
+    Ok(axum::Json(serde_json::json!({ "node": node })).into_response())
+}
+
 /// The live nodes, by name and address: what a node may push tensors to.
 async fn nodes<S: Store>(State(control): Control<S>) -> Response {
     let nodes: Vec<_> = control
@@ -343,6 +365,7 @@ pub fn router<S: Store>(control: Arc<ControlPlane<S>>, auth: Option<Arc<Authenti
         .route("/v1/nodes/{name}", axum::routing::delete(leave::<S>))
         .route("/v1/models/{fingerprint}", put(describe_model::<S>).get(model::<S>))
         .route("/v1/placements", post(place::<S>))
+        .route("/v1/sessions/{session}", put(move_session::<S>))
         .route("/v1/cluster", get(cluster::<S>))
         .route("/v1/whoami", get(whoami))
         .route("/metrics", get(metrics::<S>))

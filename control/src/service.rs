@@ -128,6 +128,10 @@ pub enum ControlError {
     NodeLeft(NodeId),
     #[error("{0}")]
     QuotaExceeded(String),
+    #[error("no session {0:?} is placed (it was never placed, or its node left)")]
+    UnknownSession(String),
+    #[error("no live node serves at {0}")]
+    UnknownAddress(String),
 }
 
 /// Counters for /metrics.
@@ -632,6 +636,35 @@ impl<S: Store> ControlPlane<S> {
         self.caught_up(revision).await?;
         tracing::debug!(node = %decision.node, rule = ?decision.rule, model = %request.fingerprint, "placed");
         Ok(decision)
+    }
+
+    /// A placed session now lives on the node that serves at `addr` (it moved there, node to
+    /// node): its later placements go there. Its record takes that node's lease, and goes with
+    /// that node. The node's name.
+    pub async fn move_session(&self, session: &str, addr: &str) -> Result<NodeId, ControlError> {
+        check_session(session)?;
+        let (node, lease) = {
+            let state = self.state();
+            if !state.cluster.sessions().contains_key(session) {
+                return Err(ControlError::UnknownSession(session.to_owned()));
+            }
+            let (node, member) = state
+                .cluster
+                .membership()
+                .live()
+                .find(|(_, m)| m.inventory.addr == addr)
+                .ok_or_else(|| ControlError::UnknownAddress(addr.to_owned()))?;
+            (node.clone(), member.lease)
+        };
+        let key = self.key(SESSIONS, session);
+        let left = |e| match e {
+            StoreError::LeaseNotFound(_) => ControlError::NodeLeft(node.clone()),
+            e => e.into(),
+        };
+        let revision = self.store.put(&key, node.as_bytes().to_vec(), Some(lease)).await.map_err(left)?;
+        self.caught_up(revision).await?;
+        tracing::debug!(%session, %node, "session moved");
+        Ok(node)
     }
 
     pub fn status(&self) -> ClusterStatus {

@@ -14,10 +14,10 @@ if TYPE_CHECKING:
     from .models import RemoteModel
 
 
-def session(model: RemoteModel, *state: torch.Tensor, reserve: int = 0) -> "Session":
+def session(model: RemoteModel, *state: torch.Tensor, reserve: int = 0, key: Optional[str] = None) -> "Session":
     """Opens a session of `model` on its node, with `state` (tensors: a KV cache, a position)
     as its initial state. See `Session`."""
-    return Session(model, state, reserve)
+    return Session(model, state, reserve, key)
 
 
 class Session:
@@ -38,12 +38,15 @@ class Session:
     state; a session never closed (its client died) is closed by the node after its
     `--session-idle-timeout`. `move(node)` moves the session to another node, node to node
     (prefill on one node, decode on another); otherwise, if its node dies, the state is lost
-    with it (HandleLostError)."""
+    with it (HandleLostError). Under a control plane, `key` is the session id it places the
+    session by, as it places calls made with that id; the record follows the session's moves."""
 
     __module__ = "djinn"
     __slots__ = ("model", "_client", "_native", "_closed")
 
-    def __init__(self, model: RemoteModel, state: Sequence[torch.Tensor], reserve: int = 0):
+    def __init__(
+        self, model: RemoteModel, state: Sequence[torch.Tensor], reserve: int = 0, key: Optional[str] = None
+    ):
         call = CallTensors()
         for t in state:
             if not isinstance(t, torch.Tensor):
@@ -52,7 +55,7 @@ class Session:
         self.model = model
         self._client = model._client
         self._closed = True
-        self._native = self._client._native.session_open(model.fingerprint, call.tensors, reserve)
+        self._native = self._client._native.session_open(model.fingerprint, call.tensors, reserve, key)
         self._closed = False
 
     @property

@@ -732,18 +732,21 @@ impl Client {
     }
 
     /// Opens a session of a registered model on its node. `state`: the initial state tensors
-    /// (as `tensors` for `execute`); `reserve`: device bytes to hold for the state as it grows.
+    /// (as `tensors` for `execute`); `reserve`: device bytes to hold for the state as it grows;
+    /// `key`: the session id the control plane places it by (and records it under as it moves).
+    #[pyo3(signature = (fingerprint, state, reserve, key = None))]
     fn session_open(
         &self,
         py: Python<'_>,
         fingerprint: &str,
         state: Vec<Bound<'_, PyAny>>,
         reserve: u64,
+        key: Option<&str>,
     ) -> PyResult<Session> {
         let fingerprint = parse_fingerprint(fingerprint)?;
         let lent = lent::lend_all(&state)?;
         let refs = lent::refs(&lent);
-        py.detach(|| self.lock().session_open(&fingerprint, &refs, reserve))
+        py.detach(|| self.lock().session_open(&fingerprint, &refs, reserve, key))
             .map(|s| Session(Mutex::new(s)))
             .map_err(to_py_err)
     }

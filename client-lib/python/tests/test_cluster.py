@@ -256,3 +256,23 @@ def test_several_control_endpoints_are_tried_in_turn(cluster):
     rm = client.register(mlp(3), torch.randn(2, 256))
     x = torch.randn(2, 256)
     assert torch.allclose(rm(x), mlp(3)(x), atol=1e-6)
+
+
+def test_a_keyed_session_moves_and_the_control_plane_follows(cluster):
+    """A session opened under a key is where the control plane places that key; moved, the
+    control plane records it at its new node."""
+    from conftest import hf_llama
+    from test_graph_sessions import register
+
+    torch.manual_seed(1)
+    model = hf_llama().eval()
+    prompt = torch.randint(1, 97, (1, 5))
+    client = djinn.Client(cluster.url)
+    rm = register(client, model, prompt)
+    name_at = {node.address: name for name, node in cluster.nodes.items()}
+    with rm.session(key="chat-1") as s:
+        s.step(input_ids=prompt)
+        assert dict(map(tuple, client.cluster()["sessions"]))["chat-1"] == name_at[s.node]
+        there = next(a for a in name_at if a != s.node)
+        s.move(there)
+        assert dict(map(tuple, client.cluster()["sessions"]))["chat-1"] == name_at[there]
