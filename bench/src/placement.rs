@@ -60,6 +60,7 @@ fn request(i: usize, session: Option<String>) -> PlaceRequest {
         phase: None,
         session,
         policy: POLICIES[i % POLICIES.len()],
+        moving: None,
     }
 }
 

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use djinn_dataplane::rdma::Registrations;
 use djinn_proto::{Breakpoint, ErrorCode, Fingerprint, Handle, HandleInfo, Signal, TensorSource, Value};
 
-use crate::control::{BlockEstimate, ControlClient, ControlError, ModelDescription, Placed};
+use crate::control::{BlockEstimate, ControlClient, ControlError, ModelDescription, Moving, PlaceOptions, Placed};
 use crate::{
     Client, ClientError, ClientOptions, ClientStats, Output, Paused, Registration, Resumed, Tensor, TensorRef,
 };
@@ -125,6 +125,8 @@ pub enum ClusterError {
     Unavailable { fingerprint: String, waited: Duration, last: String },
     #[error("this client is connected to a control plane, not to one node: ask the control plane for the cluster")]
     NotOneNode,
+    #[error("this client is connected to one node, not to a control plane: it places nothing")]
+    NoControlPlane,
     #[error(
         "the node at {node}, which holds the kept tensors or the session's state, cannot be reached ({source}): they are lost with it"
     )]
@@ -655,6 +657,47 @@ impl ClusterClient {
     /// Frees a session's state on its node.
     pub fn session_close(&mut self, session: &mut RemoteSession) -> Result<(), ClusterError> {
         self.on_session_node(session, |client, handle| client.session_close(handle))
+    }
+
+    /// Where the control plane would run calls of a registered model in `phase` (`prefill`, a
+    /// session's prompt; `decode`, its tokens), weighing the move of a session that `moving`
+    /// says where it is: its decision, which this client does not cache.
+    pub fn place_calls(
+        &mut self,
+        fingerprint: &Fingerprint,
+        phase: Option<&str>,
+        moving: Option<Moving<'_>>,
+    ) -> Result<Placed, ClusterError> {
+        let Target::Control(control) = &self.target else { return Err(ClusterError::NoControlPlane) };
+        let kept = self.models.get(fingerprint);
+        let options = PlaceOptions { policy: kept.and_then(|k| k.policy.as_deref()), phase, moving, session: None };
+        Ok(match (control.place_with(fingerprint, &options), kept) {
+            (Err(e), Some(kept)) if e.kind() == Some("unknown_model") => {
+                control.describe_model(fingerprint, &kept.description)?;
+                control.place_with(fingerprint, &options)?
+            }
+            (placed, _) => placed?,
+        })
+    }
+
+    /// Opens a session of a registered model on the node at `node`, which gets the model from
+    /// this client's kept archives when it lacks it.
+    pub fn session_open_on(
+        &mut self,
+        node: &str,
+        fingerprint: &Fingerprint,
+        state: &[TensorRef<'_>],
+        reserve: u64,
+    ) -> Result<RemoteSession, ClusterError> {
+        let open = |client: &mut Client| client.session_open(fingerprint, state, reserve);
+        let opened = match self.connection(node).and_then(open) {
+            Err(e) if e.remote_code() == Some(ErrorCode::UnknownModel) && self.models.contains_key(fingerprint) => {
+                self.register_on(node, fingerprint).and_then(|()| self.connection(node).and_then(open))
+            }
+            other => other,
+        };
+        let session = opened.map_err(|e| self.lost(node, e))?;
+        Ok(RemoteSession { node: node.to_owned(), session, fingerprint: *fingerprint, key: None })
     }
 
     /// Moves a session to the node at `to`, node to node: the session's earlier requests

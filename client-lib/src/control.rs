@@ -114,6 +114,25 @@ struct DecisionFields {
 /// (by default, the web's public roots).
 pub const CA_ENV: &str = "DJINN_CONTROL_CA";
 
+/// What a placement asks besides the model: see [`ControlClient::place_with`].
+#[derive(Debug, Clone, Default)]
+pub struct PlaceOptions<'a> {
+    pub session: Option<&'a str>,
+    pub policy: Option<&'a str>,
+    /// `prefill` or `decode`, where the calls differ from the model's description.
+    pub phase: Option<&'a str>,
+    pub moving: Option<Moving<'a>>,
+}
+
+/// A session on the node at `from` with `state_bytes` of state, whose move is paid over
+/// `calls` calls.
+#[derive(Debug, Clone)]
+pub struct Moving<'a> {
+    pub from: &'a str,
+    pub state_bytes: u64,
+    pub calls: u32,
+}
+
 /// A blocking HTTP client of a control plane: of one control process, or of several that
 /// share a store (etcd), as etcd's own clients take a list of endpoints. A request goes to the
 /// endpoint that last answered; one that cannot be reached, or whose store is away (503), sends
@@ -248,12 +267,24 @@ impl ControlClient {
         session: Option<&str>,
         policy: Option<&str>,
     ) -> Result<Placed, ControlError> {
+        self.place_with(fingerprint, &PlaceOptions { session, policy, ..PlaceOptions::default() })
+    }
+
+    /// [`Self::place`] with every option the control plane takes: the calls' phase, and a
+    /// session that would move to the node chosen (its move's cost is weighed in).
+    pub fn place_with(&self, fingerprint: &Fingerprint, options: &PlaceOptions<'_>) -> Result<Placed, ControlError> {
         let mut body = serde_json::json!({ "fingerprint": fingerprint.to_hex() });
-        if let Some(session) = session {
+        if let Some(session) = options.session {
             body["session"] = session.into();
         }
-        if let Some(policy) = policy {
+        if let Some(policy) = options.policy {
             body["policy"] = policy.into();
+        }
+        if let Some(phase) = options.phase {
+            body["phase"] = phase.into();
+        }
+        if let Some(m) = &options.moving {
+            body["moving"] = serde_json::json!({ "from": m.from, "state_bytes": m.state_bytes, "calls": m.calls });
         }
         let decision =
             self.send(|base| self.authorized(self.http.post(format!("{base}/v1/placements"))).send_json(&body))?;

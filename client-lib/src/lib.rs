@@ -32,7 +32,10 @@ pub use cluster::{
     Archive, ClusterClient, ClusterError, ClusterStats, FailoverOptions, RemoteParked, RemoteSession, RemoteTensor,
     Target,
 };
-pub use control::{BlockEstimate, CA_ENV, ControlClient, ControlError, GraphAnnotations, ModelDescription, Placed};
+pub use control::{
+    BlockEstimate, CA_ENV, ControlClient, ControlError, GraphAnnotations, ModelDescription, Moving, PlaceOptions,
+    Placed,
+};
 
 /// A tensor received from a node: its descriptor and its bytes, in a buffer that goes back to
 /// the client's pool when dropped.

@@ -18,7 +18,7 @@ use std::collections::{HashMap, HashSet};
 use serde::Serialize;
 
 use crate::membership::{Inventory, Member, Membership, NodeId};
-use crate::placement::{Block, Cost, Demand, Fit, Phase, Policy, fit, score};
+use crate::placement::{Block, Cost, Demand, Fit, Phase, Policy, SessionMove, fit, score};
 
 /// A request for a place to run a model.
 #[derive(Debug, Clone, PartialEq)]
@@ -31,6 +31,8 @@ pub struct PlaceRequest {
     pub phase: Option<Phase>,
     pub session: Option<String>,
     pub policy: Policy,
+    /// A session that would move to the chosen node (its state's move is part of the cost).
+    pub moving: Option<SessionMove>,
 }
 
 /// Which rule chose the node.
@@ -298,7 +300,10 @@ impl Cluster {
         let (rule, candidates): (Rule, Vec<(&NodeId, &Inventory)>) =
             if let Some(member) = session_node.and_then(|n| self.membership.get(n).map(|m| (n, m))) {
                 (Rule::Session, vec![(member.0, &member.1.inventory)])
-            } else if let Some(h) = holders.filter(|h| h.iter().any(|n| self.membership.get(n).is_some())) {
+            } else if let Some(h) = holders
+                // A session moving on may go anywhere: the node it goes to gets the model.
+                .filter(|h| request.moving.is_none() && h.iter().any(|n| self.membership.get(n).is_some()))
+            {
                 let live = h.iter().filter_map(|n| self.membership.get(n).map(|m| (n, &m.inventory))).collect();
                 (Rule::Shared, live)
             } else {
@@ -328,10 +333,21 @@ impl Cluster {
             if fit == Fit::No && rule != Rule::Session {
                 continue;
             }
-            let adds = if holds(node) { 0 } else { fit.device_bytes(demand.weight_bytes) };
+            let mut adds = if holds(node) { 0 } else { fit.device_bytes(demand.weight_bytes) };
+            let mut cost = Cost::of(demand, inventory, fit);
+            if let Some(moving) = request.moving.as_ref().filter(|m| m.from != *node) {
+                // The state needs room beside the model, and crosses the slower of the links.
+                if free < adds.saturating_add(moving.state_bytes) {
+                    continue;
+                }
+                adds += moving.state_bytes;
+                let link = self.membership.get(&moving.from).map_or(0.0, |m| m.inventory.link_bandwidth);
+                let link = link.min(inventory.link_bandwidth);
+                cost.move_s = if link > 0.0 { moving.state_bytes as f64 / link } else { f64::INFINITY };
+            }
             let streamed = fit.streamed_bytes();
-            let cost = Cost::of(demand, inventory, fit);
-            let score = score(request.policy, &cost, inventory, free, adds);
+            let calls = request.moving.as_ref().map_or(1, |m| m.calls);
+            let score = score(request.policy, &cost, inventory, free, adds, calls);
             let scored = Scored { node, inventory, fit, cost, score };
             if fit == Fit::Resident {
                 resident.offer((score, node.as_str()), scored);
@@ -397,7 +413,38 @@ mod tests {
             phase: None,
             session: None,
             policy,
+            moving: None,
         }
+    }
+
+    /// A session's decode goes to the node that reads memory fastest when its state's move,
+    /// paid over its calls, costs less than that saves; it stays where it is when the move
+    /// costs more, and goes nowhere without room for the state beside the model.
+    #[test]
+    fn a_moving_session_weighs_its_move_against_what_the_other_node_saves() {
+        let compute = Inventory { flops: 1000e12, memory_bandwidth: 100e9, ..node(80 * GIB) };
+        let memory = Inventory { flops: 10e12, memory_bandwidth: 3e12, ..node(80 * GIB) };
+        let mut c = cluster(&[("compute", compute), ("memory", memory)]);
+        // Prefill: compute-bound, to the fastest compute; the model is held there now.
+        let mut r = request("m", 4 * GIB, Policy::MinimizeLatency);
+        r.phase = Some(Phase::Prefill);
+        assert_eq!(c.decide(&r).unwrap().node, "compute");
+        c.give("m", "compute");
+        // Decode of a 1 GiB state paid over 100 steps: the move (43 ms, 0.4 ms a step) is worth
+        // the 41 ms a step saves reading the weights; the explanation carries it.
+        r.phase = Some(Phase::Decode);
+        r.moving = Some(SessionMove { from: "compute".into(), state_bytes: GIB, calls: 100 });
+        let d = c.decide(&r).unwrap();
+        assert_eq!((d.node.as_str(), d.rule), ("memory", Rule::Policy));
+        assert!((d.cost.move_s - GIB as f64 / 25e9).abs() < 1e-9, "{:?}", d.cost);
+        assert_eq!(d.runner_up.as_ref().map(|(n, _)| n.as_str()), Some("compute"));
+        // Paid over one step it is not (43 ms to save 41): the session stays, at no move cost.
+        r.moving = Some(SessionMove { from: "compute".into(), state_bytes: GIB, calls: 1 });
+        let d = c.decide(&r).unwrap();
+        assert_eq!((d.node.as_str(), d.cost.move_s), ("compute", 0.0));
+        // A state the other node has no room for beside the model stays too.
+        r.moving = Some(SessionMove { from: "compute".into(), state_bytes: 77 * GIB, calls: 100 });
+        assert_eq!(c.decide(&r).unwrap().node, "compute");
     }
 
     #[test]

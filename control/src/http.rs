@@ -7,7 +7,7 @@
 //! | `DELETE /v1/nodes/{name}?lease=N` | | 204: the node leaves now |
 //! | `PUT /v1/models/{fingerprint}` | `{"blocks": [{"weight_bytes", "flops"}], "io_bytes", "phase"?}` | 204 |
 //! | `GET /v1/models/{fingerprint}` | | the description; 404 unknown |
-//! | `POST /v1/placements` | `{"fingerprint", "session"?, "policy"?}` | the decision and its cost breakdown |
+//! | `POST /v1/placements` | `{"fingerprint", "session"?, "policy"?, "phase"?, "moving"?: {"from", "state_bytes", "calls"?}}` | the decision and its cost breakdown (`move_s`: a moving session's state over the link, paid over `calls`) |
 //! | `PUT /v1/sessions/{session}` | `{"addr"}` | `{"node"}`: the placed session moved to the node at `addr`; 404 `unknown_session`, `unknown_address` |
 //! | `GET /v1/cluster` | | nodes, models, sessions |
 //! | `GET /v1/whoami` | | `{"name", "role"}`: whom the token names |

@@ -19,7 +19,7 @@ pub mod store;
 
 pub use cluster::{Cluster, Decision, PlaceError, PlaceRequest, Rule};
 pub use membership::{Inventory, LeaseId, Member, Membership, MembershipError, NodeId};
-pub use placement::{Block, Bound, Cost, Demand, Fit, Phase, Policy};
+pub use placement::{Block, Bound, Cost, Demand, Fit, Phase, Policy, SessionMove};
 pub use service::{
     ClusterStatus, ControlConfig, ControlError, ControlPlane, GraphAnnotations, GraphPhase, Modality, ModelRecord,
     Placement, Registered,

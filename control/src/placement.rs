@@ -150,6 +150,18 @@ pub struct Cost {
     pub stream_s: f64,
     /// Waiting behind the work queued there (each queued request taken to cost as much).
     pub queue_s: f64,
+    /// Once, not per call: a session's state moved here from the node it is on, over the slower
+    /// of the two nodes' links (0 on that node itself).
+    pub move_s: f64,
+}
+
+/// A session that would move to the chosen node: where it is, its state's size, and how many
+/// calls the move is paid over (its decode steps, say).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionMove {
+    pub from: String,
+    pub state_bytes: u64,
+    pub calls: u32,
 }
 
 impl Cost {
@@ -169,11 +181,12 @@ impl Cost {
         };
         let transfer_s = per_second(demand.io_bytes, inventory.link_bandwidth);
         let queue_s = f64::from(inventory.queue_depth) * (compute_s + stream_s + transfer_s);
-        Self { compute_s, bound, transfer_s, stream_s, queue_s }
+        Self { compute_s, bound, transfer_s, stream_s, queue_s, move_s: 0.0 }
     }
 
-    pub fn total_s(&self) -> f64 {
-        self.compute_s + self.transfer_s + self.stream_s + self.queue_s
+    /// Time per call: the call's parts, and the move's share when there is one.
+    pub fn total_s(&self, calls: u32) -> f64 {
+        self.compute_s + self.transfer_s + self.stream_s + self.queue_s + self.move_s / f64::from(calls.max(1))
     }
 
     /// Time the device spends on one call.
@@ -183,16 +196,18 @@ impl Cost {
 }
 
 /// The policy's score of a node (lower is better). `free` is the node's free budget before the
-/// model lands; `adds` the device bytes the model would add there.
-pub fn score(policy: Policy, cost: &Cost, inventory: &Inventory, free: u64, adds: u64) -> f64 {
+/// model lands; `adds` the device bytes the model would add there; `calls` what a session's
+/// move (in `cost`) is paid over.
+pub fn score(policy: Policy, cost: &Cost, inventory: &Inventory, free: u64, adds: u64, calls: u32) -> f64 {
+    let moving = cost.move_s / f64::from(calls.max(1));
     match policy {
-        Policy::MinimizeLatency => cost.total_s(),
-        Policy::MaximizeThroughput => cost.device_s() * (1.0 + f64::from(inventory.queue_depth)),
+        Policy::MinimizeLatency => cost.total_s(calls),
+        Policy::MaximizeThroughput => (cost.device_s() + moving) * (1.0 + f64::from(inventory.queue_depth)),
         Policy::LoadBalance => {
             let used = inventory.memory_total.saturating_sub(free) + adds;
             used as f64 / inventory.memory_total.max(1) as f64
         }
-        Policy::MinimizeCost => cost.device_s() * inventory.cost_per_hour / 3600.0,
+        Policy::MinimizeCost => (cost.device_s() + moving) * inventory.cost_per_hour / 3600.0,
     }
 }
 

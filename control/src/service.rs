@@ -16,7 +16,7 @@ use djinn_sync::Locked;
 
 use crate::cluster::{Cluster, Decision, PlaceError, PlaceRequest, Rule};
 use crate::membership::{Inventory, LeaseId, Member, MembershipError, NodeId};
-use crate::placement::{Block, Demand, Phase, Policy};
+use crate::placement::{Block, Demand, Phase, Policy, SessionMove};
 use crate::store::{Created, Event, Revision, Snapshot, Store, StoreError};
 
 #[derive(Debug, Clone)]
@@ -104,6 +104,24 @@ pub struct Placement {
     pub session: Option<String>,
     #[serde(default)]
     pub policy: Policy,
+    /// The phase of the calls to place, where it differs from the model's description (a
+    /// session's prefill, then its decode).
+    #[serde(default)]
+    pub phase: Option<Phase>,
+    /// A session that would move to the chosen node: its move's cost is part of the decision.
+    #[serde(default)]
+    pub moving: Option<MovingSession>,
+}
+
+/// A session on the node at `from` (its address), with `state_bytes` of state, whose move would
+/// be paid over `calls` calls (1 by default).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MovingSession {
+    pub from: String,
+    pub state_bytes: u64,
+    #[serde(default)]
+    pub calls: Option<u32>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -579,13 +597,26 @@ impl<S: Store> ControlPlane<S> {
             check_session(session)?;
         }
         let record = self.model(&fingerprint)?;
+        let moving = match placement.moving {
+            Some(_) if placement.session.is_some() => {
+                return Err(ControlError::BadRequest("a moving session is placed without a session id".into()));
+            }
+            Some(m) => {
+                let state = self.state();
+                let from = state.cluster.membership().live().find(|(_, n)| n.inventory.addr == m.from);
+                let from = from.map(|(name, _)| name.clone()).ok_or(ControlError::UnknownAddress(m.from))?;
+                Some(SessionMove { from, state_bytes: m.state_bytes, calls: m.calls.unwrap_or(1).max(1) })
+            }
+            None => None,
+        };
         let request = PlaceRequest {
             fingerprint,
             blocks: record.blocks,
             io_bytes: record.io_bytes,
-            phase: record.phase,
+            phase: placement.phase.or(record.phase),
             session: placement.session,
             policy: placement.policy,
+            moving,
         };
         let (decision, lease, holds) = {
             let mut state = self.state();

@@ -102,6 +102,8 @@ class Graph:
     cuts: list = field(default_factory=list)
     # Tensors of the session state the model keeps on the node (a KV cache); 0 for none.
     state: int = 0
+    # Their bytes.
+    state_bytes: int = 0
 
     def __post_init__(self):
         # The common case costs no binding: positional tensors, one per parameter, in order.
@@ -773,8 +775,9 @@ def _write_entries(exports: list, signature, bounds: dict, state: list, leaves: 
         new_state = [x.updates.get(target, state_inputs[target]) for target in state]
         graphs.append(program.graph(_results(x) + new_state))
     ep = exports[0].ep
+    state_bytes = sum(len(exports[0].initial[target][2]) for target in state)
     return Graph([container.encode(graphs)], ep.call_spec.in_spec, leaves, ep.call_spec.out_spec, signature, [],
-                 len(state))
+                 len(state), state_bytes)
 
 
 def _size_sources(node, have: set) -> list:

@@ -339,12 +339,20 @@ class RemoteModel:
         call = CallTensors()
         return [call.flatten(v) for v in inputs], call
 
-    def session(self, *state: torch.Tensor, reserve: int = 0, key: Optional[str] = None) -> "Session":
+    def session(
+        self,
+        *state: torch.Tensor,
+        reserve: int = 0,
+        key: Optional[str] = None,
+        prefill: Optional[str] = None,
+        decode: Optional[str] = None,
+        decode_steps: int = 64,
+    ) -> "Session":
         """Opens a session of this model on its node, with `state` as its initial state (a
         graph's: the state it was registered with, unless given). See `Session`."""
         if self._graph is not None and not self._graph.state:
             raise TypeError("the model keeps no state: register it with cache_len= (or write its buffers in forward)")
-        return Session(self, state, reserve, key)
+        return Session(self, state, reserve, key, prefill, decode, decode_steps)
 
     def unregister(self) -> None:
         self._client._native.unregister_model(self.fingerprint)

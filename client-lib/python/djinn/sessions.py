@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
@@ -14,10 +15,18 @@ if TYPE_CHECKING:
     from .models import RemoteModel
 
 
-def session(model: RemoteModel, *state: torch.Tensor, reserve: int = 0, key: Optional[str] = None) -> "Session":
+def session(
+    model: RemoteModel,
+    *state: torch.Tensor,
+    reserve: int = 0,
+    key: Optional[str] = None,
+    prefill: Optional[str] = None,
+    decode: Optional[str] = None,
+    decode_steps: int = 64,
+) -> "Session":
     """Opens a session of `model` on its node, with `state` (tensors: a KV cache, a position)
     as its initial state. See `Session`."""
-    return Session(model, state, reserve, key)
+    return Session(model, state, reserve, key, prefill, decode, decode_steps)
 
 
 class Session:
@@ -39,13 +48,32 @@ class Session:
     `--session-idle-timeout`. `move(node)` moves the session to another node, node to node
     (prefill on one node, decode on another); otherwise, if its node dies, the state is lost
     with it (HandleLostError). Under a control plane, `key` is the session id it places the
-    session by, as it places calls made with that id; the record follows the session's moves."""
+    session by, as it places calls made with that id; the record follows the session's moves.
+
+    Prefill on one node, decode on another: with `prefill="auto"` the session opens where the
+    control plane places the model's prefill (compute-bound: the most FLOP/s), and with
+    `decode="auto"` it moves, before its second step, to where the control plane places its
+    decode (bound by reading memory: the best bandwidth with room for the state), weighing the
+    move (the state over the link, paid over `decode_steps`) against what the other node saves;
+    either may name a node instead. The control plane's decisions are in `placements`.
+
+        with rm.session(prefill="auto", decode="auto") as s:
+            logits = s.step(input_ids=prompt)   # the prompt, on the compute node
+            logits = s.step(input_ids=token)    # moved first, if the decode is placed elsewhere"""
 
     __module__ = "djinn"
-    __slots__ = ("model", "_client", "_native", "_closed")
+    __slots__ = ("model", "placements", "_client", "_native", "_closed", "_state_bytes", "_decode", "_decode_steps",
+                 "_steps")
 
     def __init__(
-        self, model: RemoteModel, state: Sequence[torch.Tensor], reserve: int = 0, key: Optional[str] = None
+        self,
+        model: RemoteModel,
+        state: Sequence[torch.Tensor],
+        reserve: int = 0,
+        key: Optional[str] = None,
+        prefill: Optional[str] = None,
+        decode: Optional[str] = None,
+        decode_steps: int = 64,
     ):
         call = CallTensors()
         for t in state:
@@ -55,7 +83,17 @@ class Session:
         self.model = model
         self._client = model._client
         self._closed = True
-        self._native = self._client._native.session_open(model.fingerprint, call.tensors, reserve, key)
+        graph_bytes = model._graph.state_bytes if model._graph is not None else 0
+        self._state_bytes = max(reserve, sum(t.numel() * t.element_size() for t in state) or graph_bytes)
+        self._decode, self._decode_steps, self._steps = decode, decode_steps, 0
+        # The control plane's decisions for this session's phases, in order.
+        self.placements = []
+        node = None
+        if prefill is not None:
+            if key is not None:
+                raise DjinnError("a session placed by phase has no key: give prefill= and decode=, or key=")
+            node = self._node_for(prefill, "prefill")
+        self._native = self._client._native.session_open(model.fingerprint, call.tensors, reserve, key, node)
         self._closed = False
 
     @property
@@ -65,7 +103,11 @@ class Session:
 
     def step(self, *inputs, **kwargs):
         """Runs the model on `inputs` and the session's state; returns the outputs (a graph
-        takes its inputs as the model's forward does, keywords too)."""
+        takes its inputs as the model's forward does, keywords too). With `decode=`, the first
+        step is the prefill: before the second, the session moves where its decode goes."""
+        if self._steps == 1 and self._decode is not None:
+            self.move(self._node_for(self._decode, "decode"))
+        self._steps += 1
         graph = self.model._graph
         if graph is not None:
             inputs = tuple(graph.call_tensors(inputs, kwargs))
@@ -106,6 +148,18 @@ class Session:
         at a breakpoint must be resumed or aborted first."""
         self._check()
         self._client._native.session_move(self._native, self._address_of(node))
+
+    def _node_for(self, node: str, phase: str) -> str:
+        """`node`'s address; for "auto", where the control plane places this model's calls in
+        `phase` (a decode weighing the move of this session's state from where it is, paid
+        over its decode steps). The decision is kept in `placements`."""
+        if node != "auto":
+            return self._address_of(node)
+        moving = {} if phase == "prefill" else {
+            "moving_from": self.node, "state_bytes": self._state_bytes, "calls": self._decode_steps}
+        decision = json.loads(self._client._native.place_calls(self.model.fingerprint, phase, **moving))
+        self.placements.append(decision)
+        return decision["addr"]
 
     def _address_of(self, node: str) -> str:
         if ":" in node:

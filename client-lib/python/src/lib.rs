@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use djinn_client::{
     Archive, BlockEstimate, Breakpoint, ClientError, ClientOptions, ClientTls, ClusterClient, ClusterError, DType,
-    ErrorCode, FailoverOptions, Fingerprint, GraphAnnotations, Handle, HandleInfo, ModelDescription, Output, Paused,
-    RemoteParked, RemoteSession, RemoteTensor, Resumed, Signal, Target, Tensor, TensorDesc, Value,
+    ErrorCode, FailoverOptions, Fingerprint, GraphAnnotations, Handle, HandleInfo, ModelDescription, Moving, Output,
+    Paused, RemoteParked, RemoteSession, RemoteTensor, Resumed, Signal, Target, Tensor, TensorDesc, Value,
 };
 use lent::LentTensor;
 use pyo3::create_exception;
@@ -95,7 +95,7 @@ fn to_py_err(e: ClusterError) -> PyErr {
         }
         ClusterError::Control(e) => return ControlPlaneError::new_err(e.to_string()),
         ClusterError::Unavailable { .. } => return TransportError::new_err(e.to_string()),
-        ClusterError::NotOneNode => return DjinnError::new_err(e.to_string()),
+        ClusterError::NotOneNode | ClusterError::NoControlPlane => return DjinnError::new_err(e.to_string()),
         ClusterError::HandleLost { .. } => return HandleLostError::new_err(e.to_string()),
     };
     match &e {
@@ -733,8 +733,9 @@ impl Client {
 
     /// Opens a session of a registered model on its node. `state`: the initial state tensors
     /// (as `tensors` for `execute`); `reserve`: device bytes to hold for the state as it grows;
-    /// `key`: the session id the control plane places it by (and records it under as it moves).
-    #[pyo3(signature = (fingerprint, state, reserve, key = None))]
+    /// `key`: the session id the control plane places it by (and records it under as it moves);
+    /// `node`: the node to open it on instead.
+    #[pyo3(signature = (fingerprint, state, reserve, key = None, node = None))]
     fn session_open(
         &self,
         py: Python<'_>,
@@ -742,13 +743,17 @@ impl Client {
         state: Vec<Bound<'_, PyAny>>,
         reserve: u64,
         key: Option<&str>,
+        node: Option<&str>,
     ) -> PyResult<Session> {
         let fingerprint = parse_fingerprint(fingerprint)?;
         let lent = lent::lend_all(&state)?;
         let refs = lent::refs(&lent);
-        py.detach(|| self.lock().session_open(&fingerprint, &refs, reserve, key))
-            .map(|s| Session(Mutex::new(s)))
-            .map_err(to_py_err)
+        py.detach(|| match node {
+            Some(node) => self.lock().session_open_on(node, &fingerprint, &refs, reserve),
+            None => self.lock().session_open(&fingerprint, &refs, reserve, key),
+        })
+        .map(|s| Session(Mutex::new(s)))
+        .map_err(to_py_err)
     }
 
     /// One step of a session: its model runs on `inputs` (as for `execute`) and the session's
@@ -810,6 +815,24 @@ impl Client {
     fn placement(&self, fingerprint: &str) -> PyResult<Option<String>> {
         let fingerprint = parse_fingerprint(fingerprint)?;
         Ok(self.lock().placement(&fingerprint, None).map(|p| p.decision.clone()))
+    }
+
+    /// Where the control plane would run calls of a model in `phase` ("prefill" or "decode"),
+    /// weighing the move of a session on the node at `moving_from` with `state_bytes` of state
+    /// paid over `calls` calls: its decision as JSON (not cached).
+    #[pyo3(signature = (fingerprint, phase = None, moving_from = None, state_bytes = 0, calls = 1))]
+    fn place_calls(
+        &self,
+        py: Python<'_>,
+        fingerprint: &str,
+        phase: Option<&str>,
+        moving_from: Option<&str>,
+        state_bytes: u64,
+        calls: u32,
+    ) -> PyResult<String> {
+        let fingerprint = parse_fingerprint(fingerprint)?;
+        let moving = moving_from.map(|from| Moving { from, state_bytes, calls });
+        py.detach(|| self.lock().place_calls(&fingerprint, phase, moving)).map(|p| p.decision).map_err(to_py_err)
     }
 
     /// The cluster (nodes, models, sessions) as the control plane's JSON.

@@ -276,3 +276,40 @@ def test_a_keyed_session_moves_and_the_control_plane_follows(cluster):
         there = next(a for a in name_at if a != s.node)
         s.move(there)
         assert dict(map(tuple, client.cluster()["sessions"]))["chat-1"] == name_at[there]
+
+
+def test_prefill_goes_to_compute_and_decode_to_memory_with_the_move_weighed(cluster):
+    """`prefill="auto", decode="auto"`: the prompt runs on the node with the FLOP/s, the tokens
+    on the node with the memory bandwidth, the move's cost in the decision; token for token as
+    the local `generate`."""
+    from conftest import hf_llama
+    from test_graph_sessions import local_generate, register
+
+    torch.manual_seed(0)
+    model = hf_llama().eval()
+    prompt = torch.randint(1, 97, (1, 7))
+    want = local_generate(model, prompt, 8)[0]
+    assert len(want) == 8, "the local generation stopped at its end token"
+    client = djinn.Client(cluster.url)
+    rm = register(client, model, prompt)
+    address = {name: node.address for name, node in cluster.nodes.items()}
+    with rm.session(prefill="auto", decode="auto") as s:
+        assert s.node == address["compute"]
+        logits = s.step(input_ids=prompt)
+        tokens = []
+        for i in range(8):
+            tok = logits[:, -1].argmax(-1, keepdim=True)
+            tokens.append(tok.item())
+            if i < 7:
+                logits = s.step(input_ids=tok)
+        assert s.node == address["memory"]
+        assert tokens == want
+    prefill, decode = s.placements
+    assert (prefill["node"], decode["node"]) == ("compute", "memory")
+    assert decode["cost"]["move_s"] > 0 and prefill["cost"]["move_s"] == 0
+    # A state of 32 MiB (reserved) moved for one step is not worth the microseconds the other
+    # node saves: the session stays.
+    with rm.session(prefill="auto", decode="auto", decode_steps=1, reserve=32 << 20) as s:
+        s.step(input_ids=prompt)
+        s.step(input_ids=prompt[:, :1])
+        assert s.node == address["compute"], s.placements
