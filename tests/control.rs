@@ -516,18 +516,8 @@ fn either_of_two_control_processes_may_die() {
     // Every request checked; each fifth under a new session key, which the control plane places.
     let work = |client: &mut ClusterClient, round: usize, requests: std::ops::Range<u64>| {
         for i in requests {
-            let x: Vec<f32> = (0..64).map(|j| (i * 64 + j) as f32).collect();
-            let idx: Vec<i64> = (0..8).map(|j| (i * 8 + j) as i64).collect();
-            let (xb, ib) = (f32_bytes(x.iter().copied()), i64_bytes(&idx));
-            let tensors = [
-                TensorRef { dtype: DType::F32, shape: &[64], bytes: &xb },
-                TensorRef { dtype: DType::I64, shape: &[8], bytes: &ib },
-            ];
             let session = format!("agent-{round}-{}", i / 5);
-            let out = client
-                .execute(&halves, Some(&session), &[Value::Tensor(0), Value::Tensor(1)], &tensors)
-                .unwrap_or_else(|e| panic!("request {i}: {e}"));
-            assert_eq!(out.tensor_bytes(0), f32_bytes(x.iter().map(|v| v * 2.0)), "request {i}");
+            run_halves(client, &halves, Some(&session), i).unwrap_or_else(|e| panic!("request {i}: {e}"));
         }
     };
     let ttl = Duration::from_millis(backing.lease_ttl_ms());
@@ -618,18 +608,9 @@ fn a_workload_survives_a_killed_node(backing: &Backing) {
             let k = (i / 10 % 4) as usize;
             assert_eq!(run_mlp(&mut client, &mlp_inputs[k]).unwrap(), mlp_outputs[k], "request {i}");
         } else {
-            let x: Vec<f32> = (0..64).map(|j| (i * 64 + j) as f32).collect();
-            let idx: Vec<i64> = (0..8).map(|j| (i * 8 + j) as i64).collect();
-            let (xb, ib) = (f32_bytes(x.iter().copied()), i64_bytes(&idx));
-            let tensors = [
-                TensorRef { dtype: DType::F32, shape: &[64], bytes: &xb },
-                TensorRef { dtype: DType::I64, shape: &[8], bytes: &ib },
-            ];
             // Every fourth request belongs to a session: it stays on one node while that lives.
             let session = (i % 4 == 0).then_some("agent-1");
-            let out = client.execute(&halves, session, &[Value::Tensor(0), Value::Tensor(1)], &tensors).unwrap();
-            assert_eq!(out.tensor_bytes(0), f32_bytes(x.iter().map(|v| v * 2.0)), "request {i}");
-            assert_eq!(out.tensor_bytes(1), i64_bytes(&idx.iter().map(|v| v + 1).collect::<Vec<_>>()), "request {i}");
+            run_halves(&mut client, &halves, session, i).unwrap();
         }
         slowest = slowest.max(started.elapsed());
         done.store(i as usize + 1, std::sync::atomic::Ordering::Relaxed);
@@ -648,6 +629,26 @@ fn a_workload_survives_a_killed_node(backing: &Backing) {
 }
 
 on_both_stores!(a_workload_survives_a_killed_node);
+
+/// Request `i` of `halves` (x → 2x, idx → idx + 1) under `session`, its outputs checked.
+fn run_halves(
+    client: &mut ClusterClient,
+    halves: &djinn_client::Fingerprint,
+    session: Option<&str>,
+    i: u64,
+) -> Result<(), djinn_client::ClusterError> {
+    let x: Vec<f32> = (0..64).map(|j| (i * 64 + j) as f32).collect();
+    let idx: Vec<i64> = (0..8).map(|j| (i * 8 + j) as i64).collect();
+    let (xb, ib) = (f32_bytes(x.iter().copied()), i64_bytes(&idx));
+    let tensors = [
+        TensorRef { dtype: DType::F32, shape: &[64], bytes: &xb },
+        TensorRef { dtype: DType::I64, shape: &[8], bytes: &ib },
+    ];
+    let out = client.execute(halves, session, &[Value::Tensor(0), Value::Tensor(1)], &tensors)?;
+    assert_eq!(out.tensor_bytes(0), f32_bytes(x.iter().map(|v| v * 2.0)), "request {i}");
+    assert_eq!(out.tensor_bytes(1), i64_bytes(&idx.iter().map(|v| v + 1).collect::<Vec<_>>()), "request {i}");
+    Ok(())
+}
 
 fn f32_bytes(values: impl Iterator<Item = f32>) -> Vec<u8> {
     values.flat_map(f32::to_le_bytes).collect()

@@ -377,21 +377,24 @@ fn tokens_rotate_without_a_restart() {
     connect(&node, rotated).expect("the last good tokens stay");
 }
 
-#[test]
-fn a_push_lands_in_the_same_tenants_namespace_on_the_peer() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = token_file(dir.path(), ALICE);
+/// Two nodes of the token file `file`, each the other's push peer, and their addresses.
+/// Neither has a node's token: a push or a move needs none, only the peer's grant.
+fn peers_with_auth(file: &Path) -> ((support::Killed, String), (support::Killed, String)) {
     let (a_addr, b_addr) = (support::free_addr(), support::free_addr());
-    // Neither node has a node's token: a push needs none, only the peer's grant.
     let start = |listen: &str, peer: &str| {
         let mut command = Command::new(env!("CARGO_BIN_EXE_djinn"));
-        command.args(["node", "--listen", listen, "--push-peers", peer, "--log", "error", "--auth-file"]).arg(&file);
+        command.args(["node", "--listen", listen, "--push-peers", peer, "--log", "error", "--auth-file"]).arg(file);
         command.env_remove("DJINN_TOKEN");
         let (child, addr) = spawn_listening(command, "djinn node listening on ");
         (support::Killed(child), addr)
     };
-    let (_a, a_addr) = start(&a_addr, &b_addr);
-    let (_b, b_addr) = start(&b_addr, &a_addr);
+    (start(&a_addr, &b_addr), start(&b_addr, &a_addr))
+}
+
+#[test]
+fn a_push_lands_in_the_same_tenants_namespace_on_the_peer() {
+    let dir = tempfile::tempdir().unwrap();
+    let ((_a, a_addr), (_b, b_addr)) = peers_with_auth(&token_file(dir.path(), ALICE));
     let options = |token: &str| ClientOptions { token: token.to_owned(), ..Default::default() };
     let mut alice_a = Client::connect_with(a_addr.as_str(), options(ALICE)).unwrap();
     let mut alice_b = Client::connect_with(b_addr.as_str(), options(ALICE)).unwrap();
@@ -435,17 +438,7 @@ fn a_push_lands_in_the_same_tenants_namespace_on_the_peer() {
 #[test]
 fn a_session_moves_only_on_its_tenants_grant_for_its_model() {
     let dir = tempfile::tempdir().unwrap();
-    let file = token_file(dir.path(), ALICE);
-    let (a_addr, b_addr) = (support::free_addr(), support::free_addr());
-    let start = |listen: &str, peer: &str| {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_djinn"));
-        command.args(["node", "--listen", listen, "--push-peers", peer, "--log", "error", "--auth-file"]).arg(&file);
-        command.env_remove("DJINN_TOKEN");
-        let (child, addr) = spawn_listening(command, "djinn node listening on ");
-        (support::Killed(child), addr)
-    };
-    let (_a, a_addr) = start(&a_addr, &b_addr);
-    let (_b, b_addr) = start(&b_addr, &a_addr);
+    let ((_a, a_addr), (_b, b_addr)) = peers_with_auth(&token_file(dir.path(), ALICE));
     let options = |token: &str| ClientOptions { token: token.to_owned(), ..Default::default() };
     let client = |addr: &str, token: &str| Client::connect_with(addr, options(token)).unwrap();
     let (mut alice_a, mut alice_b, mut bob_a, mut bob_b) =

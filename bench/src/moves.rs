@@ -19,8 +19,8 @@ use djinn_memory::ByteSize;
 use hdrhistogram::Histogram;
 
 use crate::Spawned;
-use crate::rdma::{perftest, write_bw_mbps};
-use crate::report::{Stats, append_section, measure_timed, raw};
+use crate::rdma::link_baseline;
+use crate::report::{Stats, append_section, measure_timed};
 
 #[derive(Args, Debug)]
 pub struct MoveArgs {
@@ -131,18 +131,7 @@ pub fn run(args: MoveArgs) -> Result<()> {
         })?;
         pair.clients[at].session_close(session)?;
         let gbps = |s: &Stats| size as f64 / (s.p50 * 1e3);
-        let (link, link_gbps) = match (&args.rdma_device, &args.rdma_addr) {
-            (Some(device), Some(addr)) => {
-                let n = iters.to_string();
-                let out = perftest("ib_write_bw", device, addr, &["-s", &size.to_string(), "-n", &n])?;
-                let gbps = write_bw_mbps(&out)? / 1e3;
-                (format!("{gbps:.3} (ib_write_bw)"), gbps)
-            }
-            _ => {
-                let tcp = raw(size as usize, 8, iters)?;
-                (format!("{:.2} (raw TCP, p50 {:.1} µs)", gbps(&tcp), tcp.p50), gbps(&tcp))
-            }
-        };
+        let (link, link_gbps) = link_baseline(args.rdma_device.as_deref().zip(args.rdma_addr.as_deref()), size, iters)?;
         let row = format!(
             "| {} | {:.1} | {:.1} | {:.1} | {:.3} | {link} | **{:.2}** |",
             ByteSize(size),

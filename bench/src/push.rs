@@ -17,8 +17,8 @@ use djinn_memory::ByteSize;
 use tch::{Kind, Tensor};
 
 use crate::Spawned;
-use crate::rdma::{perftest, write_bw_mbps};
-use crate::report::{Stats, append_section, measure, measure_timed, raw};
+use crate::rdma::link_baseline;
+use crate::report::{Stats, append_section, measure, measure_timed};
 
 #[derive(Args, Debug)]
 pub struct PushArgs {
@@ -76,18 +76,7 @@ pub fn run(args: PushArgs) -> Result<()> {
         })?;
         on_a.release(&[kept.handle])?;
         let gbps = |s: &Stats| size as f64 / (s.p50 * 1e3);
-        let (link, link_gbps) = match (&args.rdma_device, &args.rdma_addr) {
-            (Some(device), Some(addr)) => {
-                let n = iters.to_string();
-                let out = perftest("ib_write_bw", device, addr, &["-s", &size.to_string(), "-n", &n])?;
-                let gbps = write_bw_mbps(&out)? / 1e3;
-                (format!("{gbps:.3} (ib_write_bw)"), gbps)
-            }
-            _ => {
-                let tcp = raw(size as usize, 8, iters)?;
-                (format!("{:.2} (raw TCP, p50 {:.1} µs)", gbps(&tcp), tcp.p50), gbps(&tcp))
-            }
-        };
+        let (link, link_gbps) = link_baseline(args.rdma_device.as_deref().zip(args.rdma_addr.as_deref()), size, iters)?;
         let d2h = device_to_host(args.device, size, iters)?;
         let slower = d2h.map_or(link_gbps, |d| gbps(&d).min(link_gbps));
         let row = format!(

@@ -335,3 +335,22 @@ fn verbs_floor_write(device: &str, iters: u64) -> Result<Stats> {
     }
     ping_pong(device, iters, |_| Ok(()), turn)
 }
+
+/// The link `size` bytes cross one way, measured in the same run: `ib_write_bw` on the RDMA
+/// device and address given, else a raw TCP send answered by 8 bytes. Its description for a
+/// table, and its GB/s.
+pub fn link_baseline(rdma: Option<(&str, &str)>, size: u64, iters: u64) -> Result<(String, f64)> {
+    Ok(match rdma {
+        Some((device, addr)) => {
+            let n = iters.to_string();
+            let out = perftest("ib_write_bw", device, addr, &["-s", &size.to_string(), "-n", &n])?;
+            let gbps = write_bw_mbps(&out)? / 1e3;
+            (format!("{gbps:.3} (ib_write_bw)"), gbps)
+        }
+        None => {
+            let tcp = crate::report::raw(size as usize, 8, iters)?;
+            let gbps = size as f64 / (tcp.p50 * 1e3);
+            (format!("{gbps:.2} (raw TCP, p50 {:.1} µs)", tcp.p50), gbps)
+        }
+    })
+}
