@@ -19,7 +19,7 @@ use djinn_memory::ByteSize;
 use hdrhistogram::Histogram;
 
 use crate::Spawned;
-use crate::rdma::link_baseline;
+use crate::rdma::LinkArgs;
 use crate::report::{Stats, append_section, measure_timed};
 
 #[derive(Args, Debug)]
@@ -33,13 +33,8 @@ pub struct MoveArgs {
     /// Steps sent behind a move of the largest state.
     #[arg(long, default_value_t = 50)]
     behind: u64,
-    /// Move over RDMA on this device (the soft-RoCE VM's rxe0): the nodes take RDMA only, and
-    /// the link is ib_write_bw's bandwidth on the device.
-    #[arg(long, requires = "rdma_addr")]
-    rdma_device: Option<String>,
-    /// This host's address on the RDMA device's network (ib_write_bw's client connects to it).
-    #[arg(long, requires = "rdma_device")]
-    rdma_addr: Option<String>,
+    #[command(flatten)]
+    link: LinkArgs,
     /// Append the tables, the command and the machine to this markdown file.
     #[arg(long)]
     results: Option<PathBuf>,
@@ -100,9 +95,7 @@ pub fn run(args: MoveArgs) -> Result<()> {
     let start = |listen: &str, peer: &str| {
         let mut node_args = vec!["node", "--listen", listen, "--push-peers", peer, "--device", "cpu", "--log", "warn"];
         node_args.extend(["--device-memory-budget", "2GiB", "--session-budget", "1GiB", "--push-timeout", "60"]);
-        if let Some(rdma) = &args.rdma_device {
-            node_args.extend(["--transport", "rdma", "--rdma-device", rdma]);
-        }
+        node_args.extend(args.link.node_args());
         Spawned::start(&node_args)
     };
     let nodes = [start(&addrs[0], &addrs[1])?, start(&addrs[1], &addrs[0])?];
@@ -131,7 +124,7 @@ pub fn run(args: MoveArgs) -> Result<()> {
         })?;
         pair.clients[at].session_close(session)?;
         let gbps = |s: &Stats| size as f64 / (s.p50 * 1e3);
-        let (link, link_gbps) = link_baseline(args.rdma_device.as_deref().zip(args.rdma_addr.as_deref()), size, iters)?;
+        let (link, link_gbps) = args.link.baseline(size, iters)?;
         let row = format!(
             "| {} | {:.1} | {:.1} | {:.1} | {:.3} | {link} | **{:.2}** |",
             ByteSize(size),
@@ -158,10 +151,7 @@ pub fn run(args: MoveArgs) -> Result<()> {
     );
     println!("\n{line}");
     if let Some(path) = &args.results {
-        let notes = [
-            format!("Nodes' device: cpu; transport: {}.", if args.rdma_device.is_some() { "RDMA" } else { "TCP" }),
-            line,
-        ];
+        let notes = [format!("Nodes' device: cpu; transport: {}.", args.link.name()), line];
         append_section(path, "move", &notes, &rows.join("\n"))?;
     }
     Ok(())

@@ -17,7 +17,7 @@ use djinn_memory::ByteSize;
 use tch::{Kind, Tensor};
 
 use crate::Spawned;
-use crate::rdma::link_baseline;
+use crate::rdma::LinkArgs;
 use crate::report::{Stats, append_section, measure, measure_timed};
 
 #[derive(Args, Debug)]
@@ -31,13 +31,8 @@ pub struct PushArgs {
     /// Bytes moved per measurement (iterations = this / size, between 10 and 2000).
     #[arg(long, default_value = "2GiB")]
     volume: ByteSize,
-    /// Push over RDMA on this device (the soft-RoCE VM's rxe0): the nodes take RDMA only, and
-    /// the link's leg is ib_write_bw's bandwidth on the device.
-    #[arg(long, requires = "rdma_addr")]
-    rdma_device: Option<String>,
-    /// This host's address on the RDMA device's network (ib_write_bw's client connects to it).
-    #[arg(long, requires = "rdma_device")]
-    rdma_addr: Option<String>,
+    #[command(flatten)]
+    link: LinkArgs,
     /// Append the table, the command and the machine to this markdown file.
     #[arg(long)]
     results: Option<PathBuf>,
@@ -48,9 +43,7 @@ const HEADER: &str = "| size | push p50 µs | p99 µs | p999 µs | push GB/s | l
 pub fn run(args: PushArgs) -> Result<()> {
     let device = djinn_executor::device_name(args.device);
     let mut node_args = vec!["node", "--listen", "127.0.0.1:0", "--device", &device, "--log", "warn"];
-    if let Some(rdma) = &args.rdma_device {
-        node_args.extend(["--transport", "rdma", "--rdma-device", rdma]);
-    }
+    node_args.extend(args.link.node_args());
     let b = Spawned::start(&node_args)?;
     let to_b = b.addr.to_string();
     node_args.extend(["--push-peers", &to_b]);
@@ -76,7 +69,7 @@ pub fn run(args: PushArgs) -> Result<()> {
         })?;
         on_a.release(&[kept.handle])?;
         let gbps = |s: &Stats| size as f64 / (s.p50 * 1e3);
-        let (link, link_gbps) = link_baseline(args.rdma_device.as_deref().zip(args.rdma_addr.as_deref()), size, iters)?;
+        let (link, link_gbps) = args.link.baseline(size, iters)?;
         let d2h = device_to_host(args.device, size, iters)?;
         let slower = d2h.map_or(link_gbps, |d| gbps(&d).min(link_gbps));
         let row = format!(

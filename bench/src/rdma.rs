@@ -336,21 +336,45 @@ fn verbs_floor_write(device: &str, iters: u64) -> Result<Stats> {
     ping_pong(device, iters, |_| Ok(()), turn)
 }
 
-/// The link `size` bytes cross one way, measured in the same run: `ib_write_bw` on the RDMA
-/// device and address given, else a raw TCP send answered by 8 bytes. Its description for a
-/// table, and its GB/s.
-pub fn link_baseline(rdma: Option<(&str, &str)>, size: u64, iters: u64) -> Result<(String, f64)> {
-    Ok(match rdma {
-        Some((device, addr)) => {
-            let n = iters.to_string();
-            let out = perftest("ib_write_bw", device, addr, &["-s", &size.to_string(), "-n", &n])?;
-            let gbps = write_bw_mbps(&out)? / 1e3;
-            (format!("{gbps:.3} (ib_write_bw)"), gbps)
-        }
-        None => {
-            let tcp = crate::report::raw(size as usize, 8, iters)?;
-            let gbps = size as f64 / (tcp.p50 * 1e3);
-            (format!("{gbps:.2} (raw TCP, p50 {:.1} µs)", tcp.p50), gbps)
-        }
-    })
+/// The link a node-to-node benchmark measures against: RDMA on a device (`--rdma-device`,
+/// `--rdma-addr`), else loopback TCP.
+#[derive(Args, Debug)]
+pub struct LinkArgs {
+    /// Over RDMA on this device (the soft-RoCE VM's rxe0): the nodes take RDMA only, and the
+    /// link is ib_write_bw's bandwidth on the device.
+    #[arg(long, requires = "rdma_addr")]
+    rdma_device: Option<String>,
+    /// This host's address on the RDMA device's network (ib_write_bw's client connects to it).
+    #[arg(long, requires = "rdma_device")]
+    rdma_addr: Option<String>,
+}
+
+impl LinkArgs {
+    /// The node flags for the link: RDMA only on the device, or nothing (TCP).
+    pub fn node_args(&self) -> Vec<&str> {
+        self.rdma_device.as_deref().map_or_else(Vec::new, |d| vec!["--transport", "rdma", "--rdma-device", d])
+    }
+
+    pub fn name(&self) -> &'static str {
+        if self.rdma_device.is_some() { "RDMA" } else { "TCP" }
+    }
+
+    /// The link `size` bytes cross one way, measured in the same run: `ib_write_bw` on the
+    /// device, else a raw TCP send answered by 8 bytes. Its description for a table, and its
+    /// GB/s.
+    pub fn baseline(&self, size: u64, iters: u64) -> Result<(String, f64)> {
+        Ok(match (&self.rdma_device, &self.rdma_addr) {
+            (Some(device), Some(addr)) => {
+                let n = iters.to_string();
+                let out = perftest("ib_write_bw", device, addr, &["-s", &size.to_string(), "-n", &n])?;
+                let gbps = write_bw_mbps(&out)? / 1e3;
+                (format!("{gbps:.3} (ib_write_bw)"), gbps)
+            }
+            _ => {
+                let tcp = crate::report::raw(size as usize, 8, iters)?;
+                let gbps = size as f64 / (tcp.p50 * 1e3);
+                (format!("{gbps:.2} (raw TCP, p50 {:.1} µs)", tcp.p50), gbps)
+            }
+        })
+    }
 }
