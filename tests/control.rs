@@ -482,6 +482,110 @@ fn a_moved_sessions_record_follows_it(backing: &Backing) {
 
 on_both_stores!(a_moved_sessions_record_follows_it);
 
+/// `djinn drain` on the node that holds twenty sessions while four clients step them: every
+/// session goes on elsewhere with the outputs it would have had (no step fails), the model
+/// goes node to node, keyed sessions' records follow them, nothing new is placed on the node,
+/// and it ends holding nothing.
+fn a_drained_nodes_sessions_go_on_elsewhere(backing: &Backing) {
+    const CLIENTS: usize = 4;
+    const SESSIONS_EACH: usize = 5;
+    let control = backing.control("127.0.0.1:0");
+    let nodes = three_nodes(&control);
+    let options = ClientOptions { timeout: Some(Duration::from_secs(20)), ..ClientOptions::default() };
+    let open = || ClusterClient::open(&control.url, options.clone(), FailoverOptions::default()).expect("control");
+    let counter = support::archive("counter");
+    // Each client registers the model (it goes where the first put it) and opens its sessions
+    // there, half of them keyed.
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|c| {
+            let mut client = open();
+            let fp = client.register_model(vec![counter.clone().into()], None, None, false, |_, _| {}).unwrap();
+            let fp = fp.fingerprint;
+            let (zeros, zero) = (f32_bytes([0.0f32; 3].into_iter()), i64_bytes(&[0]));
+            let state = [
+                TensorRef { dtype: DType::F32, shape: &[3], bytes: &zeros },
+                TensorRef { dtype: DType::I64, shape: &[], bytes: &zero },
+            ];
+            let sessions: Vec<_> = (0..SESSIONS_EACH)
+                .map(|i| {
+                    let key = (i % 2 == 0).then(|| format!("client{c}-session{i}"));
+                    let session = client.session_open(&fp, &state, 0, key.as_deref()).expect("open");
+                    (session, support::Counter::new())
+                })
+                .collect();
+            (client, fp, sessions)
+        })
+        .collect();
+    let victim = clients[0].0.placement(&clients[0].1, None).expect("placed").clone();
+    assert!(clients.iter().all(|(_, _, s)| s.iter().all(|(session, _)| session.node == victim.addr)));
+    let on_victim = nodes.iter().find(|n| n.addr.to_string() == victim.addr).expect("the victim");
+    let mut victim_client = on_victim.client();
+    assert_eq!(on_victim.stat(&mut victim_client, "sessions"), (CLIENTS * SESSIONS_EACH) as u64);
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let workers: Vec<_> = clients
+        .into_iter()
+        .map(|(mut client, _, mut sessions)| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                // Until two rounds after the drain ended: each session steps on its new node.
+                let (mut rounds, mut until) = (0, usize::MAX);
+                while rounds < until {
+                    for (session, counter) in &mut sessions {
+                        let x = counter.input();
+                        let t = [TensorRef { dtype: DType::F32, shape: &[3], bytes: &x }];
+                        let out = client.session_step(session, &[Value::Tensor(0)], &t);
+                        counter.check(&out.unwrap_or_else(|e| panic!("a step during the drain failed: {e}")));
+                    }
+                    rounds += 1;
+                    if until == usize::MAX && stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        until = rounds + 2;
+                    }
+                }
+                (sessions, rounds)
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+
+    let drained = std::process::Command::new(env!("CARGO_BIN_EXE_djinn"))
+        .args(["drain", &victim.node, "--control", &control.url, "--timeout", "30"])
+        .output()
+        .expect("djinn drain");
+    let printed = String::from_utf8_lossy(&drained.stdout);
+    assert!(drained.status.success(), "{printed}{}", String::from_utf8_lossy(&drained.stderr));
+    assert!(printed.contains("is drained: it holds nothing"), "{printed}");
+    // Nothing new is placed on a draining node.
+    for i in 0..8 {
+        control.describe(&fingerprint(100 + i), 1, MIB, 1e6);
+        let placed = control.place(&fingerprint(100 + i), "load_balance", None);
+        assert_ne!(field(&placed, "node"), victim.node, "{placed}");
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for worker in workers {
+        let (sessions, rounds) = worker.join().expect("a client failed");
+        assert!(rounds >= 4, "{rounds} rounds");
+        for (session, _) in &sessions {
+            assert_ne!(session.node, victim.addr, "a session still on the drained node");
+            if let Some(key) = &session.key {
+                let placed = control.place(&session.fingerprint.to_hex(), "load_balance", Some(key));
+                assert_eq!(field(&placed, "rule"), "session", "{placed}");
+                assert_ne!(field(&placed, "node"), victim.node, "{key}'s record did not follow it: {placed}");
+            }
+        }
+    }
+    assert_eq!(on_victim.stat(&mut victim_client, "sessions"), 0);
+    assert_eq!(on_victim.stat(&mut victim_client, "sessions_moved_out"), (CLIENTS * SESSIONS_EACH) as u64);
+    let status = control.ok("GET", &format!("/v1/nodes/{}/drain", victim.node), None);
+    assert_eq!((status["draining"].as_bool(), status["drained"].as_bool()), (Some(true), Some(true)), "{status}");
+    // The node can be given work again.
+    control.ok("DELETE", &format!("/v1/nodes/{}/drain", victim.node), None);
+    let (code, answer) = control.http("POST", "/v1/nodes/nobody/drain", Some(""));
+    assert_eq!((code, answer["error"]["kind"].as_str()), (404, Some("unknown_node")), "{answer}");
+}
+
+on_both_stores!(a_drained_nodes_sessions_go_on_elsewhere);
+
 /// Two control processes on one etcd, and nodes and a client given both: killing either
 /// (SIGKILL) in the middle of a workload loses no request, no node's lease lapses, and
 /// placements (and a model's description) go on through the other; then the same with the

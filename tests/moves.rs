@@ -11,7 +11,7 @@ use djinn_client::{
 };
 use djinn_dataplane::client::ClientConn;
 use djinn_proto::{Hello, Limits, Message, SessionMessage, transports};
-use support::{Node, archive};
+use support::{Counter, Node, archive};
 
 fn f32_bytes(values: &[f32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
@@ -36,39 +36,12 @@ fn open_counter(client: &mut Client, model: &Fingerprint) -> Handle {
     client.session_open(model, &state, 0).expect("open")
 }
 
-/// What a step of `counter` sent at step `n` returns: twice the total of the inputs so far,
-/// and ten times the step count.
-struct Counter {
-    total: [f32; 3],
-    steps: i64,
-}
-
-impl Counter {
-    fn new() -> Self {
-        Self { total: [0.0; 3], steps: 0 }
-    }
-
-    fn input(&self) -> [f32; 3] {
-        let n = self.steps as f32 + 1.0;
-        [n, 1.0, -2.0 * n]
-    }
-
-    /// Steps the session on `client` and checks the outputs against the state so far.
-    fn step(&mut self, client: &mut Client, session: Handle) {
-        let x = self.input();
-        let bytes = f32_bytes(&x);
-        let t = [TensorRef { dtype: DType::F32, shape: &[3], bytes: &bytes }];
-        let out = client.session_step(session, &[Value::Tensor(0)], &t).expect("step");
-        self.check(&out);
-    }
-
-    fn check(&mut self, out: &djinn_client::Output) {
-        let x = self.input();
-        self.total.iter_mut().zip(x).for_each(|(t, v)| *t += v);
-        self.steps += 1;
-        assert_eq!(f32s(out.tensor_bytes(0)), self.total.map(|t| t * 2.0), "step {}", self.steps);
-        assert_eq!(out.tensor_bytes(1), (self.steps * 10).to_le_bytes(), "step {}", self.steps);
-    }
+/// Steps the session of `counter` on `client` and checks the outputs against the state so far.
+fn step(counter: &mut Counter, client: &mut Client, session: Handle) {
+    let bytes = counter.input();
+    let t = [TensorRef { dtype: DType::F32, shape: &[3], bytes: &bytes }];
+    let out = client.session_step(session, &[Value::Tensor(0)], &t).expect("step");
+    counter.check(&out);
 }
 
 fn traffic(client: &Client) -> u64 {
@@ -90,7 +63,7 @@ fn a_session_moves_to_another_node_and_goes_on_there() {
     let session = open_counter(&mut on_a, &model);
     let mut counter = Counter::new();
     for _ in 0..3 {
-        counter.step(&mut on_a, session);
+        step(&mut counter, &mut on_a, session);
     }
 
     let to_b = b.addr.to_string();
@@ -109,7 +82,7 @@ fn a_session_moves_to_another_node_and_goes_on_there() {
     assert!(matches!(&e, ClientError::SessionMoved { to, session } if *to == to_b && *session == moved), "{e}");
     // At B it goes on from where it was.
     for _ in 0..3 {
-        counter.step(&mut on_b, moved);
+        step(&mut counter, &mut on_b, moved);
     }
     on_b.session_close(moved).expect("close at B");
     assert_eq!(b.stat(&mut on_b, "sessions"), 0);
@@ -161,7 +134,7 @@ fn a_move_that_fails_leaves_the_session_whole() {
     let model = register(&mut on_a, &["counter"]);
     let session = open_counter(&mut on_a, &model);
     let mut counter = Counter::new();
-    counter.step(&mut on_a, session);
+    step(&mut counter, &mut on_a, session);
     let to_b = b.addr.to_string();
 
     // The node there lacks the model; the node is not one of A's peers; the node is down.
@@ -177,13 +150,13 @@ fn a_move_that_fails_leaves_the_session_whole() {
     assert_eq!(a.stat(&mut on_a, "session_moves_failed"), 3);
     assert_eq!(a.stat(&mut on_a, "sessions"), 1);
     assert_eq!(b.stat(&mut on_b, "sessions"), 0, "B keeps nothing of a failed move");
-    counter.step(&mut on_a, session);
+    step(&mut counter, &mut on_a, session);
 
     // With the model there, the same session moves.
     register(&mut on_b, &["counter"]);
     let grant = on_b.grant_session(&model).expect("grant");
     let (_, moved) = on_a.session_move(session, &to_b, &grant).expect("move");
-    counter.step(&mut on_b, moved);
+    step(&mut counter, &mut on_b, moved);
 }
 
 /// A step and a signal sent right behind a move (on one connection, before its answer) wait for
@@ -202,9 +175,9 @@ fn requests_sent_during_a_move_wait_for_it_and_follow_it() {
 
     let session = open_counter(&mut on_a, &model);
     let mut counter = Counter::new();
-    counter.step(&mut on_a, session);
+    step(&mut counter, &mut on_a, session);
     let grant = on_b.grant_session(&model).expect("grant");
-    let x = f32_bytes(&counter.input());
+    let x = counter.input();
     let step = Message::Session(SessionMessage::Step {
         session,
         tensors: vec![djinn_proto::TensorDesc::new(DType::F32, vec![3]).unwrap()],

@@ -48,6 +48,9 @@ fn inventory(i: usize) -> Inventory {
         queue_depth: (i % 4) as u32,
         cost_per_hour: 1.0 + f,
         models: Vec::new(),
+        sessions: 0,
+        kept: 0,
+        parked: 0,
     }
 }
 

@@ -620,6 +620,11 @@ impl ClusterClient {
                     tracing::debug!(from = %session.node, %to, "following a session that moved");
                     session.node = to;
                     session.session = moved;
+                    // Moved by its node (a drain): the control plane learns where a keyed one
+                    // went from here. The call goes on whether it does or not.
+                    if let Err(e) = self.record_move(session) {
+                        tracing::info!(error = %e, "cannot record where the session went");
+                    }
                 }
                 other => return other,
             }
@@ -670,7 +675,8 @@ impl ClusterClient {
     ) -> Result<Placed, ClusterError> {
         let Target::Control(control) = &self.target else { return Err(ClusterError::NoControlPlane) };
         let kept = self.models.get(fingerprint);
-        let options = PlaceOptions { policy: kept.and_then(|k| k.policy.as_deref()), phase, moving, session: None };
+        let options =
+            PlaceOptions { policy: kept.and_then(|k| k.policy.as_deref()), phase, moving, ..PlaceOptions::default() };
         Ok(match (control.place_with(fingerprint, &options), kept) {
             (Err(e), Some(kept)) if e.kind() == Some("unknown_model") => {
                 control.describe_model(fingerprint, &kept.description)?;

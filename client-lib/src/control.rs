@@ -122,6 +122,9 @@ pub struct PlaceOptions<'a> {
     /// `prefill` or `decode`, where the calls differ from the model's description.
     pub phase: Option<&'a str>,
     pub moving: Option<Moving<'a>>,
+    /// The tenant, by name, whose model it is: for a node or an operator placing on a tenant's
+    /// behalf (a tenant's own models are its own without it).
+    pub tenant: Option<&'a str>,
 }
 
 /// A session on the node at `from` with `state_bytes` of state, whose move is paid over
@@ -255,7 +258,17 @@ impl ControlClient {
     }
 
     pub fn describe_model(&self, fingerprint: &Fingerprint, model: &ModelDescription) -> Result<(), ControlError> {
-        let path = format!("/v1/models/{}", fingerprint.to_hex());
+        self.describe_model_of(None, fingerprint, model)
+    }
+
+    /// [`Self::describe_model`] for `tenant`'s model (by a node or an operator).
+    pub fn describe_model_of(
+        &self,
+        tenant: Option<&str>,
+        fingerprint: &Fingerprint,
+        model: &ModelDescription,
+    ) -> Result<(), ControlError> {
+        let path = format!("/v1/models/{}", path_segment(&model_key(tenant, fingerprint)));
         self.send(|base| self.authorized(self.http.put(format!("{base}{path}"))).send_json(model)).map(drop)
     }
 
@@ -273,7 +286,7 @@ impl ControlClient {
     /// [`Self::place`] with every option the control plane takes: the calls' phase, and a
     /// session that would move to the node chosen (its move's cost is weighed in).
     pub fn place_with(&self, fingerprint: &Fingerprint, options: &PlaceOptions<'_>) -> Result<Placed, ControlError> {
-        let mut body = serde_json::json!({ "fingerprint": fingerprint.to_hex() });
+        let mut body = serde_json::json!({ "fingerprint": model_key(options.tenant, fingerprint) });
         if let Some(session) = options.session {
             body["session"] = session.into();
         }
@@ -316,11 +329,32 @@ impl ControlClient {
         self.parse(&answer)
     }
 
-    /// Renews node `name`'s lease, with its inventory now.
-    pub fn renew_lease(&self, name: &str, lease: u64, inventory: &impl Serialize) -> Result<(), ControlError> {
+    /// Renews node `name`'s lease, with its inventory now; whether the node is being drained.
+    pub fn renew_lease(&self, name: &str, lease: u64, inventory: &impl Serialize) -> Result<bool, ControlError> {
+        #[derive(Deserialize)]
+        struct Renewed {
+            draining: bool,
+        }
         let body = serde_json::json!({ "lease": lease, "inventory": inventory });
-        self.send(|base| self.authorized(self.http.put(format!("{base}/v1/nodes/{name}/lease"))).send_json(&body))
-            .map(drop)
+        let answer =
+            self.send(|base| self.authorized(self.http.put(format!("{base}/v1/nodes/{name}/lease"))).send_json(&body))?;
+        Ok(self.parse::<Renewed>(&answer)?.draining)
+    }
+
+    /// Starts draining node `name` (an operator's call), or with `draining` false stops; the
+    /// drain's status, as JSON.
+    pub fn drain(&self, name: &str, draining: bool) -> Result<String, ControlError> {
+        let url = |base: &str| format!("{base}/v1/nodes/{}/drain", path_segment(name));
+        match draining {
+            true => self.send(|base| self.authorized(self.http.post(url(base))).send_empty()),
+            false => self.send(|base| self.authorized(self.http.delete(url(base))).call()),
+        }
+    }
+
+    /// What node `name`, being drained, still holds, as JSON.
+    pub fn drain_status(&self, name: &str) -> Result<String, ControlError> {
+        let url = format!("/v1/nodes/{}/drain", path_segment(name));
+        self.send(|base| self.authorized(self.http.get(format!("{base}{url}"))).call())
     }
 
     /// Ends node `name`'s lease now.
@@ -353,6 +387,15 @@ impl ControlClient {
     /// The cluster's nodes, models and sessions, as JSON.
     pub fn cluster(&self) -> Result<String, ControlError> {
         self.send(|base| self.authorized(self.http.get(format!("{base}/v1/cluster"))).call())
+    }
+}
+
+/// A model's key at the control plane: its fingerprint, after its tenant's name where a node or
+/// an operator names the tenant.
+fn model_key(tenant: Option<&str>, fingerprint: &Fingerprint) -> String {
+    match tenant.filter(|t| !t.is_empty()) {
+        Some(tenant) => format!("{tenant}/{}", fingerprint.to_hex()),
+        None => fingerprint.to_hex(),
     }
 }
 

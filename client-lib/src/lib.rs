@@ -20,8 +20,8 @@ pub use djinn_dataplane::client::{ClientError, ClientOptions, Transport};
 pub use djinn_dataplane::rdma::Registrations;
 pub use djinn_dataplane::tcp::ClientTls;
 pub use djinn_proto::{
-    Breakpoint, DType, ErrorCode, Fingerprint, Handle, HandleInfo, Hello, ListEntry, ModelInfo, Signal, TensorDesc,
-    TensorSource, Value,
+    Breakpoint, DType, ErrorCode, Fingerprint, Handle, HandleInfo, Hello, ListEntry, ModelInfo, SessionEntry, Signal,
+    TensorDesc, TensorSource, Value,
 };
 use djinn_proto::{
     BreakpointMessage, DataMessage, Frame, KeptMessage, Message, ModelMessage, Payload, SessionMessage, payload_layout,
@@ -48,6 +48,12 @@ pub struct Tensor {
 impl Tensor {
     pub fn bytes(&self) -> &[u8] {
         self.data.as_ref().map_or(&[], |p| p.buf.as_slice())
+    }
+}
+
+impl AsRef<[u8]> for Tensor {
+    fn as_ref(&self) -> &[u8] {
+        self.bytes()
     }
 }
 
@@ -160,6 +166,7 @@ impl Client {
         let ours = if port.is_ok() { transports::TCP | transports::RDMA } else { transports::TCP };
         let hello = Hello {
             token: options.token.clone(),
+            tenant: options.tenant.clone(),
             ..Hello::new(&limits, ours, concat!("djinn-client/", env!("CARGO_PKG_VERSION")))
         };
         let node = conn.hello(hello)?;
@@ -261,30 +268,72 @@ impl Client {
         mut progress: impl FnMut(u64, u64),
     ) -> Result<Registration, ClientError> {
         let lens: Vec<u64> = blocks.iter().map(|b| b.as_ref().len() as u64).collect();
-        let reply =
-            self.call(&Message::Model(ModelMessage::RegisterBegin { fingerprint, blocks: lens.clone(), public }), &[])?;
-        let upload = match reply.message {
-            Message::Model(ModelMessage::RegisterReady { registered: true, .. }) => {
-                return Ok(Registration { fingerprint, uploaded: None });
-            }
-            Message::Model(ModelMessage::RegisterReady { upload, .. }) => upload,
-            _ => return Err(unexpected(&self.conn, reply)),
+        let Some(upload) = self.register_begin(fingerprint, &lens, public)? else {
+            return Ok(Registration { fingerprint, uploaded: None });
         };
-        // An upload belongs to its connection: chunks go without the reconnecting retry.
         let total: u64 = lens.iter().sum();
         let mut offset = 0u64;
         for block in blocks {
             for chunk in block.as_ref().chunks(REGISTER_CHUNK) {
-                let desc = TensorDesc::new(DType::U8, vec![chunk.len() as u64]).map_err(ClientError::Request)?;
-                let message = Message::Model(ModelMessage::RegisterChunk { upload, offset, chunk: desc });
-                let reply = self.conn.request(&message, &[chunk])?;
-                let Message::Model(ModelMessage::RegisterProgress { received, .. }) = reply.message else {
-                    return Err(unexpected(&self.conn, reply));
-                };
-                offset = received;
-                progress(received, total);
+                offset = self.register_chunk(upload, offset, chunk)?;
+                progress(offset, total);
             }
         }
+        self.register_commit(fingerprint, upload)
+    }
+
+    /// Registers the model `fingerprint` whose archives are `lens` long, reading them in
+    /// chunks of at most `chunk` bytes from `read(offset, len)` (another node's copy, say) as
+    /// they are sent: nothing is read when the node holds the model already.
+    pub fn register_streamed<C: AsRef<[u8]>>(
+        &mut self,
+        fingerprint: Fingerprint,
+        lens: &[u64],
+        public: bool,
+        chunk: u64,
+        mut read: impl FnMut(u64, u64) -> Result<C, ClientError>,
+    ) -> Result<Registration, ClientError> {
+        let Some(upload) = self.register_begin(fingerprint, lens, public)? else {
+            return Ok(Registration { fingerprint, uploaded: None });
+        };
+        let total: u64 = lens.iter().sum();
+        let mut offset = 0u64;
+        while offset < total {
+            let bytes = read(offset, chunk.max(1).min(total - offset))?;
+            offset = self.register_chunk(upload, offset, bytes.as_ref())?;
+        }
+        self.register_commit(fingerprint, upload)
+    }
+
+    /// Starts a registration: its upload's number, or `None` when the node holds the model.
+    fn register_begin(
+        &mut self,
+        fingerprint: Fingerprint,
+        lens: &[u64],
+        public: bool,
+    ) -> Result<Option<u64>, ClientError> {
+        let begin = ModelMessage::RegisterBegin { fingerprint, blocks: lens.to_vec(), public };
+        let reply = self.call(&Message::Model(begin), &[])?;
+        match reply.message {
+            Message::Model(ModelMessage::RegisterReady { registered: true, .. }) => Ok(None),
+            Message::Model(ModelMessage::RegisterReady { upload, .. }) => Ok(Some(upload)),
+            _ => Err(unexpected(&self.conn, reply)),
+        }
+    }
+
+    /// Sends the upload's bytes at `offset`; how many the node has received.
+    fn register_chunk(&mut self, upload: u64, offset: u64, chunk: &[u8]) -> Result<u64, ClientError> {
+        let desc = TensorDesc::new(DType::U8, vec![chunk.len() as u64]).map_err(ClientError::Request)?;
+        let message = Message::Model(ModelMessage::RegisterChunk { upload, offset, chunk: desc });
+        // An upload belongs to its connection: chunks go without the reconnecting retry.
+        let reply = self.conn.request(&message, &[chunk])?;
+        match reply.message {
+            Message::Model(ModelMessage::RegisterProgress { received, .. }) => Ok(received),
+            _ => Err(unexpected(&self.conn, reply)),
+        }
+    }
+
+    fn register_commit(&mut self, fingerprint: Fingerprint, upload: u64) -> Result<Registration, ClientError> {
         let reply = self.conn.request(&Message::Model(ModelMessage::RegisterCommit { upload }), &[])?;
         match reply.message {
             Message::Model(ModelMessage::Registered { model }) => {
@@ -580,6 +629,39 @@ impl Client {
             Message::Model(ModelMessage::ModelList { models }) => Ok(models),
             _ => Err(unexpected(&self.conn, reply)),
         }
+    }
+
+    /// Bytes `offset..offset + len` of a model's archives, read back from the node: the
+    /// archives' lengths, whether the node holds the model as public, and the bytes.
+    pub fn read_archives(
+        &mut self,
+        fingerprint: &Fingerprint,
+        offset: u64,
+        len: u64,
+    ) -> Result<(Vec<u64>, bool, Tensor), ClientError> {
+        let reply =
+            self.call(&Message::Model(ModelMessage::ReadArchives { fingerprint: *fingerprint, offset, len }), &[])?;
+        match reply.message {
+            Message::Model(ModelMessage::ArchiveBytes { blocks, public, chunk }) => {
+                Ok((blocks, public, Tensor { desc: chunk, data: reply.payload }))
+            }
+            _ => Err(unexpected(&self.conn, reply)),
+        }
+    }
+
+    /// The sessions on the node: this tenant's, or, for a node's or an operator's token, every
+    /// tenant's (by name).
+    pub fn list_sessions(&mut self) -> Result<Vec<SessionEntry>, ClientError> {
+        let reply = self.call(&Message::Session(SessionMessage::List), &[])?;
+        match reply.message {
+            Message::Session(SessionMessage::SessionList { sessions }) => Ok(sessions),
+            _ => Err(unexpected(&self.conn, reply)),
+        }
+    }
+
+    /// Whether the connection can still carry requests (not broken, not closed).
+    pub fn is_usable(&self) -> bool {
+        self.conn.is_usable()
     }
 
     /// What the node announced: its version, transports and limits.

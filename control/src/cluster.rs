@@ -138,6 +138,8 @@ pub struct Cluster {
     holders: HashMap<String, HashSet<NodeId>>,
     promised: HashMap<NodeId, Promised>,
     sessions: HashMap<String, NodeId>,
+    /// Nodes being drained: nothing new is placed on them.
+    draining: HashSet<NodeId>,
     lease_ttl_ms: u64,
     /// When the oldest promise is two leases old (`u64::MAX` without promises).
     promises_expire_at: u64,
@@ -152,6 +154,7 @@ impl Cluster {
             holders: HashMap::new(),
             promised: HashMap::new(),
             sessions: HashMap::new(),
+            draining: HashSet::new(),
             lease_ttl_ms,
             promises_expire_at: u64::MAX,
         }
@@ -212,6 +215,20 @@ impl Cluster {
         self.sessions.remove(session);
     }
 
+    /// Marks `node` as draining (or not): placements leave it out, but for the sessions that
+    /// are still there.
+    pub fn set_draining(&mut self, node: &str, draining: bool) {
+        if draining {
+            self.draining.insert(node.to_owned());
+        } else {
+            self.draining.remove(node);
+        }
+    }
+
+    pub fn is_draining(&self, node: &str) -> bool {
+        self.draining.contains(node)
+    }
+
     /// The sessions, by id.
     pub fn sessions(&self) -> &HashMap<String, NodeId> {
         &self.sessions
@@ -259,6 +276,7 @@ impl Cluster {
         });
         self.promised.remove(node);
         self.sessions.retain(|_, n| n != node);
+        self.draining.remove(node);
     }
 
     fn note_holdings(&mut self, node: &str, models: &[String]) {
@@ -288,6 +306,11 @@ impl Cluster {
         Ok(decision)
     }
 
+    /// Whether new placements may go to `node`: it is live and not draining.
+    fn open(&self, node: &str) -> bool {
+        self.membership.get(node).is_some() && !self.draining.contains(node)
+    }
+
     /// Chooses a node for `request`, changing nothing.
     pub fn decide(&self, request: &PlaceRequest) -> Result<Decision, PlaceError> {
         if request.blocks.is_empty() {
@@ -302,12 +325,14 @@ impl Cluster {
                 (Rule::Session, vec![(member.0, &member.1.inventory)])
             } else if let Some(h) = holders
                 // A session moving on may go anywhere: the node it goes to gets the model.
-                .filter(|h| request.moving.is_none() && h.iter().any(|n| self.membership.get(n).is_some()))
+                .filter(|h| request.moving.is_none() && h.iter().any(|n| self.open(n)))
             {
-                let live = h.iter().filter_map(|n| self.membership.get(n).map(|m| (n, &m.inventory))).collect();
-                (Rule::Shared, live)
+                let live =
+                    h.iter().filter(|n| self.open(n)).filter_map(|n| self.membership.get(n).map(|m| (n, &m.inventory)));
+                (Rule::Shared, live.collect())
             } else {
-                (Rule::Policy, self.membership.live().map(|(n, m)| (n, &m.inventory)).collect())
+                let live = self.membership.live().filter(|(n, _)| !self.draining.contains(*n));
+                (Rule::Policy, live.map(|(n, m)| (n, &m.inventory)).collect())
             };
         if candidates.is_empty() {
             return Err(PlaceError::NoNodes);

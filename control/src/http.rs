@@ -3,7 +3,10 @@
 //! | method and path | body | answer |
 //! |---|---|---|
 //! | `POST /v1/nodes` | `{"name", "inventory"}` | 201 `{"lease", "ttl_ms"}`; 409 a live node has the name |
-//! | `PUT /v1/nodes/{name}/lease` | `{"lease", "inventory"?}` | 204; 404 unknown or lapsed; 409 stale lease |
+//! | `PUT /v1/nodes/{name}/lease` | `{"lease", "inventory"?}` | `{"draining"}`; 404 unknown or lapsed; 409 stale lease |
+//! | `POST /v1/nodes/{name}/drain` | | the drain's status: nothing new is placed on the node, which moves what it holds to other nodes |
+//! | `GET /v1/nodes/{name}/drain` | | `{"node", "draining", "sessions", "kept", "parked", "requests", "placed_sessions", "drained"}` |
+//! | `DELETE /v1/nodes/{name}/drain` | | the status: the drain stops (what moved stays where it went) |
 //! | `DELETE /v1/nodes/{name}?lease=N` | | 204: the node leaves now |
 //! | `PUT /v1/models/{fingerprint}` | `{"blocks": [{"weight_bytes", "flops"}], "io_bytes", "phase"?}` | 204 |
 //! | `GET /v1/models/{fingerprint}` | | the description; 404 unknown |
@@ -21,7 +24,7 @@
 //!
 //! With a token file, every request carries `Authorization: Bearer TOKEN`: a missing or unknown
 //! token gets 401, a role without the right 403. Nodes (and operators) manage memberships;
-//! operators read the whole cluster (`/v1/cluster`, `/metrics`); every principal describes
+//! operators drain nodes and read the whole cluster (`/v1/cluster`, `/metrics`); every principal describes
 //! models, asks for placements and asks `whoami`. A tenant's model records and session ids are
 //! its own: two tenants may both describe a fingerprint or name a session `s1`, and neither sees
 //! the other's.
@@ -44,7 +47,7 @@ use serde::de::DeserializeOwned;
 
 use crate::cluster::{PlaceError, Rule};
 use crate::membership::{Inventory, LeaseId, MembershipError};
-use crate::service::{ControlError, ControlPlane, ModelRecord, Placement};
+use crate::service::{ControlError, ControlPlane, DrainStatus, ModelRecord, Placement, Renewed};
 use crate::store::{Store, StoreError};
 
 impl ControlError {
@@ -140,10 +143,30 @@ async fn renew<S: Store>(
     State(control): Control<S>,
     Segment(name): Segment,
     bytes: Bytes,
-) -> Result<StatusCode, ControlError> {
+) -> Result<axum::Json<Renewed>, ControlError> {
     let RenewBody { lease, inventory } = body(&bytes)?;
-    control.renew(&name, lease, inventory).await?;
-    Ok(StatusCode::NO_CONTENT)
+    control.renew(&name, lease, inventory).await.map(axum::Json)
+}
+
+async fn drain<S: Store>(
+    State(control): Control<S>,
+    Segment(name): Segment,
+) -> Result<(StatusCode, axum::Json<DrainStatus>), ControlError> {
+    Ok((StatusCode::ACCEPTED, axum::Json(control.drain(&name, true).await?)))
+}
+
+async fn drain_status<S: Store>(
+    State(control): Control<S>,
+    Segment(name): Segment,
+) -> Result<axum::Json<DrainStatus>, ControlError> {
+    control.drain_status(&name).map(axum::Json)
+}
+
+async fn undrain<S: Store>(
+    State(control): Control<S>,
+    Segment(name): Segment,
+) -> Result<axum::Json<DrainStatus>, ControlError> {
+    control.drain(&name, false).await.map(axum::Json)
 }
 
 async fn leave<S: Store>(
@@ -312,6 +335,8 @@ fn needs(path: &str) -> &'static [Role] {
     const OPERATORS: &[Role] = &[Role::Admin];
     const ANYONE: &[Role] = &[Role::Tenant, Role::Node, Role::Admin];
     match path {
+        // Draining a node is an operator's decision; the node learns of it at its renewal.
+        p if p.starts_with("/v1/nodes/") && p.ends_with("/drain") => OPERATORS,
         p if p.starts_with("/v1/nodes") => NODES,
         "/v1/cluster" | "/metrics" => OPERATORS,
         _ => ANYONE,
@@ -363,6 +388,7 @@ pub fn router<S: Store>(control: Arc<ControlPlane<S>>, auth: Option<Arc<Authenti
         .route("/v1/nodes", post(register::<S>).get(nodes::<S>))
         .route("/v1/nodes/{name}/lease", put(renew::<S>))
         .route("/v1/nodes/{name}", axum::routing::delete(leave::<S>))
+        .route("/v1/nodes/{name}/drain", post(drain::<S>).get(drain_status::<S>).delete(undrain::<S>))
         .route("/v1/models/{fingerprint}", put(describe_model::<S>).get(model::<S>))
         .route("/v1/placements", post(place::<S>))
         .route("/v1/sessions/{session}", put(move_session::<S>))

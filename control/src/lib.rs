@@ -21,6 +21,6 @@ pub use cluster::{Cluster, Decision, PlaceError, PlaceRequest, Rule};
 pub use membership::{Inventory, LeaseId, Member, Membership, MembershipError, NodeId};
 pub use placement::{Block, Bound, Cost, Demand, Fit, Phase, Policy, SessionMove};
 pub use service::{
-    ClusterStatus, ControlConfig, ControlError, ControlPlane, GraphAnnotations, GraphPhase, Modality, ModelRecord,
-    Placement, Registered,
+    ClusterStatus, ControlConfig, ControlError, ControlPlane, DrainStatus, GraphAnnotations, GraphPhase, Modality,
+    ModelRecord, Placement, Registered, Renewed,
 };

@@ -40,6 +40,14 @@ pub struct Inventory {
     pub cost_per_hour: f64,
     /// Fingerprints (hex) of the models it holds.
     pub models: Vec<String>,
+    /// What a drain waits for: its open sessions, kept tensors and requests parked at
+    /// breakpoints.
+    #[serde(default)]
+    pub sessions: u64,
+    #[serde(default)]
+    pub kept: u64,
+    #[serde(default)]
+    pub parked: u64,
 }
 
 /// A lease's number; a renewal must name the node's current one.
@@ -107,6 +115,9 @@ pub(crate) mod tests {
             queue_depth: 0,
             cost_per_hour: 1.0,
             models: Vec::new(),
+            sessions: 0,
+            kept: 0,
+            parked: 0,
         }
     }
 }

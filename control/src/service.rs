@@ -124,6 +124,29 @@ pub struct MovingSession {
     pub calls: Option<u32>,
 }
 
+/// The answer to a renewal: whether the node is being drained (it moves what it holds to
+/// other nodes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Renewed {
+    pub draining: bool,
+}
+
+/// Where a drain of a node is: what the node still holds, as its last renewal said.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainStatus {
+    pub node: NodeId,
+    pub draining: bool,
+    pub sessions: u64,
+    pub kept: u64,
+    pub parked: u64,
+    /// Requests queued or running.
+    pub requests: u64,
+    /// Sessions the control plane has placed there (by key).
+    pub placed_sessions: u64,
+    /// It holds nothing: no session, kept tensor, parked or running request.
+    pub drained: bool,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Registered {
     pub lease: LeaseId,
@@ -172,6 +195,9 @@ pub struct NodeStatus {
     pub inventory: Inventory,
     /// Device memory promised to models its inventory does not show yet.
     pub promised_bytes: u64,
+    /// Being drained: nothing new is placed there.
+    #[serde(default)]
+    pub draining: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -222,6 +248,7 @@ const NODES: &str = "nodes/";
 const GIVEN: &str = "given/";
 const SESSIONS: &str = "sessions/";
 const MODELS: &str = "models/";
+const DRAINING: &str = "draining/";
 
 /// A node's name: it is part of URLs and store keys.
 fn check_node_name(name: &str) -> Result<(), ControlError> {
@@ -451,6 +478,8 @@ impl<S: Store> ControlPlane<S> {
                 Some(Err(e)) => unreadable(&e),
                 None => state.cluster.end_session(session),
             }
+        } else if let Some(node) = key.strip_prefix(DRAINING) {
+            state.cluster.set_draining(node, value.is_some());
         } else if let Some(fingerprint) = key.strip_prefix(MODELS) {
             match value.map(serde_json::from_slice::<ModelRecord>) {
                 Some(Ok(record)) => {
@@ -518,8 +547,14 @@ impl<S: Store> ControlPlane<S> {
         Ok(())
     }
 
-    /// Extends a node's lease and, if given, replaces its inventory.
-    pub async fn renew(&self, name: &str, lease: LeaseId, inventory: Option<Inventory>) -> Result<(), ControlError> {
+    /// Extends a node's lease and, if given, replaces its inventory; says whether the node is
+    /// being drained.
+    pub async fn renew(
+        &self,
+        name: &str,
+        lease: LeaseId,
+        inventory: Option<Inventory>,
+    ) -> Result<Renewed, ControlError> {
         let current = self.current(name).await?;
         Self::check_lease(name, &current, lease)?;
         let lapsed = |e| match e {
@@ -536,7 +571,49 @@ impl<S: Store> ControlPlane<S> {
             self.caught_up(revision).await?;
         }
         self.counters.renewals.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+        Ok(Renewed { draining: self.state().cluster.is_draining(name) })
+    }
+
+    /// Starts draining node `name` (or, with `draining` false, stops): nothing new is placed
+    /// there, and the node, told so at its next renewal, moves its sessions, kept tensors and
+    /// models to other nodes. The mark goes with the node's lease.
+    pub async fn drain(&self, name: &str, draining: bool) -> Result<DrainStatus, ControlError> {
+        let current = self.current(name).await?;
+        let key = self.key(DRAINING, name);
+        let left = |e| match e {
+            StoreError::LeaseNotFound(_) => ControlError::Membership(MembershipError::UnknownNode(name.to_owned())),
+            e => e.into(),
+        };
+        let revision = match draining {
+            true => self.store.put(&key, Vec::new(), Some(current.lease)).await.map_err(left)?,
+            false => self.store.delete(&key).await?,
+        };
+        self.caught_up(revision).await?;
+        tracing::info!(node = name, draining, "drain");
+        self.drain_status(name)
+    }
+
+    /// What node `name` still holds, as its last renewal said.
+    pub fn drain_status(&self, name: &str) -> Result<DrainStatus, ControlError> {
+        check_node_name(name)?;
+        let state = self.state();
+        let member = state
+            .cluster
+            .membership()
+            .get(name)
+            .ok_or_else(|| ControlError::Membership(MembershipError::UnknownNode(name.to_owned())))?;
+        let i = &member.inventory;
+        let requests = u64::from(i.queue_depth);
+        Ok(DrainStatus {
+            node: name.to_owned(),
+            draining: state.cluster.is_draining(name),
+            sessions: i.sessions,
+            kept: i.kept,
+            parked: i.parked,
+            requests,
+            placed_sessions: state.cluster.sessions().values().filter(|n| *n == name).count() as u64,
+            drained: i.sessions == 0 && i.kept == 0 && i.parked == 0 && requests == 0,
+        })
     }
 
     /// A node leaving on purpose: its lease ends now.
@@ -710,6 +787,7 @@ impl<S: Store> ControlPlane<S> {
                 lease: m.lease,
                 inventory: m.inventory.clone(),
                 promised_bytes: cluster.promised_bytes(name),
+                draining: cluster.is_draining(name),
             })
             .collect();
         nodes.sort_by(|a, b| a.name.cmp(&b.name));

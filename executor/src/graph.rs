@@ -14,6 +14,7 @@ use tch::{Device, Kind, Tensor};
 
 use crate::cost::Estimate;
 use crate::error::ExecError;
+use crate::tensors::tensor_bytes;
 pub use crate::value::RtValue;
 use djinn_sync::Locked;
 
@@ -246,6 +247,57 @@ pub struct GraphModule {
     /// The initial values of a session's state, in host memory (`None`: zeros).
     state: Vec<Option<Tensor>>,
     device: Device,
+    /// What reads the container back; `None` where it cannot be.
+    container: Option<Container>,
+}
+
+/// What a graph's container holds besides the tensors the graph keeps, so that the container
+/// can be read back byte for byte from them (a draining node sends it to another) without a
+/// second copy of the weights: its length, the program, and the runs between tensors that are
+/// not zeros. The node it goes to checks the bytes against the model's fingerprint.
+#[derive(Debug)]
+struct Container {
+    len: u64,
+    /// The magic and the program, up to the weights.
+    head: Vec<u8>,
+    /// Gaps between tensors that are not all zeros, by offset in the container.
+    filler: Vec<(u64, Vec<u8>)>,
+}
+
+/// The most bytes of non-zero gaps kept for reading a container back: an encoder pads with
+/// zeros, and a container padded otherwise is not kept twice.
+const MAX_FILLER: usize = 1 << 20;
+
+impl Container {
+    /// `bytes`' head and filler, given the spans (offset, length) its tensors take past
+    /// `weights_start`.
+    fn of(bytes: &[u8], weights_start: usize, mut spans: Vec<(usize, usize)>) -> Option<Self> {
+        spans.sort_unstable();
+        let mut filler = Vec::new();
+        let mut kept = 0;
+        let mut at = weights_start;
+        let gaps = spans.iter().map(|&(o, n)| (weights_start + o, weights_start + o + n)).chain([(bytes.len(), 0)]);
+        for (start, end) in gaps {
+            let gap = bytes.get(at..start.max(at))?;
+            if gap.iter().any(|&b| b != 0) {
+                kept += gap.len();
+                filler.push((at as u64, gap.to_vec()));
+            }
+            at = at.max(end);
+        }
+        (kept <= MAX_FILLER).then(|| Self { len: bytes.len() as u64, head: bytes[..weights_start].to_vec(), filler })
+    }
+}
+
+/// Copies the part of `src` (bytes at `at` in a container) that falls in `out` (bytes at
+/// `offset`).
+fn copy_overlap(out: &mut [u8], offset: u64, src: &[u8], at: u64) {
+    let start = offset.max(at);
+    let end = (offset + out.len() as u64).min(at + src.len() as u64);
+    if start < end {
+        out[(start - offset) as usize..(end - offset) as usize]
+            .copy_from_slice(&src[(start - at) as usize..(end - at) as usize]);
+    }
 }
 
 // SAFETY: runs read its prepared calls (see `PreparedCall`) and take new references to its
@@ -352,7 +404,51 @@ impl GraphModule {
         let meta_weights =
             weights.iter().map(|(id, w)| Ok((*id, meta_like(w)?))).collect::<Result<Vec<_>, ExecError>>()?;
         let estimates = Mutex::new(vec![HashMap::new(); checked.graphs.len()]);
-        Ok(Self { checked, calls, plan_calls, dies_after, weights, meta_weights, estimates, state, device })
+        let spans = (checked.program.weights.iter().map(|w| (Some(w.offset), &w.dtype, &w.shape)))
+            .chain(checked.program.state.iter().map(|s| (s.offset, &s.dtype, &s.shape)))
+            .filter_map(|(offset, dtype, shape)| {
+                Some((offset? as usize, djinn_graph::tensor_len(dtype, shape)? as usize))
+            })
+            .collect();
+        let container = Container::of(bytes, decoded.weights_start, spans);
+        Ok(Self { checked, calls, plan_calls, dies_after, weights, meta_weights, estimates, state, device, container })
+    }
+
+    /// The container's length, where it can be read back.
+    pub fn container_len(&self) -> Option<u64> {
+        self.container.as_ref().map(|c| c.len)
+    }
+
+    /// Reads the container's bytes from `offset` into `out` (zeroed by the caller), from the
+    /// program and the tensors the graph keeps.
+    pub fn read_container(&self, offset: u64, out: &mut [u8]) -> Result<(), ExecError> {
+        let Some(container) = &self.container else {
+            return Err(ExecError::Unsupported("this graph's container cannot be read back".into()));
+        };
+        let weights_start = container.head.len() as u64;
+        copy_overlap(out, offset, &container.head, 0);
+        for (at, bytes) in &container.filler {
+            copy_overlap(out, offset, bytes, *at);
+        }
+        let weights = self.checked.program.weights.iter().zip(&self.weights).map(|(w, (_, t))| (Some(w.offset), t));
+        let state =
+            self.checked.program.state.iter().zip(&self.state).filter_map(|(s, t)| Some((s.offset, t.as_ref()?)));
+        let end = offset + out.len() as u64;
+        for (stored, t) in weights.chain(state) {
+            let Some(at) = stored.map(|o| weights_start + o) else { continue };
+            let len = tensor_bytes(t);
+            let (start, stop) = (offset.max(at), end.min(at + len));
+            if start >= stop {
+                continue;
+            }
+            // The tensor's bytes as a flat u8 tensor: the part wanted comes to the host alone.
+            let flat = t.f_reshape([-1])?;
+            let flat = if flat.kind() == Kind::Uint8 { flat } else { flat.f_view_dtype(Kind::Uint8)? };
+            let part = flat.f_narrow(0, (start - at) as i64, (stop - start) as i64)?.f_to_device(Device::Cpu)?;
+            let dst = &mut out[(start - offset) as usize..(stop - offset) as usize];
+            part.f_contiguous()?.f_copy_data_u8(dst, dst.len())?;
+        }
+        Ok(())
     }
 
     /// Tensors of a session's state (0 for a graph without).

@@ -145,7 +145,50 @@ impl Model {
 
     /// Whether any block is TorchScript (code: only principals with the right may run it).
     pub fn has_torchscript(&self) -> bool {
-        self.blocks.iter().any(|b| matches!(b, Block::Script(_)))
+        self.blocks.iter().any(|b| matches!(b, Block::Script(..)))
+    }
+
+    /// The lengths of the model's archives, where they can be read back: a model whose blocks
+    /// all stay on the device (a streamed block's weights move between the host and the ring).
+    pub fn archive_lens(&self) -> Result<Vec<u64>, ExecError> {
+        if self.stream.is_some() {
+            return Err(ExecError::Unsupported("a streamed model's archives cannot be read back".into()));
+        }
+        self.blocks
+            .iter()
+            .map(|b| match b {
+                Block::Graph(g) => g.container_len().ok_or_else(|| {
+                    ExecError::Unsupported("this model's archives are padded with more than zeros: not kept".into())
+                }),
+                Block::Script(_, archive) => Ok(archive.len() as u64),
+            })
+            .collect()
+    }
+
+    /// Bytes `offset..offset + len` of the model's archives, concatenated (the bytes it was
+    /// registered with: the program kept, the weights read back from the device).
+    pub fn read_archives(&self, offset: u64, len: u64) -> Result<(Vec<u64>, Vec<u8>), ExecError> {
+        let lens = self.archive_lens()?;
+        let total: u64 = lens.iter().sum();
+        let end = offset.checked_add(len).filter(|&end| end <= total);
+        let end =
+            end.ok_or_else(|| ExecError::BadInput(format!("{len} bytes at {offset} pass the {total} archived")))?;
+        let mut out = vec![0u8; (end - offset) as usize];
+        let mut at = 0;
+        for (block, block_len) in self.blocks.iter().zip(&lens) {
+            let (start, stop) = (offset.max(at), end.min(at + block_len));
+            if start < stop {
+                let part = &mut out[(start - offset) as usize..(stop - offset) as usize];
+                match block {
+                    Block::Graph(g) => g.read_container(start - at, part)?,
+                    Block::Script(_, archive) => {
+                        part.copy_from_slice(&archive[(start - at) as usize..(stop - at) as usize])
+                    }
+                }
+            }
+            at += block_len;
+        }
+        Ok((lens, out))
     }
 
     /// Device bytes the model holds: its resident blocks and its ring.
@@ -158,14 +201,15 @@ impl Model {
 /// a TorchScript module, which is code (only principals with the right may register one).
 pub(crate) enum Block {
     Graph(Box<GraphModule>),
-    Script(CModule),
+    /// The module and its archive.
+    Script(CModule, Vec<u8>),
 }
 
 impl std::fmt::Debug for Block {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Block::Graph(g) => g.fmt(f),
-            Block::Script(_) => f.write_str("Script"),
+            Block::Script(..) => f.write_str("Script"),
         }
     }
 }
@@ -173,7 +217,7 @@ impl std::fmt::Debug for Block {
 impl Block {
     fn forward(&self, args: &[IValue]) -> Result<IValue, ExecError> {
         match self {
-            Block::Script(module) => Ok(module.forward_is(args)?),
+            Block::Script(module, _) => Ok(module.forward_is(args)?),
             Block::Graph(graph) => {
                 let inputs = args
                     .iter()
@@ -191,7 +235,7 @@ impl Block {
     /// Its weights by name, and the bytes they take.
     fn weights(&self) -> Result<(Vec<(String, Tensor)>, u64), ExecError> {
         match self {
-            Block::Script(module) => {
+            Block::Script(module, _) => {
                 let params = module.named_parameters()?;
                 let bytes = params.iter().map(|(_, t)| tensor_bytes(t)).sum();
                 Ok((params, bytes))
@@ -322,10 +366,14 @@ fn load_block(mut reader: BlockReader<'_>, i: usize, device: Device, torchscript
              exports it with torch.export (docs/python.md, \"From TorchScript to graphs\")"
         )));
     }
-    let mut block = CModule::load_data_on_device(&mut std::io::Read::chain(head, reader), device)
+    // Kept as received: TorchScript cannot be written again byte for byte, and a draining node
+    // sends the archive on (only principals trusted with code register it).
+    let mut bytes = head.to_vec();
+    reader.read_to_end(&mut bytes)?;
+    let mut block = CModule::load_data_on_device(&mut std::io::Cursor::new(&bytes), device)
         .map_err(|e| ExecError::BadArchive(format!("block {i} is neither a graph nor a TorchScript archive: {e}")))?;
     block.f_set_eval()?;
-    Ok(Block::Script(block))
+    Ok(Block::Script(block, bytes))
 }
 
 /// A line every tenth of the blocks of a model with many.
@@ -504,6 +552,11 @@ impl ModelStore {
         }
         let public = (Scope::Public, *fingerprint);
         self.models.get(&public).filter(|e| e.owners.contains_key(&tenant)).map(|_| public)
+    }
+
+    /// Whether `tenant`'s model of this fingerprint is held as public.
+    pub fn is_public(&self, tenant: TenantId, fingerprint: &Fingerprint) -> bool {
+        self.key_of(tenant, fingerprint).is_some_and(|(scope, _)| scope == Scope::Public)
     }
 
     /// `tenant`'s model, marked as just used.
@@ -752,7 +805,7 @@ mod tests {
     fn loaded(tag: u8, weight_bytes: u64) -> LoadedModel {
         LoadedModel {
             fingerprint: Fingerprint([tag; 32]),
-            blocks: LoadedBlocks::OnDevice(vec![Block::Script(identity())]),
+            blocks: LoadedBlocks::OnDevice(vec![Block::Script(identity(), Vec::new())]),
             slot_lens: vec![weight_bytes],
             weight_bytes,
             device: Device::Cpu,

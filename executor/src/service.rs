@@ -17,7 +17,7 @@ use djinn_proto::{
 use tch::Device;
 
 use crate::cost::{ComputeMeter, ComputeQuota, Limits};
-use crate::error::SessionError;
+use crate::error::{ExecError, SessionError};
 use crate::handles::HandleTable;
 use crate::models::{ModelStore, Unregistered, Upload};
 use crate::mover::{Mover, PeerLimits, PushPeers, PushSource};
@@ -27,6 +27,10 @@ use crate::sessions::{Op, SessionOptions, SessionTable, Sessions};
 use crate::store::TensorStore;
 use crate::workers::{Job, Tables, WorkQueue, Workers};
 use djinn_sync::Locked;
+
+/// The most bytes of a model's archives one `ReadArchives` reads back (its reply holds them in
+/// host memory until sent).
+pub const MAX_ARCHIVE_READ: u64 = 8 << 20;
 
 #[derive(Debug, Clone)]
 pub struct NodeOptions {
@@ -390,6 +394,30 @@ impl Service for NodeService {
             }
             Message::Model(ModelMessage::ListModels) => {
                 Reply::message(ModelMessage::ModelList { models: self.models().list(tenant) })
+            }
+            Message::Model(ModelMessage::ReadArchives { fingerprint, offset, len }) => {
+                if len > MAX_ARCHIVE_READ {
+                    let e = ExecError::BadInput(format!(
+                        "{len} bytes asked for at once; a read takes at most {MAX_ARCHIVE_READ}"
+                    ));
+                    return Some(Reply::error(e.code(), e.to_string()));
+                }
+                let mut models = self.models();
+                let public = models.is_public(tenant, &fingerprint);
+                match models.get(tenant, &fingerprint) {
+                    Some(model) => {
+                        drop(models);
+                        self.workers.submit(Job::ReadArchives { model, public, offset, len }, to, replier);
+                        return None;
+                    }
+                    None => Reply::error(ErrorCode::UnknownModel, format!("no model {fingerprint} on this node")),
+                }
+            }
+            Message::Session(SessionMessage::List) => {
+                let auth = self.auth.clone();
+                let name = move |t| auth.as_ref().and_then(|a| a.name(t)).map_or_else(String::new, |n| n.to_string());
+                self.workers.submit(Job::ListSessions { all: to.operator, name: Box::new(name) }, to, replier);
+                return None;
             }
             Message::Kept(KeptMessage::Keep { tensor }) => {
                 self.workers.submit(Job::Keep { tensor, payload }, to, replier);

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use djinn_auth::TenantId;
 use djinn_dataplane::tcp::{Replier, ReplyTo};
 use djinn_memory::{MemoryBudget, Reservation};
-use djinn_proto::{Breakpoint, Handle, Signal};
+use djinn_proto::{Breakpoint, Fingerprint, Handle, Signal};
 use tch::{Device, Tensor};
 
 use crate::error::{ExecError, SessionError};
@@ -287,6 +287,19 @@ impl SessionTable {
     /// The thread to wake when a restore is scheduled.
     pub fn set_clock(&mut self, thread: std::thread::Thread) {
         self.clock = Some(thread);
+    }
+
+    /// The sessions (`tenant`'s only, when given): whose, which, of what model, and their
+    /// state's bytes now.
+    pub fn list(&self, tenant: Option<TenantId>) -> Vec<(TenantId, Handle, Fingerprint, u64)> {
+        let mut listed: Vec<_> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| tenant.is_none_or(|t| s.tenant == t))
+            .map(|(&id, s)| (s.tenant, Handle { id, epoch: self.epoch }, s.model.fingerprint, state_bytes(&s.state)))
+            .collect();
+        listed.sort_unstable_by_key(|(_, h, ..)| h.id);
+        listed
     }
 
     /// Refuses, before it is made, a state larger than the budgets could ever hold.

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use djinn_auth::TenantId;
 use djinn_dataplane::tcp::{Replier, Reply, ReplyTo};
 use djinn_proto::{
-    Breakpoint, BreakpointMessage, DataMessage, Handle, KeptMessage, Message, ModelMessage, Payload, SessionMessage,
-    SharedBytes, TensorDesc, Value,
+    Breakpoint, BreakpointMessage, DType, DataMessage, Handle, KeptMessage, Message, ModelMessage, Payload,
+    SessionEntry, SessionMessage, SharedBytes, TensorDesc, Value,
 };
 use tch::jit::IValue;
 use tch::{Device, Tensor};
@@ -84,6 +84,18 @@ pub enum Job {
         activation: Activation,
         handle: Handle,
         block: usize,
+    },
+    /// Reads bytes of a model's archives back.
+    ReadArchives {
+        model: Arc<Model>,
+        public: bool,
+        offset: u64,
+        len: u64,
+    },
+    /// Lists the sessions: the caller's, or every tenant's (`all`), each named by `name`.
+    ListSessions {
+        all: bool,
+        name: Box<dyn Fn(TenantId) -> String + Send>,
     },
 }
 
@@ -340,6 +352,28 @@ fn work(scheduler: &Scheduler, shared: &Shared) {
             Job::Fetch { handle } => fetch(tenant, handle, handles),
             Job::SessionOpen { model, state, payload, reserve } => {
                 open_session(tenant, model, &state, payload, reserve, sessions)
+            }
+            Job::ReadArchives { model, public, offset, len } => {
+                let (blocks, bytes) = model.read_archives(offset, len)?;
+                let chunk = TensorDesc::new(DType::U8, vec![bytes.len() as u64])
+                    .map_err(|e| ExecError::Internal(e.to_string()))?;
+                Ok(Reply {
+                    message: ModelMessage::ArchiveBytes { blocks, public, chunk }.into(),
+                    tensors: vec![Arc::new(bytes) as SharedBytes],
+                })
+            }
+            Job::ListSessions { all, name } => {
+                let listed = sessions.table.locked().list((!all).then_some(tenant));
+                let sessions = listed
+                    .into_iter()
+                    .map(|(owner, session, fingerprint, state_bytes)| SessionEntry {
+                        tenant: if all { name(owner) } else { String::new() },
+                        session,
+                        fingerprint,
+                        state_bytes,
+                    })
+                    .collect();
+                Ok(Reply::message(SessionMessage::SessionList { sessions }))
             }
             Job::Session { .. } => Err(ExecError::Internal("a session drain with a reply".into())),
         });

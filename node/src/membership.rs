@@ -14,6 +14,9 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use djinn_client::{Client, ClientOptions, ControlClient, Transport};
 use djinn_control::{Inventory, Registered};
+use djinn_dataplane::tcp::ClientTls;
+
+use crate::drain::{DrainConfig, Drainer};
 
 /// What the node knows about itself that its stats do not say.
 #[derive(Debug, Clone)]
@@ -40,6 +43,7 @@ struct Membership {
     control: ControlClient,
     me: Static,
     node: Client,
+    drainer: Drainer,
 }
 
 impl Membership {
@@ -75,6 +79,9 @@ impl Membership {
             queue_depth: u32::try_from(stat("jobs_queued")).unwrap_or(u32::MAX),
             cost_per_hour: self.me.cost_per_hour,
             models,
+            sessions: stat("sessions"),
+            kept: stat("handles"),
+            parked: stat("parked"),
         })
     }
 
@@ -82,7 +89,11 @@ impl Membership {
     fn register(&mut self) -> Result<Option<Registered>> {
         let inventory = self.inventory()?;
         match self.control.register_node(&self.me.name, &inventory) {
-            Ok(registered) => Ok(Some(registered)),
+            Ok(registered) => {
+                // A drain's mark goes with the lease it was given under.
+                self.drainer.set(false);
+                Ok(Some(registered))
+            }
             Err(e) if e.kind() == Some("already_registered") => {
                 tracing::info!(error = %e, "an earlier lease of this name is live: registering again when it lapses");
                 Ok(None)
@@ -91,11 +102,15 @@ impl Membership {
         }
     }
 
-    /// Renews; false when the lease is gone and the node must register again.
+    /// Renews, and tells the drain whether the node is draining; false when the lease is gone
+    /// and the node must register again.
     fn renew(&mut self, lease: u64) -> Result<bool> {
         let inventory = self.inventory()?;
         match self.control.renew_lease(&self.me.name, lease, &inventory) {
-            Ok(()) => Ok(true),
+            Ok(draining) => {
+                self.drainer.set(draining);
+                Ok(true)
+            }
             Err(e) if matches!(e.kind(), Some("unknown_node" | "stale_lease")) => {
                 tracing::warn!(error = %e, "the lease is gone: registering again");
                 Ok(false)
@@ -108,15 +123,33 @@ impl Membership {
 impl Agent {
     /// Starts the agent for the node serving on `node_addr` (it connects once the node's
     /// poller runs).
-    /// `token` is the node's, for the control plane and its own data plane.
-    pub fn start(control: &str, token: &str, me: Static, node_addr: SocketAddr) -> Result<Self> {
+    /// `token` is the node's, for the control plane and its own data plane; `peer_tls`, the
+    /// roots for peers' TLS, where a drain sends them what the node holds.
+    pub fn start(
+        control: &str,
+        token: &str,
+        me: Static,
+        node_addr: SocketAddr,
+        peer_tls: Option<ClientTls>,
+    ) -> Result<Self> {
         let control = ControlClient::new(control, Duration::from_secs(5)).with_token(token);
+        let drainer = Drainer::start(DrainConfig {
+            control: control.clone(),
+            token: token.to_owned(),
+            node_addr,
+            advertised: me.addr.clone(),
+            peer_tls,
+        })?;
         let token = token.to_owned();
         let (stop, stopped) = mpsc::channel();
         let thread = std::thread::Builder::new().name("djinn-membership".into()).spawn(move || {
             let options = ClientOptions { transport: Transport::Tcp, token, ..ClientOptions::default() };
             match Client::connect_with(node_addr, options) {
-                Ok(node) => Membership { control, me, node }.run(&stopped),
+                Ok(node) => {
+                    let mut membership = Membership { control, me, node, drainer };
+                    membership.run(&stopped);
+                    membership.drainer.stop();
+                }
                 Err(e) => tracing::error!(
                     error = %e,
                     "the membership agent cannot reach its own node: the node does not join the control plane"

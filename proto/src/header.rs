@@ -18,7 +18,7 @@ use super::message::Kind;
 pub const MAGIC: [u8; 4] = *b"DJNN";
 /// 2: tensors kept on the node (handles, keep, fetch, release, push); 3: sessions; 4:
 /// breakpoints.
-pub const PROTOCOL_VERSION: u16 = 8;
+pub const PROTOCOL_VERSION: u16 = 9;
 pub const HEADER_LEN: usize = size_of::<FrameHeader>();
 
 #[repr(C)]

@@ -24,7 +24,7 @@ pub use message::breakpoints::{Breakpoint, BreakpointKind, BreakpointMessage};
 pub use message::data::{DataKind, DataMessage, Hello, ListEntry, RdmaParams, transports};
 pub use message::kept::{HandleInfo, KeptKind, KeptMessage, TensorSource};
 pub use message::models::{Fingerprint, ModelInfo, ModelKind, ModelMessage};
-pub use message::sessions::{SessionKind, SessionMessage, Signal};
+pub use message::sessions::{SessionEntry, SessionKind, SessionMessage, Signal};
 pub use message::{Kind, Message};
 pub use tensor::{DType, TENSOR_ALIGN, TensorDesc, check_tensor_lens, paddings, payload_layout, payload_len};
 pub use value::{Handle, MAX_VALUE_DEPTH, Value};

@@ -340,3 +340,34 @@ pub fn self_signed_certificate(dir: &std::path::Path, name: &str) -> (std::path:
     std::fs::write(&key_path, key_pair.serialize_pem()).expect("write the key");
     (cert_path, key_path)
 }
+
+/// What a session of the test model `counter` (state: a running total of three floats and a
+/// step count) returns, step by step: twice the total of the inputs so far, and ten times the
+/// step count.
+pub struct Counter {
+    total: [f32; 3],
+    steps: i64,
+}
+
+impl Counter {
+    pub fn new() -> Self {
+        Self { total: [0.0; 3], steps: 0 }
+    }
+
+    /// The next step's input: three floats.
+    pub fn input(&self) -> Vec<u8> {
+        let n = self.steps as f32 + 1.0;
+        [n, 1.0, -2.0 * n].iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
+
+    /// Checks a step's outputs against the inputs so far (the last being [`Self::input`]).
+    pub fn check(&mut self, out: &djinn_client::Output) {
+        let x = self.input();
+        let x = x.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+        self.total.iter_mut().zip(x).for_each(|(t, v)| *t += v);
+        self.steps += 1;
+        let expected: Vec<u8> = self.total.iter().flat_map(|t| (t * 2.0).to_le_bytes()).collect();
+        assert_eq!(out.tensor_bytes(0), expected, "step {}", self.steps);
+        assert_eq!(out.tensor_bytes(1), (self.steps * 10).to_le_bytes(), "step {}", self.steps);
+    }
+}

@@ -2,6 +2,7 @@
 
 mod auth;
 mod control;
+mod drain;
 mod node;
 mod status;
 mod up;
@@ -42,6 +43,9 @@ enum Command {
     Control(control::ControlArgs),
     /// What a control plane knows: its nodes, models and sessions.
     Status(status::StatusArgs),
+    /// Drain a node: nothing new is placed there, its sessions move to other nodes (node to
+    /// node), its running requests finish; waits until it holds nothing.
+    Drain(drain::DrainArgs),
     /// What this host's GPUs can do for a node: CUDA discovery, device and pinned buffers, the
     /// staging copies from 1 KiB to --max-size, dma-buf export; one PASS/FAIL/SKIP line each.
     GpuCheck {
@@ -123,6 +127,7 @@ fn main() -> Result<()> {
         Command::Up(args) => up::run(args),
         Command::Control(args) => control::run(args),
         Command::Status(args) => status::run(args),
+        Command::Drain(args) => drain::run(args),
         Command::Tokens(command) => auth::tokens(command),
         Command::GpuCheck { max_size, ordinal } => {
             djinn_node::gpu_check::run(GpuCheck { max_size, ordinal }, &mut |line| println!("{line}"))

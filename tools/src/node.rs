@@ -318,6 +318,13 @@ pub fn run(args: NodeArgs, auth: Option<Arc<Authenticator>>) -> Result<()> {
     let share = args.tenant_host_memory.map_or(host_limit / 2, |b| b.0);
     let host_budget = tenant_budget(host_limit, auth.as_ref(), move |q| Some(q.host_memory.unwrap_or(share)));
     let token = args.auth.token()?;
+    let peer_tls = match &args.peer_tls_roots {
+        Some(path) => {
+            let roots = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+            Some(djinn_dataplane::tcp::ClientTls::trusting(&roots).context("--peer-tls-roots")?)
+        }
+        None => None,
+    };
     let options = NodeOptions {
         device,
         workers: args.workers,
@@ -349,13 +356,7 @@ pub fn run(args: NodeArgs, auth: Option<Arc<Authenticator>>) -> Result<()> {
             args.push_peers.clone(),
             args.control.as_deref().map(|c| live_nodes(c, &token)),
         )),
-        push_tls: match &args.peer_tls_roots {
-            Some(path) => {
-                let roots = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-                Some(djinn_dataplane::tcp::ClientTls::trusting(&roots).context("--peer-tls-roots")?)
-            }
-            None => None,
-        },
+        push_tls: peer_tls.clone(),
     };
     let service = NodeService::new(budget.clone(), options).context("cannot start the executor")?;
     let tls = match (&args.tls_cert, &args.tls_key) {
@@ -413,7 +414,7 @@ pub fn run(args: NodeArgs, auth: Option<Arc<Authenticator>>) -> Result<()> {
             if addr.ip().is_unspecified() && args.advertise.is_none() {
                 tracing::warn!(%addr, "listening on every interface: give --advertise HOST:PORT so clients can reach the node");
             }
-            Some(membership::Agent::start(control, &token, me, addr)?)
+            Some(membership::Agent::start(control, &token, me, addr, peer_tls)?)
         }
         None => None,
     };

@@ -51,7 +51,7 @@ fn render(url: &str, cluster: &ClusterStatus) -> String {
         let inv = &node.inventory;
         let used = ByteSize(inv.memory_total.saturating_sub(inv.memory_free));
         nodes.push(vec![
-            node.name.clone(),
+            if node.draining { format!("{} (draining)", node.name) } else { node.name.clone() },
             inv.addr.clone(),
             inv.device.clone(),
             format!("{used} / {}", ByteSize(inv.memory_total)),

@@ -118,6 +118,9 @@ pub struct ClientOptions {
     pub pool_bytes: u64,
     /// The token the hello presents (empty: none, for a node that needs none).
     pub token: String,
+    /// The tenant, by name, that a node's or an operator's token acts for (empty: its own
+    /// name).
+    pub tenant: String,
     /// The largest reply payload taken; a larger one is refused before anything is allocated
     /// (its bytes are skipped) and the request fails.
     pub max_reply_payload: u64,
@@ -139,6 +142,7 @@ impl std::fmt::Debug for ClientOptions {
             .field("limits", &self.limits)
             .field("pool_bytes", &self.pool_bytes)
             .field("token", &if self.token.is_empty() { "" } else { "<redacted>" })
+            .field("tenant", &self.tenant)
             .field("max_reply_payload", &self.max_reply_payload)
             .field("tls", &self.tls)
             .finish()
@@ -157,6 +161,7 @@ impl Default for ClientOptions {
             limits: Limits::default(),
             pool_bytes: 1 << 30,
             token: String::new(),
+            tenant: String::new(),
             max_reply_payload: u64::MAX,
             tls: None,
         }

@@ -41,6 +41,13 @@ family! {
         UnregisterAck = 0x10a reply,
         ListModels = 0x10b request,
         ModelList { models: Vec<ModelInfo> } = 0x10c reply,
+        /// Reads bytes `offset..offset + len` of a model's archives (concatenated, as
+        /// `RegisterChunk` numbers them) back from the node that holds it: what a draining node
+        /// sends another to register the model there. Answered by `ArchiveBytes`.
+        ReadArchives { fingerprint: Fingerprint, offset: u64, len: u64 } = 0x125 request,
+        /// The payload is the bytes, described as a u8 tensor; `blocks` are the archives'
+        /// lengths and `public` whether the model is held as public.
+        ArchiveBytes { blocks: Vec<u64>, public: bool, chunk: TensorDesc } = 0x126 reply,
     }
 }
 
@@ -107,7 +114,7 @@ pub struct ModelInfo {
 impl ModelMessage {
     pub(super) fn tensors(&self) -> &[TensorDesc] {
         match self {
-            Self::RegisterChunk { chunk, .. } => std::slice::from_ref(chunk),
+            Self::RegisterChunk { chunk, .. } | Self::ArchiveBytes { chunk, .. } => std::slice::from_ref(chunk),
             Self::Execute { tensors, .. } | Self::ExecuteReply { tensors, .. } => tensors,
             Self::RegisterBegin { .. }
             | Self::RegisterReady { .. }
@@ -117,7 +124,8 @@ impl ModelMessage {
             | Self::Unregister { .. }
             | Self::UnregisterAck
             | Self::ListModels
-            | Self::ModelList { .. } => &[],
+            | Self::ModelList { .. }
+            | Self::ReadArchives { .. } => &[],
         }
     }
 
@@ -158,6 +166,16 @@ impl ModelMessage {
             Self::Unregister { fingerprint } => w.fingerprint(fingerprint),
             Self::UnregisterAck | Self::ListModels => {}
             Self::ModelList { models } => w.list(models, Writer::model),
+            Self::ReadArchives { fingerprint, offset, len } => {
+                w.fingerprint(fingerprint);
+                w.u64(*offset);
+                w.u64(*len);
+            }
+            Self::ArchiveBytes { blocks, public, chunk } => {
+                w.list(blocks, |w, b| w.u64(*b));
+                w.bool(*public);
+                w.tensor(chunk);
+            }
         }
     }
 
@@ -200,6 +218,14 @@ impl ModelMessage {
             ModelKind::ModelList => {
                 Self::ModelList { models: r.list("models", 32 + 4 + 8 + 2 + 8 + 4, Reader::model)? }
             }
+            ModelKind::ReadArchives => {
+                Self::ReadArchives { fingerprint: r.fingerprint()?, offset: r.u64("offset")?, len: r.u64("length")? }
+            }
+            ModelKind::ArchiveBytes => Self::ArchiveBytes {
+                blocks: r.list("blocks", 8, |r| r.u64("block length"))?,
+                public: r.bool("public")?,
+                chunk: r.tensor()?,
+            },
         })
     }
 }
@@ -298,5 +324,13 @@ pub(crate) fn arbitrary() -> impl proptest::strategy::Strategy<Value = ModelMess
         Just(ModelMessage::UnregisterAck),
         Just(ModelMessage::ListModels),
         prop::collection::vec(model(), 0..3).prop_map(|models| ModelMessage::ModelList { models }),
+        (fingerprint(), any::<u64>(), any::<u64>()).prop_map(|(fingerprint, offset, len)| ModelMessage::ReadArchives {
+            fingerprint,
+            offset,
+            len
+        }),
+        (prop::collection::vec(any::<u64>(), 1..4), any::<bool>(), 0u64..300).prop_map(|(blocks, public, n)| {
+            ModelMessage::ArchiveBytes { blocks, public, chunk: TensorDesc::new(DType::U8, vec![n]).unwrap() }
+        }),
     ]
 }

@@ -41,7 +41,22 @@ family! {
         /// session of the model `fingerprint` moved from another node. Answered by
         /// `kept.PushGranted`.
         ReceiveGrant { fingerprint: Fingerprint } = 0x124 request,
+        /// Lists the caller's sessions; a node's or an operator's, every tenant's (what a
+        /// draining node moves).
+        List = 0x127 request,
+        SessionList { sessions: Vec<SessionEntry> } = 0x128 reply,
     }
+}
+
+/// A session a node holds, as `List` tells of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionEntry {
+    /// Whose it is, by name: empty in a tenant's own list, and where the node needs no token.
+    pub tenant: String,
+    pub session: Handle,
+    pub fingerprint: Fingerprint,
+    /// Bytes of its state now.
+    pub state_bytes: u64,
 }
 
 /// What a session's client says of it between steps.
@@ -65,7 +80,9 @@ impl SessionMessage {
             | Self::Closed
             | Self::Move { .. }
             | Self::Moved { .. }
-            | Self::ReceiveGrant { .. } => &[],
+            | Self::ReceiveGrant { .. }
+            | Self::List
+            | Self::SessionList { .. } => &[],
         }
     }
 
@@ -110,6 +127,13 @@ impl SessionMessage {
                 w.handle(session);
             }
             Self::ReceiveGrant { fingerprint } => w.fingerprint(fingerprint),
+            Self::List => {}
+            Self::SessionList { sessions } => w.list(sessions, |w, e| {
+                w.str(&e.tenant);
+                w.handle(&e.session);
+                w.fingerprint(&e.fingerprint);
+                w.u64(e.state_bytes);
+            }),
         }
     }
 
@@ -144,6 +168,18 @@ impl SessionMessage {
             }
             SessionKind::Moved => Self::Moved { to: r.string("peer address")?, session: r.handle()? },
             SessionKind::ReceiveGrant => Self::ReceiveGrant { fingerprint: r.fingerprint()? },
+            SessionKind::List => Self::List,
+            // The smallest entry: an empty name, a handle, a fingerprint, a u64.
+            SessionKind::SessionList => Self::SessionList {
+                sessions: r.list("sessions", 2 + 16 + 32 + 8, |r| {
+                    Ok(SessionEntry {
+                        tenant: r.string("tenant")?,
+                        session: r.handle()?,
+                        fingerprint: r.fingerprint()?,
+                        state_bytes: r.u64("state bytes")?,
+                    })
+                })?,
+            },
         })
     }
 }
@@ -179,5 +215,18 @@ pub(crate) fn arbitrary() -> impl proptest::strategy::Strategy<Value = SessionMe
         (handle(), name(), name()).prop_map(|(session, to, grant)| SessionMessage::Move { session, to, grant }),
         (name(), handle()).prop_map(|(to, session)| SessionMessage::Moved { to, session }),
         fingerprint().prop_map(|fingerprint| SessionMessage::ReceiveGrant { fingerprint }),
+        Just(SessionMessage::List),
+        prop::collection::vec(
+            ("[a-z]{0,8}", handle(), fingerprint(), any::<u64>()).prop_map(
+                |(tenant, session, fingerprint, state_bytes)| SessionEntry {
+                    tenant,
+                    session,
+                    fingerprint,
+                    state_bytes
+                }
+            ),
+            0..4
+        )
+        .prop_map(|sessions| SessionMessage::SessionList { sessions }),
     ]
 }

@@ -1,0 +1,232 @@
+//! A node draining itself (`djinn drain NODE`). The control plane marks the node and places
+//! nothing new on it; the membership agent learns of the mark at a renewal and hands it here.
+//! A round then moves every session the node holds to the node the control plane places it on
+//! (weighing the state's move), as the session's tenant: the model goes there first when that
+//! node lacks it, read back from this node and registered there; then that node grants the
+//! session and this node moves it, node to node, after the session's earlier requests. Later
+//! requests for the session here are answered with where it went, which clients follow. A
+//! session that cannot move now (a step parked at a breakpoint, no room anywhere) is tried
+//! again next round, while running requests finish; the control plane reports when the node
+//! holds nothing.
+//!
+//! The drain speaks the data plane, to this node and to its peers, with the node's own token,
+//! acting for each session's tenant (the right a node's role has); it shares no state with the
+//! poller.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow};
+use djinn_client::{
+    BlockEstimate, Client, ClientOptions, ControlClient, Fingerprint, ModelDescription, Moving, PlaceOptions,
+    SessionEntry, Transport,
+};
+use djinn_dataplane::tcp::ClientTls;
+
+/// How often a drain looks again for what is left.
+const ROUND: Duration = Duration::from_secs(1);
+
+/// Bytes of a model's archives read from this node and sent to the other at a time.
+const MODEL_CHUNK: u64 = 8 << 20;
+
+/// The drain's thread: told by the membership agent whether the node is draining.
+#[derive(Debug)]
+pub struct Drainer {
+    draining: mpsc::Sender<bool>,
+    thread: JoinHandle<()>,
+}
+
+/// What a drain needs to know of its node.
+pub struct DrainConfig {
+    pub control: ControlClient,
+    pub token: String,
+    /// Where this node's data plane is reached from here.
+    pub node_addr: SocketAddr,
+    /// Where other nodes reach it (the address the control plane knows it by).
+    pub advertised: String,
+    /// Roots for the peers' TLS, where they serve it.
+    pub peer_tls: Option<ClientTls>,
+}
+
+impl std::fmt::Debug for DrainConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DrainConfig")
+            .field("control", &self.control.url())
+            .field("node_addr", &self.node_addr)
+            .field("advertised", &self.advertised)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drainer {
+    pub fn start(config: DrainConfig) -> Result<Self> {
+        let (draining, told) = mpsc::channel();
+        let thread =
+            std::thread::Builder::new().name("djinn-drain".into()).spawn(move || Drain::new(config).run(&told))?;
+        Ok(Self { draining, thread })
+    }
+
+    /// Whether the control plane says the node is draining (at every renewal).
+    pub fn set(&self, draining: bool) {
+        let _ = self.draining.send(draining);
+    }
+
+    pub fn stop(self) {
+        drop(self.draining);
+        let _ = self.thread.join();
+    }
+}
+
+struct Drain {
+    config: DrainConfig,
+    /// Connections acting for a tenant (by name), to this node and to peers, by address.
+    conns: HashMap<(String, String), Client>,
+}
+
+impl Drain {
+    fn new(config: DrainConfig) -> Self {
+        Self { config, conns: HashMap::new() }
+    }
+
+    fn run(&mut self, told: &mpsc::Receiver<bool>) {
+        let mut draining = false;
+        let mut next_round = Instant::now();
+        loop {
+            // Renewals come more often than rounds: a round waits its time, not a quiet spell.
+            match told.recv_timeout(next_round.saturating_duration_since(Instant::now())) {
+                Ok(now) => {
+                    if now != draining {
+                        tracing::info!(draining = now, "the control plane says whether the node is draining");
+                    }
+                    draining = now;
+                    continue;
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+            next_round = Instant::now() + ROUND;
+            if !draining {
+                self.conns.clear();
+                continue;
+            }
+            match self.round() {
+                Ok((0, _)) => {}
+                Ok((found, moved)) => tracing::info!(found, moved, "drain: sessions moved this round"),
+                Err(e) => tracing::warn!(error = %format!("{e:#}"), "drain round failed; trying again"),
+            }
+        }
+    }
+
+    /// Moves every session it can: how many were here, and how many moved.
+    fn round(&mut self) -> Result<(usize, usize)> {
+        let own = self.config.node_addr.to_string();
+        let sessions = self.conn(&own, "")?.list_sessions().context("listing this node's sessions")?;
+        let mut moved = 0;
+        for entry in &sessions {
+            match self.move_session(entry) {
+                Ok(to) => {
+                    moved += 1;
+                    tracing::info!(session = %entry.session, tenant = %entry.tenant, %to, "drain: session moved");
+                }
+                Err(e) => {
+                    tracing::info!(session = %entry.session, tenant = %entry.tenant, error = %format!("{e:#}"), "drain: session not moved yet");
+                    // A connection that failed is opened again next time.
+                    self.conns.retain(|_, c| c.is_usable());
+                }
+            }
+        }
+        Ok((sessions.len(), moved))
+    }
+
+    /// Moves one session to where the control plane places it; that node's address.
+    fn move_session(&mut self, entry: &SessionEntry) -> Result<String> {
+        let tenant = entry.tenant.as_str();
+        let to = self.place(tenant, &entry.fingerprint, entry.state_bytes)?;
+        let own = self.config.node_addr.to_string();
+        self.copy_model(tenant, &entry.fingerprint, &own, &to)?;
+        let grant = self.conn(&to, tenant)?.grant_session(&entry.fingerprint).context("a grant for the session")?;
+        let (at, _) = self.conn(&own, tenant)?.session_move(entry.session, &to, &grant).context("the move")?;
+        Ok(at)
+    }
+
+    /// Where the control plane would have the session go (it leaves draining nodes out); a
+    /// model it was never told of is described from what this node knows of it.
+    fn place(&mut self, tenant: &str, fingerprint: &Fingerprint, state_bytes: u64) -> Result<String> {
+        let advertised = self.config.advertised.clone();
+        let moving = Moving { from: &advertised, state_bytes, calls: 1 };
+        let options = PlaceOptions { moving: Some(moving), tenant: Some(tenant), ..PlaceOptions::default() };
+        let placed = match self.config.control.place_with(fingerprint, &options) {
+            Err(e) if e.kind() == Some("unknown_model") => {
+                let own = self.config.node_addr.to_string();
+                let models = self.conn(&own, tenant)?.list_models()?;
+                let model = models.iter().find(|m| m.fingerprint == *fingerprint).ok_or_else(|| anyhow!("no model"))?;
+                let per_block = model.weight_bytes / u64::from(model.blocks.max(1));
+                let description = ModelDescription {
+                    blocks: vec![BlockEstimate { weight_bytes: per_block, flops: 0.0 }; model.blocks.max(1) as usize],
+                    io_bytes: 0,
+                    phase: None,
+                    graph: None,
+                };
+                self.config.control.describe_model_of(Some(tenant), fingerprint, &description)?;
+                self.config.control.place_with(fingerprint, &options)?
+            }
+            placed => placed?,
+        };
+        if placed.addr == self.config.advertised {
+            return Err(anyhow!("the control plane placed the session on this node, which it is draining"));
+        }
+        Ok(placed.addr)
+    }
+
+    /// Registers the model at `to` from this node's copy, unless it holds it already.
+    fn copy_model(&mut self, tenant: &str, fingerprint: &Fingerprint, own: &str, to: &str) -> Result<()> {
+        let (lens, public, _) = self.conn(own, tenant)?.read_archives(fingerprint, 0, 0).context("the model here")?;
+        let mut source = self.take(own, tenant)?;
+        let copied = self.conn(to, tenant).and_then(|peer| {
+            let read = |offset, len| source.read_archives(fingerprint, offset, len).map(|(_, _, chunk)| chunk);
+            peer.register_streamed(*fingerprint, &lens, public, MODEL_CHUNK, read)
+                .context("registering the model there")
+        });
+        self.conns.insert((own.to_owned(), tenant.to_owned()), source);
+        if let Some(model) = copied?.uploaded {
+            tracing::info!(model = %model.fingerprint, %to, bytes = lens.iter().sum::<u64>(), "drain: model sent");
+        }
+        Ok(())
+    }
+
+    /// The connection to `addr` acting for `tenant` (empty: the node itself), opened if need
+    /// be.
+    fn conn(&mut self, addr: &str, tenant: &str) -> Result<&mut Client> {
+        let key = (addr.to_owned(), tenant.to_owned());
+        if !self.conns.contains_key(&key) {
+            let client = self.open(addr, tenant)?;
+            self.conns.insert(key.clone(), client);
+        }
+        self.conns.get_mut(&key).ok_or_else(|| anyhow!("no connection"))
+    }
+
+    /// The connection, taken out of the cache (for use beside another).
+    fn take(&mut self, addr: &str, tenant: &str) -> Result<Client> {
+        match self.conns.remove(&(addr.to_owned(), tenant.to_owned())) {
+            Some(client) => Ok(client),
+            None => self.open(addr, tenant),
+        }
+    }
+
+    fn open(&self, addr: &str, tenant: &str) -> Result<Client> {
+        let own = addr == self.config.node_addr.to_string();
+        let options = ClientOptions {
+            transport: Transport::Tcp,
+            token: self.config.token.clone(),
+            tenant: tenant.to_owned(),
+            timeout: Some(Duration::from_secs(60)),
+            tls: if own { None } else { self.config.peer_tls.clone() },
+            pool_bytes: 64 << 20,
+            ..ClientOptions::default()
+        };
+        Client::connect_with(addr, options).with_context(|| format!("connecting to {addr} for {tenant:?}"))
+    }
+}
