@@ -508,6 +508,35 @@ mod tests {
         assert_eq!(c.place(&r, 1000).unwrap().node, moved);
     }
 
+    /// A draining node gets no new model, not even one it holds, and no new session; a session
+    /// that lives there is still placed there until it moves; once the drain stops, it is a
+    /// node like the others again; a drained node that leaves takes its mark with it.
+    #[test]
+    fn a_draining_node_gets_nothing_new_but_its_sessions_until_they_move() {
+        let mut c = cluster(&[("a", node(8 * GIB)), ("b", node(8 * GIB))]);
+        let mut s = request("m", GIB, Policy::LoadBalance);
+        s.session = Some("s1".into());
+        let first = c.place(&s, 10).unwrap().node;
+        let other = if first == "a" { "b" } else { "a" };
+        c.set_draining(&first, true);
+        for i in 0..20 {
+            let d = c.place(&request(&format!("new{i}"), GIB / 64, Policy::LoadBalance), 10).unwrap();
+            assert_eq!(d.node, other, "a new model went to the draining node");
+        }
+        assert_eq!(c.decide(&request("m", GIB, Policy::LoadBalance)).unwrap().node, other, "shared, but draining");
+        assert_eq!(c.decide(&s).unwrap().node, first, "the session is there until it moves");
+        let mut s2 = s.clone();
+        s2.session = Some("s2".into());
+        assert_eq!(c.decide(&s2).unwrap().node, other);
+        c.set_draining(&first, false);
+        assert_eq!(c.decide(&request("m", GIB, Policy::LoadBalance)).unwrap().node, first, "shared again");
+        c.set_draining(&first, true);
+        c.leave(&first);
+        assert!(!c.is_draining(&first));
+        c.set_draining(other, true);
+        assert!(matches!(c.decide(&request("x", GIB, Policy::LoadBalance)), Err(PlaceError::NoNodes)));
+    }
+
     #[test]
     fn latency_counts_the_link_and_throughput_the_device() {
         let fast_gpu = Inventory { flops: 400e12, link_bandwidth: 1e9, ..node(80 * GIB) };

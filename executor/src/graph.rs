@@ -1441,6 +1441,39 @@ mod tests {
         assert!(e.to_string().contains("stride"), "{e}");
     }
 
+    /// A container reads back byte for byte from the program and the weights the graph keeps,
+    /// whatever the reads' bounds: with bytes past the last weight that are not zeros too.
+    #[test]
+    fn a_container_reads_back_as_it_came() {
+        use proptest::prelude::*;
+        let (mut bytes, _) = mlp();
+        bytes.extend((0..300u32).map(|i| (i % 251) as u8 + 1));
+        let graph = GraphModule::load(&bytes, Device::Cpu).unwrap();
+        assert_eq!(graph.container_len(), Some(bytes.len() as u64));
+        assert_eq!(graph.container.as_ref().map(|c| c.filler.len()), Some(1), "the trailing bytes are kept");
+        let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(32));
+        runner
+            .run(&prop::collection::vec(1usize..300_000, 1..8), |chunks| {
+                let mut read = Vec::with_capacity(bytes.len());
+                for len in chunks.iter().cycle() {
+                    let at = read.len();
+                    if at == bytes.len() {
+                        break;
+                    }
+                    let mut out = vec![0u8; (*len).min(bytes.len() - at)];
+                    graph.read_container(at as u64, &mut out).unwrap();
+                    read.extend(out);
+                }
+                prop_assert!(read == bytes, "read back differently in chunks of {chunks:?}");
+                Ok(())
+            })
+            .unwrap();
+        // Padding that is not zeros, past what is kept of it: the container is not read back.
+        let mut padded = mlp().0;
+        padded.extend(std::iter::repeat_n(1u8, MAX_FILLER + 1));
+        assert_eq!(GraphModule::load(&padded, Device::Cpu).unwrap().container_len(), None);
+    }
+
     #[test]
     fn a_plan_counts_operations_and_the_peak_of_values_still_read() {
         let (bytes, w) = mlp();

@@ -243,6 +243,50 @@ def test_a_llama_session_prefills_on_one_node_and_decodes_on_another(cluster, tm
         assert decode(s, logits) == want
 
 
+def test_a_drained_nodes_llama_sessions_decode_on_elsewhere_token_for_token(cluster):
+    """`djinn drain` on the node of twenty Hugging Face Llama sessions (random weights) while
+    they decode: every session goes on at the other node, token for token as the local
+    `generate`, no step fails, and the drained node ends holding nothing."""
+    import contextlib
+    import subprocess
+
+    from conftest import hf_llama, node_binary
+    from test_graph_sessions import local_generate, register
+
+    torch.manual_seed(0)
+    model = hf_llama().eval()
+    new_tokens = 16
+    prompts = [torch.randint(1, 97, (1, 5)) for _ in range(20)]
+    want = [local_generate(model, p, new_tokens)[0] for p in prompts]
+    client = djinn.Client(cluster.url, failover=20.0)
+    rm = register(client, model, prompts[0])
+    name_at = {node.address: name for name, node in cluster.nodes.items()}
+    with contextlib.ExitStack() as stack:
+        sessions = [stack.enter_context(rm.session()) for _ in prompts]
+        logits = [s.step(input_ids=p) for s, p in zip(sessions, prompts)]
+        drained = sessions[0].node
+        assert all(s.node == drained for s in sessions)
+        drain = subprocess.Popen([node_binary(), "drain", name_at[drained], "--control", cluster.url, "--timeout", "60"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        tokens = [[] for _ in prompts]
+        ended_at = None
+        for i in range(new_tokens):
+            for k, s in enumerate(sessions):
+                tok = logits[k][:, -1].argmax(-1, keepdim=True)
+                tokens[k].append(tok.item())
+                if i + 1 < new_tokens:
+                    logits[k] = s.step(input_ids=tok)
+            if ended_at is None and drain.poll() is not None:
+                ended_at = i
+            time.sleep(0.1)
+        printed, _ = drain.communicate(timeout=60)
+        assert drain.returncode == 0 and "is drained: it holds nothing" in printed, printed
+        assert ended_at is not None and ended_at + 1 < new_tokens, "the drain ended after the decoding"
+        assert tokens == want
+        assert all(s.node != drained for s in sessions)
+        assert djinn.Client(drained).node_stats()["sessions"] == 0
+
+
 def test_several_control_endpoints_are_tried_in_turn(cluster):
     """A list of control processes: one that is down is passed over."""
     import socket
