@@ -482,10 +482,11 @@ fn a_moved_sessions_record_follows_it(backing: &Backing) {
 
 on_both_stores!(a_moved_sessions_record_follows_it);
 
-/// `djinn drain` on the node that holds twenty sessions while four clients step them: every
-/// session goes on elsewhere with the outputs it would have had (no step fails), the model
-/// goes node to node, keyed sessions' records follow them, nothing new is placed on the node,
-/// and it ends holding nothing.
+/// `djinn drain` on the node that holds twenty sessions and four kept tensors while four
+/// clients step the sessions: every session goes on elsewhere with the outputs it would have
+/// had (no step fails), the model goes node to node, keyed sessions' records follow them, the
+/// kept tensors are fetched where they went through their old handles, nothing new is placed
+/// on the node, and it ends holding nothing.
 fn a_drained_nodes_sessions_go_on_elsewhere(backing: &Backing) {
     const CLIENTS: usize = 4;
     const SESSIONS_EACH: usize = 5;
@@ -513,19 +514,26 @@ fn a_drained_nodes_sessions_go_on_elsewhere(backing: &Backing) {
                     (session, support::Counter::new())
                 })
                 .collect();
-            (client, fp, sessions)
+            // And a kept tensor, on the same node.
+            let node = client.placement(&fp, None).expect("placed").addr.clone();
+            let bytes = f32_bytes((0..1000).map(|i| (c * 1000 + i) as f32));
+            let kept = client.keep(Some(&node), TensorRef { dtype: DType::F32, shape: &[1000], bytes: &bytes });
+            (client, fp, (sessions, kept.expect("keep"), bytes))
         })
         .collect();
     let victim = clients[0].0.placement(&clients[0].1, None).expect("placed").clone();
-    assert!(clients.iter().all(|(_, _, s)| s.iter().all(|(session, _)| session.node == victim.addr)));
+    assert!(clients.iter().all(
+        |(_, _, (s, kept, _))| kept.node == victim.addr && s.iter().all(|(session, _)| session.node == victim.addr)
+    ));
     let on_victim = nodes.iter().find(|n| n.addr.to_string() == victim.addr).expect("the victim");
     let mut victim_client = on_victim.client();
     assert_eq!(on_victim.stat(&mut victim_client, "sessions"), (CLIENTS * SESSIONS_EACH) as u64);
+    assert_eq!(on_victim.stat(&mut victim_client, "handles"), CLIENTS as u64);
 
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let workers: Vec<_> = clients
         .into_iter()
-        .map(|(mut client, _, mut sessions)| {
+        .map(|(mut client, _, (mut sessions, kept, bytes))| {
             let stop = stop.clone();
             std::thread::spawn(move || {
                 // Until two rounds after the drain ended: each session steps on its new node.
@@ -542,6 +550,8 @@ fn a_drained_nodes_sessions_go_on_elsewhere(backing: &Backing) {
                         until = rounds + 2;
                     }
                 }
+                // The kept tensor moved too: its handle at the drained node leads to it.
+                assert_eq!(client.fetch(&kept).expect("the kept tensor where it went").bytes(), bytes);
                 (sessions, rounds)
             })
         })
@@ -576,6 +586,8 @@ fn a_drained_nodes_sessions_go_on_elsewhere(backing: &Backing) {
     }
     assert_eq!(on_victim.stat(&mut victim_client, "sessions"), 0);
     assert_eq!(on_victim.stat(&mut victim_client, "sessions_moved_out"), (CLIENTS * SESSIONS_EACH) as u64);
+    assert_eq!(on_victim.stat(&mut victim_client, "handles"), 0);
+    assert_eq!(on_victim.stat(&mut victim_client, "handles_moved_out"), CLIENTS as u64);
     let status = control.ok("GET", &format!("/v1/nodes/{}/drain", victim.node), None);
     assert_eq!((status["draining"].as_bool(), status["drained"].as_bool()), (Some(true), Some(true)), "{status}");
     // The node can be given work again.

@@ -578,6 +578,103 @@ fn the_control_plane_needs_tokens_and_the_right_role() {
     as_bob.place(&others[0], Some("s2"), None).expect("bob's second session");
 }
 
+/// A drain under a token file: only an operator starts one; the node moves each tenant's
+/// sessions and kept tensors as that tenant (its model registered there in her name, her
+/// rights checked), and each tenant finds her own where they went, and only her own.
+#[test]
+fn a_drain_moves_each_tenants_sessions_and_tensors_as_that_tenant() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = token_file(dir.path(), ALICE);
+    let mut command = Command::new(env!("CARGO_BIN_EXE_djinn"));
+    command
+        .args(["control", "--listen", "127.0.0.1:0", "--log", "error", "--lease-ttl", "1s", "--store"])
+        .arg(dir.path().join("control.redb"))
+        .arg("--auth-file")
+        .arg(&file);
+    let (control, addr) = spawn_listening(command, "djinn control listening on ");
+    let _control = support::Killed(control);
+    let url = format!("http://{addr}");
+    let nodes: Vec<_> = ["a", "b"]
+        .into_iter()
+        .map(|name| {
+            let mut node = Command::new(env!("CARGO_BIN_EXE_djinn"));
+            node.args(["node", "--listen", "127.0.0.1:0", "--log", "error", "--control", &url, "--name", name])
+                .args(["--flops", "1e12", "--memory-bandwidth", "1e11", "--host-to-device", "1e10", "--auth-file"])
+                .arg(&file)
+                .env("DJINN_TOKEN", NODES);
+            let (node, addr) = spawn_listening(node, "djinn node listening on ");
+            (support::Killed(node), addr)
+        })
+        .collect();
+    let ops = djinn_client::ControlClient::new(&url, Duration::from_secs(5)).with_token(OPS);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while ops.live_nodes().unwrap().len() < 2 {
+        assert!(Instant::now() < deadline, "the nodes did not join");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let victim = &nodes[0].1;
+    let counter = archive("counter");
+    let (zeros, zero) = ([0u8; 12], 0i64.to_le_bytes());
+    let state = [
+        TensorRef { dtype: DType::F32, shape: &[3], bytes: &zeros },
+        TensorRef { dtype: DType::I64, shape: &[], bytes: &zero },
+    ];
+    // Alice and bob each keep a session of the same bytes (each a private model) and a tensor
+    // on the node to drain.
+    let tenants: Vec<_> = [ALICE, BOB]
+        .into_iter()
+        .enumerate()
+        .map(|(i, token)| {
+            let options = ClientOptions { token: token.into(), ..Default::default() };
+            let mut client =
+                djinn_client::ClusterClient::open(&url, options, djinn_client::FailoverOptions::default()).unwrap();
+            let fp = client.register_model(vec![counter.clone().into()], None, None, false, |_, _| {}).unwrap();
+            let mut session = client.session_open_on(victim, &fp.fingerprint, &state, 0).expect("open");
+            let mut steps = support::Counter::new();
+            let x = steps.input();
+            let t = [TensorRef { dtype: DType::F32, shape: &[3], bytes: &x }];
+            steps.check(&client.session_step(&mut session, &[Value::Tensor(0)], &t).unwrap());
+            let bytes = f32_bytes(64, i as u64);
+            let kept = client.keep(Some(victim), TensorRef { dtype: DType::F32, shape: &[64], bytes: &bytes });
+            (client, session, steps, kept.expect("keep"), bytes)
+        })
+        .collect();
+
+    let drain = |token: &str| {
+        Command::new(env!("CARGO_BIN_EXE_djinn"))
+            .args(["drain", "a", "--control", &url, "--timeout", "30"])
+            .env("DJINN_TOKEN", token)
+            .output()
+            .expect("djinn drain")
+    };
+    let refused = drain(ALICE);
+    assert!(!refused.status.success() && String::from_utf8_lossy(&refused.stderr).contains("403"), "{refused:?}");
+    let drained = drain(OPS);
+    assert!(drained.status.success(), "{}", String::from_utf8_lossy(&drained.stderr));
+
+    let mut victim_client = connect_to(victim, NODES);
+    let stats: std::collections::HashMap<String, u64> = victim_client.stats().unwrap().into_iter().collect();
+    assert_eq!((stats["sessions"], stats["handles"]), (0, 0), "{stats:?}");
+    assert_eq!((stats["sessions_moved_out"], stats["handles_moved_out"]), (2, 2), "{stats:?}");
+    let mut tenants = tenants;
+    let bobs_kept = tenants[1].3.clone();
+    for (client, session, steps, kept, bytes) in &mut tenants {
+        let x = steps.input();
+        let t = [TensorRef { dtype: DType::F32, shape: &[3], bytes: &x }];
+        steps.check(&client.session_step(session, &[Value::Tensor(0)], &t).expect("a step where it went"));
+        assert_ne!(session.node, *victim);
+        assert_eq!(client.fetch(kept).expect("the tensor where it went").bytes(), &bytes[..]);
+    }
+    // Alice is not led to bob's tensor through its old handle.
+    let e = tenants[0].0.fetch(&bobs_kept).unwrap_err();
+    assert!(matches!(&e, djinn_client::ClusterError::Node(ce) if ce.remote_code() == Some(ErrorCode::NotFound)), "{e}");
+}
+
+fn connect_to(addr: &str, token: &str) -> Client {
+    let options = ClientOptions { token: token.to_owned(), ..Default::default() };
+    Client::connect_with(addr, options).expect("connect")
+}
+
 /// Tokens kept in etcd: `djinn tokens put` checks a file before it writes it, a node and a
 /// control plane started with `--auth-etcd` refuse to start without principals there, and both
 /// take a rotation up without a restart.

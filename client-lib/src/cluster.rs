@@ -571,7 +571,27 @@ impl ClusterClient {
 
     /// The bytes of a kept tensor.
     pub fn fetch(&mut self, tensor: &RemoteTensor) -> Result<Tensor, ClusterError> {
-        self.at_node(&tensor.node, |client| client.fetch(tensor.info.handle))
+        self.on_tensor_node(tensor, |client, handle| client.fetch(handle))
+    }
+
+    /// Runs `op` on the kept tensor's node; where the node answers that the tensor moved (its
+    /// node was drained), `op` runs again where it went.
+    fn on_tensor_node<T>(
+        &mut self,
+        tensor: &RemoteTensor,
+        mut op: impl FnMut(&mut Client, Handle) -> Result<T, ClientError>,
+    ) -> Result<T, ClusterError> {
+        let (mut node, mut handle) = (tensor.node.clone(), tensor.info.handle);
+        for _ in 0..MAX_FOLLOWED_MOVES {
+            match self.at_node(&node, |client| op(client, handle)) {
+                Err(ClusterError::Node(ClientError::TensorMoved { to, kept })) => {
+                    tracing::debug!(from = %node, %to, "following a kept tensor that moved");
+                    (node, handle) = (to, kept.handle);
+                }
+                other => return other,
+            }
+        }
+        self.at_node(&node, |client| op(client, handle))
     }
 
     /// Frees tensors kept on `node`; returns how many it held.
@@ -586,7 +606,7 @@ impl ClusterClient {
     pub fn push(&mut self, tensor: &RemoteTensor, to: &str) -> Result<(RemoteTensor, String), ClusterError> {
         let grant = self.connection(to).and_then(|client| client.grant_push(&tensor.info.tensor))?;
         let (info, path) =
-            self.at_node(&tensor.node, |client| client.push(TensorSource::Handle(tensor.info.handle), to, &grant))?;
+            self.on_tensor_node(tensor, |client, handle| client.push(TensorSource::Handle(handle), to, &grant))?;
         Ok((RemoteTensor { node: to.to_owned(), info }, path))
     }
 

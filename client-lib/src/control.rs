@@ -127,6 +127,19 @@ pub struct PlaceOptions<'a> {
     pub tenant: Option<&'a str>,
 }
 
+/// A live node, as `GET /v1/nodes` lists it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct LiveNode {
+    pub name: String,
+    pub addr: String,
+    /// Being drained: nothing new goes there.
+    #[serde(default)]
+    pub draining: bool,
+    /// Device memory free, less what placements promised.
+    #[serde(default)]
+    pub memory_free: u64,
+}
+
 /// A session on the node at `from` with `state_bytes` of state, whose move is paid over
 /// `calls` calls.
 #[derive(Debug, Clone)]
@@ -371,17 +384,17 @@ impl ControlClient {
 
     /// The addresses of the live nodes (for a node or an operator).
     pub fn live_nodes(&self) -> Result<Vec<String>, ControlError> {
-        #[derive(Deserialize)]
-        struct Node {
-            addr: String,
-        }
+        Ok(self.nodes()?.into_iter().map(|n| n.addr).collect())
+    }
+
+    /// The live nodes (for a node or an operator).
+    pub fn nodes(&self) -> Result<Vec<LiveNode>, ControlError> {
         #[derive(Deserialize)]
         struct Nodes {
-            nodes: Vec<Node>,
+            nodes: Vec<LiveNode>,
         }
         let answer = self.send(|base| self.authorized(self.http.get(format!("{base}/v1/nodes"))).call())?;
-        let nodes: Nodes = self.parse(&answer)?;
-        Ok(nodes.nodes.into_iter().map(|n| n.addr).collect())
+        Ok(self.parse::<Nodes>(&answer)?.nodes)
     }
 
     /// The cluster's nodes, models and sessions, as JSON.

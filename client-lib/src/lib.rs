@@ -20,8 +20,8 @@ pub use djinn_dataplane::client::{ClientError, ClientOptions, Transport};
 pub use djinn_dataplane::rdma::Registrations;
 pub use djinn_dataplane::tcp::ClientTls;
 pub use djinn_proto::{
-    Breakpoint, DType, ErrorCode, Fingerprint, Handle, HandleInfo, Hello, ListEntry, ModelInfo, SessionEntry, Signal,
-    TensorDesc, TensorSource, Value,
+    Breakpoint, DType, ErrorCode, Fingerprint, Handle, HandleInfo, Hello, KeptEntry, ListEntry, ModelInfo,
+    SessionEntry, Signal, TensorDesc, TensorSource, Value,
 };
 use djinn_proto::{
     BreakpointMessage, DataMessage, Frame, KeptMessage, Message, ModelMessage, Payload, SessionMessage, payload_layout,
@@ -33,8 +33,8 @@ pub use cluster::{
     Target,
 };
 pub use control::{
-    BlockEstimate, CA_ENV, ControlClient, ControlError, GraphAnnotations, ModelDescription, Moving, PlaceOptions,
-    Placed,
+    BlockEstimate, CA_ENV, ControlClient, ControlError, GraphAnnotations, LiveNode, ModelDescription, Moving,
+    PlaceOptions, Placed,
 };
 
 /// A tensor received from a node: its descriptor and its bytes, in a buffer that goes back to
@@ -659,6 +659,27 @@ impl Client {
         }
     }
 
+    /// The tensors kept on the node: this tenant's, or, for a node's or an operator's token,
+    /// every tenant's (by name).
+    pub fn list_kept(&mut self) -> Result<Vec<KeptEntry>, ClientError> {
+        let reply = self.call(&Message::Kept(KeptMessage::List), &[])?;
+        match reply.message {
+            Message::Kept(KeptMessage::KeptList { tensors }) => Ok(tensors),
+            _ => Err(unexpected(&self.conn, reply)),
+        }
+    }
+
+    /// Says that the tensor under `handle` is kept at the node at `to` now, as `kept` (pushed
+    /// there): the node frees it and answers requests that name it with where it went.
+    pub fn forward(&mut self, handle: Handle, to: &str, kept: &HandleInfo) -> Result<(), ClientError> {
+        let message = Message::Kept(KeptMessage::Forward { handle, to: to.to_owned(), kept: kept.clone() });
+        let reply = self.call(&message, &[])?;
+        match reply.message {
+            Message::Kept(KeptMessage::Forwarded) => Ok(()),
+            _ => Err(unexpected(&self.conn, reply)),
+        }
+    }
+
     /// Whether the connection can still carry requests (not broken, not closed).
     pub fn is_usable(&self) -> bool {
         self.conn.is_usable()
@@ -773,6 +794,7 @@ fn output_of(
 fn unexpected(conn: &ClientConn, reply: Frame) -> ClientError {
     match reply.message {
         Message::Session(SessionMessage::Moved { to, session }) => ClientError::SessionMoved { to, session },
+        Message::Kept(KeptMessage::Moved { to, kept }) => ClientError::TensorMoved { to, kept },
         other => {
             ClientError::UnexpectedReply { peer: conn.peer(), request_id: reply.request_id, kind: other.kind().name() }
         }

@@ -253,7 +253,10 @@ async fn nodes<S: Store>(State(control): Control<S>) -> Response {
         .status()
         .nodes
         .into_iter()
-        .map(|n| serde_json::json!({ "name": n.name, "addr": n.inventory.addr }))
+        .map(|n| {
+            let free = n.inventory.memory_free.saturating_sub(n.promised_bytes);
+            serde_json::json!({ "name": n.name, "addr": n.inventory.addr, "draining": n.draining, "memory_free": free })
+        })
         .collect();
     axum::Json(serde_json::json!({ "nodes": nodes })).into_response()
 }

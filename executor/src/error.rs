@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use djinn_proto::{ErrorCode, Handle};
+use djinn_proto::{ErrorCode, Handle, HandleInfo};
 
 /// Why a model could not be registered or run. Each maps to the error code the client sees.
 #[derive(Debug, thiserror::Error)]
@@ -101,13 +101,16 @@ pub enum HandleError {
         "no tensor is kept under handle {handle} on this node: it was released, or expired after {idle_ttl:?} unused"
     )]
     Unknown { handle: Handle, idle_ttl: Duration },
+    /// Answered with a `kept.Moved` reply, which clients follow.
+    #[error("the tensor under handle {handle} is kept at {to} now, as {}", kept.handle)]
+    Moved { handle: Handle, to: String, kept: HandleInfo },
 }
 
 impl HandleError {
     pub fn code(&self) -> ErrorCode {
         match self {
             Self::Stale { .. } => ErrorCode::StaleHandle,
-            Self::Unknown { .. } => ErrorCode::NotFound,
+            Self::Unknown { .. } | Self::Moved { .. } => ErrorCode::NotFound,
         }
     }
 }

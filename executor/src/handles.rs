@@ -29,11 +29,21 @@ struct Entry {
     _bookkeeping: Reservation,
 }
 
+/// Where a tensor that was kept here went (pushed to another node and forwarded there).
+struct Forwarded {
+    tenant: TenantId,
+    to: String,
+    kept: HandleInfo,
+    /// When it was last asked for: it is forgotten after the idle time limit.
+    last_used: Instant,
+}
+
 #[derive(Debug, Default, Clone, Copy)]
 struct Counters {
     kept: u64,
     released: u64,
     expired: u64,
+    moved_out: u64,
 }
 
 pub struct HandleTable {
@@ -44,7 +54,10 @@ pub struct HandleTable {
     idle_ttl: Duration,
     bytes: u64,
     counters: Counters,
-    /// Entries per tenant, each at most `MAX_OBJECTS_PER_TENANT`.
+    /// Tensors that went to other nodes, by the id of their handle here: requests naming them
+    /// are told where they went. Counted in `held` like the entries they replaced.
+    moved: HashMap<u64, Forwarded>,
+    /// Entries and forwards per tenant, each at most `MAX_OBJECTS_PER_TENANT`.
     held: HashMap<TenantId, usize>,
 }
 
@@ -73,6 +86,7 @@ impl HandleTable {
             idle_ttl,
             bytes: 0,
             counters: Counters::default(),
+            moved: HashMap::new(),
             held: HashMap::new(),
         }
     }
@@ -139,13 +153,48 @@ impl HandleTable {
         if handle.epoch != self.epoch {
             return Err(HandleError::Stale { handle, current: self.epoch });
         }
-        let entry = self
+        if let Some(entry) = self.entries.get_mut(&handle.id).filter(|e| e.tenant == tenant) {
+            entry.last_used = Instant::now();
+            return Ok((entry.tensor.shallow_clone(), entry.desc.clone()));
+        }
+        match self.moved.get_mut(&handle.id).filter(|m| m.tenant == tenant) {
+            Some(m) => {
+                m.last_used = Instant::now();
+                Err(HandleError::Moved { handle, to: m.to.clone(), kept: m.kept.clone() })
+            }
+            None => Err(HandleError::Unknown { handle, idle_ttl: self.idle_ttl }),
+        }
+    }
+
+    /// The tensor under `handle` is kept at the node at `to` now, as `kept`: it is freed here,
+    /// and requests that name it are told where it went until it is released here or lies
+    /// unasked for the idle time limit.
+    pub fn forward(
+        &mut self,
+        tenant: TenantId,
+        handle: Handle,
+        to: String,
+        kept: HandleInfo,
+    ) -> Result<(), HandleError> {
+        drop(self.get(tenant, handle)?);
+        if let Some(entry) = self.entries.remove(&handle.id) {
+            self.bytes -= entry.desc.byte_len;
+        }
+        self.counters.moved_out += 1;
+        self.moved.insert(handle.id, Forwarded { tenant, to, kept, last_used: Instant::now() });
+        Ok(())
+    }
+
+    /// The kept tensors (`tenant`'s only, when given), whose, by handle.
+    pub fn list(&self, tenant: Option<TenantId>) -> Vec<(TenantId, HandleInfo)> {
+        let mut listed: Vec<_> = self
             .entries
-            .get_mut(&handle.id)
-            .filter(|e| e.tenant == tenant)
-            .ok_or(HandleError::Unknown { handle, idle_ttl: self.idle_ttl })?;
-        entry.last_used = Instant::now();
-        Ok((entry.tensor.shallow_clone(), entry.desc.clone()))
+            .iter()
+            .filter(|(_, e)| tenant.is_none_or(|t| e.tenant == t))
+            .map(|(&id, e)| (e.tenant, HandleInfo { handle: Handle { id, epoch: self.epoch }, tensor: e.desc.clone() }))
+            .collect();
+        listed.sort_unstable_by_key(|(_, k)| k.handle.id);
+        listed
     }
 
     /// Frees the handles this table holds for `tenant`; returns how many. Others (stale,
@@ -160,6 +209,12 @@ impl HandleTable {
                 self.bytes -= entry.desc.byte_len;
                 Self::forget(&mut self.held, tenant);
                 released += 1;
+            } else if let Slot::Occupied(slot) = self.moved.entry(h.id)
+                && slot.get().tenant == tenant
+            {
+                // The forward goes; the tensor where it went stays until released there.
+                slot.remove();
+                Self::forget(&mut self.held, tenant);
             }
         }
         self.counters.released += u64::from(released);
@@ -177,6 +232,13 @@ impl HandleTable {
             if !keep {
                 freed += e.desc.byte_len;
                 Self::forget(held, e.tenant);
+            }
+            keep
+        });
+        self.moved.retain(|_, m| {
+            let keep = now.saturating_duration_since(m.last_used) < ttl;
+            if !keep {
+                Self::forget(held, m.tenant);
             }
             keep
         });
@@ -201,6 +263,7 @@ impl HandleTable {
                 ("handles_kept", self.counters.kept),
                 ("handles_released", self.counters.released),
                 ("handles_expired", self.counters.expired),
+                ("handles_moved_out", self.counters.moved_out),
             ]
             .map(|(k, v)| (k.to_owned(), v)),
         );
@@ -241,6 +304,32 @@ mod tests {
         assert_eq!(t.release(T, &[info.handle, info.handle]), 1, "a second release is a no-op");
         assert_eq!(t.budget.used(), 0);
         assert!(matches!(t.get(T, info.handle), Err(HandleError::Unknown { .. })));
+    }
+
+    #[test]
+    fn a_forwarded_handle_says_where_its_tensor_went_until_released_or_expired() {
+        let mut t = table(1 << 20, Duration::from_millis(100));
+        let ones = || Tensor::ones([256], (Kind::Float, Device::Cpu));
+        let info = t.keep(T, ones()).unwrap();
+        let there = HandleInfo { handle: Handle { id: 9, epoch: 3 }, tensor: info.tensor.clone() };
+        let other = t.forward(TenantId(2), info.handle, "b:1".into(), there.clone());
+        assert!(matches!(other, Err(HandleError::Unknown { .. })), "only its tenant forwards it");
+        t.forward(T, info.handle, "b:1".into(), there.clone()).unwrap();
+        assert_eq!((t.budget.used(), t.bytes), (0, 0), "freed here");
+        let moved = HandleError::Moved { handle: info.handle, to: "b:1".into(), kept: there.clone() };
+        assert_eq!(t.get(T, info.handle).unwrap_err(), moved);
+        assert!(matches!(t.get(TenantId(2), info.handle), Err(HandleError::Unknown { .. })));
+        assert!(t.list(None).is_empty(), "nothing is kept here");
+        assert_eq!(t.held.get(&T), Some(&1), "a forward counts toward the tenant's objects");
+        assert_eq!(t.release(T, &[info.handle]), 0, "nothing was held here to free");
+        assert!(matches!(t.get(T, info.handle), Err(HandleError::Unknown { .. })));
+        assert_eq!(t.held.get(&T), None);
+        // Unasked for the idle time limit, a forward goes.
+        let info = t.keep(T, ones()).unwrap();
+        t.forward(T, info.handle, "b:1".into(), there).unwrap();
+        t.expire(Instant::now() + Duration::from_millis(200));
+        assert!(matches!(t.get(T, info.handle), Err(HandleError::Unknown { .. })));
+        assert_eq!(t.held.get(&T), None);
     }
 
     #[test]

@@ -11,7 +11,7 @@ use djinn_auth::{Authenticator, TenantId};
 use djinn_dataplane::tcp::{Replier, Reply, ReplyTo, Service};
 use djinn_memory::{BufferPool, MemoryBudget};
 use djinn_proto::{
-    Archives, BreakpointMessage, DataMessage, ErrorCode, Fingerprint, Frame, Handle, KeptMessage, Message,
+    Archives, BreakpointMessage, DataMessage, ErrorCode, Fingerprint, Frame, Handle, KeptEntry, KeptMessage, Message,
     ModelMessage, Payload, Refusal, SessionMessage, TensorSource,
 };
 use tch::Device;
@@ -25,12 +25,15 @@ use crate::parked::{Parked, ParkedTable};
 use crate::request::CallInputs;
 use crate::sessions::{Op, SessionOptions, SessionTable, Sessions};
 use crate::store::TensorStore;
-use crate::workers::{Job, Tables, WorkQueue, Workers};
+use crate::workers::{Job, Tables, WorkQueue, Workers, error_reply};
 use djinn_sync::Locked;
 
 /// The most bytes of a model's archives one `ReadArchives` reads back (its reply holds them in
 /// host memory until sent).
 pub const MAX_ARCHIVE_READ: u64 = 8 << 20;
+
+/// The longest node address a forwarded handle keeps.
+const MAX_ADDRESS_LEN: usize = 256;
 
 #[derive(Debug, Clone)]
 pub struct NodeOptions {
@@ -235,7 +238,7 @@ impl NodeService {
             },
             TensorSource::Handle(handle) => match self.handles().get(tenant, handle) {
                 Ok((tensor, _)) => PushSource::Tensor(tensor),
-                Err(e) => return Some(Reply::error(e.code(), e.to_string())),
+                Err(e) => return Some(error_reply(e.into())),
             },
         };
         // On the peer, the tensor is the same tenant's.
@@ -426,6 +429,29 @@ impl Service for NodeService {
             Message::Kept(KeptMessage::Fetch { handle }) => {
                 self.workers.submit(Job::Fetch { handle }, to, replier);
                 return None;
+            }
+            Message::Kept(KeptMessage::List) => {
+                let all = to.operator;
+                let listed = self.handles().list((!all).then_some(tenant));
+                let tensors = listed
+                    .into_iter()
+                    .map(|(owner, kept)| KeptEntry {
+                        tenant: if all { self.tenant_name(owner) } else { String::new() },
+                        kept,
+                    })
+                    .collect();
+                Reply::message(KeptMessage::KeptList { tensors })
+            }
+            Message::Kept(KeptMessage::Forward { to: peer, .. }) if peer.len() > MAX_ADDRESS_LEN => {
+                let e =
+                    ExecError::BadInput(format!("a node's address of {} bytes; at most {MAX_ADDRESS_LEN}", peer.len()));
+                Reply::error(e.code(), e.to_string())
+            }
+            Message::Kept(KeptMessage::Forward { handle, to: peer, kept }) => {
+                match self.handles().forward(tenant, handle, peer, kept) {
+                    Ok(()) => Reply::message(KeptMessage::Forwarded),
+                    Err(e) => error_reply(e.into()),
+                }
             }
             Message::Kept(KeptMessage::Release { handles }) => {
                 Reply::message(KeptMessage::Released { released: self.handles().release(tenant, &handles) })

@@ -22,7 +22,7 @@ use crate::convert::{OutputTensor, Outputs, aliases, input_tensors, kept_inputs,
 use crate::cost::{self, Account, Limits};
 use crate::deadline;
 use crate::error::ExecError;
-use crate::error::SessionError;
+use crate::error::{HandleError, SessionError};
 use crate::fair::FairQueue;
 use crate::handles::HandleTable;
 use crate::models::{Model, ModelStore, Upload, spread};
@@ -392,7 +392,7 @@ fn work(scheduler: &Scheduler, shared: &Shared) {
                     failed.fetch_add(1, Ordering::Relaxed);
                 }
                 tracing::debug!(error = %e, "request failed");
-                Reply::error(e.code(), e.to_string())
+                error_reply(e)
             }
         };
         counters.queued.fetch_sub(1, Ordering::Relaxed);
@@ -417,8 +417,17 @@ fn caught<T>(f: impl FnOnce() -> Result<T, ExecError>) -> Result<T, ExecError> {
 fn reply_of(result: Result<Reply, ExecError>) -> Reply {
     result.unwrap_or_else(|e| {
         tracing::debug!(error = %e, "request failed");
-        Reply::error(e.code(), e.to_string())
+        error_reply(e)
     })
+}
+
+/// The answer to a request that failed: where a kept tensor it named went (a `kept.Moved`,
+/// which clients follow), else the error.
+pub(crate) fn error_reply(e: ExecError) -> Reply {
+    match e {
+        ExecError::Handle(HandleError::Moved { to, kept, .. }) => Reply::message(KeptMessage::Moved { to, kept }),
+        e => Reply::error(e.code(), e.to_string()),
+    }
 }
 
 /// Runs a session's next queued request, in order; true while the drain goes on (false once

@@ -4,13 +4,15 @@
 //! (weighing the state's move), as the session's tenant: the model goes there first when that
 //! node lacks it, read back from this node and registered there; then that node grants the
 //! session and this node moves it, node to node, after the session's earlier requests. Later
-//! requests for the session here are answered with where it went, which clients follow. A
-//! session that cannot move now (a step parked at a breakpoint, no room anywhere) is tried
-//! again next round, while running requests finish; the control plane reports when the node
-//! holds nothing.
+//! requests for the session here are answered with where it went, which clients follow. Kept
+//! tensors go to the open node with the most free memory, pushed node to node, and their
+//! handles here are forwarded to the copies (requests naming them are told where they went).
+//! What cannot move now (a session whose step is parked at a breakpoint, no room anywhere) is
+//! tried again next round, while running requests finish; the control plane reports when the
+//! node holds nothing.
 //!
 //! The drain speaks the data plane, to this node and to its peers, with the node's own token,
-//! acting for each session's tenant (the right a node's role has); it shares no state with the
+//! acting for each tenant (the right a node's role has); it shares no state with the
 //! poller.
 
 use std::collections::HashMap;
@@ -21,8 +23,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow};
 use djinn_client::{
-    BlockEstimate, Client, ClientOptions, ControlClient, Fingerprint, ModelDescription, Moving, PlaceOptions,
-    SessionEntry, Transport,
+    BlockEstimate, Client, ClientOptions, ControlClient, Fingerprint, Handle, HandleInfo, ModelDescription, Moving,
+    PlaceOptions, SessionEntry, TensorSource, Transport,
 };
 use djinn_dataplane::tcp::ClientTls;
 
@@ -114,13 +116,13 @@ impl Drain {
             }
             match self.round() {
                 Ok((0, _)) => {}
-                Ok((found, moved)) => tracing::info!(found, moved, "drain: sessions moved this round"),
+                Ok((found, moved)) => tracing::info!(found, moved, "drain: sessions and kept tensors moved this round"),
                 Err(e) => tracing::warn!(error = %format!("{e:#}"), "drain round failed; trying again"),
             }
         }
     }
 
-    /// Moves every session it can: how many were here, and how many moved.
+    /// Moves every session and kept tensor it can: how many were here, and how many moved.
     fn round(&mut self) -> Result<(usize, usize)> {
         let own = self.config.node_addr.to_string();
         let sessions = self.conn(&own, "")?.list_sessions().context("listing this node's sessions")?;
@@ -131,14 +133,50 @@ impl Drain {
                     moved += 1;
                     tracing::info!(session = %entry.session, tenant = %entry.tenant, %to, "drain: session moved");
                 }
-                Err(e) => {
-                    tracing::info!(session = %entry.session, tenant = %entry.tenant, error = %format!("{e:#}"), "drain: session not moved yet");
-                    // A connection that failed is opened again next time.
-                    self.conns.retain(|_, c| c.is_usable());
-                }
+                Err(e) => self.not_moved("session", &entry.session, &entry.tenant, &e),
             }
         }
-        Ok((sessions.len(), moved))
+        let kept = self.conn(&own, "")?.list_kept().context("listing this node's kept tensors")?;
+        if kept.is_empty() {
+            return Ok((sessions.len(), moved));
+        }
+        let mut nodes = self.config.control.nodes()?;
+        nodes.retain(|n| !n.draining && n.addr != self.config.advertised);
+        for entry in &kept {
+            let bytes = entry.kept.tensor.byte_len;
+            // Where there is the most room: a tensor has no model to follow.
+            let Some(to) = nodes.iter_mut().filter(|n| n.memory_free >= bytes).max_by_key(|n| n.memory_free) else {
+                let e = anyhow!("no other node has {bytes} bytes free");
+                self.not_moved("kept tensor", &entry.kept.handle, &entry.tenant, &e);
+                continue;
+            };
+            to.memory_free -= bytes;
+            let to = to.addr.clone();
+            match self.move_kept(&entry.tenant, &entry.kept, &to) {
+                Ok(()) => {
+                    moved += 1;
+                    tracing::info!(handle = %entry.kept.handle, tenant = %entry.tenant, %to, "drain: kept tensor moved");
+                }
+                Err(e) => self.not_moved("kept tensor", &entry.kept.handle, &entry.tenant, &e),
+            }
+        }
+        Ok((sessions.len() + kept.len(), moved))
+    }
+
+    fn not_moved(&mut self, what: &str, handle: &Handle, tenant: &str, e: &anyhow::Error) {
+        tracing::info!(%handle, %tenant, error = %format!("{e:#}"), "drain: {what} not moved yet");
+        // A connection that failed is opened again next time.
+        self.conns.retain(|_, c| c.is_usable());
+    }
+
+    /// Pushes a kept tensor to the node at `to` and forwards its handle here to the copy.
+    fn move_kept(&mut self, tenant: &str, kept: &HandleInfo, to: &str) -> Result<()> {
+        let own = self.config.node_addr.to_string();
+        let grant = self.conn(to, tenant)?.grant_push(&kept.tensor).context("a grant for the tensor")?;
+        let own_conn = self.conn(&own, tenant)?;
+        let (copy, _) = own_conn.push(TensorSource::Handle(kept.handle), to, &grant).context("the push")?;
+        own_conn.forward(kept.handle, to, &copy).context("forwarding the handle")?;
+        Ok(())
     }
 
     /// Moves one session to where the control plane places it; that node's address.

@@ -22,7 +22,7 @@ pub use header::{FrameHeader, HEADER_LEN, MAGIC, PROTOCOL_VERSION};
 pub use limits::{Limits, MAX_META_BEFORE_HELLO};
 pub use message::breakpoints::{Breakpoint, BreakpointKind, BreakpointMessage};
 pub use message::data::{DataKind, DataMessage, Hello, ListEntry, RdmaParams, transports};
-pub use message::kept::{HandleInfo, KeptKind, KeptMessage, TensorSource};
+pub use message::kept::{HandleInfo, KeptEntry, KeptKind, KeptMessage, TensorSource};
 pub use message::models::{Fingerprint, ModelInfo, ModelKind, ModelMessage};
 pub use message::sessions::{SessionEntry, SessionKind, SessionMessage, Signal};
 pub use message::{Kind, Message};

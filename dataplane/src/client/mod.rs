@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use djinn_memory::BufferPool;
 use djinn_proto::{
-    DataMessage, ErrorCode, Frame, FrameReader, Handle, Hello, Limits, Message, PROTOCOL_VERSION, Payload,
+    DataMessage, ErrorCode, Frame, FrameReader, Handle, HandleInfo, Hello, Limits, Message, PROTOCOL_VERSION, Payload,
     PayloadAlloc, ProtocolError, RecvEvent, Refusal,
 };
 
@@ -62,6 +62,9 @@ pub enum ClientError {
     /// The session is on another node now: the request goes there (see `sessions.Moved`).
     #[error("the session moved to the node at {to}, where it is {session}")]
     SessionMoved { to: String, session: Handle },
+    /// The kept tensor is on another node now (see `kept.Moved`).
+    #[error("the kept tensor moved to the node at {to}, where it is {}", kept.handle)]
+    TensorMoved { to: String, kept: HandleInfo },
 }
 
 impl ClientError {

@@ -27,7 +27,25 @@ family! {
         /// pushed from another node. Answered by `PushGranted`.
         PushGrant { tensor: TensorDesc } = 0x120 request,
         PushGranted { grant: String } = 0x121 reply,
+        /// Lists the caller's kept tensors; a node's or an operator's, every tenant's (what a
+        /// draining node moves).
+        List = 0x129 request,
+        KeptList { tensors: Vec<KeptEntry> } = 0x12a reply,
+        /// The tensor under `handle` is kept at the node at `to` now, as `kept` (pushed there):
+        /// this node frees it and answers later requests that name it with `Moved`.
+        Forward { handle: Handle, to: String, kept: HandleInfo } = 0x12b request,
+        Forwarded = 0x12c reply,
+        /// The tensor a request named is kept at the node at `to` now, as `kept`.
+        Moved { to: String, kept: HandleInfo } = 0x12d reply,
     }
+}
+
+/// A tensor a node keeps, as `List` tells of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeptEntry {
+    /// Whose it is, by name: empty in a tenant's own list, and where the node needs no token.
+    pub tenant: String,
+    pub kept: HandleInfo,
 }
 
 /// A tensor kept on a node and what it holds.
@@ -55,7 +73,12 @@ impl KeptMessage {
             | Self::Push { .. }
             | Self::Pushed { .. }
             | Self::PushGrant { .. }
-            | Self::PushGranted { .. } => &[],
+            | Self::PushGranted { .. }
+            | Self::List
+            | Self::KeptList { .. }
+            | Self::Forward { .. }
+            | Self::Forwarded
+            | Self::Moved { .. } => &[],
         }
     }
 
@@ -85,6 +108,20 @@ impl KeptMessage {
                 w.str(path);
             }
             Self::PushGranted { grant } => w.str(grant),
+            Self::List | Self::Forwarded => {}
+            Self::KeptList { tensors } => w.list(tensors, |w, e| {
+                w.str(&e.tenant);
+                w.kept(&e.kept);
+            }),
+            Self::Forward { handle, to, kept } => {
+                w.handle(handle);
+                w.str(to);
+                w.kept(kept);
+            }
+            Self::Moved { to, kept } => {
+                w.str(to);
+                w.kept(kept);
+            }
         }
     }
 
@@ -106,6 +143,16 @@ impl KeptMessage {
             KeptKind::Pushed => Self::Pushed { kept: r.kept()?, path: r.string("path")? },
             KeptKind::PushGrant => Self::PushGrant { tensor: r.tensor()? },
             KeptKind::PushGranted => Self::PushGranted { grant: r.string("grant")? },
+            KeptKind::List => Self::List,
+            // The smallest entry: an empty name, a handle, a rank-0 descriptor.
+            KeptKind::KeptList => Self::KeptList {
+                tensors: r.list("kept tensors", 2 + 16 + Reader::TENSOR_MIN, |r| {
+                    Ok(KeptEntry { tenant: r.string("tenant")?, kept: r.kept()? })
+                })?,
+            },
+            KeptKind::Forward => Self::Forward { handle: r.handle()?, to: r.string("peer address")?, kept: r.kept()? },
+            KeptKind::Forwarded => Self::Forwarded,
+            KeptKind::Moved => Self::Moved { to: r.string("peer address")?, kept: r.kept()? },
         })
     }
 }
@@ -146,5 +193,14 @@ pub(crate) fn arbitrary() -> impl proptest::strategy::Strategy<Value = KeptMessa
         (handle_info(), name()).prop_map(|(kept, path)| KeptMessage::Pushed { kept, path }),
         tensor().prop_map(|tensor| KeptMessage::PushGrant { tensor }),
         name().prop_map(|grant| KeptMessage::PushGranted { grant }),
+        Just(KeptMessage::List),
+        prop::collection::vec(
+            ("[a-z]{0,8}", handle_info()).prop_map(|(tenant, kept)| KeptEntry { tenant, kept }),
+            0..4
+        )
+        .prop_map(|tensors| KeptMessage::KeptList { tensors }),
+        (handle(), name(), handle_info()).prop_map(|(handle, to, kept)| KeptMessage::Forward { handle, to, kept }),
+        Just(KeptMessage::Forwarded),
+        (name(), handle_info()).prop_map(|(to, kept)| KeptMessage::Moved { to, kept }),
     ]
 }
