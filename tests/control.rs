@@ -521,7 +521,8 @@ fn a_drained_nodes_sessions_go_on_elsewhere(backing: &Backing) {
             (client, fp, (sessions, kept.expect("keep"), bytes))
         })
         .collect();
-    let victim = clients[0].0.placement(&clients[0].1, None).expect("placed").clone();
+    let victim_model = clients[0].1;
+    let victim = clients[0].0.placement(&victim_model, None).expect("placed").clone();
     assert!(clients.iter().all(
         |(_, _, (s, kept, _))| kept.node == victim.addr && s.iter().all(|(session, _)| session.node == victim.addr)
     ));
@@ -588,6 +589,15 @@ fn a_drained_nodes_sessions_go_on_elsewhere(backing: &Backing) {
     assert_eq!(on_victim.stat(&mut victim_client, "sessions_moved_out"), (CLIENTS * SESSIONS_EACH) as u64);
     assert_eq!(on_victim.stat(&mut victim_client, "handles"), 0);
     assert_eq!(on_victim.stat(&mut victim_client, "handles_moved_out"), CLIENTS as u64);
+    // The model's calls are placed where it went, which holds it.
+    let placed = control.place(&victim_model.to_hex(), "load_balance", None);
+    assert_ne!(field(&placed, "node"), victim.node, "{placed}");
+    let there = nodes.iter().find(|n| n.addr.to_string() == field(&placed, "addr")).expect("a node");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !there.client().list_models().unwrap().iter().any(|m| m.fingerprint == victim_model) {
+        assert!(Instant::now() < deadline, "the model did not reach {placed}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let status = control.ok("GET", &format!("/v1/nodes/{}/drain", victim.node), None);
     assert_eq!((status["draining"].as_bool(), status["drained"].as_bool()), (Some(true), Some(true)), "{status}");
     // The node can be given work again.

@@ -15,7 +15,7 @@
 //! acting for each tenant (the right a node's role has); it shares no state with the
 //! poller.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::thread::JoinHandle;
@@ -86,11 +86,13 @@ struct Drain {
     config: DrainConfig,
     /// Connections acting for a tenant (by name), to this node and to peers, by address.
     conns: HashMap<(String, String), Client>,
+    /// The models (by tenant and fingerprint) this drain has seen to elsewhere.
+    models_placed: HashSet<(String, Fingerprint)>,
 }
 
 impl Drain {
     fn new(config: DrainConfig) -> Self {
-        Self { config, conns: HashMap::new() }
+        Self { config, conns: HashMap::new(), models_placed: HashSet::new() }
     }
 
     fn run(&mut self, told: &mpsc::Receiver<bool>) {
@@ -112,6 +114,7 @@ impl Drain {
             next_round = Instant::now() + ROUND;
             if !draining {
                 self.conns.clear();
+                self.models_placed.clear();
                 continue;
             }
             match self.round() {
@@ -138,6 +141,9 @@ impl Drain {
         }
         let kept = self.conn(&own, "")?.list_kept().context("listing this node's kept tensors")?;
         if kept.is_empty() {
+            if sessions.is_empty() {
+                self.place_models()?;
+            }
             return Ok((sessions.len(), moved));
         }
         let mut nodes = self.config.control.nodes()?;
@@ -163,6 +169,34 @@ impl Drain {
         Ok((sessions.len() + kept.len(), moved))
     }
 
+    /// Sees each model the node holds to where the control plane places it now (the model
+    /// sent there, node to node, unless it holds it), once the node holds nothing else: the
+    /// clients that run it here find it there when this node is gone.
+    fn place_models(&mut self) -> Result<()> {
+        let own = self.config.node_addr.to_string();
+        let models = self.conn(&own, "")?.list_models().context("listing this node's models")?;
+        for model in models {
+            // Listed with their holders' names, for a node; one holder, unnamed, without tokens.
+            let owners = if model.owners.is_empty() { vec![String::new()] } else { model.owners.clone() };
+            for tenant in owners {
+                let key = (tenant, model.fingerprint);
+                if self.models_placed.contains(&key) {
+                    continue;
+                }
+                let placed = self
+                    .place(&key.0, &model.fingerprint, None)
+                    .and_then(|to| self.copy_model(&key.0, &model.fingerprint, &own, &to));
+                match placed {
+                    Ok(()) => _ = self.models_placed.insert(key),
+                    Err(e) => {
+                        tracing::info!(model = %model.fingerprint, tenant = %key.0, error = %format!("{e:#}"), "drain: model not placed elsewhere yet")
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn not_moved(&mut self, what: &str, handle: &Handle, tenant: &str, e: &anyhow::Error) {
         tracing::info!(%handle, %tenant, error = %format!("{e:#}"), "drain: {what} not moved yet");
         // A connection that failed is opened again next time.
@@ -182,7 +216,7 @@ impl Drain {
     /// Moves one session to where the control plane places it; that node's address.
     fn move_session(&mut self, entry: &SessionEntry) -> Result<String> {
         let tenant = entry.tenant.as_str();
-        let to = self.place(tenant, &entry.fingerprint, entry.state_bytes)?;
+        let to = self.place(tenant, &entry.fingerprint, Some(entry.state_bytes))?;
         let own = self.config.node_addr.to_string();
         self.copy_model(tenant, &entry.fingerprint, &own, &to)?;
         let grant = self.conn(&to, tenant)?.grant_session(&entry.fingerprint).context("a grant for the session")?;
@@ -190,12 +224,13 @@ impl Drain {
         Ok(at)
     }
 
-    /// Where the control plane would have the session go (it leaves draining nodes out); a
-    /// model it was never told of is described from what this node knows of it.
-    fn place(&mut self, tenant: &str, fingerprint: &Fingerprint, state_bytes: u64) -> Result<String> {
+    /// Where the control plane would have the session or the model go (it leaves draining
+    /// nodes out); a model it was never told of is described from what this node knows of it.
+    /// With `state_bytes`, for a session of that state; else for the model's calls.
+    fn place(&mut self, tenant: &str, fingerprint: &Fingerprint, state_bytes: Option<u64>) -> Result<String> {
         let advertised = self.config.advertised.clone();
-        let moving = Moving { from: &advertised, state_bytes, calls: 1 };
-        let options = PlaceOptions { moving: Some(moving), tenant: Some(tenant), ..PlaceOptions::default() };
+        let moving = state_bytes.map(|state_bytes| Moving { from: &advertised, state_bytes, calls: 1 });
+        let options = PlaceOptions { moving, tenant: Some(tenant), ..PlaceOptions::default() };
         let placed = match self.config.control.place_with(fingerprint, &options) {
             Err(e) if e.kind() == Some("unknown_model") => {
                 let own = self.config.node_addr.to_string();
