@@ -3,6 +3,7 @@
 //! are what carry from one run to the next.
 
 mod agents;
+mod drain;
 mod execute;
 mod fair;
 mod moves;
@@ -24,6 +25,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 
 pub use agents::AgentsArgs;
+pub use drain::DrainArgs;
 pub use execute::ExecuteArgs;
 pub use fair::FairArgs;
 pub use moves::MoveArgs;
@@ -65,6 +67,9 @@ pub enum BenchCommand {
     /// A session's state moved node to node, 64 KiB to 256 MiB, against raw loopback TCP (or
     /// ib_write_bw), and a step sent behind a move against the move's own time.
     Move(MoveArgs),
+    /// `djinn drain` of a node holding N sessions while clients step them: the steps' latency
+    /// during the drain against before it, and the drain's time against raw loopback TCP.
+    Drain(DrainArgs),
     /// N simulated LLM agents on the tiny transformer (Poisson arrivals, bursts of decode
     /// steps, exponential tool waits) sharing a session budget of 16: the most agents each
     /// session policy serves within a p99 bound, semantic against LRU in the same run.
@@ -89,6 +94,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
         BenchCommand::Plan(args) => plan::run(args),
         BenchCommand::Push(args) => push::run(args),
         BenchCommand::Move(args) => moves::run(args),
+        BenchCommand::Drain(args) => drain::run(args),
         BenchCommand::Agents(args) => agents::run(args),
         BenchCommand::Resume(args) => resume::run(args),
         BenchCommand::Soak(args) => soak::run(args),

@@ -46,21 +46,17 @@ pub struct MoveArgs {
     model_script: PathBuf,
 }
 
-/// The session's model, written by `--model-script`.
-fn model(args: &MoveArgs) -> Result<Vec<u8>> {
+/// The session's model, written by `script` with `python`: a step returns its input's sum
+/// and the state, passed through unchanged.
+pub(crate) fn carry_model(python: &std::path::Path, script: &std::path::Path) -> Result<Vec<u8>> {
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("carry.pt");
-    let output = std::process::Command::new(&args.python)
-        .arg(&args.model_script)
+    let output = std::process::Command::new(python)
+        .arg(script)
         .arg(&path)
         .output()
-        .with_context(|| format!("cannot run {} (see --python)", args.python.display()))?;
-    ensure!(
-        output.status.success(),
-        "{} failed: {}",
-        args.model_script.display(),
-        String::from_utf8_lossy(&output.stderr)
-    );
+        .with_context(|| format!("cannot run {} (see --python)", python.display()))?;
+    ensure!(output.status.success(), "{} failed: {}", script.display(), String::from_utf8_lossy(&output.stderr));
     Ok(std::fs::read(&path)?)
 }
 
@@ -87,7 +83,7 @@ impl Pair {
 }
 
 pub fn run(args: MoveArgs) -> Result<()> {
-    let model = model(&args)?;
+    let model = carry_model(&args.python, &args.model_script)?;
 
     // Each node may move the session to the other: each is the other's push peer.
     let free = || -> Result<String> { Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.to_string()) };

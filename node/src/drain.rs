@@ -104,6 +104,8 @@ impl Drain {
                 Ok(now) => {
                     if now != draining {
                         tracing::info!(draining = now, "the control plane says whether the node is draining");
+                        // A drain starts at once; it goes on at the pace of rounds.
+                        next_round = Instant::now();
                     }
                     draining = now;
                     continue;
