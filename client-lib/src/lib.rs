@@ -652,20 +652,38 @@ impl Client {
     /// The sessions on the node: this tenant's, or, for a node's or an operator's token, every
     /// tenant's (by name).
     pub fn list_sessions(&mut self) -> Result<Vec<SessionEntry>, ClientError> {
-        let reply = self.call(&Message::Session(SessionMessage::List), &[])?;
-        match reply.message {
-            Message::Session(SessionMessage::SessionList { sessions }) => Ok(sessions),
-            _ => Err(unexpected(&self.conn, reply)),
+        let mut all = Vec::new();
+        loop {
+            let after = all.last().map_or(0, |e: &SessionEntry| e.session.id);
+            let reply = self.call(&Message::Session(SessionMessage::List { after }), &[])?;
+            match reply.message {
+                Message::Session(SessionMessage::SessionList { sessions, more }) => {
+                    all.extend(sessions);
+                    if !more {
+                        return Ok(all);
+                    }
+                }
+                _ => return Err(unexpected(&self.conn, reply)),
+            }
         }
     }
 
     /// The tensors kept on the node: this tenant's, or, for a node's or an operator's token,
     /// every tenant's (by name).
     pub fn list_kept(&mut self) -> Result<Vec<KeptEntry>, ClientError> {
-        let reply = self.call(&Message::Kept(KeptMessage::List), &[])?;
-        match reply.message {
-            Message::Kept(KeptMessage::KeptList { tensors }) => Ok(tensors),
-            _ => Err(unexpected(&self.conn, reply)),
+        let mut all = Vec::new();
+        loop {
+            let after = all.last().map_or(0, |e: &KeptEntry| e.kept.handle.id);
+            let reply = self.call(&Message::Kept(KeptMessage::List { after }), &[])?;
+            match reply.message {
+                Message::Kept(KeptMessage::KeptList { tensors, more }) => {
+                    all.extend(tensors);
+                    if !more {
+                        return Ok(all);
+                    }
+                }
+                _ => return Err(unexpected(&self.conn, reply)),
+            }
         }
     }
 

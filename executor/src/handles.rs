@@ -185,16 +185,24 @@ impl HandleTable {
         Ok(())
     }
 
-    /// The kept tensors (`tenant`'s only, when given), whose, by handle.
-    pub fn list(&self, tenant: Option<TenantId>) -> Vec<(TenantId, HandleInfo)> {
-        let mut listed: Vec<_> = self
+    /// The kept tensors (`tenant`'s only, when given) whose ids come after `after`, in order, a
+    /// page of [`crate::LIST_PAGE`] at most: whose, by handle; and whether more remain.
+    pub fn list(&self, tenant: Option<TenantId>, after: u64) -> (Vec<(TenantId, HandleInfo)>, bool) {
+        let mut ids: Vec<u64> = self
             .entries
             .iter()
-            .filter(|(_, e)| tenant.is_none_or(|t| e.tenant == t))
-            .map(|(&id, e)| (e.tenant, HandleInfo { handle: Handle { id, epoch: self.epoch }, tensor: e.desc.clone() }))
+            .filter(|&(&id, e)| id > after && tenant.is_none_or(|t| e.tenant == t))
+            .map(|(&id, _)| id)
             .collect();
-        listed.sort_unstable_by_key(|(_, k)| k.handle.id);
-        listed
+        ids.sort_unstable();
+        let more = ids.len() > crate::LIST_PAGE;
+        let listed = ids
+            .into_iter()
+            .take(crate::LIST_PAGE)
+            .filter_map(|id| self.entries.get(&id).map(|e| (id, e)))
+            .map(|(id, e)| (e.tenant, HandleInfo { handle: Handle { id, epoch: self.epoch }, tensor: e.desc.clone() }))
+            .collect();
+        (listed, more)
     }
 
     /// Frees the handles this table holds for `tenant`; returns how many. Others (stale,
@@ -319,7 +327,7 @@ mod tests {
         let moved = HandleError::Moved { handle: info.handle, to: "b:1".into(), kept: there.clone() };
         assert_eq!(t.get(T, info.handle).unwrap_err(), moved);
         assert!(matches!(t.get(TenantId(2), info.handle), Err(HandleError::Unknown { .. })));
-        assert!(t.list(None).is_empty(), "nothing is kept here");
+        assert!(t.list(None, 0).0.is_empty(), "nothing is kept here");
         assert_eq!(t.held.get(&T), Some(&1), "a forward counts toward the tenant's objects");
         assert_eq!(t.release(T, &[info.handle]), 0, "nothing was held here to free");
         assert!(matches!(t.get(T, info.handle), Err(HandleError::Unknown { .. })));
@@ -330,6 +338,28 @@ mod tests {
         t.expire(Instant::now() + Duration::from_millis(200));
         assert!(matches!(t.get(T, info.handle), Err(HandleError::Unknown { .. })));
         assert_eq!(t.held.get(&T), None);
+    }
+
+    #[test]
+    fn a_list_comes_in_pages_of_the_tenants_own_in_order() {
+        let mut t = table(1 << 30, Duration::from_secs(60));
+        let one = || Tensor::ones([1], (Kind::Float, Device::Cpu));
+        let other = TenantId(2);
+        let mut mine = Vec::new();
+        for i in 0..crate::LIST_PAGE + 5 {
+            mine.push(t.keep(T, one()).unwrap().handle);
+            if i % 500 == 0 {
+                t.keep(other, one()).unwrap();
+            }
+        }
+        let (first, more) = t.list(Some(T), 0);
+        assert!(more && first.len() == crate::LIST_PAGE);
+        let (rest, more) = t.list(Some(T), first.last().unwrap().1.handle.id);
+        assert!(!more && rest.len() == 5);
+        let listed: Vec<Handle> = first.iter().chain(&rest).map(|(_, k)| k.handle).collect();
+        assert_eq!(listed, mine, "all of the tenant's, each once, in order");
+        let (all, _) = t.list(None, 0);
+        assert_eq!(all.iter().filter(|(owner, _)| *owner == other).count(), 3, "an operator's list has every tenant's");
     }
 
     #[test]

@@ -30,6 +30,10 @@ pub(crate) const MIN_CHARGE: u64 = 4096;
 pub const MAX_OBJECTS_PER_TENANT: usize = 65_536;
 /// Most sessions, and most parked requests, one tenant holds on a node.
 pub const MAX_SESSIONS_PER_TENANT: usize = 4096;
+
+/// The most sessions or kept tensors one list answers (its metadata stays well under the
+/// frame's limit); the rest come on later pages.
+pub const LIST_PAGE: usize = 1024;
 /// Most models one tenant holds on a node (as the control plane's default cap per tenant).
 pub const MAX_MODELS_PER_TENANT: usize = 4096;
 /// Most registrations one tenant has in progress on a node at once.

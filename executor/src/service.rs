@@ -416,10 +416,10 @@ impl Service for NodeService {
                     None => Reply::error(ErrorCode::UnknownModel, format!("no model {fingerprint} on this node")),
                 }
             }
-            Message::Session(SessionMessage::List) => {
+            Message::Session(SessionMessage::List { after }) => {
                 let auth = self.auth.clone();
                 let name = move |t| auth.as_ref().and_then(|a| a.name(t)).map_or_else(String::new, |n| n.to_string());
-                self.workers.submit(Job::ListSessions { all: to.operator, name: Box::new(name) }, to, replier);
+                self.workers.submit(Job::ListSessions { all: to.operator, after, name: Box::new(name) }, to, replier);
                 return None;
             }
             Message::Kept(KeptMessage::Keep { tensor }) => {
@@ -430,9 +430,9 @@ impl Service for NodeService {
                 self.workers.submit(Job::Fetch { handle }, to, replier);
                 return None;
             }
-            Message::Kept(KeptMessage::List) => {
+            Message::Kept(KeptMessage::List { after }) => {
                 let all = to.operator;
-                let listed = self.handles().list((!all).then_some(tenant));
+                let (listed, more) = self.handles().list((!all).then_some(tenant), after);
                 let tensors = listed
                     .into_iter()
                     .map(|(owner, kept)| KeptEntry {
@@ -440,7 +440,7 @@ impl Service for NodeService {
                         kept,
                     })
                     .collect();
-                Reply::message(KeptMessage::KeptList { tensors })
+                Reply::message(KeptMessage::KeptList { tensors, more })
             }
             Message::Kept(KeptMessage::Forward { to: peer, .. }) if peer.len() > MAX_ADDRESS_LEN => {
                 let e =

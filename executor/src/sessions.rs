@@ -289,17 +289,25 @@ impl SessionTable {
         self.clock = Some(thread);
     }
 
-    /// The sessions (`tenant`'s only, when given): whose, which, of what model, and their
-    /// state's bytes now.
-    pub fn list(&self, tenant: Option<TenantId>) -> Vec<(TenantId, Handle, Fingerprint, u64)> {
-        let mut listed: Vec<_> = self
+    /// The sessions (`tenant`'s only, when given) whose ids come after `after`, in order, a
+    /// page of [`crate::LIST_PAGE`] at most: whose, which, of what model, and their state's
+    /// bytes now; and whether more remain.
+    pub fn list(&self, tenant: Option<TenantId>, after: u64) -> (Vec<(TenantId, Handle, Fingerprint, u64)>, bool) {
+        let mut ids: Vec<u64> = self
             .sessions
             .iter()
-            .filter(|(_, s)| tenant.is_none_or(|t| s.tenant == t))
-            .map(|(&id, s)| (s.tenant, Handle { id, epoch: self.epoch }, s.model.fingerprint, state_bytes(&s.state)))
+            .filter(|&(&id, s)| id > after && tenant.is_none_or(|t| s.tenant == t))
+            .map(|(&id, _)| id)
             .collect();
-        listed.sort_unstable_by_key(|(_, h, ..)| h.id);
-        listed
+        ids.sort_unstable();
+        let more = ids.len() > crate::LIST_PAGE;
+        let listed = ids
+            .into_iter()
+            .take(crate::LIST_PAGE)
+            .filter_map(|id| self.sessions.get(&id).map(|s| (id, s)))
+            .map(|(id, s)| (s.tenant, Handle { id, epoch: self.epoch }, s.model.fingerprint, state_bytes(&s.state)))
+            .collect();
+        (listed, more)
     }
 
     /// Refuses, before it is made, a state larger than the budgets could ever hold.

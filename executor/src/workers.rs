@@ -92,9 +92,11 @@ pub enum Job {
         offset: u64,
         len: u64,
     },
-    /// Lists the sessions: the caller's, or every tenant's (`all`), each named by `name`.
+    /// Lists a page of the sessions after `after`: the caller's, or every tenant's (`all`),
+    /// each named by `name`.
     ListSessions {
         all: bool,
+        after: u64,
         name: Box<dyn Fn(TenantId) -> String + Send>,
     },
 }
@@ -362,8 +364,8 @@ fn work(scheduler: &Scheduler, shared: &Shared) {
                     tensors: vec![Arc::new(bytes) as SharedBytes],
                 })
             }
-            Job::ListSessions { all, name } => {
-                let listed = sessions.table.locked().list((!all).then_some(tenant));
+            Job::ListSessions { all, after, name } => {
+                let (listed, more) = sessions.table.locked().list((!all).then_some(tenant), after);
                 let sessions = listed
                     .into_iter()
                     .map(|(owner, session, fingerprint, state_bytes)| SessionEntry {
@@ -373,7 +375,7 @@ fn work(scheduler: &Scheduler, shared: &Shared) {
                         state_bytes,
                     })
                     .collect();
-                Ok(Reply::message(SessionMessage::SessionList { sessions }))
+                Ok(Reply::message(SessionMessage::SessionList { sessions, more }))
             }
             Job::Session { .. } => Err(ExecError::Internal("a session drain with a reply".into())),
         });

@@ -27,10 +27,11 @@ family! {
         /// pushed from another node. Answered by `PushGranted`.
         PushGrant { tensor: TensorDesc } = 0x120 request,
         PushGranted { grant: String } = 0x121 reply,
-        /// Lists the caller's kept tensors; a node's or an operator's, every tenant's (what a
-        /// draining node moves).
-        List = 0x129 request,
-        KeptList { tensors: Vec<KeptEntry> } = 0x12a reply,
+        /// Lists the caller's kept tensors (a node's or an operator's: every tenant's, what a
+        /// draining node moves) whose ids come after `after`, in order; a page at most.
+        List { after: u64 } = 0x129 request,
+        /// `more`: tensors past the last listed remain.
+        KeptList { tensors: Vec<KeptEntry>, more: bool } = 0x12a reply,
         /// The tensor under `handle` is kept at the node at `to` now, as `kept` (pushed there):
         /// this node frees it and answers later requests that name it with `Moved`.
         Forward { handle: Handle, to: String, kept: HandleInfo } = 0x12b request,
@@ -74,7 +75,7 @@ impl KeptMessage {
             | Self::Pushed { .. }
             | Self::PushGrant { .. }
             | Self::PushGranted { .. }
-            | Self::List
+            | Self::List { .. }
             | Self::KeptList { .. }
             | Self::Forward { .. }
             | Self::Forwarded
@@ -108,11 +109,15 @@ impl KeptMessage {
                 w.str(path);
             }
             Self::PushGranted { grant } => w.str(grant),
-            Self::List | Self::Forwarded => {}
-            Self::KeptList { tensors } => w.list(tensors, |w, e| {
-                w.str(&e.tenant);
-                w.kept(&e.kept);
-            }),
+            Self::Forwarded => {}
+            Self::List { after } => w.u64(*after),
+            Self::KeptList { tensors, more } => {
+                w.list(tensors, |w, e| {
+                    w.str(&e.tenant);
+                    w.kept(&e.kept);
+                });
+                w.bool(*more);
+            }
             Self::Forward { handle, to, kept } => {
                 w.handle(handle);
                 w.str(to);
@@ -143,12 +148,13 @@ impl KeptMessage {
             KeptKind::Pushed => Self::Pushed { kept: r.kept()?, path: r.string("path")? },
             KeptKind::PushGrant => Self::PushGrant { tensor: r.tensor()? },
             KeptKind::PushGranted => Self::PushGranted { grant: r.string("grant")? },
-            KeptKind::List => Self::List,
+            KeptKind::List => Self::List { after: r.u64("after")? },
             // The smallest entry: an empty name, a handle, a rank-0 descriptor.
             KeptKind::KeptList => Self::KeptList {
                 tensors: r.list("kept tensors", 2 + 16 + Reader::TENSOR_MIN, |r| {
                     Ok(KeptEntry { tenant: r.string("tenant")?, kept: r.kept()? })
                 })?,
+                more: r.bool("more")?,
             },
             KeptKind::Forward => Self::Forward { handle: r.handle()?, to: r.string("peer address")?, kept: r.kept()? },
             KeptKind::Forwarded => Self::Forwarded,
@@ -193,12 +199,15 @@ pub(crate) fn arbitrary() -> impl proptest::strategy::Strategy<Value = KeptMessa
         (handle_info(), name()).prop_map(|(kept, path)| KeptMessage::Pushed { kept, path }),
         tensor().prop_map(|tensor| KeptMessage::PushGrant { tensor }),
         name().prop_map(|grant| KeptMessage::PushGranted { grant }),
-        Just(KeptMessage::List),
-        prop::collection::vec(
-            ("[a-z]{0,8}", handle_info()).prop_map(|(tenant, kept)| KeptEntry { tenant, kept }),
-            0..4
+        any::<u64>().prop_map(|after| KeptMessage::List { after }),
+        (
+            prop::collection::vec(
+                ("[a-z]{0,8}", handle_info()).prop_map(|(tenant, kept)| KeptEntry { tenant, kept }),
+                0..4
+            ),
+            any::<bool>()
         )
-        .prop_map(|tensors| KeptMessage::KeptList { tensors }),
+            .prop_map(|(tensors, more)| KeptMessage::KeptList { tensors, more }),
         (handle(), name(), handle_info()).prop_map(|(handle, to, kept)| KeptMessage::Forward { handle, to, kept }),
         Just(KeptMessage::Forwarded),
         (name(), handle_info()).prop_map(|(to, kept)| KeptMessage::Moved { to, kept }),

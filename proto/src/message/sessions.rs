@@ -41,10 +41,11 @@ family! {
         /// session of the model `fingerprint` moved from another node. Answered by
         /// `kept.PushGranted`.
         ReceiveGrant { fingerprint: Fingerprint } = 0x124 request,
-        /// Lists the caller's sessions; a node's or an operator's, every tenant's (what a
-        /// draining node moves).
-        List = 0x127 request,
-        SessionList { sessions: Vec<SessionEntry> } = 0x128 reply,
+        /// Lists the caller's sessions (a node's or an operator's: every tenant's, what a
+        /// draining node moves) whose ids come after `after`, in order; a page at most.
+        List { after: u64 } = 0x127 request,
+        /// `more`: sessions past the last listed remain.
+        SessionList { sessions: Vec<SessionEntry>, more: bool } = 0x128 reply,
     }
 }
 
@@ -81,7 +82,7 @@ impl SessionMessage {
             | Self::Move { .. }
             | Self::Moved { .. }
             | Self::ReceiveGrant { .. }
-            | Self::List
+            | Self::List { .. }
             | Self::SessionList { .. } => &[],
         }
     }
@@ -127,13 +128,16 @@ impl SessionMessage {
                 w.handle(session);
             }
             Self::ReceiveGrant { fingerprint } => w.fingerprint(fingerprint),
-            Self::List => {}
-            Self::SessionList { sessions } => w.list(sessions, |w, e| {
-                w.str(&e.tenant);
-                w.handle(&e.session);
-                w.fingerprint(&e.fingerprint);
-                w.u64(e.state_bytes);
-            }),
+            Self::List { after } => w.u64(*after),
+            Self::SessionList { sessions, more } => {
+                w.list(sessions, |w, e| {
+                    w.str(&e.tenant);
+                    w.handle(&e.session);
+                    w.fingerprint(&e.fingerprint);
+                    w.u64(e.state_bytes);
+                });
+                w.bool(*more);
+            }
         }
     }
 
@@ -168,7 +172,7 @@ impl SessionMessage {
             }
             SessionKind::Moved => Self::Moved { to: r.string("peer address")?, session: r.handle()? },
             SessionKind::ReceiveGrant => Self::ReceiveGrant { fingerprint: r.fingerprint()? },
-            SessionKind::List => Self::List,
+            SessionKind::List => Self::List { after: r.u64("after")? },
             // The smallest entry: an empty name, a handle, a fingerprint, a u64.
             SessionKind::SessionList => Self::SessionList {
                 sessions: r.list("sessions", 2 + 16 + 32 + 8, |r| {
@@ -179,6 +183,7 @@ impl SessionMessage {
                         state_bytes: r.u64("state bytes")?,
                     })
                 })?,
+                more: r.bool("more")?,
             },
         })
     }
@@ -215,18 +220,21 @@ pub(crate) fn arbitrary() -> impl proptest::strategy::Strategy<Value = SessionMe
         (handle(), name(), name()).prop_map(|(session, to, grant)| SessionMessage::Move { session, to, grant }),
         (name(), handle()).prop_map(|(to, session)| SessionMessage::Moved { to, session }),
         fingerprint().prop_map(|fingerprint| SessionMessage::ReceiveGrant { fingerprint }),
-        Just(SessionMessage::List),
-        prop::collection::vec(
-            ("[a-z]{0,8}", handle(), fingerprint(), any::<u64>()).prop_map(
-                |(tenant, session, fingerprint, state_bytes)| SessionEntry {
-                    tenant,
-                    session,
-                    fingerprint,
-                    state_bytes
-                }
+        any::<u64>().prop_map(|after| SessionMessage::List { after }),
+        (
+            prop::collection::vec(
+                ("[a-z]{0,8}", handle(), fingerprint(), any::<u64>()).prop_map(
+                    |(tenant, session, fingerprint, state_bytes)| SessionEntry {
+                        tenant,
+                        session,
+                        fingerprint,
+                        state_bytes
+                    }
+                ),
+                0..4
             ),
-            0..4
+            any::<bool>()
         )
-        .prop_map(|sessions| SessionMessage::SessionList { sessions }),
+            .prop_map(|(sessions, more)| SessionMessage::SessionList { sessions, more }),
     ]
 }
