@@ -237,7 +237,7 @@ struct MovedBody {
 async fn move_session<S: Store>(
     State(control): Control<S>,
     Extension(caller): Extension<Principal>,
-    Path(session): Path<String>,
+    Segment(session): Segment,
     bytes: Bytes,
 ) -> Result<Response, ControlError> {
     let moved: MovedBody = body(&bytes)?;

@@ -6,7 +6,8 @@
 //!   malformed request reaches the store as a store failure;
 //! - a model description that was accepted reads back unchanged.
 //!
-//! Input layout: byte 0 picks the endpoint (its low 3 bits); byte 1 is the length of the path
+//! Input layout: byte 0 picks the endpoint (its low 4 bits: 8–11 a node's drain and a
+//! session's move, the rest by the low 3 bits); byte 1 is the length of the path
 //! segment (a node's name or a fingerprint) that follows, percent-encoded into the URI; the rest
 //! is the body (or, for a node leaving, the query string).
 
@@ -60,15 +61,21 @@ pub fn run(data: &[u8]) {
     let [pick, len, rest @ ..] = data else { return };
     let (name, body) = rest.split_at(usize::from(*len).min(rest.len()));
     let name = segment(name);
-    let (method, uri, body) = match pick & 7 {
-        0 => ("POST", "/v1/nodes".to_owned(), body.to_vec()),
-        1 => ("PUT", format!("/v1/nodes/{name}/lease"), body.to_vec()),
-        2 => ("DELETE", format!("/v1/nodes/{name}?{}", segment(body)), Vec::new()),
-        3 => ("PUT", format!("/v1/models/{name}"), body.to_vec()),
-        4 => ("GET", format!("/v1/models/{name}"), Vec::new()),
-        5 => ("POST", "/v1/placements".to_owned(), body.to_vec()),
-        6 => ("GET", "/v1/cluster".to_owned(), Vec::new()),
-        _ => ("GET", "/metrics".to_owned(), Vec::new()),
+    let (method, uri, body) = match pick & 15 {
+        8 => ("POST", format!("/v1/nodes/{name}/drain"), Vec::new()),
+        9 => ("GET", format!("/v1/nodes/{name}/drain"), Vec::new()),
+        10 => ("DELETE", format!("/v1/nodes/{name}/drain"), Vec::new()),
+        11 => ("PUT", format!("/v1/sessions/{name}"), body.to_vec()),
+        _ => match pick & 7 {
+            0 => ("POST", "/v1/nodes".to_owned(), body.to_vec()),
+            1 => ("PUT", format!("/v1/nodes/{name}/lease"), body.to_vec()),
+            2 => ("DELETE", format!("/v1/nodes/{name}?{}", segment(body)), Vec::new()),
+            3 => ("PUT", format!("/v1/models/{name}"), body.to_vec()),
+            4 => ("GET", format!("/v1/models/{name}"), Vec::new()),
+            5 => ("POST", "/v1/placements".to_owned(), body.to_vec()),
+            6 => ("GET", "/v1/cluster".to_owned(), Vec::new()),
+            _ => ("GET", "/metrics".to_owned(), Vec::new()),
+        },
     };
     let api = api();
     api.runtime.block_on(async {
@@ -81,7 +88,7 @@ pub fn run(data: &[u8]) {
             assert!(error["error"]["message"].is_string(), "{method} {uri}: {error}");
             assert_ne!(kind, "store_unavailable", "{method} {uri}: {error}");
         }
-        if pick & 7 == 3 && status.is_success() {
+        if pick & 15 == 3 && status.is_success() {
             let sent: ModelRecord = serde_json::from_slice(&body).expect("an accepted description parses");
             let (status, stored) = send(&api.router, "GET", &uri, Vec::new()).await;
             assert_eq!(status, StatusCode::OK);
