@@ -553,7 +553,7 @@ fn a_drained_nodes_sessions_go_on_elsewhere(backing: &Backing) {
                 }
                 // The kept tensor moved too: its handle at the drained node leads to it.
                 assert_eq!(client.fetch(&kept).expect("the kept tensor where it went").bytes(), bytes);
-                (sessions, rounds)
+                (client, sessions, (kept, bytes), rounds)
             })
         })
         .collect();
@@ -573,8 +573,9 @@ fn a_drained_nodes_sessions_go_on_elsewhere(backing: &Backing) {
         assert_ne!(field(&placed, "node"), victim.node, "{placed}");
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut survivors = Vec::new();
     for worker in workers {
-        let (sessions, rounds) = worker.join().expect("a client failed");
+        let (client, sessions, kept, rounds) = worker.join().expect("a client failed");
         assert!(rounds >= 4, "{rounds} rounds");
         for (session, _) in &sessions {
             assert_ne!(session.node, victim.addr, "a session still on the drained node");
@@ -584,6 +585,7 @@ fn a_drained_nodes_sessions_go_on_elsewhere(backing: &Backing) {
                 assert_ne!(field(&placed, "node"), victim.node, "{key}'s record did not follow it: {placed}");
             }
         }
+        survivors.push((client, sessions, kept));
     }
     assert_eq!(on_victim.stat(&mut victim_client, "sessions"), 0);
     assert_eq!(on_victim.stat(&mut victim_client, "sessions_moved_out"), (CLIENTS * SESSIONS_EACH) as u64);
@@ -604,6 +606,17 @@ fn a_drained_nodes_sessions_go_on_elsewhere(backing: &Backing) {
     control.ok("DELETE", &format!("/v1/nodes/{}/drain", victim.node), None);
     let (code, answer) = control.http("POST", "/v1/nodes/nobody/drain", Some(""));
     assert_eq!((code, answer["error"]["kind"].as_str()), (404, Some("unknown_node")), "{answer}");
+    // The drained node goes: what its clients followed goes on without it.
+    // SAFETY: kill(2) on a child of this process, reaped when `nodes` is dropped.
+    unsafe { libc::kill(on_victim.pid(), libc::SIGKILL) };
+    for (mut client, mut sessions, (kept, bytes)) in survivors {
+        for (session, counter) in &mut sessions {
+            let x = counter.input();
+            let t = [TensorRef { dtype: DType::F32, shape: &[3], bytes: &x }];
+            counter.check(&client.session_step(session, &[Value::Tensor(0)], &t).expect("a step without the node"));
+        }
+        assert_eq!(client.fetch(&kept).expect("the kept tensor without the node").bytes(), bytes);
+    }
 }
 
 on_both_stores!(a_drained_nodes_sessions_go_on_elsewhere);

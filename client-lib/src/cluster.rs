@@ -154,6 +154,9 @@ pub struct ClusterClient {
     nodes: HashMap<String, Client>,
     models: HashMap<Fingerprint, Kept>,
     placed: HashMap<(Fingerprint, Option<String>), Placed>,
+    /// Where kept tensors went that this client followed (their node was drained), by where
+    /// they were: later requests go there at once, also once the old node is gone.
+    moved_tensors: HashMap<(String, Handle), (String, Handle)>,
     stats: ClusterStats,
 }
 
@@ -199,6 +202,7 @@ impl ClusterClient {
             nodes: HashMap::new(),
             models: HashMap::new(),
             placed: HashMap::new(),
+            moved_tensors: HashMap::new(),
             stats: ClusterStats::default(),
         }
     }
@@ -581,12 +585,14 @@ impl ClusterClient {
         tensor: &RemoteTensor,
         mut op: impl FnMut(&mut Client, Handle) -> Result<T, ClientError>,
     ) -> Result<T, ClusterError> {
-        let (mut node, mut handle) = (tensor.node.clone(), tensor.info.handle);
+        let (mut node, mut handle) = self.where_now(&tensor.node, tensor.info.handle);
         for _ in 0..MAX_FOLLOWED_MOVES {
             match self.at_node(&node, |client| op(client, handle)) {
                 Err(ClusterError::Node(ClientError::TensorMoved { to, kept })) => {
                     tracing::debug!(from = %node, %to, "following a kept tensor that moved");
                     (node, handle) = (to, kept.handle);
+                    // Kept under the name the caller knows it by: later requests go straight there.
+                    self.moved_tensors.insert((tensor.node.clone(), tensor.info.handle), (node.clone(), handle));
                 }
                 other => return other,
             }
@@ -594,9 +600,22 @@ impl ClusterClient {
         self.at_node(&node, |client| op(client, handle))
     }
 
-    /// Frees tensors kept on `node`; returns how many it held.
+    /// Frees tensors kept on `node` (or where they went from there); returns how many were
+    /// held.
     pub fn release(&mut self, node: &str, handles: &[Handle]) -> Result<u32, ClusterError> {
-        self.at_node(node, |client| client.release(handles))
+        let mut by_node: HashMap<String, Vec<Handle>> = HashMap::new();
+        for &handle in handles {
+            let (at, now) = self.where_now(node, handle);
+            self.moved_tensors.remove(&(node.to_owned(), handle));
+            by_node.entry(at).or_default().push(now);
+        }
+        by_node.into_iter().try_fold(0, |n, (at, handles)| Ok(n + self.at_node(&at, |c| c.release(&handles))?))
+    }
+
+    /// Where the tensor kept as `handle` at `node` is, as far as this client followed it.
+    fn where_now(&self, node: &str, handle: Handle) -> (String, Handle) {
+        let at = (node.to_owned(), handle);
+        self.moved_tensors.get(&at).cloned().unwrap_or(at)
     }
 
     /// Copies a kept tensor into the device memory of the node at `to`, node to node.
