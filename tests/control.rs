@@ -486,7 +486,8 @@ on_both_stores!(a_moved_sessions_record_follows_it);
 /// clients step the sessions: every session goes on elsewhere with the outputs it would have
 /// had (no step fails), the model goes node to node, keyed sessions' records follow them, the
 /// kept tensors are fetched where they went through their old handles, nothing new is placed
-/// on the node, and it ends holding nothing.
+/// on the node, and it ends holding nothing. Once it is killed, the clients go on, and one that
+/// did nothing during the drain finds its session and tensor through the control plane.
 fn a_drained_nodes_sessions_go_on_elsewhere(backing: &Backing) {
     const CLIENTS: usize = 4;
     const SESSIONS_EACH: usize = 5;
@@ -530,6 +531,20 @@ fn a_drained_nodes_sessions_go_on_elsewhere(backing: &Backing) {
     let mut victim_client = on_victim.client();
     assert_eq!(on_victim.stat(&mut victim_client, "sessions"), (CLIENTS * SESSIONS_EACH) as u64);
     assert_eq!(on_victim.stat(&mut victim_client, "handles"), CLIENTS as u64);
+
+    // And a client that does nothing while the node is drained: it asks for its session and
+    // its tensor only once the node is gone.
+    let mut idle = open();
+    let (zeros, zero) = (f32_bytes([0.0f32; 3].into_iter()), i64_bytes(&[0]));
+    let state = [
+        TensorRef { dtype: DType::F32, shape: &[3], bytes: &zeros },
+        TensorRef { dtype: DType::I64, shape: &[], bytes: &zero },
+    ];
+    let mut idle_session = idle.session_open_on(&victim.addr, &victim_model, &state, 0).expect("open");
+    let idle_bytes = f32_bytes((0..64).map(|i| i as f32));
+    let idle_kept = idle.keep(Some(&victim.addr), TensorRef { dtype: DType::F32, shape: &[64], bytes: &idle_bytes });
+    let idle_kept = idle_kept.expect("keep");
+    let sessions_on_victim = (CLIENTS * SESSIONS_EACH + 1) as u64;
 
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let workers: Vec<_> = clients
@@ -588,9 +603,9 @@ fn a_drained_nodes_sessions_go_on_elsewhere(backing: &Backing) {
         survivors.push((client, sessions, kept));
     }
     assert_eq!(on_victim.stat(&mut victim_client, "sessions"), 0);
-    assert_eq!(on_victim.stat(&mut victim_client, "sessions_moved_out"), (CLIENTS * SESSIONS_EACH) as u64);
+    assert_eq!(on_victim.stat(&mut victim_client, "sessions_moved_out"), sessions_on_victim);
     assert_eq!(on_victim.stat(&mut victim_client, "handles"), 0);
-    assert_eq!(on_victim.stat(&mut victim_client, "handles_moved_out"), CLIENTS as u64);
+    assert_eq!(on_victim.stat(&mut victim_client, "handles_moved_out"), CLIENTS as u64 + 1);
     // The model's calls are placed where it went, which holds it.
     let placed = control.place(&victim_model.to_hex(), "load_balance", None);
     assert_ne!(field(&placed, "node"), victim.node, "{placed}");
@@ -617,6 +632,13 @@ fn a_drained_nodes_sessions_go_on_elsewhere(backing: &Backing) {
         }
         assert_eq!(client.fetch(&kept).expect("the kept tensor without the node").bytes(), bytes);
     }
+    // The idle client finds its session and its tensor through the control plane.
+    let mut counter = support::Counter::new();
+    let x = counter.input();
+    let t = [TensorRef { dtype: DType::F32, shape: &[3], bytes: &x }];
+    counter.check(&idle.session_step(&mut idle_session, &[Value::Tensor(0)], &t).expect("the idle session"));
+    assert_ne!(idle_session.node, victim.addr);
+    assert_eq!(idle.fetch(&idle_kept).expect("the idle tensor").bytes(), idle_bytes);
 }
 
 on_both_stores!(a_drained_nodes_sessions_go_on_elsewhere);

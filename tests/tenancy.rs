@@ -647,6 +647,7 @@ fn a_drain_moves_each_tenants_sessions_and_tensors_as_that_tenant() {
             .output()
             .expect("djinn drain")
     };
+    let alices_session = tenants[0].1.session;
     let refused = drain(ALICE);
     assert!(!refused.status.success() && String::from_utf8_lossy(&refused.stderr).contains("403"), "{refused:?}");
     let drained = drain(OPS);
@@ -665,6 +666,11 @@ fn a_drain_moves_each_tenants_sessions_and_tensors_as_that_tenant() {
         assert_ne!(session.node, *victim);
         assert_eq!(client.fetch(kept).expect("the tensor where it went").bytes(), &bytes[..]);
     }
+    // The control plane tells alice where her session went, and bob nothing of it.
+    let as_tenant = |token: &str| djinn_client::ControlClient::new(&url, Duration::from_secs(5)).with_token(token);
+    let hers = as_tenant(ALICE).forward("session", victim, alices_session).unwrap();
+    assert_eq!(hers, Some((tenants[0].1.node.clone(), tenants[0].1.session)));
+    assert_eq!(as_tenant(BOB).forward("session", victim, alices_session).unwrap(), None);
     // Alice is not led to bob's tensor through its old handle.
     let e = tenants[0].0.fetch(&bobs_kept).unwrap_err();
     assert!(matches!(&e, djinn_client::ClusterError::Node(ce) if ce.remote_code() == Some(ErrorCode::NotFound)), "{e}");

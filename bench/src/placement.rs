@@ -51,6 +51,7 @@ fn inventory(i: usize) -> Inventory {
         sessions: 0,
         kept: 0,
         parked: 0,
+        unrecorded: 0,
     }
 }
 

@@ -594,6 +594,14 @@ impl ClusterClient {
                     // Kept under the name the caller knows it by: later requests go straight there.
                     self.moved_tensors.insert((tensor.node.clone(), tensor.info.handle), (node.clone(), handle));
                 }
+                Err(lost @ ClusterError::HandleLost { .. }) => match self.forwarded("kept", &node, handle) {
+                    Some(moved) => {
+                        tracing::info!(from = %node, to = %moved.0, "following a kept tensor of a drained node");
+                        (node, handle) = moved;
+                        self.moved_tensors.insert((tensor.node.clone(), tensor.info.handle), (node.clone(), handle));
+                    }
+                    None => return Err(lost),
+                },
                 other => return other,
             }
         }
@@ -610,6 +618,17 @@ impl ClusterClient {
             by_node.entry(at).or_default().push(now);
         }
         by_node.into_iter().try_fold(0, |n, (at, handles)| Ok(n + self.at_node(&at, |c| c.release(&handles))?))
+    }
+
+    /// Where the control plane says the `kind` (`session`, `kept`) under `handle` at `node`
+    /// went when its node was drained; `None` when it knows of no such move (or cannot be
+    /// asked).
+    fn forwarded(&self, kind: &str, node: &str, handle: Handle) -> Option<(String, Handle)> {
+        let Target::Control(control) = &self.target else { return None };
+        control.forward(kind, node, handle).unwrap_or_else(|e| {
+            tracing::info!(error = %e, "cannot ask the control plane where a drained node's {kind} went");
+            None
+        })
     }
 
     /// Where the tensor kept as `handle` at `node` is, as far as this client followed it.
@@ -665,6 +684,17 @@ impl ClusterClient {
                         tracing::info!(error = %e, "cannot record where the session went");
                     }
                 }
+                // Its node is gone: drained, the control plane says where the session went.
+                Err(lost @ ClusterError::HandleLost { .. }) => match self.forwarded("session", &session.node, handle) {
+                    Some((to, moved)) => {
+                        tracing::info!(from = %session.node, %to, "following a session of a drained node");
+                        (session.node, session.session) = (to, moved);
+                        if let Err(e) = self.record_move(session) {
+                            tracing::info!(error = %e, "cannot record where the session went");
+                        }
+                    }
+                    None => return Err(lost),
+                },
                 other => return other,
             }
         }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use djinn_proto::Fingerprint;
+use djinn_proto::{Fingerprint, Handle};
 
 /// One block of a model as the control plane's cost model sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -125,6 +125,20 @@ pub struct PlaceOptions<'a> {
     /// The tenant, by name, whose model it is: for a node or an operator placing on a tenant's
     /// behalf (a tenant's own models are its own without it).
     pub tenant: Option<&'a str>,
+}
+
+/// Where a session or a kept tensor of a drained node went: the node at `to`, as the handle
+/// `to_id`/`to_epoch` there (`POST /v1/nodes/{name}/forwards`, `GET /v1/forwards/...`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Forward {
+    /// `session` or `kept`.
+    pub kind: String,
+    pub tenant: String,
+    pub id: u64,
+    pub epoch: u64,
+    pub to: String,
+    pub to_id: u64,
+    pub to_epoch: u64,
 }
 
 /// A live node, as `GET /v1/nodes` lists it.
@@ -361,6 +375,27 @@ impl ControlClient {
         match draining {
             true => self.send(|base| self.authorized(self.http.post(url(base))).send_empty()),
             false => self.send(|base| self.authorized(self.http.delete(url(base))).call()),
+        }
+    }
+
+    /// Records where the draining node `name`'s sessions and kept tensors went.
+    pub fn put_forwards(&self, name: &str, forwards: &[Forward]) -> Result<(), ControlError> {
+        let url = format!("/v1/nodes/{}/forwards", path_segment(name));
+        let body = serde_json::json!({ "forwards": forwards });
+        self.send(|base| self.authorized(self.http.post(format!("{base}{url}"))).send_json(&body)).map(drop)
+    }
+
+    /// Where the caller's `kind` (`session` or `kept`) under `handle` at the node that served
+    /// at `from` went, when the control plane knows (the node was drained); `None` when not.
+    pub fn forward(&self, kind: &str, from: &str, handle: Handle) -> Result<Option<(String, Handle)>, ControlError> {
+        let url = format!("/v1/forwards/{kind}/{}/{:016x}/{}", path_segment(from), handle.epoch, handle.id);
+        match self.send(|base| self.authorized(self.http.get(format!("{base}{url}"))).call()) {
+            Ok(answer) => {
+                let f: Forward = self.parse(&answer)?;
+                Ok(Some((f.to, Handle { id: f.to_id, epoch: f.to_epoch })))
+            }
+            Err(e) if e.kind() == Some("unknown_forward") => Ok(None),
+            Err(e) => Err(e),
         }
     }
 

@@ -33,7 +33,7 @@ pub use cluster::{
     Target,
 };
 pub use control::{
-    BlockEstimate, CA_ENV, ControlClient, ControlError, GraphAnnotations, LiveNode, ModelDescription, Moving,
+    BlockEstimate, CA_ENV, ControlClient, ControlError, Forward, GraphAnnotations, LiveNode, ModelDescription, Moving,
     PlaceOptions, Placed,
 };
 

@@ -7,6 +7,8 @@
 //! | `POST /v1/nodes/{name}/drain` | | the drain's status: nothing new is placed on the node, which moves what it holds to other nodes |
 //! | `GET /v1/nodes/{name}/drain` | | `{"node", "draining", "sessions", "kept", "parked", "requests", "placed_sessions", "drained"}` |
 //! | `DELETE /v1/nodes/{name}/drain` | | the status: the drain stops (what moved stays where it went) |
+//! | `POST /v1/nodes/{name}/forwards` | `{"forwards": [{"kind", "tenant", "id", "epoch", "to", "to_id", "to_epoch"}]}` | 204: where the draining node's sessions (`kind` `session`) and kept tensors (`kept`) went, kept for an hour (`ControlConfig::forward_ttl`) |
+//! | `GET /v1/forwards/{kind}/{from}/{epoch}/{id}` | | `{"to", "to_id", "to_epoch", ...}`: where the caller's session or kept tensor of the node that served at `from` went; 404 `unknown_forward` |
 //! | `DELETE /v1/nodes/{name}?lease=N` | | 204: the node leaves now |
 //! | `PUT /v1/models/{fingerprint}` | `{"blocks": [{"weight_bytes", "flops"}], "io_bytes", "phase"?}` | 204 |
 //! | `GET /v1/models/{fingerprint}` | | the description; 404 unknown |
@@ -47,7 +49,7 @@ use serde::de::DeserializeOwned;
 
 use crate::cluster::{PlaceError, Rule};
 use crate::membership::{Inventory, LeaseId, MembershipError};
-use crate::service::{ControlError, ControlPlane, DrainStatus, ModelRecord, Placement, Renewed};
+use crate::service::{ControlError, ControlPlane, DrainStatus, Forward, ForwardKind, ModelRecord, Placement, Renewed};
 use crate::store::{Store, StoreError};
 
 impl ControlError {
@@ -65,6 +67,7 @@ impl ControlError {
             Self::QuotaExceeded(_) => (StatusCode::TOO_MANY_REQUESTS, "quota_exceeded"),
             Self::UnknownSession(_) => (StatusCode::NOT_FOUND, "unknown_session"),
             Self::UnknownAddress(_) => (StatusCode::NOT_FOUND, "unknown_address"),
+            Self::UnknownForward(_) => (StatusCode::NOT_FOUND, "unknown_forward"),
             Self::Store(StoreError::LeaseNotFound(_)) => (StatusCode::SERVICE_UNAVAILABLE, "lease_not_found"),
             Self::Store(StoreError::Backend(_)) => (StatusCode::SERVICE_UNAVAILABLE, "store_unavailable"),
         }
@@ -160,6 +163,40 @@ async fn drain_status<S: Store>(
     Segment(name): Segment,
 ) -> Result<axum::Json<DrainStatus>, ControlError> {
     control.drain_status(&name).map(axum::Json)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ForwardsBody {
+    forwards: Vec<Forward>,
+}
+
+async fn put_forwards<S: Store>(
+    State(control): Control<S>,
+    Segment(name): Segment,
+    bytes: Bytes,
+) -> Result<StatusCode, ControlError> {
+    let ForwardsBody { forwards } = body(&bytes)?;
+    control.put_forwards(&name, forwards).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn forward<S: Store>(
+    State(control): Control<S>,
+    Extension(caller): Extension<Principal>,
+    path: Result<Path<(String, String, String, String)>, axum::extract::rejection::PathRejection>,
+) -> Result<axum::Json<Forward>, ControlError> {
+    let Path((kind, from, epoch, id)) = path.map_err(|e| ControlError::BadRequest(e.body_text()))?;
+    let id: u64 = id.parse().map_err(|_| ControlError::BadRequest(format!("handle id {id:?}")))?;
+    let kind = match kind.as_str() {
+        "session" => ForwardKind::Session,
+        "kept" => ForwardKind::Kept,
+        other => return Err(ControlError::BadRequest(format!("{other:?} is neither session nor kept"))),
+    };
+    let epoch = u64::from_str_radix(&epoch, 16).map_err(|_| ControlError::BadRequest(format!("epoch {epoch:?}")))?;
+    // A tenant finds its own only; a node or an operator any.
+    let tenant = (caller.role == Role::Tenant).then_some(&*caller.name);
+    control.forward(&from, kind, epoch, id, tenant).await.map(axum::Json)
 }
 
 async fn undrain<S: Store>(
@@ -392,6 +429,8 @@ pub fn router<S: Store>(control: Arc<ControlPlane<S>>, auth: Option<Arc<Authenti
         .route("/v1/nodes/{name}/lease", put(renew::<S>))
         .route("/v1/nodes/{name}", axum::routing::delete(leave::<S>))
         .route("/v1/nodes/{name}/drain", post(drain::<S>).get(drain_status::<S>).delete(undrain::<S>))
+        .route("/v1/nodes/{name}/forwards", post(put_forwards::<S>))
+        .route("/v1/forwards/{kind}/{from}/{epoch}/{id}", get(forward::<S>))
         .route("/v1/models/{fingerprint}", put(describe_model::<S>).get(model::<S>))
         .route("/v1/placements", post(place::<S>))
         .route("/v1/sessions/{session}", put(move_session::<S>))

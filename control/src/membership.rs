@@ -48,6 +48,9 @@ pub struct Inventory {
     pub kept: u64,
     #[serde(default)]
     pub parked: u64,
+    /// Moves of a drain whose destination the control plane has not recorded yet.
+    #[serde(default)]
+    pub unrecorded: u64,
 }
 
 /// A lease's number; a renewal must name the node's current one.
@@ -118,6 +121,7 @@ pub(crate) mod tests {
             sessions: 0,
             kept: 0,
             parked: 0,
+            unrecorded: 0,
         }
     }
 }

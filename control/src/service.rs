@@ -33,6 +33,9 @@ pub struct ControlConfig {
     /// A model record that no live node's inventory has listed for this long is deleted: the
     /// descriptions of models gone from the cluster do not pile up in the store.
     pub model_record_ttl: Duration,
+    /// How long the control plane says where a drained node's sessions and kept tensors went
+    /// (for clients that ask after the node is gone).
+    pub forward_ttl: Duration,
 }
 
 impl Default for ControlConfig {
@@ -43,6 +46,7 @@ impl Default for ControlConfig {
             max_models_per_tenant: 4096,
             max_sessions_per_tenant: 16384,
             model_record_ttl: Duration::from_secs(600),
+            forward_ttl: Duration::from_secs(3600),
         }
     }
 }
@@ -124,6 +128,37 @@ pub struct MovingSession {
     pub calls: Option<u32>,
 }
 
+/// Where a session or a kept tensor of a drained node went: the node at `to`, as the handle
+/// `id`/`epoch` there; whose it is (`tenant`, empty without tokens).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Forward {
+    pub kind: ForwardKind,
+    pub tenant: String,
+    /// Its handle on the drained node.
+    pub id: u64,
+    pub epoch: u64,
+    pub to: String,
+    pub to_id: u64,
+    pub to_epoch: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ForwardKind {
+    Session,
+    Kept,
+}
+
+impl ForwardKind {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Session => "session",
+            Self::Kept => "kept",
+        }
+    }
+}
+
 /// The answer to a renewal: whether the node is being drained (it moves what it holds to
 /// other nodes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -143,7 +178,8 @@ pub struct DrainStatus {
     pub requests: u64,
     /// Sessions the control plane has placed there (by key).
     pub placed_sessions: u64,
-    /// It holds nothing: no session, kept tensor, parked or running request.
+    /// It holds nothing (no session, kept tensor, parked or running request), and the control
+    /// plane knows where everything that moved went.
     pub drained: bool,
 }
 
@@ -173,6 +209,8 @@ pub enum ControlError {
     UnknownSession(String),
     #[error("no live node serves at {0}")]
     UnknownAddress(String),
+    #[error("no forward is known for the {0}")]
+    UnknownForward(String),
 }
 
 /// Counters for /metrics.
@@ -249,6 +287,7 @@ const GIVEN: &str = "given/";
 const SESSIONS: &str = "sessions/";
 const MODELS: &str = "models/";
 const DRAINING: &str = "draining/";
+const FORWARDS: &str = "forwards/";
 
 /// A node's name: it is part of URLs and store keys.
 fn check_node_name(name: &str) -> Result<(), ControlError> {
@@ -318,6 +357,14 @@ fn count_of<'a>(keys: impl Iterator<Item = &'a String>, tenant: &str, ids_hold_s
         _ => keys.filter(|k| k.strip_prefix(tenant).is_some_and(|rest| rest.starts_with('/'))).count(),
     }
 }
+
+/// A forward's key below `forwards/`: the drained node's address, the kind, the handle.
+fn forward_key(from: &str, kind: ForwardKind, epoch: u64, id: u64) -> String {
+    format!("{from}/{}/{epoch:016x}/{id}", kind.name())
+}
+
+/// The most forwards one request records.
+const MAX_FORWARDS_AT_ONCE: usize = 4096;
 
 /// How often, at least and at most, expired model records are looked for.
 const MIN_SWEEP: Duration = Duration::from_millis(100);
@@ -593,6 +640,51 @@ impl<S: Store> ControlPlane<S> {
         self.drain_status(name)
     }
 
+    /// Records where node `name`'s sessions and kept tensors went (it is draining): for
+    /// `forward_ttl`, clients that find the node gone ask [`Self::forward`].
+    pub async fn put_forwards(&self, name: &str, forwards: Vec<Forward>) -> Result<(), ControlError> {
+        let from = self.current(name).await?.inventory.addr;
+        if forwards.len() > MAX_FORWARDS_AT_ONCE {
+            return Err(ControlError::BadRequest(format!(
+                "{} forwards at once; at most {MAX_FORWARDS_AT_ONCE}",
+                forwards.len()
+            )));
+        }
+        if forwards.iter().any(|f| f.to.len() > 256 || f.tenant.len() > 256) {
+            return Err(ControlError::BadRequest("a forward's address or tenant is over 256 bytes".into()));
+        }
+        if forwards.is_empty() {
+            return Ok(());
+        }
+        let lease = self.store.grant(self.config.forward_ttl.as_millis() as u64).await?;
+        for forward in forwards {
+            let key = self.key(FORWARDS, &forward_key(&from, forward.kind, forward.epoch, forward.id));
+            self.store.put(&key, json(&forward), Some(lease)).await?;
+        }
+        Ok(())
+    }
+
+    /// Where the `kind` under handle `id`/`epoch` at the node that served at `from` went, if
+    /// `tenant` (`None`: a node or an operator, any tenant's) is whose it is.
+    pub async fn forward(
+        &self,
+        from: &str,
+        kind: ForwardKind,
+        epoch: u64,
+        id: u64,
+        tenant: Option<&str>,
+    ) -> Result<Forward, ControlError> {
+        let unknown = || ControlError::UnknownForward(format!("{} {id}@{epoch:016x} of {from}", kind.name()));
+        let key = self.key(FORWARDS, &forward_key(from, kind, epoch, id));
+        let stored = self.store.get(&key).await?.ok_or_else(unknown)?;
+        let forward: Forward =
+            serde_json::from_slice(&stored).map_err(|e| StoreError::Backend(format!("a forward's record: {e}")))?;
+        if tenant.is_some_and(|t| t != forward.tenant) {
+            return Err(unknown());
+        }
+        Ok(forward)
+    }
+
     /// What node `name` still holds, as its last renewal said.
     pub fn drain_status(&self, name: &str) -> Result<DrainStatus, ControlError> {
         check_node_name(name)?;
@@ -612,7 +704,7 @@ impl<S: Store> ControlPlane<S> {
             parked: i.parked,
             requests,
             placed_sessions: state.cluster.sessions().values().filter(|n| *n == name).count() as u64,
-            drained: i.sessions == 0 && i.kept == 0 && i.parked == 0 && requests == 0,
+            drained: i.sessions == 0 && i.kept == 0 && i.parked == 0 && requests == 0 && i.unrecorded == 0,
         })
     }
 

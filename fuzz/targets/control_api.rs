@@ -6,8 +6,8 @@
 //!   malformed request reaches the store as a store failure;
 //! - a model description that was accepted reads back unchanged.
 //!
-//! Input layout: byte 0 picks the endpoint (its low 4 bits: 8–11 a node's drain and a
-//! session's move, the rest by the low 3 bits); byte 1 is the length of the path
+//! Input layout: byte 0 picks the endpoint (its low 4 bits: 8–13 a node's drain, a session's
+//! move and the forwards of a drain, the rest by the low 3 bits); byte 1 is the length of the path
 //! segment (a node's name or a fingerprint) that follows, percent-encoded into the URI; the rest
 //! is the body (or, for a node leaving, the query string).
 
@@ -66,6 +66,12 @@ pub fn run(data: &[u8]) {
         9 => ("GET", format!("/v1/nodes/{name}/drain"), Vec::new()),
         10 => ("DELETE", format!("/v1/nodes/{name}/drain"), Vec::new()),
         11 => ("PUT", format!("/v1/sessions/{name}"), body.to_vec()),
+        12 => ("POST", format!("/v1/nodes/{name}/forwards"), body.to_vec()),
+        13 => {
+            // The body's bytes as the rest of the path, split at its slashes.
+            let rest: Vec<String> = body.split(|b| *b == b'/').map(segment).collect();
+            ("GET", format!("/v1/forwards/{name}/{}", rest.join("/")), Vec::new())
+        }
         _ => match pick & 7 {
             0 => ("POST", "/v1/nodes".to_owned(), body.to_vec()),
             1 => ("PUT", format!("/v1/nodes/{name}/lease"), body.to_vec()),

@@ -17,14 +17,16 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow};
 use djinn_client::{
-    BlockEstimate, Client, ClientOptions, ControlClient, Fingerprint, Handle, HandleInfo, ModelDescription, Moving,
-    PlaceOptions, SessionEntry, TensorSource, Transport,
+    BlockEstimate, Client, ClientOptions, ControlClient, Fingerprint, Forward, Handle, HandleInfo, ModelDescription,
+    Moving, PlaceOptions, SessionEntry, TensorSource, Transport,
 };
 use djinn_dataplane::tcp::ClientTls;
 
@@ -39,11 +41,14 @@ const MODEL_CHUNK: u64 = 8 << 20;
 pub struct Drainer {
     draining: mpsc::Sender<bool>,
     thread: JoinHandle<()>,
+    unrecorded: Arc<AtomicU64>,
 }
 
 /// What a drain needs to know of its node.
 pub struct DrainConfig {
     pub control: ControlClient,
+    /// The node's name at the control plane.
+    pub name: String,
     pub token: String,
     /// Where this node's data plane is reached from here.
     pub node_addr: SocketAddr,
@@ -57,6 +62,7 @@ impl std::fmt::Debug for DrainConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DrainConfig")
             .field("control", &self.control.url())
+            .field("name", &self.name)
             .field("node_addr", &self.node_addr)
             .field("advertised", &self.advertised)
             .finish_non_exhaustive()
@@ -66,9 +72,16 @@ impl std::fmt::Debug for DrainConfig {
 impl Drainer {
     pub fn start(config: DrainConfig) -> Result<Self> {
         let (draining, told) = mpsc::channel();
-        let thread =
-            std::thread::Builder::new().name("djinn-drain".into()).spawn(move || Drain::new(config).run(&told))?;
-        Ok(Self { draining, thread })
+        let unrecorded = Arc::new(AtomicU64::new(0));
+        let drain = Drain::new(config, Arc::clone(&unrecorded));
+        let thread = std::thread::Builder::new().name("djinn-drain".into()).spawn(move || drain.run(&told))?;
+        Ok(Self { draining, thread, unrecorded })
+    }
+
+    /// Moves begun whose destination the control plane has not recorded yet: the node is not
+    /// drained until they are (a client that comes once it is gone asks the control plane).
+    pub fn unrecorded(&self) -> u64 {
+        self.unrecorded.load(Ordering::Acquire)
     }
 
     /// Whether the control plane says the node is draining (at every renewal).
@@ -88,14 +101,19 @@ struct Drain {
     conns: HashMap<(String, String), Client>,
     /// The models (by tenant and fingerprint) this drain has seen to elsewhere.
     models_placed: HashSet<(String, Fingerprint)>,
+    /// Where moved sessions and tensors went, for the control plane (sent after each round,
+    /// kept until it took them).
+    forwards: Vec<Forward>,
+    /// Moves begun and not recorded at the control plane yet (see [`Drainer::unrecorded`]).
+    unrecorded: Arc<AtomicU64>,
 }
 
 impl Drain {
-    fn new(config: DrainConfig) -> Self {
-        Self { config, conns: HashMap::new(), models_placed: HashSet::new() }
+    fn new(config: DrainConfig, unrecorded: Arc<AtomicU64>) -> Self {
+        Self { config, conns: HashMap::new(), models_placed: HashSet::new(), forwards: Vec::new(), unrecorded }
     }
 
-    fn run(&mut self, told: &mpsc::Receiver<bool>) {
+    fn run(mut self, told: &mpsc::Receiver<bool>) {
         let mut draining = false;
         let mut next_round = Instant::now();
         loop {
@@ -124,6 +142,7 @@ impl Drain {
                 Ok((found, moved)) => tracing::info!(found, moved, "drain: sessions and kept tensors moved this round"),
                 Err(e) => tracing::warn!(error = %format!("{e:#}"), "drain round failed; trying again"),
             }
+            self.send_forwards();
         }
     }
 
@@ -133,12 +152,18 @@ impl Drain {
         let sessions = self.conn(&own, "")?.list_sessions().context("listing this node's sessions")?;
         let mut moved = 0;
         for entry in &sessions {
+            // Counted before the session leaves the node: no renewal sees it nowhere.
+            self.unrecorded.fetch_add(1, Ordering::AcqRel);
             match self.move_session(entry) {
-                Ok(to) => {
+                Ok((to, there)) => {
                     moved += 1;
                     tracing::info!(session = %entry.session, tenant = %entry.tenant, %to, "drain: session moved");
+                    self.forwards.push(forward("session", &entry.tenant, entry.session, to, there));
                 }
-                Err(e) => self.not_moved("session", &entry.session, &entry.tenant, &e),
+                Err(e) => {
+                    self.unrecorded.fetch_sub(1, Ordering::AcqRel);
+                    self.not_moved("session", &entry.session, &entry.tenant, &e);
+                }
             }
         }
         let kept = self.conn(&own, "")?.list_kept().context("listing this node's kept tensors")?;
@@ -160,12 +185,17 @@ impl Drain {
             };
             to.memory_free -= bytes;
             let to = to.addr.clone();
+            self.unrecorded.fetch_add(1, Ordering::AcqRel);
             match self.move_kept(&entry.tenant, &entry.kept, &to) {
-                Ok(()) => {
+                Ok(there) => {
                     moved += 1;
                     tracing::info!(handle = %entry.kept.handle, tenant = %entry.tenant, %to, "drain: kept tensor moved");
+                    self.forwards.push(forward("kept", &entry.tenant, entry.kept.handle, to, there));
                 }
-                Err(e) => self.not_moved("kept tensor", &entry.kept.handle, &entry.tenant, &e),
+                Err(e) => {
+                    self.unrecorded.fetch_sub(1, Ordering::AcqRel);
+                    self.not_moved("kept tensor", &entry.kept.handle, &entry.tenant, &e);
+                }
             }
         }
         Ok((sessions.len() + kept.len(), moved))
@@ -205,25 +235,44 @@ impl Drain {
         self.conns.retain(|_, c| c.is_usable());
     }
 
-    /// Pushes a kept tensor to the node at `to` and forwards its handle here to the copy.
-    fn move_kept(&mut self, tenant: &str, kept: &HandleInfo, to: &str) -> Result<()> {
+    /// Pushes a kept tensor to the node at `to` and forwards its handle here to the copy; the
+    /// copy's handle there.
+    fn move_kept(&mut self, tenant: &str, kept: &HandleInfo, to: &str) -> Result<Handle> {
         let own = self.config.node_addr.to_string();
         let grant = self.conn(to, tenant)?.grant_push(&kept.tensor).context("a grant for the tensor")?;
         let own_conn = self.conn(&own, tenant)?;
         let (copy, _) = own_conn.push(TensorSource::Handle(kept.handle), to, &grant).context("the push")?;
         own_conn.forward(kept.handle, to, &copy).context("forwarding the handle")?;
-        Ok(())
+        Ok(copy.handle)
     }
 
-    /// Moves one session to where the control plane places it; that node's address.
-    fn move_session(&mut self, entry: &SessionEntry) -> Result<String> {
+    /// Tells the control plane where what moved went, so that clients that come after this
+    /// node is gone find it; what it does not take now goes with the next round.
+    fn send_forwards(&mut self) {
+        if self.forwards.is_empty() {
+            return;
+        }
+        while !self.forwards.is_empty() {
+            let chunk = &self.forwards[..self.forwards.len().min(1024)];
+            if let Err(e) = self.config.control.put_forwards(&self.config.name, chunk) {
+                tracing::warn!(error = %e, "cannot tell the control plane where moved sessions and tensors went");
+                return;
+            }
+            let sent = chunk.len();
+            self.forwards.drain(..sent);
+            self.unrecorded.fetch_sub(sent as u64, Ordering::AcqRel);
+        }
+    }
+
+    /// Moves one session to where the control plane places it; that node's address and the
+    /// session's handle there.
+    fn move_session(&mut self, entry: &SessionEntry) -> Result<(String, Handle)> {
         let tenant = entry.tenant.as_str();
         let to = self.place(tenant, &entry.fingerprint, Some(entry.state_bytes))?;
         let own = self.config.node_addr.to_string();
         self.copy_model(tenant, &entry.fingerprint, &own, &to)?;
         let grant = self.conn(&to, tenant)?.grant_session(&entry.fingerprint).context("a grant for the session")?;
-        let (at, _) = self.conn(&own, tenant)?.session_move(entry.session, &to, &grant).context("the move")?;
-        Ok(at)
+        self.conn(&own, tenant)?.session_move(entry.session, &to, &grant).context("the move")
     }
 
     /// Where the control plane would have the session or the model go (it leaves draining
@@ -303,5 +352,18 @@ impl Drain {
             ..ClientOptions::default()
         };
         Client::connect_with(addr, options).with_context(|| format!("connecting to {addr} for {tenant:?}"))
+    }
+}
+
+/// Where the `kind` under `handle` here went: the node at `to`, as `there`.
+fn forward(kind: &str, tenant: &str, handle: Handle, to: String, there: Handle) -> Forward {
+    Forward {
+        kind: kind.into(),
+        tenant: tenant.into(),
+        id: handle.id,
+        epoch: handle.epoch,
+        to,
+        to_id: there.id,
+        to_epoch: there.epoch,
     }
 }

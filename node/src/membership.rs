@@ -82,6 +82,7 @@ impl Membership {
             sessions: stat("sessions"),
             kept: stat("handles"),
             parked: stat("parked"),
+            unrecorded: self.drainer.unrecorded(),
         })
     }
 
@@ -135,6 +136,7 @@ impl Agent {
         let control = ControlClient::new(control, Duration::from_secs(5)).with_token(token);
         let drainer = Drainer::start(DrainConfig {
             control: control.clone(),
+            name: me.name.clone(),
             token: token.to_owned(),
             node_addr,
             advertised: me.addr.clone(),
