@@ -5,7 +5,7 @@
 //! RDMA, `ib_write_bw` at that size on the same device). The ratio is the move's bandwidth over
 //! the link's. Then, at the largest size, a step sent from another client right behind each
 //! move: how much longer than the move it took (it waits for the move, is told where the session
-//! went, and runs there).
+//! went, and runs there), beside the same client's step of the same session with no move.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -20,7 +20,7 @@ use hdrhistogram::Histogram;
 
 use crate::Spawned;
 use crate::rdma::LinkArgs;
-use crate::report::{Stats, append_section, measure_timed};
+use crate::report::{Stats, append_section, measure, measure_timed};
 
 #[derive(Args, Debug)]
 pub struct MoveArgs {
@@ -138,12 +138,14 @@ pub fn run(args: MoveArgs) -> Result<()> {
     let behind = steps_behind_moves(&mut pair, largest, args.behind)?;
     let line = format!(
         "A step sent right behind a move of {}: it ended after the move by p50 {:.1} µs, p99 {:.1} µs, p999 {:.1} µs \
-         (the move took p50 {:.1} µs).",
+         (the move took p50 {:.1} µs; the same step with no move, p50 {:.1} µs, p99 {:.1} µs).",
         ByteSize(largest),
         behind.after.p50,
         behind.after.p99,
         behind.after.p999,
-        behind.moves.p50
+        behind.moves.p50,
+        behind.plain.p50,
+        behind.plain.p99
     );
     println!("\n{line}");
     if let Some(path) = &args.results {
@@ -157,6 +159,8 @@ struct Behind {
     /// How long after the move's answer the step's came.
     after: Stats,
     moves: Stats,
+    /// A step with no move: what a step costs in any case.
+    plain: Stats,
 }
 
 /// Moves a session of `size` bytes `rounds` times; each time another client (a cluster client
@@ -202,6 +206,13 @@ fn steps_behind_moves(pair: &mut Pair, size: u64, rounds: u64) -> Result<Behind>
         session = moved.1;
         at = to;
     }
+    // The baseline: the same client's step of the same session where it is, with no move.
+    let mut remote = RemoteSession { node: pair.addrs[at].clone(), session, fingerprint: pair.model, key: None };
+    let input = [0u8; 16];
+    let x = [TensorRef { dtype: DType::F32, shape: &[4], bytes: &input }];
+    let plain = measure(rounds.max(20), || {
+        stepper.session_step(&mut remote, &[Value::Tensor(0)], &x).map(drop).map_err(Into::into)
+    })?;
     pair.clients[at].session_close(session)?;
-    Ok(Behind { after: Stats::of(&after), moves: Stats::of(&moves) })
+    Ok(Behind { after: Stats::of(&after), moves: Stats::of(&moves), plain })
 }
