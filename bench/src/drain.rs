@@ -17,7 +17,7 @@ use djinn_memory::ByteSize;
 use hdrhistogram::Histogram;
 
 use crate::Spawned;
-use crate::moves::carry_model;
+use crate::moves::CarryModel;
 use crate::report::{Stats, append_section, raw};
 
 #[derive(Args, Debug)]
@@ -37,10 +37,8 @@ pub struct DrainArgs {
     /// Append the table, the command and the machine to this markdown file.
     #[arg(long)]
     results: Option<PathBuf>,
-    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../.venv/bin/python"))]
-    python: PathBuf,
-    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/move_model.py"))]
-    model_script: PathBuf,
+    #[command(flatten)]
+    model: CarryModel,
 }
 
 /// Which part of the run a step started in.
@@ -51,7 +49,7 @@ const STOP: u8 = 3;
 
 pub fn run(args: DrainArgs) -> Result<()> {
     ensure!(args.clients > 0 && args.sessions >= args.clients, "--sessions must be at least --clients (≥ 1)");
-    let model = carry_model(&args.python, &args.model_script)?;
+    let model = args.model.archive()?;
     let dir = tempfile::tempdir()?;
     let store = dir.path().join("control.redb");
     let control = Spawned::start(&[

@@ -38,6 +38,14 @@ pub struct MoveArgs {
     /// Append the tables, the command and the machine to this markdown file.
     #[arg(long)]
     results: Option<PathBuf>,
+    #[command(flatten)]
+    model: CarryModel,
+}
+
+/// Where the session's model comes from: a step returns its input's sum and the state, passed
+/// through unchanged.
+#[derive(Args, Debug)]
+pub(crate) struct CarryModel {
     /// The Python that writes the session's model (TorchScript methods with several outputs
     /// cannot be traced from Rust).
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../.venv/bin/python"))]
@@ -46,18 +54,20 @@ pub struct MoveArgs {
     model_script: PathBuf,
 }
 
-/// The session's model, written by `script` with `python`: a step returns its input's sum
-/// and the state, passed through unchanged.
-pub(crate) fn carry_model(python: &std::path::Path, script: &std::path::Path) -> Result<Vec<u8>> {
-    let dir = tempfile::tempdir()?;
-    let path = dir.path().join("carry.pt");
-    let output = std::process::Command::new(python)
-        .arg(script)
-        .arg(&path)
-        .output()
-        .with_context(|| format!("cannot run {} (see --python)", python.display()))?;
-    ensure!(output.status.success(), "{} failed: {}", script.display(), String::from_utf8_lossy(&output.stderr));
-    Ok(std::fs::read(&path)?)
+impl CarryModel {
+    /// The model's archive, written by `--model-script`.
+    pub(crate) fn archive(&self) -> Result<Vec<u8>> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("carry.pt");
+        let output = std::process::Command::new(&self.python)
+            .arg(&self.model_script)
+            .arg(&path)
+            .output()
+            .with_context(|| format!("cannot run {} (see --python)", self.python.display()))?;
+        let why = || String::from_utf8_lossy(&output.stderr).into_owned();
+        ensure!(output.status.success(), "{} failed: {}", self.model_script.display(), why());
+        Ok(std::fs::read(&path)?)
+    }
 }
 
 const HEADER: &str =
@@ -83,7 +93,7 @@ impl Pair {
 }
 
 pub fn run(args: MoveArgs) -> Result<()> {
-    let model = carry_model(&args.python, &args.model_script)?;
+    let model = args.model.archive()?;
 
     // Each node may move the session to the other: each is the other's push peer.
     let free = || -> Result<String> { Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.to_string()) };

@@ -188,17 +188,10 @@ impl HandleTable {
     /// The kept tensors (`tenant`'s only, when given) whose ids come after `after`, in order, a
     /// page of [`crate::LIST_PAGE`] at most: whose, by handle; and whether more remain.
     pub fn list(&self, tenant: Option<TenantId>, after: u64) -> (Vec<(TenantId, HandleInfo)>, bool) {
-        let mut ids: Vec<u64> = self
-            .entries
-            .iter()
-            .filter(|&(&id, e)| id > after && tenant.is_none_or(|t| e.tenant == t))
-            .map(|(&id, _)| id)
-            .collect();
-        ids.sort_unstable();
-        let more = ids.len() > crate::LIST_PAGE;
+        let theirs = self.entries.iter().filter(|(_, e)| tenant.is_none_or(|t| e.tenant == t));
+        let (ids, more) = crate::page(theirs.map(|(&id, _)| id), after);
         let listed = ids
             .into_iter()
-            .take(crate::LIST_PAGE)
             .filter_map(|id| self.entries.get(&id).map(|e| (id, e)))
             .map(|(id, e)| (e.tenant, HandleInfo { handle: Handle { id, epoch: self.epoch }, tensor: e.desc.clone() }))
             .collect();

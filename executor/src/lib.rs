@@ -34,6 +34,15 @@ pub const MAX_SESSIONS_PER_TENANT: usize = 4096;
 /// The most sessions or kept tensors one list answers (its metadata stays well under the
 /// frame's limit); the rest come on later pages.
 pub const LIST_PAGE: usize = 1024;
+
+/// The page of `ids` after `after`, in order (at most [`LIST_PAGE`]), and whether more remain.
+pub(crate) fn page(ids: impl Iterator<Item = u64>, after: u64) -> (Vec<u64>, bool) {
+    let mut ids: Vec<u64> = ids.filter(|&id| id > after).collect();
+    ids.sort_unstable();
+    let more = ids.len() > LIST_PAGE;
+    ids.truncate(LIST_PAGE);
+    (ids, more)
+}
 /// Most models one tenant holds on a node (as the control plane's default cap per tenant).
 pub const MAX_MODELS_PER_TENANT: usize = 4096;
 /// Most registrations one tenant has in progress on a node at once.

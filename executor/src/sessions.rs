@@ -293,17 +293,10 @@ impl SessionTable {
     /// page of [`crate::LIST_PAGE`] at most: whose, which, of what model, and their state's
     /// bytes now; and whether more remain.
     pub fn list(&self, tenant: Option<TenantId>, after: u64) -> (Vec<(TenantId, Handle, Fingerprint, u64)>, bool) {
-        let mut ids: Vec<u64> = self
-            .sessions
-            .iter()
-            .filter(|&(&id, s)| id > after && tenant.is_none_or(|t| s.tenant == t))
-            .map(|(&id, _)| id)
-            .collect();
-        ids.sort_unstable();
-        let more = ids.len() > crate::LIST_PAGE;
+        let theirs = self.sessions.iter().filter(|(_, s)| tenant.is_none_or(|t| s.tenant == t));
+        let (ids, more) = crate::page(theirs.map(|(&id, _)| id), after);
         let listed = ids
             .into_iter()
-            .take(crate::LIST_PAGE)
             .filter_map(|id| self.sessions.get(&id).map(|s| (id, s)))
             .map(|(id, s)| (s.tenant, Handle { id, epoch: self.epoch }, s.model.fingerprint, state_bytes(&s.state)))
             .collect();
