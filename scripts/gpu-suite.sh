@@ -39,10 +39,10 @@ fi
 log() { printf '[gpu-suite] %s\n' "$*" >&2; }
 rows=()
 failed=0
-# row PART STATUS SECONDS FIGURE
+# row PART STATUS SECONDS FIGURE. A part that failed or was not run counts against the suite.
 row() {
   rows+=("| $1 | $2 | $3 | $4 |")
-  [[ $2 == failed* ]] && failed=$((failed + 1))
+  [[ $2 == failed* || $2 == "not run"* ]] && failed=$((failed + 1))
   log "$1: $2${4:+ ($4)}"
 }
 # The seconds a part may take: its own cap, or what is left of the suite's.
@@ -50,16 +50,21 @@ budget() {
   local left=$((DEADLINE - SECONDS))
   ((left < $1)) && echo "$left" || echo "$1"
 }
-# step NAME CAP LOG COMMAND...: runs COMMAND bounded, its output appended to LOG; sets $status.
+# step NAME CAP LOG COMMAND...: runs COMMAND bounded, its output appended to LOG; sets $status
+# and $took. On failure, the tail of what the step wrote is printed, so CI's log shows it.
 step() {
   local name=$1 cap=$2 logfile=$3
   shift 3
   local limit
   limit=$(budget "$cap")
+  took=0
   if ((limit <= 0)); then
     status="not run: the suite's time was up"
     return
   fi
+  local from
+  touch "$logfile"
+  from=$(($(wc -l <"$logfile") + 1))
   printf '\n===== %s (at most %s s): %s\n' "$name" "$limit" "$*" >>"$logfile"
   local start=$SECONDS rc=0
   timeout --kill-after=10 "$limit" "$@" >>"$logfile" 2>&1 || rc=$?
@@ -69,6 +74,10 @@ step() {
     124 | 137) status="failed: timed out after ${limit} s" ;;
     *) status="failed (exit $rc, see $(basename "$logfile"))" ;;
   esac
+  if ((rc != 0)); then
+    log "$name $status; the last lines of its log:"
+    tail -n "+$from" "$logfile" | tail -n 40 | sed 's/^/    /' >&2
+  fi
 }
 
 # --- torch: the host's, and the release this build is for
@@ -113,13 +122,13 @@ export DJINN_TEST_MODELS="$WORK/models"
 rust_tests() {
   local t
   if [ -n "$TESTS" ]; then
-    "$TESTS/gpudirect" --ignored || return 1
+    "$TESTS/gpudirect" --include-ignored || return 1
     "$TESTS/handles" --ignored || return 1
     for t in stream sessions breakpoints; do
       DJINN_TEST_DEVICE=cuda:0 "$TESTS/$t" --test-threads=4 --skip the_stream_bench_runs || return 1
     done
   else
-    (cd "$ROOT" && cargo test --locked -p djinn-gpudirect -- --ignored && cargo test --locked -p djinn --test handles -- --ignored &&
+    (cd "$ROOT" && cargo test --locked -p djinn-gpudirect -- --include-ignored && cargo test --locked -p djinn --test handles -- --ignored &&
       DJINN_TEST_DEVICE=cuda:0 cargo test --locked -p djinn --test stream --test sessions --test breakpoints -- --test-threads=4 --skip the_stream_bench_runs)
   fi
 }

@@ -21,7 +21,7 @@ TORCH_VERSION=2.13.0
 # torchvision and transformers: models no one here wrote, for the tests (built from their
 # configs with random weights, no download); 0.28.0 is torchvision's release for torch 2.13.0,
 # transformers 5.17.0 the one GPU hosts have.
-PY_PACKAGES=("torch==${TORCH_VERSION}" "torchvision==0.28.0" "transformers==5.17.0" "numpy>=1.26" "maturin>=1.16,<2" "pytest>=8" "hypothesis>=6.100")
+PY_PACKAGES=("torch==${TORCH_VERSION}" "torchvision==0.28.0" "transformers==5.17.0" "numpy>=1.26" "maturin>=1.16,<2" "pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6.100")
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 
@@ -56,7 +56,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 if ! .venv/bin/python - <<PY 2>/dev/null
 import importlib.metadata as m, sys
-ok = m.version("torch") == "${TORCH_VERSION}" and m.version("transformers") == "5.17.0" and all(m.version(p) for p in ("torchvision", "numpy", "maturin", "pytest", "hypothesis"))
+ok = m.version("torch") == "${TORCH_VERSION}" and m.version("transformers") == "5.17.0" and all(m.version(p) for p in ("torchvision", "numpy", "maturin", "pytest", "pytest-timeout", "hypothesis"))
 sys.exit(0 if ok else 1)
 PY
 then

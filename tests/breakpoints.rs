@@ -4,7 +4,6 @@
 
 mod support;
 
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use djinn_client::{Breakpoint, Client, DType, ErrorCode, Fingerprint, Handle, Output, Resumed, TensorRef, Value};
@@ -268,18 +267,22 @@ fn a_parked_session_step_holds_the_sessions_later_requests_until_it_ends() {
     let Value::Tuple(items) = &activation.value else { panic!("{:?}", activation.value) };
     assert_eq!(items.len(), 3);
     assert_eq!(node.stat(&mut client, "parked_bytes"), 4096);
+    let steps = node.stat(&mut client, "session_steps");
 
     // A step sent meanwhile waits for the parked one.
-    let (tx, rx) = mpsc::channel();
     let addr = node.addr;
     let waiting = std::thread::spawn(move || {
         let mut other = Client::connect(addr).expect("connect");
         let three = step_input(3.0);
         let t = [TensorRef { dtype: DType::F32, shape: &[4], bytes: &three }];
         let out = other.session_step(session, &[Value::Tensor(0)], &t).expect("step");
-        tx.send(f32s(out.tensor_bytes(0))).expect("send");
+        f32s(out.tensor_bytes(0))
     });
-    assert!(rx.recv_timeout(Duration::from_millis(300)).is_err(), "the later step ran before the parked one ended");
+    // The node has the later step (a request handed on and not answered) and holds it: no step
+    // of the session ran, and no answer came.
+    node.wait_for_stat(&mut client, "requests_in_flight", 1);
+    assert_eq!(node.stat(&mut client, "session_steps"), steps, "the later step ran before the parked one ended");
+    assert!(!waiting.is_finished(), "the later step was answered before the parked one ended");
 
     // Resumed with 2x replaced by 10 and the total passed through by 0: the total is 10; then
     // the waiting step adds 6.
@@ -294,8 +297,8 @@ fn a_parked_session_step_holds_the_sessions_later_requests_until_it_ends() {
     let replacement = Value::Tuple(vec![Value::Tensor(0), Value::Tensor(1), Value::Tensor(2)]);
     let out = done(client.resume(paused.parked, Some((&replacement, &t)), None).expect("resume"));
     assert_eq!(total(&out), [10.0; 4], "0 (the replaced total) + 10");
-    assert_eq!(rx.recv_timeout(Duration::from_secs(10)).expect("the waiting step"), [16.0; 4]);
-    waiting.join().expect("thread");
+    // (The waiting client's own timeout, a minute, guards against a hang.)
+    assert_eq!(waiting.join().expect("the waiting step"), [16.0; 4]);
 
     // Aborted: the state stays as it was, and the session goes on.
     let paused = client.session_step_until(session, &[Value::Tensor(0)], &t[..1], stop(0)).expect("step until");

@@ -14,6 +14,8 @@ use serde_json::{Value as Json, json};
 use support::Node;
 
 const MIB: u64 = 1 << 20;
+/// Nodes gone because their lease lapsed, in the control plane's /metrics.
+const LEASES_LAPSED: &str = "djinn_control_leases_lapsed_total";
 
 /// A `djinn control` child process, killed on drop; or one served by another process.
 struct Control {
@@ -78,15 +80,39 @@ impl Control {
         cluster["nodes"].as_array().unwrap().iter().map(|n| n["name"].as_str().unwrap().to_owned()).collect()
     }
 
-    /// Waits until the live nodes are exactly `names`.
-    fn wait_for_nodes(&self, names: &[&str], within: Duration) -> Duration {
-        let started = Instant::now();
+    /// Waits until the live nodes are exactly `names`. Fails after a minute: a hang guard (a
+    /// node that starts while its control plane's store is down backs off up to 30 s).
+    fn wait_for_nodes(&self, names: &[&str]) {
+        let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let live = self.node_names();
             if live == names {
-                return started.elapsed();
+                return;
             }
-            assert!(started.elapsed() < within, "nodes {live:?}, waiting for {names:?}");
+            assert!(Instant::now() < deadline, "nodes {live:?}, waiting for {names:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The counter `name` (a whole sample name, labels included) in /metrics.
+    fn counter(&self, name: &str) -> u64 {
+        let (status, text) = self.http("GET", "/metrics", None);
+        let text = text.as_str().unwrap_or_default();
+        assert_eq!(status, 200, "{text}");
+        let value = text.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix(' '));
+        value.and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("no counter {name} in {text}"))
+    }
+
+    /// Waits until the counter `name` in /metrics is `value` or more, and returns it. Fails after
+    /// a minute: a hang guard, the control plane is expected to get there long before.
+    fn wait_for_counter(&self, name: &str, value: u64) -> u64 {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let now = self.counter(name);
+            if now >= value {
+                return now;
+            }
+            assert!(Instant::now() < deadline, "{name} stayed at {now}, waiting for {value}");
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -177,7 +203,7 @@ fn three_nodes(control: &Control) -> Vec<Node> {
             )
         },
     );
-    control.wait_for_nodes(&["a", "b", "c"], Duration::from_secs(20));
+    control.wait_for_nodes(&["a", "b", "c"]);
     nodes.into()
 }
 
@@ -277,19 +303,20 @@ fn placement_follows_each_policy(backing: &Backing) {
 
 on_both_stores!(placement_follows_each_policy);
 
-/// A node killed with SIGKILL is gone once its lease lapses; its session moves.
+/// A node killed with SIGKILL is gone once its lease lapses (the control plane counts the
+/// lapse); the others keep theirs; its session moves.
 fn a_killed_node_lapses(backing: &Backing) {
     let control = backing.control("127.0.0.1:0");
     let mut nodes = three_nodes(&control);
     control.describe(&fingerprint(1), 1, MIB, 1e6);
     let home = field(&control.place(&fingerprint(1), "load_balance", Some("s")), "node").to_owned();
     let index = ["a", "b", "c"].iter().position(|n| *n == home).unwrap();
+    let lapsed = control.counter(LEASES_LAPSED);
     nodes.remove(index).kill();
-    let ttl = backing.lease_ttl_ms();
     let rest: Vec<&str> = ["a", "b", "c"].into_iter().filter(|n| *n != home).collect();
-    // Renewed at most a third of a lease before the kill; etcd may take up to a second more.
-    let gone = control.wait_for_nodes(&rest, Duration::from_millis(ttl + 2000));
-    assert!(gone.as_millis() as u64 <= ttl + 1500, "the lease lapsed after {gone:?}");
+    control.wait_for_nodes(&rest);
+    // SIGKILL sends no goodbye: it went because its lease lapsed, and only its lease did.
+    assert_eq!(control.counter(LEASES_LAPSED), lapsed + 1, "lapses counted");
     let d = control.place(&fingerprint(1), "load_balance", Some("s"));
     assert!(rest.contains(&field(&d, "node")) && field(&d, "rule") == "policy", "{d}");
     assert_eq!(field(&control.place(&fingerprint(1), "load_balance", Some("s")), "rule"), "session");
@@ -366,7 +393,8 @@ fn bad_input_gets_clear_errors(backing: &Backing) {
     control.ok("PUT", "/v1/nodes/x/lease", Some(json!({ "lease": lease })));
     error("DELETE", "/v1/nodes/x?lease=zero", None, 400, "bad_request");
     control.ok("DELETE", &format!("/v1/nodes/x?lease={lease}"), None);
-    control.wait_for_nodes(&[], Duration::from_secs(5));
+    control.wait_for_nodes(&[]);
+    assert_eq!(control.counter(LEASES_LAPSED), 0, "a node that left counted as lapsed");
     error("POST", "/v1/placements", Some(&place(fingerprint(3), "load_balance")), 503, "no_nodes");
     let (status, metrics) = control.http("GET", "/metrics", None);
     let metrics = metrics.as_str().unwrap_or_default().to_owned();
@@ -405,14 +433,14 @@ fn a_node_joins_after_its_control_planes_store_comes_back() {
     let control = Control::start("127.0.0.1:0", &["--etcd", &etcd.url.clone()], "2000ms");
     etcd.kill();
     let node = Node::start("mio", &["--device", "cpu", "--control", &control.url, "--name", "late"]);
-    // Refused, or unanswered, for a while: several attempts of the agent's.
-    std::thread::sleep(Duration::from_secs(3));
+    // Refused, or unanswered: the agent tries again, and nothing is admitted without the store.
+    control.wait_for_counter("djinn_control_registration_requests_total", 2);
+    assert_eq!(control.counter("djinn_control_registrations_total"), 0);
     etcd.start_again();
-    let joined = control.wait_for_nodes(&["late"], Duration::from_secs(45));
-    assert!(joined < Duration::from_secs(45));
+    control.wait_for_nodes(&["late"]);
     etcd.restart();
     std::thread::sleep(Duration::from_secs(3));
-    control.wait_for_nodes(&["late"], Duration::from_secs(30));
+    control.wait_for_nodes(&["late"]);
     let mut client = node.client();
     assert!(client.ping().is_ok(), "the node served throughout");
 }
@@ -425,7 +453,7 @@ fn two_controls_on_one_etcd_agree() {
     let one = backing.control("127.0.0.1:0");
     let two = backing.control("127.0.0.1:0");
     let _nodes = three_nodes(&one);
-    two.wait_for_nodes(&["a", "b", "c"], Duration::from_secs(10));
+    two.wait_for_nodes(&["a", "b", "c"]);
     for i in 0..10 {
         one.describe(&fingerprint(i), 1, MIB, 1e6);
         let session = format!("s{i}");
@@ -660,7 +688,7 @@ fn either_of_two_control_processes_may_die() {
         })
         .collect();
     for control in &controls {
-        control.wait_for_nodes(&["a", "b"], Duration::from_secs(20));
+        control.wait_for_nodes(&["a", "b"]);
     }
     let leases = |c: &Control| -> Vec<(String, u64)> {
         let cluster = c.cluster();
@@ -696,7 +724,7 @@ fn either_of_two_control_processes_may_die() {
         assert_eq!(leases(&controls[survivor]), held, "a lease lapsed");
         let addr = controls[victim].addr().to_owned();
         controls[victim] = backing.control(&addr);
-        controls[victim].wait_for_nodes(&["a", "b"], Duration::from_secs(10));
+        controls[victim].wait_for_nodes(&["a", "b"]);
         assert_eq!(leases(&controls[victim]), held);
     }
 }
@@ -762,6 +790,7 @@ fn a_workload_survives_a_killed_node(backing: &Backing) {
             unsafe { libc::kill(pid, libc::SIGKILL) };
         })
     };
+    let lapsed = control.counter(LEASES_LAPSED);
     let mut slowest = Duration::ZERO;
     for i in 0..1000u64 {
         let started = Instant::now();
@@ -781,11 +810,12 @@ fn a_workload_survives_a_killed_node(backing: &Backing) {
     let placed = client.placement(&halves, None).expect("placed again");
     assert_ne!(placed.node, victim.node, "{stats:?}");
     assert!(stats.node_failures >= 1 && stats.reregistrations >= 1 && stats.replays >= 1, "{stats:?}");
-    // A dead node is chosen until its lease lapses: the slowest request waited about that long.
-    let ttl = Duration::from_millis(backing.lease_ttl_ms());
-    assert!(slowest < ttl + Duration::from_secs(5), "a request took {slowest:?}");
+    // The victim went as its lease lapsed (how long a request waited for that is the
+    // benchmarks' business: printed, not asserted).
     let rest: Vec<&str> = ["a", "b", "c"].into_iter().filter(|n| *n != victim.node).collect();
-    assert_eq!(control.node_names(), rest);
+    control.wait_for_nodes(&rest);
+    assert_eq!(control.counter(LEASES_LAPSED), lapsed + 1, "lapses counted");
+    let ttl = Duration::from_millis(backing.lease_ttl_ms());
     println!("failover: {stats:?}; slowest request {slowest:?} (lease {ttl:?})");
 }
 
@@ -831,7 +861,7 @@ fn djinn_up_serves_a_cluster_of_one() {
     let (mut up, addrs) =
         support::spawn_announcing(command, &["djinn control listening on ", "djinn node listening on "]);
     let control = Control::served_at(&addrs[0]);
-    control.wait_for_nodes(&["solo"], Duration::from_secs(20));
+    control.wait_for_nodes(&["solo"]);
     assert_eq!(control.cluster()["nodes"][0]["inventory"]["addr"], json!(addrs[1]));
 
     let mut client = ClusterClient::open(&control.url, ClientOptions::default(), FailoverOptions::default()).unwrap();
@@ -922,62 +952,96 @@ fn with_a_certificate_the_api_is_served_over_tls_only() {
     }
 }
 
-/// A raw HTTP/1.1 exchange's bytes, read until the API closes or `within` passes.
-fn read_until_closed(stream: &mut std::net::TcpStream, within: Duration) -> String {
-    stream.set_read_timeout(Some(within)).unwrap();
-    let mut answer = Vec::new();
-    let _ = std::io::Read::read_to_end(stream, &mut answer);
+/// A raw HTTP/1.1 exchange's bytes, read until the API closes the connection (its end, or a
+/// reset). The read timeout of a minute is a hang guard: the timeouts that close it are seconds.
+fn read_until_closed(stream: &mut std::net::TcpStream) -> String {
+    use std::io::{ErrorKind, Read};
+    stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let (mut answer, mut buf) = (Vec::new(), [0u8; 4096]);
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => answer.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                panic!("the API left the connection open: {:?}", String::from_utf8_lossy(&answer))
+            }
+            Err(_) => break,
+        }
+    }
     String::from_utf8_lossy(&answer).into_owned()
 }
 
 /// What a connection to the API holds is bounded: past --max-connections a connection is closed
 /// at once; one that sends no whole request head within --header-timeout (silent, trickling a
 /// header, idle after an answer) is closed; a body that does not come within --request-timeout
-/// gets a 408; and the API serves throughout.
+/// gets a 408; and the API serves throughout. Its /metrics counts each, by cause.
 #[test]
 fn the_apis_connections_are_bounded_and_timed_out() {
     use std::io::Write;
     use std::net::TcpStream;
-    use support::closed_within;
+    // Long enough that the four connections that fill the cap are still open when the fifth is
+    // accepted, however loaded the machine.
+    const HEADER_TIMEOUT: Duration = Duration::from_secs(2);
+    const REQUEST_TIMEOUT: Duration = Duration::from_millis(1500);
+    const REFUSED: &str = "djinn_control_connections_refused_total";
+    const HEADER_TIMEOUTS: &str = "djinn_control_connections_header_timeouts_total";
+    const IDLE_CLOSED: &str = "djinn_control_connections_idle_closed_total";
+    const REQUEST_TIMEOUTS: &str = "djinn_control_request_timeouts_total";
+    // A timeout closes a connection no sooner than the timeout after the test last wrote to it
+    // (less a little: a timer's deadline is rounded to its tick), and well before the defaults
+    // (10 s for a head, 30 s for a request): within 5 s past it, which only a process starved
+    // for that long misses.
+    let by_timeout = |timeout: Duration| timeout - Duration::from_millis(50)..timeout + Duration::from_secs(5);
     let dir = tempfile::tempdir().unwrap();
     let mut command = Command::new(env!("CARGO_BIN_EXE_djinn"));
     command
         .args(["control", "--listen", "127.0.0.1:0", "--log", "error", "--max-connections", "4"])
-        .args(["--header-timeout", "1s", "--request-timeout", "1500ms", "--store"])
+        .args(["--header-timeout", &format!("{}ms", HEADER_TIMEOUT.as_millis())])
+        .args(["--request-timeout", &format!("{}ms", REQUEST_TIMEOUT.as_millis()), "--store"])
         .arg(dir.path().join("control.redb"));
     let (child, addr) = support::spawn_listening(command, "djinn control listening on ");
     let control = Control { child: Some(child), url: format!("http://{addr}") };
 
+    // Four silent connections fill the cap: a fifth is closed as soon as it is accepted, the
+    // four once the header timeout has passed. (Nothing else may connect meanwhile.)
     let opened = Instant::now();
     let mut silent: Vec<TcpStream> = (0..4).map(|_| TcpStream::connect(&addr).unwrap()).collect();
-    std::thread::sleep(Duration::from_millis(200));
     let mut fifth = TcpStream::connect(&addr).unwrap();
-    assert!(closed_within(&mut fifth, Duration::from_millis(500)), "past the cap, closed at once");
+    assert_eq!(read_until_closed(&mut fifth), "", "past the cap: closed without an answer");
     for stream in &mut silent {
-        assert!(closed_within(stream, Duration::from_secs(3)), "no request head within the timeout: closed");
+        assert_eq!(read_until_closed(stream), "", "no request head: closed without an answer");
     }
-    assert!(opened.elapsed() >= Duration::from_millis(900), "closed by the timeout, not before");
+    let silent_for = opened.elapsed();
+    assert!(by_timeout(HEADER_TIMEOUT).contains(&silent_for), "closed after {silent_for:?}: not by the header timeout");
+    control.wait_for_counter(HEADER_TIMEOUTS, 4);
+    assert_eq!((control.counter(REFUSED), control.counter(HEADER_TIMEOUTS)), (1, 4), "the fifth refused");
     assert!(control.cluster()["nodes"].is_array(), "served once they went");
 
     // Idle after an answer.
     let mut idle = TcpStream::connect(&addr).unwrap();
+    let asked = Instant::now();
     idle.write_all(b"GET /v1/whoami HTTP/1.1\r\nHost: control\r\n\r\n").unwrap();
-    let answered = Instant::now();
-    let exchange = read_until_closed(&mut idle, Duration::from_secs(3));
+    let exchange = read_until_closed(&mut idle);
+    let idle_for = asked.elapsed();
     assert!(exchange.starts_with("HTTP/1.1 200"), "{exchange}");
-    let idled = answered.elapsed();
-    assert!(idled >= Duration::from_millis(900) && idled < Duration::from_secs(3), "idle for {idled:?}");
+    assert!(by_timeout(HEADER_TIMEOUT).contains(&idle_for), "closed {idle_for:?} after the request");
+    control.wait_for_counter(IDLE_CLOSED, 1);
+    assert_eq!(control.counter(HEADER_TIMEOUTS), 4, "an idle connection counted as one slow to send its head");
 
     // A head trickled a byte at a time, and a body that never comes, beside requests served.
     let trickled_to = addr.clone();
     let trickled = std::thread::spawn(move || {
-        let mut stream = TcpStream::connect(&trickled_to).unwrap();
         let started = Instant::now();
+        let mut stream = TcpStream::connect(&trickled_to).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
         let head = b"GET /v1/cluster HTTP/1.1\r\nHost: control\r\nX-Slow: ".iter().chain(std::iter::repeat(&b'a'));
+        // Until the API closes the connection (a write after that fails).
         for byte in head {
-            if stream.write_all(&[*byte]).is_err() || started.elapsed() > Duration::from_secs(5) {
+            if stream.write_all(&[*byte]).is_err() {
                 break;
             }
+            assert!(Instant::now() < deadline, "a trickled head kept its connection open");
             std::thread::sleep(Duration::from_millis(50));
         }
         started.elapsed()
@@ -985,22 +1049,27 @@ fn the_apis_connections_are_bounded_and_timed_out() {
     let mut slow_body = TcpStream::connect(&addr).unwrap();
     let head =
         "PUT /v1/models/00 HTTP/1.1\r\nHost: control\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{";
-    slow_body.write_all(head.as_bytes()).unwrap();
     let sent = Instant::now();
+    slow_body.write_all(head.as_bytes()).unwrap();
     for _ in 0..10 {
         assert!(control.cluster()["nodes"].is_array());
         std::thread::sleep(Duration::from_millis(50));
     }
-    let exchange = read_until_closed(&mut slow_body, Duration::from_secs(4));
+    let exchange = read_until_closed(&mut slow_body);
+    let answered_after = sent.elapsed();
     assert!(exchange.starts_with("HTTP/1.1 408"), "{exchange}");
     assert!(exchange.contains("request_timeout"), "{exchange}");
-    assert!(sent.elapsed() < Duration::from_secs(3), "answered after {:?}", sent.elapsed());
+    assert!(by_timeout(REQUEST_TIMEOUT).contains(&answered_after), "a 408 after {answered_after:?}");
     let trickling = trickled.join().unwrap();
-    assert!(trickling < Duration::from_secs(3), "a trickled head was served for {trickling:?}");
+    assert!(by_timeout(HEADER_TIMEOUT).contains(&trickling), "a trickled head closed after {trickling:?}");
+    control.wait_for_counter(HEADER_TIMEOUTS, 5);
+    let counted = [REFUSED, HEADER_TIMEOUTS, IDLE_CLOSED, REQUEST_TIMEOUTS].map(|name| control.counter(name));
+    assert_eq!(counted, [1, 5, 1, 1], "refused, header timeouts, idle, request timeouts");
 }
 
 /// Out of file descriptors, the API (over TLS, whose accept loop is its own) waits, backing
-/// off, rather than spinning on its listener, and serves again once descriptors are free.
+/// off, rather than spinning on its listener (it counts its waits), and serves again once
+/// descriptors are free.
 #[test]
 fn out_of_descriptors_the_api_backs_off_and_recovers() {
     let dir = tempfile::tempdir().unwrap();
@@ -1023,6 +1092,16 @@ fn out_of_descriptors_the_api_backs_off_and_recovers() {
         assert!(Instant::now() < deadline, "not served once descriptors were free: {e}");
         std::thread::sleep(Duration::from_millis(100));
     }
+    // It was out of descriptors: accepts failed, and it waited before each next one.
+    let roots =
+        ureq::tls::RootCerts::Specific(std::sync::Arc::new(vec![ureq::tls::Certificate::from_pem(&cert).unwrap()]));
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .tls_config(ureq::tls::TlsConfig::builder().root_certs(roots).build())
+        .build()
+        .into();
+    let metrics = agent.get(&format!("https://{addr}/metrics")).call().unwrap().body_mut().read_to_string().unwrap();
+    let backoffs = metrics.lines().find_map(|l| l.strip_prefix("djinn_control_accept_backoffs_total "));
+    assert!(backoffs.and_then(|n| n.parse::<u64>().ok()).is_some_and(|n| n >= 1), "{metrics}");
 }
 
 /// Without `--store`, `djinn control` keeps its store in the state directory (`$DJINN_STATE_DIR`,
@@ -1063,39 +1142,59 @@ fn the_default_store_lives_in_the_state_directory_not_the_working_one() {
 /// it again starts its time afresh.
 #[test]
 fn model_records_no_node_holds_expire() {
+    const RECORD_TTL: Duration = Duration::from_secs(2);
+    // A record goes no sooner than its time to live after it was last described (or let go of);
+    // load only makes that later. The control plane's clock counts whole milliseconds: a little
+    // slack.
+    let lower_bound = RECORD_TTL - Duration::from_millis(50);
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("control.redb").display().to_string();
     let mut command = Command::new(env!("CARGO_BIN_EXE_djinn"));
     command.args(["up", "--listen", "127.0.0.1:0", "--control-listen", "127.0.0.1:0", "--store", &store]);
-    command.args(["--model-record-ttl", "2s", "--device", "cpu", "--device-memory-budget", "64MiB", "--name", "solo"]);
-    command.args(["--log", "warn"]);
+    command.args(["--model-record-ttl", &format!("{}ms", RECORD_TTL.as_millis())]);
+    command.args(["--device", "cpu", "--device-memory-budget", "64MiB", "--name", "solo", "--log", "warn"]);
     let (up, addrs) = support::spawn_announcing(command, &["djinn control listening on ", "djinn node listening on "]);
     let _up = support::Killed(up);
     let control = Control::served_at(&addrs[0]);
-    control.wait_for_nodes(&["solo"], Duration::from_secs(20));
+    control.wait_for_nodes(&["solo"]);
     let mut client = ClusterClient::open(&control.url, ClientOptions::default(), FailoverOptions::default()).unwrap();
     let model = client.register_model(vec![support::archive("halves").into()], None, None, false, |_, _| {}).unwrap();
     let held = model.fingerprint.to_string();
+    let exists = |fp: &str| control.http("GET", &format!("/v1/models/{fp}"), None).0 == 200;
+    // When each of `fps` was first seen gone, once all are. A hang guard of a minute.
+    let wait_until_gone = |fps: &[&str]| -> Vec<Instant> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut gone: Vec<Option<Instant>> = vec![None; fps.len()];
+        while gone.iter().any(Option::is_none) {
+            for (fp, at) in fps.iter().zip(&mut gone) {
+                if at.is_none() && !exists(fp) {
+                    *at = Some(Instant::now());
+                }
+            }
+            assert!(Instant::now() < deadline, "{fps:?} did not all expire: gone at {gone:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        gone.into_iter().flatten().collect()
+    };
+
     let (unplaced, redescribed) = (fingerprint(9), fingerprint(10));
+    let described = Instant::now();
     control.describe(&unplaced, 1, MIB, 1e9);
     control.describe(&redescribed, 1, MIB, 1e9);
-    let exists = |fp: &str| control.http("GET", &format!("/v1/models/{fp}"), None).0 == 200;
+    // Described again well within its time: without a fresh start it would go about when the
+    // other does, 1.2 s too soon.
     std::thread::sleep(Duration::from_millis(1200));
+    let described_again = Instant::now();
     control.describe(&redescribed, 1, MIB, 1e9);
-    std::thread::sleep(Duration::from_millis(1200));
-    assert!(exists(&redescribed), "described again 1.2 s ago: not expired yet");
-    let gone_within = |fp: &str, within: Duration| {
-        let started = Instant::now();
-        while exists(fp) {
-            assert!(started.elapsed() < within, "{fp} did not expire within {within:?}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    };
-    gone_within(&unplaced, Duration::from_secs(3));
-    gone_within(&redescribed, Duration::from_secs(4));
+    let gone = wait_until_gone(&[&unplaced, &redescribed]);
+    let (unplaced_lasted, redescribed_lasted) =
+        (gone[0].duration_since(described), gone[1].duration_since(described_again));
+    assert!(unplaced_lasted >= lower_bound, "gone {unplaced_lasted:?} after it was described");
+    assert!(redescribed_lasted >= lower_bound, "gone {redescribed_lasted:?} after it was described again");
     assert!(exists(&held), "a record the node holds stays");
+    let let_go = Instant::now();
     client.unregister_model(&model.fingerprint).unwrap();
-    gone_within(&held, Duration::from_secs(8));
-    let metrics = control.http("GET", "/metrics", None).1.to_string();
-    assert!(metrics.contains("djinn_control_model_records_expired_total 3"), "{metrics}");
+    let held_lasted = wait_until_gone(&[&held])[0].duration_since(let_go);
+    assert!(held_lasted >= lower_bound, "gone {held_lasted:?} after the node let go of it");
+    assert_eq!(control.counter("djinn_control_model_records_expired_total"), 3);
 }

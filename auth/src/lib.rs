@@ -253,6 +253,8 @@ pub struct Authenticator {
     loaded: Mutex<blake3::Hash>,
     /// Counts reloads that changed something, so callers can cache what they read.
     generation: AtomicU64,
+    /// Reloads and updates refused (an unreadable or invalid document): the principals stayed.
+    failed_reloads: AtomicU64,
 }
 
 impl fmt::Debug for Authenticator {
@@ -282,6 +284,7 @@ impl Authenticator {
             names: Mutex::default(),
             loaded: Mutex::new(blake3::hash(bytes)),
             generation: AtomicU64::new(0),
+            failed_reloads: AtomicU64::new(0),
             origin,
         };
         let registry = auth.parse(bytes)?;
@@ -359,21 +362,29 @@ impl Authenticator {
     /// [`Self::update`].
     pub fn reload(&self) -> Result<bool, LoadError> {
         match &self.origin {
-            Origin::File(path) => self.update(&read(path)?),
+            Origin::File(path) => {
+                let bytes = read(path).inspect_err(|_| {
+                    self.failed_reloads.fetch_add(1, Ordering::AcqRel);
+                })?;
+                self.update(&bytes)
+            }
             Origin::Elsewhere(_) => Ok(false),
         }
     }
 
     /// Replaces the principals with those of the JSON document `bytes`; the change takes
-    /// effect for every later verification. An invalid document is an error and the
-    /// principals stay as they were. True when something changed.
+    /// effect for every later verification. An invalid document is an error (counted in
+    /// [`Self::failed_reloads`]) and the principals stay as they were. True when something
+    /// changed.
     pub fn update(&self, bytes: &[u8]) -> Result<bool, LoadError> {
         let hash = blake3::hash(bytes);
         let mut loaded = self.loaded.locked();
         if *loaded == hash {
             return Ok(false);
         }
-        let registry = self.parse(bytes)?;
+        let registry = self.parse(bytes).inspect_err(|_| {
+            self.failed_reloads.fetch_add(1, Ordering::AcqRel);
+        })?;
         *self.registry.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(registry);
         *loaded = hash;
         self.generation.fetch_add(1, Ordering::AcqRel);
@@ -447,6 +458,12 @@ impl Authenticator {
     /// generation (a quota) may be stale.
     pub fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
+    }
+
+    /// Reloads ([`Self::reload`]) and updates ([`Self::update`]) refused so far: the file could
+    /// not be read or the document was invalid, and the principals stayed as they were.
+    pub fn failed_reloads(&self) -> u64 {
+        self.failed_reloads.load(Ordering::Acquire)
     }
 
     /// A tenant's name (for logs, and for a node acting for it), also after it left the file.
@@ -555,7 +572,14 @@ mod tests {
         assert_eq!(auth.verify("alice-secret-0003").unwrap().tenant, alice);
         // An invalid file leaves the principals as they were.
         std::fs::write(f.path(), r#"{"principals": [{"name": "alice", "tokens": ["short"]}]}"#).unwrap();
+        assert_eq!(auth.failed_reloads(), 0);
         assert!(matches!(auth.reload(), Err(LoadError::Invalid { .. })));
+        assert_eq!(auth.verify("alice-secret-0003").unwrap().tenant, alice);
+        assert_eq!(auth.failed_reloads(), 1, "the refused reload is counted");
+        // So is a file that cannot be read.
+        drop(f);
+        assert!(matches!(auth.reload(), Err(LoadError::Io { .. })));
+        assert_eq!(auth.failed_reloads(), 2);
         assert_eq!(auth.verify("alice-secret-0003").unwrap().tenant, alice);
     }
 
@@ -573,6 +597,7 @@ mod tests {
         let e = auth.update(b"not json").unwrap_err();
         assert!(matches!(e, LoadError::Invalid { .. }) && e.to_string().contains("etcd key"), "{e}");
         assert_eq!(auth.verify("alice-secret-0007").unwrap().tenant, alice);
+        assert_eq!(auth.failed_reloads(), 1);
     }
 
     #[test]
@@ -652,9 +677,12 @@ mod tests {
             // Found by the fuzz target `principals`: serde reads a struct from an array of its
             // fields, so these were principals (none, then alice) with no field names checked.
             ("[[]]", "must be JSON objects"),
-            (r#"{"principals": [["alice", "tenant", ["0123456789abcdef"], {}]]}"#, "must be JSON objects"),
+            // Every field, in order (as fuzz/regressions/principals/ keeps them): without the
+            // objects check these would be read, not refused for a missing field.
+            (r#"{"principals": [["alice", "tenant", ["0123456789abcdef"], [], {}]]}"#, "must be JSON objects"),
             (
-                r#"{"principals": [{"name": "a", "tokens": ["0123456789abcdef"], "quota": [1]}]}"#,
+                r#"{"principals": [{"name": "a", "tokens": ["0123456789abcdef"],
+                    "quota": [1, null, null, null, null, null, null, null]}]}"#,
                 "must be JSON objects",
             ),
         ];

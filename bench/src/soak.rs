@@ -1,9 +1,9 @@
 //! `djinn bench soak`: many clients of two tenants send random valid and invalid requests to
 //! two node processes for a fixed time, dropping their connections now and then, while one of
 //! the nodes is killed and restarted. At the end: the share of valid requests to the node that
-//! stayed up that succeeded (at least 99.9%), results checked against what they must be (none
-//! wrong), every failure a typed error, and the steady node's memory back within 16 MiB of its
-//! baseline. Exits with an error when any of these does not hold.
+//! stayed up that succeeded (at least 99.9%, or `--min-success`), results checked against what
+//! they must be (none wrong), every failure a typed error, and the steady node's memory back
+//! within 16 MiB of its baseline. Exits with an error when any of these does not hold.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -41,6 +41,19 @@ pub struct SoakArgs {
     /// Append the summary, the command and the machine to this markdown file.
     #[arg(long)]
     results: Option<PathBuf>,
+    /// The least share of valid requests to the steady node that must succeed, percent. Where
+    /// the machine is loaded (a test on a shared CI host), requests time out: a typed failure
+    /// that says more of the machine than of the node, and such a run sets this lower.
+    #[arg(long, default_value_t = 99.9, value_parser = percent)]
+    min_success: f64,
+}
+
+/// A share in percent, 0 to 100.
+fn percent(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(p) if (0.0..=100.0).contains(&p) => Ok(p),
+        _ => Err(format!("{text:?} is not a percentage from 0 to 100")),
+    }
 }
 
 const TOKENS: [&str; 2] = ["soak-tenant-0-secret", "soak-tenant-1-secret"];
@@ -536,10 +549,11 @@ pub fn run(args: SoakArgs) -> Result<()> {
     writeln!(out, "| duration | {:.0} s, {} clients of 2 tenants, seed {} |", args.duration, args.clients, args.seed)?;
     writeln!(
         out,
-        "| valid requests to the steady node | {} sent, {} succeeded (**{:.3}%**) |",
+        "| valid requests to the steady node | {} sent, {} succeeded (**{:.3}%**, bound {}%) |",
         tally.steady.0,
         tally.steady.1,
-        share(tally.steady)
+        share(tally.steady),
+        args.min_success
     )?;
     writeln!(
         out,
@@ -581,7 +595,10 @@ pub fn run(args: SoakArgs) -> Result<()> {
     for w in &tally.first_wrong {
         println!("wrong: {w}");
     }
-    let passed = share(tally.steady) >= 99.9 && tally.wrong == 0 && tally.untyped == 0 && growth <= MEMORY_SLACK as i64;
+    let passed = share(tally.steady) >= args.min_success
+        && tally.wrong == 0
+        && tally.untyped == 0
+        && growth <= MEMORY_SLACK as i64;
     if let Some(path) = &args.results {
         let verdict = if passed { "all four criteria hold" } else { "FAILED" };
         append_section(path, "soak", &[format!("Verdict: {verdict}.")], &out)?;

@@ -22,7 +22,8 @@
 //!
 //! [`serve`] bounds what connections hold: how many are open, how long one may take to send a
 //! request's head (idle keep-alive included) or to finish its TLS handshake, and how long a
-//! request may take, its body included.
+//! request may take, its body included; /metrics counts the connections and requests those
+//! bounds ended ([`ConnectionCounters`]).
 //!
 //! With a token file, every request carries `Authorization: Bearer TOKEN`: a missing or unknown
 //! token gets 401, a role without the right 403. Nodes (and operators) manage memberships;
@@ -32,8 +33,10 @@
 //! the other's.
 
 use std::fmt::Write as _;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Bytes;
@@ -302,7 +305,10 @@ async fn cluster<S: Store>(State(control): Control<S>) -> Response {
     axum::Json(control.status()).into_response()
 }
 
-async fn metrics<S: Store>(State(control): Control<S>) -> Response {
+async fn metrics<S: Store>(
+    State(control): Control<S>,
+    connections: Option<Extension<Arc<ConnectionCounters>>>,
+) -> Response {
     let status = control.status();
     let c = &control.counters;
     let mut out = String::new();
@@ -323,7 +329,19 @@ async fn metrics<S: Store>(State(control): Control<S>) -> Response {
         &one(status.revision as f64),
     );
     let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed) as f64;
+    metric(
+        "djinn_control_registration_requests_total",
+        "counter",
+        "Registrations asked for, admitted or not.",
+        &one(load(&c.registration_requests)),
+    );
     metric("djinn_control_registrations_total", "counter", "Nodes admitted.", &one(load(&c.registrations)));
+    metric(
+        "djinn_control_leases_lapsed_total",
+        "counter",
+        "Nodes gone because their lease lapsed (they stopped renewing without leaving).",
+        &one(load(&c.leases_lapsed)),
+    );
     metric("djinn_control_renewals_total", "counter", "Leases renewed.", &one(load(&c.renewals)));
     let rules = [Rule::Session, Rule::Shared, Rule::Streamed, Rule::Policy];
     let by_rule: Vec<(String, f64)> = rules
@@ -338,6 +356,41 @@ async fn metrics<S: Store>(State(control): Control<S>) -> Response {
         "Model records deleted because no node held them for --model-record-ttl.",
         &one(load(&c.records_expired)),
     );
+    // Served by [`serve`] (not by the router alone, as in the fuzz target): what its bounds ended.
+    if let Some(Extension(connections)) = connections {
+        let counted = [
+            (
+                "djinn_control_connections_refused_total",
+                "Connections closed as soon as they were accepted: --max-connections were open.",
+                &connections.refused,
+            ),
+            (
+                "djinn_control_connections_header_timeouts_total",
+                "Connections closed because a request head (or the TLS handshake) was not whole within \
+                 --header-timeout.",
+                &connections.header_timeouts,
+            ),
+            (
+                "djinn_control_connections_idle_closed_total",
+                "Keep-alive connections closed because nothing of a next request came within --header-timeout \
+                 of the last answer.",
+                &connections.idle_closed,
+            ),
+            (
+                "djinn_control_request_timeouts_total",
+                "Requests answered 408: not complete within --request-timeout.",
+                &connections.request_timeouts,
+            ),
+            (
+                "djinn_control_accept_backoffs_total",
+                "Accepts that failed (out of descriptors or memory) and were tried again after a wait.",
+                &connections.accept_backoffs,
+            ),
+        ];
+        for (name, help, count) in counted {
+            metric(name, "counter", help, &one(load(count)));
+        }
+    }
     metric(
         "djinn_control_placement_seconds_total",
         "counter",
@@ -466,19 +519,149 @@ impl Default for ConnectionLimits {
     }
 }
 
-async fn within(limit: State<Duration>, request: Request, next: Next) -> Response {
-    match tokio::time::timeout(*limit, next.run(request)).await {
+/// What [`serve`] counts of its connections and requests, for /metrics.
+#[derive(Debug, Default)]
+pub struct ConnectionCounters {
+    /// Closed as soon as accepted: `max_connections` were open.
+    pub refused: AtomicU64,
+    /// Closed because a request head (or the TLS handshake) was not whole `header_timeout` after
+    /// the connection opened, or after its last answer once some of a next request had come.
+    pub header_timeouts: AtomicU64,
+    /// Closed because nothing of a next request came within `header_timeout` of the last answer.
+    pub idle_closed: AtomicU64,
+    /// Requests answered 408: not complete within `request_timeout`.
+    pub request_timeouts: AtomicU64,
+    /// Accepts that failed (out of descriptors or memory) and were tried again after a wait.
+    pub accept_backoffs: AtomicU64,
+}
+
+fn count(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+async fn within(
+    State((limit, counters)): State<(Duration, Arc<ConnectionCounters>)>,
+    request: Request,
+    next: Next,
+) -> Response {
+    match tokio::time::timeout(limit, next.run(request)).await {
         Ok(response) => response,
         Err(_) => {
+            count(&counters.request_timeouts);
             let mut response = error_response(
                 StatusCode::REQUEST_TIMEOUT,
                 "request_timeout",
-                format!("the request was not complete within {limit:?}", limit = *limit),
+                format!("the request was not complete within {limit:?}"),
             );
             response.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("close"));
             response
         }
     }
+}
+
+/// What one connection has received, and how much of it before its last answer: a header
+/// timeout with nothing received since that answer closed an idle connection.
+#[derive(Debug)]
+struct Received {
+    bytes: AtomicU64,
+    /// `bytes` when the last answer was ready; `u64::MAX` before the first.
+    at_last_answer: AtomicU64,
+}
+
+impl Received {
+    fn new() -> Arc<Self> {
+        Arc::new(Self { bytes: AtomicU64::new(0), at_last_answer: AtomicU64::new(u64::MAX) })
+    }
+
+    fn answered(&self) {
+        self.at_last_answer.store(self.bytes.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+
+    fn idle(&self) -> bool {
+        self.at_last_answer.load(Ordering::Relaxed) == self.bytes.load(Ordering::Relaxed)
+    }
+}
+
+/// A connection's stream, counting the bytes read from it into [`Received`].
+struct Counted<T> {
+    stream: T,
+    received: Arc<Received>,
+}
+
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Counted<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.stream).poll_read(cx, buf);
+        let read = buf.filled().len().saturating_sub(before);
+        self.received.bytes.fetch_add(read as u64, Ordering::Relaxed);
+        polled
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Counted<T> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+/// Serves one connection's requests with `router` under `limits`; counts in `counters` what
+/// the header timeout ended.
+async fn serve_connection<T>(
+    stream: T,
+    router: Router,
+    limits: ConnectionLimits,
+    counters: &ConnectionCounters,
+    watcher: hyper_util::server::graceful::Watcher,
+) -> Result<(), hyper::Error>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let received = Received::new();
+    let stream = Counted { stream, received: Arc::clone(&received) };
+    let router = hyper_util::service::TowerToHyperService::new(router);
+    let answers = Arc::clone(&received);
+    let service = hyper::service::service_fn(move |request| {
+        let response = hyper::service::Service::call(&router, request);
+        let answers = Arc::clone(&answers);
+        async move {
+            let response = response.await;
+            answers.answered();
+            response
+        }
+    });
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(limits.header_timeout);
+    let served = watcher.watch(http.serve_connection(hyper_util::rt::TokioIo::new(stream), service)).await;
+    if let Err(e) = &served
+        && e.is_timeout()
+    {
+        count(if received.idle() { &counters.idle_closed } else { &counters.header_timeouts });
+    }
+    served
 }
 
 /// Serves `router` on `listener` (over TLS with `tls`) within `limits` until `stop` completes;
@@ -490,7 +673,10 @@ pub async fn serve(
     limits: ConnectionLimits,
     stop: impl Future<Output = ()>,
 ) {
-    let router = router.layer(middleware::from_fn_with_state(limits.request_timeout, within));
+    let counters = Arc::new(ConnectionCounters::default());
+    let router = router
+        .layer(middleware::from_fn_with_state((limits.request_timeout, Arc::clone(&counters)), within))
+        .layer(Extension(Arc::clone(&counters)));
     let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut stop = std::pin::pin!(stop);
@@ -515,6 +701,7 @@ pub async fn serve(
             // readable, so accepting again at once would spin. Wait, longer each time.
             Err(e) => {
                 backoff = (backoff * 2).clamp(Duration::from_millis(10), Duration::from_secs(1));
+                count(&counters.accept_backoffs);
                 tracing::warn!(error = %e, retry_in = ?backoff, "accept failed");
                 tokio::select! {
                     () = &mut stop => break,
@@ -523,24 +710,23 @@ pub async fn serve(
             }
         };
         let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
+            count(&counters.refused);
             tracing::debug!(%peer, max = limits.max_connections, "connection closed: the API's connections are all open");
             continue;
         };
         let _ = tcp.set_nodelay(true);
-        let (router, tls, watcher) = (router.clone(), tls.clone(), graceful.watcher());
+        let (router, tls, watcher, counters) = (router.clone(), tls.clone(), graceful.watcher(), Arc::clone(&counters));
         tokio::spawn(async move {
             let _permit = permit;
-            let service = hyper_util::service::TowerToHyperService::new(router);
-            let mut http = hyper::server::conn::http1::Builder::new();
-            http.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(limits.header_timeout);
             let served = match tls {
-                None => watcher.watch(http.serve_connection(hyper_util::rt::TokioIo::new(tcp), service)).await,
+                None => serve_connection(tcp, router, limits, &counters, watcher).await,
                 Some(tls) => match tokio::time::timeout(limits.header_timeout, tls.accept(tcp)).await {
-                    Ok(Ok(stream)) => {
-                        watcher.watch(http.serve_connection(hyper_util::rt::TokioIo::new(stream), service)).await
-                    }
+                    Ok(Ok(stream)) => serve_connection(stream, router, limits, &counters, watcher).await,
                     Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                    Err(_) => return tracing::debug!(%peer, "TLS handshake timed out"),
+                    Err(_) => {
+                        count(&counters.header_timeouts);
+                        return tracing::debug!(%peer, "TLS handshake timed out");
+                    }
                 },
             };
             if let Err(e) = served {

@@ -4,7 +4,7 @@
 //! from the store's watch, so every control process on one store decides from the same state.
 //! A write returns once this process's view has caught up with it (read your writes).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -216,6 +216,8 @@ pub enum ControlError {
 /// Counters for /metrics.
 #[derive(Debug, Default)]
 pub struct ControlCounters {
+    /// Registrations asked for, admitted or not.
+    pub registration_requests: AtomicU64,
     pub registrations: AtomicU64,
     pub renewals: AtomicU64,
     pub placements: [AtomicU64; 4],
@@ -223,6 +225,8 @@ pub struct ControlCounters {
     pub placement_ns: AtomicU64,
     /// Model records deleted because no node held them for `model_record_ttl`.
     pub records_expired: AtomicU64,
+    /// Nodes whose lease lapsed: gone from this process's view without having left.
+    pub leases_lapsed: AtomicU64,
 }
 
 /// One node in [`ClusterStatus`].
@@ -263,11 +267,14 @@ struct State {
     /// Since when (this process's clock, ms) each record no live node holds has been so; a
     /// record written again starts afresh.
     unheld_since: HashMap<String, u64>,
+    /// Nodes that said they leave (through any control process): their records' going is no
+    /// lapse.
+    leaving: HashSet<NodeId>,
 }
 
 impl State {
     fn new(cluster: Cluster) -> Self {
-        Self { cluster, models: HashMap::new(), unheld_since: HashMap::new() }
+        Self { cluster, models: HashMap::new(), unheld_since: HashMap::new(), leaving: HashSet::new() }
     }
 }
 
@@ -287,6 +294,8 @@ const GIVEN: &str = "given/";
 const SESSIONS: &str = "sessions/";
 const MODELS: &str = "models/";
 const DRAINING: &str = "draining/";
+/// A node leaving on purpose, marked under its lease just before the lease is revoked.
+const LEAVING: &str = "leaving/";
 const FORWARDS: &str = "forwards/";
 
 /// A node's name: it is part of URLs and store keys.
@@ -416,7 +425,7 @@ impl<S: Store> ControlPlane<S> {
         let expired: Vec<String> = {
             let now = self.now_ms();
             let mut state = self.state();
-            let State { cluster, models, unheld_since } = &mut *state;
+            let State { cluster, models, unheld_since, .. } = &mut *state;
             unheld_since.retain(|fingerprint, _| models.contains_key(fingerprint));
             models
                 .keys()
@@ -511,7 +520,20 @@ impl<S: Store> ControlPlane<S> {
             match value.map(serde_json::from_slice::<Member>) {
                 Some(Ok(member)) => state.cluster.join(node, member, self.now_ms()),
                 Some(Err(e)) => unreadable(&e),
-                None => state.cluster.leave(node),
+                None => {
+                    let was_live = state.cluster.membership().get(node).is_some();
+                    if !state.leaving.remove(node) && was_live {
+                        self.counters.leases_lapsed.fetch_add(1, Ordering::Relaxed);
+                        tracing::info!(node, "node's lease lapsed");
+                    }
+                    state.cluster.leave(node);
+                }
+            }
+        } else if let Some(node) = key.strip_prefix(LEAVING) {
+            // The mark goes with the lease, in the same change as the node's record (in either
+            // order): it is forgotten once the record goes.
+            if value.is_some() {
+                state.leaving.insert(node.to_owned());
             }
         } else if let Some(given) = key.strip_prefix(GIVEN) {
             // Given records go with their node's lease, and the node's own record with them.
@@ -558,6 +580,7 @@ impl<S: Store> ControlPlane<S> {
 
     /// Admits a node with a new lease. A name whose lease is live is refused.
     pub async fn register(&self, name: &str, inventory: Inventory) -> Result<Registered, ControlError> {
+        self.counters.registration_requests.fetch_add(1, Ordering::Relaxed);
         check_node_name(name)?;
         let ttl_ms = self.lease_ttl_ms();
         let lease = self.store.grant(ttl_ms).await?;
@@ -712,6 +735,12 @@ impl<S: Store> ControlPlane<S> {
     pub async fn leave(&self, name: &str, lease: LeaseId) -> Result<(), ControlError> {
         let current = self.current(name).await?;
         Self::check_lease(name, &current, lease)?;
+        // Every control process sees the mark before the record goes: a leave, not a lapse.
+        match self.store.put(&self.key(LEAVING, name), Vec::new(), Some(lease)).await {
+            // The lease lapsed a moment ago: there is nothing left to end.
+            Err(StoreError::LeaseNotFound(_)) => return Ok(()),
+            marked => marked?,
+        };
         self.store.revoke(lease).await?;
         tracing::info!(node = name, "node left");
         Ok(())

@@ -1,8 +1,10 @@
 //! The principals' document (a token file, or the value of the etcd key every process watches),
 //! as `Authenticator::from_json` and `update` read it:
 //! - no input panics;
-//! - a document that is accepted is a JSON object whose every principal has a name, a role and
-//!   tokens, each of which verifies to that principal, and nothing else verifies;
+//! - a document that is accepted is a JSON object whose every principal is an object (its quota
+//!   too, where it has one: serde would read a struct from an array of its fields, no name
+//!   checked) with a name, a role and tokens, each of which verifies to that principal, and
+//!   nothing else verifies;
 //! - reading the same document again changes nothing;
 //! - a second document that is refused leaves the first one's principals exactly as they were;
 //!   one that is accepted replaces them, and a tenant named in both keeps its number.
@@ -18,6 +20,8 @@ fn tokens(document: &[u8]) -> Vec<(String, String, String)> {
     let value: Value = serde_json::from_slice(document).expect("an accepted document is JSON");
     let mut out = Vec::new();
     for p in value["principals"].as_array().expect("an accepted document lists principals") {
+        assert!(p.is_object(), "an accepted principal is an object: {p}");
+        assert!(p.get("quota").is_none_or(Value::is_object), "an accepted quota is an object: {p}");
         let name = p["name"].as_str().expect("every principal is named").to_owned();
         let role = p.get("role").map_or("tenant", |r| r.as_str().expect("a role is a string")).to_owned();
         for token in p["tokens"].as_array().expect("every principal has tokens") {

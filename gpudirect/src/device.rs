@@ -79,14 +79,22 @@ mod tests {
 
     #[test]
     fn discovery_never_panics() {
+        // SAFETY: only probes whether the driver library can be loaded.
+        let driver = unsafe { cudarc::driver::sys::is_culib_present() };
         match super::cuda_devices() {
-            Ok(devices) if devices.is_empty() => eprintln!("no CUDA driver on this host"),
+            Ok(devices) if !driver => assert!(devices.is_empty(), "no driver, yet devices: {devices:?}"),
             Ok(devices) => {
-                for d in &devices {
-                    assert!(d.total_memory > 0, "{d:?}");
+                for (i, d) in devices.iter().enumerate() {
+                    assert_eq!(d.ordinal, i as i32, "{d:?}");
+                    assert!(d.total_memory > 0 && !d.name.is_empty(), "{d:?}");
+                    assert!(d.pci_bus_id.ends_with(".0") && d.pci_bus_id.len() == 16, "{d:?}");
                 }
             }
-            Err(e) => eprintln!("CUDA present but unusable: {e}"),
+            // A driver with no usable device fails its first call, and says which.
+            Err(e) => {
+                assert!(driver, "an error without a driver: {e}");
+                assert_eq!(e.during, "cuInit", "{e}");
+            }
         }
     }
 }

@@ -17,7 +17,7 @@ use djinn_sync::Locked;
 type Shared = Arc<(SocketAddr, Mutex<Option<Client>>)>;
 
 /// Counters whose names end so are gauges; the rest only grow.
-const GAUGE_SUFFIXES: [&str; 6] = ["_open", "_bytes", "_queued", "models", "uploads", "store_tensors"];
+const GAUGE_SUFFIXES: [&str; 7] = ["_open", "_bytes", "_queued", "_in_flight", "models", "uploads", "store_tensors"];
 
 fn exposition(counters: &[(String, u64)]) -> String {
     let mut out = String::new();
@@ -83,13 +83,18 @@ mod tests {
 
     #[test]
     fn counters_and_gauges_are_told_apart() {
-        let text =
-            exposition(&[("frames_in".into(), 3), ("connections_open".into(), 1), ("budget_used_bytes".into(), 9)]);
+        let text = exposition(&[
+            ("frames_in".into(), 3),
+            ("connections_open".into(), 1),
+            ("budget_used_bytes".into(), 9),
+            ("requests_in_flight".into(), 2),
+        ]);
         assert_eq!(
             text,
             "# TYPE djinn_node_frames_in_total counter\ndjinn_node_frames_in_total 3\n\
              # TYPE djinn_node_connections_open gauge\ndjinn_node_connections_open 1\n\
-             # TYPE djinn_node_budget_used_bytes gauge\ndjinn_node_budget_used_bytes 9\n"
+             # TYPE djinn_node_budget_used_bytes gauge\ndjinn_node_budget_used_bytes 9\n\
+             # TYPE djinn_node_requests_in_flight gauge\ndjinn_node_requests_in_flight 2\n"
         );
     }
 }

@@ -303,6 +303,44 @@ pub fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
     }
 }
 
+/// The counter `name` of the node `client` is connected to.
+pub fn counter(client: &mut Client, name: &str) -> u64 {
+    let stats = client.stats().expect("stats");
+    stats.iter().find(|(k, _)| k == name).unwrap_or_else(|| panic!("no counter {name} in {stats:?}")).1
+}
+
+/// Waits until the counter `name` of the node `client` is connected to is `value` or more, and
+/// returns it. Fails after a minute: a hang guard, the node is expected to get there long before.
+pub fn wait_for_counter_at_least(client: &mut Client, name: &str, value: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let now = counter(client, name);
+        if now >= value {
+            return now;
+        }
+        assert!(Instant::now() < deadline, "{name} stayed at {now}, expected {value} or more");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Reads `stream` until the node closes it (its end, or a reset), what it sent before that
+/// passed over. Call it once a counter says the node closed the connection (or is closing it):
+/// the read timeout of a minute is a hang guard, not a limit on how soon.
+pub fn wait_until_closed(stream: &mut TcpStream, what: &str) {
+    stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut buf = [0u8; 4096];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => return,
+            Ok(_) => continue,
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                panic!("{what}: the node left the connection open");
+            }
+            Err(_) => return,
+        }
+    }
+}
+
 /// CPU time process `pid` has used, user and system.
 pub fn cpu_time(pid: u32) -> Duration {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("proc stat");

@@ -2,7 +2,7 @@
 random weights, built from its config) registered with a static KV cache (`cache_len=`): the
 cache lives on the node between steps, each step sends only its new token, the session is
 moved to host memory while the "agent" waits on a tool, and the tokens are compared with the
-local `generate`. Usage: demo_session.py ADDRESS (as demo_gpt2.py)."""
+same model's local greedy `generate` (exits non-zero when any differs). Usage: demo_session.py ADDRESS (as demo_gpt2.py)."""
 import statistics
 import sys
 import time
@@ -51,4 +51,5 @@ print(f"generated {tokens.tolist()[0]}")
 print(f"equal to the local generation: {torch.equal(tokens, expected)}; "
       f"{sent} bytes sent for {len(times)} steps; step median {statistics.median(times) * 1e3:.1f} ms")
 if not torch.equal(tokens, expected):
-    sys.exit("the session's tokens differ from the local generation")
+    sys.exit(f"FAILED: the session's tokens {tokens.tolist()[0]} differ from the local generate's "
+             f"{expected.tolist()[0]}")

@@ -271,7 +271,10 @@ impl<S: Service> MioServer<S> {
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                 Err(e) if self.accept_backoff.failed(&e, Instant::now()) => continue,
-                Err(_) => return Ok(()),
+                Err(_) => {
+                    self.core.counters.accept_backoffs += 1;
+                    return Ok(());
+                }
             };
             if !self.core.may_accept(peer, self.conns.len()) {
                 continue;

@@ -245,6 +245,9 @@ pub struct ServerCounters {
     pub idle_closed: u64,
     /// Connections refused at once for the bounds on those without a good hello yet.
     pub unauthenticated_refused: u64,
+    /// Accepts that failed for want of descriptors or memory, after each of which the listener
+    /// waits (see `accept.rs`): a poller out of descriptors retries a few times a second.
+    pub accept_backoffs: u64,
 }
 
 /// How long a push grant stays good, and how many a tenant may hold at once.
@@ -1080,6 +1083,12 @@ impl<S: Service> Core<S> {
                     ("hello_timeouts", c.hello_timeouts),
                     ("idle_closed", c.idle_closed),
                     ("unauthenticated_refused", c.unauthenticated_refused),
+                    ("accept_backoffs", c.accept_backoffs),
+                    // A gauge: requests handed to other threads (executions, session steps,
+                    // pushes) and not answered yet.
+                    ("requests_in_flight", self.deferred as u64),
+                    // Token file reloads refused (the previous tokens stay); 0 without tokens.
+                    ("token_reload_failures", self.config.auth.as_ref().map_or(0, |a| a.failed_reloads())),
                 ]
                 .into_iter()
                 .map(|(k, v)| (k.to_owned(), v))

@@ -246,6 +246,7 @@ impl<S: Service> UringServer<S> {
                     self.on_accept(stream);
                 } else if !self.accept_backoff.failed(&io::Error::from_raw_os_error(-result), Instant::now()) {
                     // Armed again when the wait is over (see `run`).
+                    self.core.counters.accept_backoffs += 1;
                     return Ok(());
                 }
                 self.arm_accept()
