@@ -952,26 +952,6 @@ fn with_a_certificate_the_api_is_served_over_tls_only() {
     }
 }
 
-/// A raw HTTP/1.1 exchange's bytes, read until the API closes the connection (its end, or a
-/// reset). The read timeout of a minute is a hang guard: the timeouts that close it are seconds.
-fn read_until_closed(stream: &mut std::net::TcpStream) -> String {
-    use std::io::{ErrorKind, Read};
-    stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let (mut answer, mut buf) = (Vec::new(), [0u8; 4096]);
-    loop {
-        match stream.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => answer.extend_from_slice(&buf[..n]),
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                panic!("the API left the connection open: {:?}", String::from_utf8_lossy(&answer))
-            }
-            Err(_) => break,
-        }
-    }
-    String::from_utf8_lossy(&answer).into_owned()
-}
-
 /// What a connection to the API holds is bounded: past --max-connections a connection is closed
 /// at once; one that sends no whole request head within --header-timeout (silent, trickling a
 /// header, idle after an answer) is closed; a body that does not come within --request-timeout
@@ -1008,9 +988,13 @@ fn the_apis_connections_are_bounded_and_timed_out() {
     let opened = Instant::now();
     let mut silent: Vec<TcpStream> = (0..4).map(|_| TcpStream::connect(&addr).unwrap()).collect();
     let mut fifth = TcpStream::connect(&addr).unwrap();
-    assert_eq!(read_until_closed(&mut fifth), "", "past the cap: closed without an answer");
+    assert_eq!(support::read_until_closed(&mut fifth, "the fifth"), "", "past the cap: closed without an answer");
     for stream in &mut silent {
-        assert_eq!(read_until_closed(stream), "", "no request head: closed without an answer");
+        assert_eq!(
+            support::read_until_closed(stream, "a silent connection"),
+            "",
+            "no request head: closed without an answer"
+        );
     }
     let silent_for = opened.elapsed();
     assert!(by_timeout(HEADER_TIMEOUT).contains(&silent_for), "closed after {silent_for:?}: not by the header timeout");
@@ -1022,7 +1006,7 @@ fn the_apis_connections_are_bounded_and_timed_out() {
     let mut idle = TcpStream::connect(&addr).unwrap();
     let asked = Instant::now();
     idle.write_all(b"GET /v1/whoami HTTP/1.1\r\nHost: control\r\n\r\n").unwrap();
-    let exchange = read_until_closed(&mut idle);
+    let exchange = support::read_until_closed(&mut idle, "an idle connection");
     let idle_for = asked.elapsed();
     assert!(exchange.starts_with("HTTP/1.1 200"), "{exchange}");
     assert!(by_timeout(HEADER_TIMEOUT).contains(&idle_for), "closed {idle_for:?} after the request");
@@ -1055,7 +1039,7 @@ fn the_apis_connections_are_bounded_and_timed_out() {
         assert!(control.cluster()["nodes"].is_array());
         std::thread::sleep(Duration::from_millis(50));
     }
-    let exchange = read_until_closed(&mut slow_body);
+    let exchange = support::read_until_closed(&mut slow_body, "a body that never came");
     let answered_after = sent.elapsed();
     assert!(exchange.starts_with("HTTP/1.1 408"), "{exchange}");
     assert!(exchange.contains("request_timeout"), "{exchange}");

@@ -604,7 +604,7 @@ fn a_client_that_takes_no_replies_over_rdma_is_bounded_and_closed() {
     assert!(read <= 1024 + 64, "the node read {read} requests it cannot answer");
     // Closed for stalling (after --stall-timeout without its replies taken), and counted so.
     support::wait_for_counter_at_least(&mut other, "stalled_connections", 1);
-    support::wait_until_closed(&mut stream, "the stalled connection");
+    support::read_until_closed(&mut stream, "the stalled connection");
     node.wait_for_stat(&mut other, "connections_open", 1);
     assert_eq!(other.get("x").unwrap().bytes(), &[3; 1024]);
     drop(channel);

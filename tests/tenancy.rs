@@ -832,7 +832,7 @@ fn connections_before_a_hello_and_idle_ones_are_bounded_and_closed() {
         (0..40).map(|_| connect_from(std::net::Ipv4Addr::new(127, 0, 2, 1), node.addr).unwrap()).collect();
     let mut over = connect_from(std::net::Ipv4Addr::new(127, 0, 2, 1), node.addr).unwrap();
     node.wait_for_stat(&mut observer, "unauthenticated_refused", 1);
-    support::wait_until_closed(&mut over, "the 41st connection of one source is refused");
+    support::read_until_closed(&mut over, "the 41st connection of one source is refused");
 
     let protocol_failures = node.stat(&mut observer, "protocol_failures");
     let (mut silent, mut partial, mut announcing) = (Vec::new(), Vec::new(), Vec::new());
@@ -861,12 +861,12 @@ fn connections_before_a_hello_and_idle_ones_are_bounded_and_closed() {
     // timeout: those are counted apart, below).
     node.wait_for_stat(&mut observer, "protocol_failures", protocol_failures + announcing.len() as u64);
     for stream in &mut announcing {
-        support::wait_until_closed(stream, "1 MiB of metadata before a hello");
+        support::read_until_closed(stream, "1 MiB of metadata before a hello");
     }
     let timed_out = (silent.len() + partial.len() + crowd.len()) as u64;
     node.wait_for_stat(&mut observer, "hello_timeouts", timed_out);
     for stream in silent.iter_mut().chain(&mut partial) {
-        support::wait_until_closed(stream, "no hello within the hello timeout");
+        support::read_until_closed(stream, "no hello within the hello timeout");
     }
     // The idle ones go after their timeout; the observer and alice's client stay (they move).
     node.wait_for_stat(&mut observer, "connections_open", 2);

@@ -166,11 +166,11 @@ fn handshakes_never_finished_are_bounded_and_closed() {
     let mut over = TcpStream::connect(&addr).unwrap();
     // Refused at once (counted as such), not closed by the hello timeout.
     support::wait_for_counter_at_least(&mut alice, "unauthenticated_refused", 1);
-    support::wait_until_closed(&mut over, "the 21st");
+    support::read_until_closed(&mut over, "the 21st");
     assert_eq!(alice.get("x").unwrap().bytes(), &[1, 2, 3], "a client is served meanwhile");
     support::wait_for_counter_at_least(&mut alice, "hello_timeouts", 20);
     for stream in &mut strangers {
-        support::wait_until_closed(stream, "a handshake not finished within the hello timeout");
+        support::read_until_closed(stream, "a handshake not finished within the hello timeout");
     }
     assert_eq!(support::counter(&mut alice, "hello_timeouts"), 20, "the 21st did not wait for the hello timeout");
     assert_eq!(support::counter(&mut alice, "unauthenticated_refused"), 1);

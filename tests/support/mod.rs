@@ -74,30 +74,17 @@ impl Node {
     }
 
     pub fn stat(&self, client: &mut Client, name: &str) -> u64 {
-        let stats = client.stats().expect("stats");
-        stats.iter().find(|(k, _)| k == name).unwrap_or_else(|| panic!("no counter {name} in {stats:?}")).1
+        counter(client, name)
     }
 
-    /// Waits (up to 10 s) for a counter that changes as the node catches up with closes.
+    /// Waits for a counter that changes as the node catches up with closes.
     pub fn wait_for_stat(&self, client: &mut Client, name: &str, value: u64) {
-        self.wait_for(client, name, value, |now| now == value);
+        wait_for_counter(client, name, value, |now| now == value);
     }
 
     /// Waits until the counter `name` reaches `value` or more.
     pub fn wait_for_stat_at_least(&self, client: &mut Client, name: &str, value: u64) {
-        self.wait_for(client, name, value, |now| now >= value);
-    }
-
-    fn wait_for(&self, client: &mut Client, name: &str, value: u64, done: impl Fn(u64) -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let now = self.stat(client, name);
-            if done(now) {
-                return;
-            }
-            assert!(Instant::now() < deadline, "{name} stayed at {now}, expected {value}");
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        wait_for_counter_at_least(client, name, value);
     }
 
     /// Resident set size of the node process, bytes.
@@ -287,22 +274,6 @@ pub fn many_gets_come_back_in_order(client: &mut Client) {
     assert!(client.get(&names[3]).unwrap().bytes() == data[3].as_slice());
 }
 
-/// True once the peer closed `stream` (a read sees its end or a reset) within `within`.
-pub fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
-    stream.set_read_timeout(Some(within)).unwrap();
-    let mut buf = [0u8; 256];
-    loop {
-        match stream.read(&mut buf) {
-            Ok(0) => return true,
-            Ok(_) => continue,
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
-                return false;
-            }
-            Err(_) => return true,
-        }
-    }
-}
-
 /// The counter `name` of the node `client` is connected to.
 pub fn counter(client: &mut Client, name: &str) -> u64 {
     let stats = client.stats().expect("stats");
@@ -310,35 +281,45 @@ pub fn counter(client: &mut Client, name: &str) -> u64 {
 }
 
 /// Waits until the counter `name` of the node `client` is connected to is `value` or more, and
-/// returns it. Fails after a minute: a hang guard, the node is expected to get there long before.
+/// returns it.
 pub fn wait_for_counter_at_least(client: &mut Client, name: &str, value: u64) -> u64 {
+    wait_for_counter(client, name, value, |now| now >= value)
+}
+
+/// Waits until the counter `name` of the node `client` is connected to is `done` (expected:
+/// `value`), and returns it. Fails after a minute: a hang guard, the node gets there long before.
+fn wait_for_counter(client: &mut Client, name: &str, value: u64, done: impl Fn(u64) -> bool) -> u64 {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let now = counter(client, name);
-        if now >= value {
+        if done(now) {
             return now;
         }
-        assert!(Instant::now() < deadline, "{name} stayed at {now}, expected {value} or more");
+        assert!(Instant::now() < deadline, "{name} stayed at {now}, expected {value}");
         std::thread::sleep(Duration::from_millis(10));
     }
 }
 
-/// Reads `stream` until the node closes it (its end, or a reset), what it sent before that
-/// passed over. Call it once a counter says the node closed the connection (or is closing it):
-/// the read timeout of a minute is a hang guard, not a limit on how soon.
-pub fn wait_until_closed(stream: &mut TcpStream, what: &str) {
+/// What `stream` receives until its peer closes it (its end, or a reset). Call it once the
+/// peer is expected to close it (a counter says so, or a timeout it was given has begun): the
+/// read timeout of a minute is a hang guard, not a limit on how soon; `what` names the
+/// connection when it stays open.
+pub fn read_until_closed(stream: &mut TcpStream, what: &str) -> String {
+    use std::io::ErrorKind;
     stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let mut buf = [0u8; 4096];
+    let (mut received, mut buf) = (Vec::new(), [0u8; 4096]);
     loop {
         match stream.read(&mut buf) {
-            Ok(0) => return,
-            Ok(_) => continue,
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
-                panic!("{what}: the node left the connection open");
+            Ok(0) => break,
+            Ok(n) => received.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                panic!("{what}: the peer left the connection open after {:?}", String::from_utf8_lossy(&received))
             }
-            Err(_) => return,
+            Err(_) => break,
         }
     }
+    String::from_utf8_lossy(&received).into_owned()
 }
 
 /// CPU time process `pid` has used, user and system.
