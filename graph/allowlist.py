@@ -14,6 +14,9 @@ client rewrites them to `zeros*`), anything that reads or writes files, processe
 or global state, and operators whose arguments a graph cannot carry (generators, storages,
 streams).
 """
+import itertools
+import math
+import os
 import sys
 
 import torch
@@ -57,6 +60,35 @@ FORBIDDEN_WORDS = (
     "_fused", "_foreach", "cuda", "pin_memory", "share_memory", "data_ptr", "storage", "_version",
     "requires_grad", "retain_grad", "backward", "_make_", "lift", "_has_", "is_", "_sync", "c10d",
 )
+# Ints that libtorch casts to an enum without checking them, and floats that scale a size: a
+# value outside the rule leaves an output unwritten or indexes out of bounds in the kernel. The
+# node holds each argument of these names, on every overload, to its rule (graph/src/rules.rs).
+DTYPE_CODES = (0, 1, 2, 3, 4, 5, 6, 7, 11, 15)  # c10::ScalarType of graph/src/format.rs's DTYPES
+ONE_OF = {
+    ("grid_sampler_2d", "interpolation_mode"): (0, 1, 2),  # bilinear, nearest, bicubic
+    ("grid_sampler_2d", "padding_mode"): (0, 1, 2),  # zeros, border, reflection
+    ("_embedding_bag", "mode"): (0, 1, 2),  # sum, mean, max
+    ("_cdist_forward", "compute_mode"): (0, 1, 2),
+    ("_fft_r2c", "normalization"): (0, 1, 2),  # none, 1/sqrt(n), 1/n
+    ("_fft_c2r", "normalization"): (0, 1, 2),
+    ("to.prim_dtype", "dtype"): DTYPE_CODES,  # a dtype as an int
+    ("to.prim_Device", "dtype"): DTYPE_CODES,
+    # Without running statistics, libtorch reads the ones it was not given (SIGSEGV).
+    ("_native_batch_norm_legit.no_stats", "training"): (1,),
+}
+# Scale factors: a source index is the output's times 1/scale, so 1e-20 overflows it; 2^-10 to
+# 2^10 is a thousandfold either way, with indices far from overflow.
+SCALE = (2.0 ** -10, 2.0 ** 10)
+WITHIN = {
+    (op, arg): SCALE
+    for op in ("upsample_nearest2d", "upsample_bilinear2d")
+    for arg in ("scales_h", "scales_w", "scale_factors")
+}
+# Names of arguments that must have a rule wherever they appear (an int) ...
+ENUM_WORDS = ("mode", "reduction", "normalization", "dtype")
+# ... or (a float) where they scale a size.
+SCALE_WORDS = ("scales", "scale_factor")
+
 UNCARRIABLE = ("Generator", "Storage", "Stream", "Dimname", "Any", "Dict", "Future", "Capsule", "Object")
 
 
@@ -100,9 +132,136 @@ def admissible(op):
     return True
 
 
+def rules(op):
+    """The `rule` lines of one allowlisted operator; fails on an argument of a rule's kind
+    without one."""
+    out = []
+    for a in op._schema.arguments:
+        base = str(a.real_type).removeprefix("Optional[").removeprefix("List[").rstrip("]").split("[")[0]
+        rule = rule_of(op, a.name)
+        if rule and (base, rule[0]) not in (("int", "one-of"), ("SymInt", "one-of"), ("bool", "one-of"), ("float", "within")):
+            raise SystemExit(f"{op._schema}: a {rule[0]} rule on the {base} {a.name}")
+        if rule and rule[0] == "one-of":
+            out.append(f"one-of {' '.join(map(str, rule[1]))}")
+        elif rule:
+            low, high = rule[1]
+            out.append(f"within {low!r} {high!r}")
+        elif base == "int" and any(w in a.name for w in ENUM_WORDS):
+            raise SystemExit(f"{op._schema}: the int {a.name} reads as an enum; give it a rule in ONE_OF")
+        elif base == "float" and a.name.startswith(SCALE_WORDS):
+            raise SystemExit(f"{op._schema}: the float {a.name} scales a size; give it a rule in WITHIN")
+        else:
+            continue
+        out[-1] = f"rule {qualified(op)} {a.name} {out[-1]}"
+    return out
+
+
+def rule_of(op, arg):
+    """The rule on argument `arg` of `op` (by its name, or its name and overload), or None."""
+    name = op._schema.name.split("::", 1)[1]
+    for key in ((qualified(op).split("::", 1)[1], arg), (name, arg)):
+        if key in ONE_OF:
+            return ("one-of", ONE_OF[key])
+        if key in WITHIN:
+            return ("within", WITHIN[key])
+    return None
+
+
+def admitted(op, args):
+    """Whether the rules admit `args` (what the node would refuse is not tried)."""
+    def holds(rule, value):
+        if value is None:
+            return True
+        if isinstance(value, (list, tuple)):
+            return all(holds(rule, v) for v in value)
+        kind, bound = rule
+        if kind == "one-of":
+            return isinstance(value, (bool, int)) and int(value) in bound
+        return math.isfinite(value) and bound[0] <= value <= bound[1]
+    return all(holds(rule_of(op, a.name), v) for a, v in zip(op._schema.arguments, args) if rule_of(op, a.name))
+
+
+def qualified(op):
+    schema = op._schema
+    return schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
+
+
+# What each argument type is tried with, to find the operators whose output can be an input
+# though their schemas say not (`type_as(w, w)` is `w`, `dropout(w, 0., False)` is `w`,
+# `_unsafe_view(w, size)` views `w`): the checker treats their outputs as views of every input.
+def tries(arg):
+    t = str(arg.real_type)
+    tensor = lambda: torch.randn(2, 3)
+    pool = {
+        "Tensor": [tensor],
+        "Optional[Tensor]": [lambda: None, tensor],
+        "List[Tensor]": [lambda: [torch.randn(2, 3), torch.randn(2, 3)], lambda: [torch.randn(2, 3)]],
+        "int": [lambda: 0, lambda: 1],
+        "SymInt": [lambda: 0, lambda: 1],
+        "Optional[int]": [lambda: None, lambda: 0],
+        "List[int]": [lambda: [2, 3], lambda: [6], lambda: [0], lambda: [1]],
+        "List[SymInt]": [lambda: [2, 3], lambda: [6], lambda: [0], lambda: [1]],
+        "Optional[List[int]]": [lambda: None, lambda: [0]],
+        "float": [lambda: 0.0, lambda: 1.0],
+        "Optional[float]": [lambda: None],
+        "bool": [lambda: False, lambda: True],
+        "Optional[bool]": [lambda: None],
+        "number": [lambda: 0, lambda: 1],
+        "Optional[number]": [lambda: None],
+        "ScalarType": [lambda: torch.float32, lambda: torch.int64],
+        "Optional[ScalarType]": [lambda: None, lambda: torch.float32],
+        "str": [lambda: "ij->ji", lambda: "none", lambda: "mean", lambda: "tanh"],
+        "Optional[str]": [lambda: None],
+    }
+    if arg.has_default_value() and t not in ("bool", "ScalarType", "Optional[ScalarType]"):
+        return [lambda: arg.default_value]
+    return pool.get(t, [lambda: arg.default_value] if arg.has_default_value() else [])
+
+
+def tensors(value):
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in tensors(v)]
+    return []
+
+
+def shares_memory(a, b):
+    """As libtorch's `is_alias_of`: the same storage's memory."""
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() != 0
+
+
+def returns_input(op):
+    """Whether some call of `op` on sample arguments gives back (a view of) an input where the
+    schema has no alias annotation on that return."""
+    schema = op._schema
+    if all(r.alias_info is not None for r in schema.returns):
+        return False
+    makers = [tries(a) for a in schema.arguments]
+    if any(not m for m in makers):
+        return False
+    for combination in itertools.islice(itertools.product(*makers), 512):
+        args = [make() for make in combination]
+        if not admitted(op, args):
+            continue
+        positional = [v for a, v in zip(schema.arguments, args) if not a.kwarg_only]
+        keywords = {a.name: v for a, v in zip(schema.arguments, args) if a.kwarg_only}
+        try:
+            with torch.no_grad():
+                out = op(*positional, **keywords)
+        except Exception:
+            continue
+        outs = out if isinstance(out, tuple) else (out,)
+        inputs = tensors(args)
+        for ret, value in zip(schema.returns, outs):
+            if ret.alias_info is None and any(shares_memory(o, i) for o in tensors(value) for i in inputs):
+                return True
+    return False
+
+
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else "graph/allowlist.txt"
-    lines = []
+    ops = {}
     for name in candidates():
         packet = getattr(torch.ops.aten, name, None)
         if packet is None:
@@ -111,13 +270,42 @@ def main():
             op = getattr(packet, overload)
             if overload == "out" or overload.endswith("_out") or not admissible(op):
                 continue
-            lines.append(str(op._schema))
+            ops[str(op._schema)] = op
+    used = set()
+    rule_lines, alias_lines, crashed = [], [], []
+    for text in sorted(ops):
+        op = ops[text]
+        rule_lines += rules(op)
+        for a in op._schema.arguments:
+            used |= {(op._schema.name.split("::", 1)[1], a.name), (qualified(op).split("::", 1)[1], a.name)}
+        # Tried in a child: libtorch's kernels do not all survive what the samples pass them.
+        child = os.fork()
+        if child == 0:
+            os._exit(3 if returns_input(op) else 0)
+        _, status = os.waitpid(child, 0)
+        if os.WIFSIGNALED(status):
+            crashed.append(f"{text} (signal {os.WTERMSIG(status)})")
+        elif os.WEXITSTATUS(status) == 3:
+            alias_lines.append(f"returns-input {qualified(op)}")
+    if crashed:
+        raise SystemExit("libtorch died on sample arguments the rules admit (add a rule):\n  " + "\n  ".join(crashed))
+    stale = (set(ONE_OF) | set(WITHIN)) - used
+    if stale:
+        raise SystemExit(f"rules for arguments no allowlisted operator has: {sorted(stale)}")
     with open(out, "w") as f:
-        f.write(f"# The operators a node runs in a graph: {len(lines)} schemas, written by graph/allowlist.py\n")
+        f.write(f"# The operators a node runs in a graph: {len(ops)} schemas, written by graph/allowlist.py\n")
         f.write(f"# with torch {torch.__version__}. One schema per line, as libtorch's dispatcher prints it.\n")
-        for line in sorted(set(lines)):
+        for text in sorted(ops):
+            f.write(text + "\n")
+        f.write("# Rules on argument values (graph/src/rules.rs): an int libtorch reads as an enum, a float\n")
+        f.write("# that scales a size.\n")
+        for line in rule_lines:
             f.write(line + "\n")
-    print(f"{out}: {len(set(lines))} operators")
+        f.write("# Operators an output of which was an input (or a view of one) on sample arguments, though\n")
+        f.write("# their schemas say not: the checker takes such an output for a view of every input.\n")
+        for line in alias_lines:
+            f.write(line + "\n")
+    print(f"{out}: {len(ops)} operators, {len(rule_lines)} rules, {len(alias_lines)} returning an input")
 
 
 if __name__ == "__main__":

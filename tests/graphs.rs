@@ -254,3 +254,278 @@ fn a_tenant_holds_a_bounded_number_of_models_each_charged_its_bookkeeping() {
     }
     assert_eq!(node.stat(&mut client, "host_budget_used_bytes") - before, 5 * 4096, "only the other tenant's");
 }
+
+/// Registers `graph` and runs it on `x` (f32, `rows` × 4): what the node says.
+fn try_graph(client: &mut Client, graph: &Program, x: &[f32]) -> Result<Vec<u8>, djinn_client::ClientError> {
+    let model = client.register_model(&[container(graph)], |_, _| {})?.fingerprint;
+    let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let shape = [(x.len() / 4) as u64, 4];
+    let out =
+        client.execute(&model, &[Value::Tensor(0)], &[TensorRef { dtype: DType::F32, shape: &shape, bytes: &bytes }]);
+    Ok(out?.tensor_bytes(0).to_vec())
+}
+
+/// The node is alive and serving: relu of a row, on a connection of its own.
+fn serves(node: &Node) {
+    let mut client = Client::connect_with(node.addr, ClientOptions { token: TOKEN.into(), ..Default::default() })
+        .expect("the node still takes connections");
+    let out = try_graph(
+        &mut client,
+        &program(vec![op("aten::relu", "", vec![Arg::Value(0)], vec![2])], 2),
+        &[-1.0, 2.0, -3.0, 4.0],
+    );
+    let want: Vec<u8> = [0f32, 2.0, 0.0, 4.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+    assert_eq!(out.expect("the node still serves"), want);
+}
+
+/// Hand-written graphs that crashed the node (in its meta kernels or libtorch's), read memory
+/// another tenant had freed (an output left unwritten), wrote a weight through an operator
+/// whose output can be its input, or reached a kernel with an index or a distribution that is
+/// a device-side assert on a GPU: each is refused with a typed error naming why, and the node
+/// serves on after every one.
+#[test]
+fn hostile_graphs_are_refused_typed_and_the_node_serves_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let (node, mut client) = tenant_node(dir.path());
+    let (v, int, float, ints) = (
+        Arg::Value,
+        Arg::Int,
+        |f: &str| Arg::Float(f.into()),
+        |xs: &[i64]| Arg::List(xs.iter().map(|&x| Arg::Int(x)).collect()),
+    );
+    let x: Vec<f32> = (0..8).map(|i| i as f32 - 3.5).collect();
+
+    // var over dimension 0 of a 0-dim tensor: a SIGSEGV in the node's meta kernel. Now as
+    // libtorch computes it (one element, corrected: NaN).
+    let var = program(
+        vec![op("aten::sum", "", vec![v(0)], vec![2]), op("aten::var", "correction", vec![v(2), ints(&[0])], vec![3])],
+        3,
+    );
+    let out = try_graph(&mut client, &var, &x).expect("var of a 0-dim tensor runs");
+    assert!(f32::from_le_bytes(out[..4].try_into().unwrap()).is_nan(), "{out:?}");
+
+    // A 5-d convolution with stride, padding and dilation of two entries: a SIGFPE in the meta
+    // kernel. libtorch refuses it, typed.
+    let mut conv = program(
+        vec![
+            op("aten::view", "", vec![v(0), ints(&[1, 1, 2, 2, 2])], vec![2]),
+            op("aten::view", "", vec![v(1), ints(&[2, 1, 2, 2, 2])], vec![3]),
+            op(
+                "aten::convolution",
+                "",
+                vec![
+                    v(2),
+                    v(3),
+                    Arg::None,
+                    ints(&[1, 1]),
+                    ints(&[0, 0]),
+                    ints(&[1, 1]),
+                    Arg::Bool(false),
+                    ints(&[0, 0]),
+                    int(1),
+                ],
+                vec![4],
+            ),
+        ],
+        4,
+    );
+    conv.inputs[0].dims[0] = DimRange { min: 2, max: 2 };
+    let e = try_graph(&mut client, &conv, &x).unwrap_err();
+    assert_eq!(e.remote_code(), Some(ErrorCode::ExecutionFailed), "{e}");
+
+    // Nearest upsampling of uint8 by a scale of 1e-20: a SIGSEGV in libtorch's kernel. And a
+    // batch norm told to use running statistics it was not given: the same. Refused with the
+    // graph, by the allowlist's rules.
+    let upsample = |scale: &str| {
+        let mut p = program(
+            vec![
+                op("aten::_to_copy", "", vec![v(0)], vec![2]),
+                op("aten::view", "", vec![v(2), ints(&[1, 1, -1, 4])], vec![3]),
+                op("aten::upsample_nearest2d", "", vec![v(3), ints(&[4, 4]), float(scale), float(scale)], vec![4]),
+            ],
+            4,
+        );
+        p.nodes[0].kwargs.insert("dtype".into(), Arg::Dtype("uint8".into()));
+        p
+    };
+    let e = try_graph(&mut client, &upsample("1e-20"), &x).unwrap_err();
+    assert_eq!(e.remote_code(), Some(ErrorCode::GraphRefused), "{e}");
+    assert!(e.to_string().contains("scales_h") && e.to_string().contains("finite"), "{e}");
+    try_graph(&mut client, &upsample("2.0"), &x).expect("a scale a model would use");
+    let no_stats = program(
+        vec![op(
+            "aten::_native_batch_norm_legit",
+            "no_stats",
+            vec![v(0), Arg::None, Arg::None, Arg::Bool(false), float("0.1"), float("1e-5")],
+            vec![2, 3, 4],
+        )],
+        2,
+    );
+    let e = try_graph(&mut client, &no_stats, &x).unwrap_err();
+    assert_eq!(e.remote_code(), Some(ErrorCode::GraphRefused), "{e}");
+    assert!(e.to_string().contains("training"), "{e}");
+
+    // A grid sampler with an interpolation or padding mode past libtorch's enum left its output
+    // unwritten (another tenant's freed memory): refused as a constant, and as a value the run
+    // computes (2 + 3), before the kernel.
+    let sampler = |mode: Arg, padding: Arg| {
+        program(
+            vec![
+                op("aten::view", "", vec![v(0), ints(&[1, 1, -1, 4])], vec![2]),
+                op("aten::zeros", "", vec![ints(&[1, 2, 2, 2])], vec![3]),
+                op("native::add", "", vec![int(2), int(3)], vec![4]),
+                op("aten::grid_sampler_2d", "", vec![v(2), v(3), mode, padding, Arg::Bool(false)], vec![5]),
+            ],
+            5,
+        )
+    };
+    for (mode, padding) in [(int(5), int(0)), (int(0), int(3)), (int(0), int(100))] {
+        let e = try_graph(&mut client, &sampler(mode, padding), &x).unwrap_err();
+        assert_eq!(e.remote_code(), Some(ErrorCode::GraphRefused), "{e}");
+        assert!(e.to_string().contains("one of 0, 1, 2"), "{e}");
+    }
+    let e = try_graph(&mut client, &sampler(v(4), int(0)), &x).unwrap_err();
+    assert_eq!(e.remote_code(), Some(ErrorCode::ExecutionFailed), "{e}");
+    assert!(e.to_string().contains("is not one of 0, 1, 2"), "{e}");
+    try_graph(&mut client, &sampler(int(1), int(2)), &x).expect("a valid mode");
+
+    // type_as(w, w), dropout(w, 0, False), _unsafe_view(w) and to(w) are w: a masked_fill_ on
+    // them wrote the weight every tenant of the public model shares.
+    let through = |view: GraphNode| {
+        program(
+            vec![
+                view,
+                op("aten::gt", "Scalar", vec![v(1), int(-100)], vec![3]),
+                op("aten::masked_fill_", "Scalar", vec![v(2), v(3), int(-5)], vec![4]),
+                op("aten::add", "Tensor", vec![v(0), v(4)], vec![5]),
+            ],
+            5,
+        )
+    };
+    for view in [
+        op("aten::type_as", "", vec![v(1), v(1)], vec![2]),
+        op("aten::dropout", "", vec![v(1), float("0.0"), Arg::Bool(false)], vec![2]),
+        op("aten::_unsafe_view", "", vec![v(1), ints(&[4, 4])], vec![2]),
+        op("aten::to", "prim_dtype", vec![v(1), Arg::None], vec![2]),
+    ] {
+        let name = view.op.clone();
+        let e = try_graph(&mut client, &through(view), &x).unwrap_err();
+        assert_eq!(e.remote_code(), Some(ErrorCode::GraphRefused), "{name}: {e}");
+        assert!(e.to_string().contains("a weight"), "{name}: {e}");
+    }
+
+    // x[mask, [100]]: the check of indices stopped at the mask, and on a GPU the kernel's
+    // out-of-range index is a device-side assert. Now each index is checked against the
+    // dimension it indexes.
+    let index = |i: i64| {
+        program(
+            vec![
+                op("aten::select", "int", vec![v(0), int(1), int(0)], vec![2]),
+                op("aten::gt", "Scalar", vec![v(2), int(-100)], vec![3]),
+                op("aten::full", "", vec![ints(&[1]), int(i)], vec![4]),
+                op("aten::index", "Tensor", vec![v(0), Arg::List(vec![v(3), v(4)])], vec![5]),
+            ],
+            5,
+        )
+    };
+    let long = |p: Program| {
+        let mut p = p;
+        p.nodes[2].kwargs.insert("dtype".into(), Arg::Dtype("int64".into()));
+        p
+    };
+    let e = try_graph(&mut client, &long(index(100)), &x).unwrap_err();
+    assert_eq!(e.remote_code(), Some(ErrorCode::ExecutionFailed), "{e}");
+    assert!(e.to_string().contains("index 100 is out of range for dimension 1"), "{e}");
+    let out = try_graph(&mut client, &long(index(3)), &x).expect("an index in range");
+    let want: Vec<u8> = [x[3], x[7]].iter().flat_map(|v| v.to_le_bytes()).collect();
+    assert_eq!(out, want);
+
+    // Drawing with replacement from a distribution with a negative entry: a device-side assert
+    // on a GPU, refused before the kernel on every device.
+    let draw = program(vec![op("aten::multinomial", "", vec![v(0), int(4), Arg::Bool(true)], vec![2])], 2);
+    let e = try_graph(&mut client, &draw, &x).unwrap_err();
+    assert_eq!(e.remote_code(), Some(ErrorCode::ExecutionFailed), "{e}");
+    assert!(e.to_string().contains("negative, infinite or NaN"), "{e}");
+    try_graph(&mut client, &draw, &[0.1, 0.2, 0.3, 0.4]).expect("a distribution");
+    serves(&node);
+}
+
+/// A tenant with a memory quota of 32 MiB ("small") beside the test's tenant, on a node that
+/// lets one run hold 64 MiB.
+fn bounded_node(dir: &std::path::Path) -> (Node, Client, Client) {
+    let file = dir.join("tokens.json");
+    let small = "graphs-small-tenant-token-0123";
+    std::fs::write(
+        &file,
+        format!(
+            r#"{{"principals": [{{"name": "graphs", "tokens": ["{TOKEN}"]}},
+                {{"name": "small", "tokens": ["{small}"], "quota": {{"device_memory": 33554432}}}}]}}"#
+        ),
+    )
+    .unwrap();
+    let node = Node::start("mio", &["--auth-file", file.to_str().unwrap(), "--max-run-memory", "64MiB"]);
+    let connect = |token: &str| {
+        Client::connect_with(node.addr, ClientOptions { token: token.into(), ..Default::default() }).unwrap()
+    };
+    let (client, small) = (connect(TOKEN), connect(small));
+    (node, client, small)
+}
+
+/// Memory a run's plan does not see is counted as it is allocated, by the node's allocator:
+/// after a `nonzero` (where plans stop), inside an operator (attention on 3-d inputs takes
+/// libtorch's math path, whose score matrix the plan has no part of), after the run (an
+/// expanded output made contiguous to be sent). Each is refused with a typed error as it
+/// allocates (`OverBudget` past the run's bound, `QuotaExceeded` past a tenant's quota) where
+/// it was served before, the same graphs at sizes within the bounds run, and the node serves
+/// on with the quota given back.
+#[test]
+fn memory_a_plan_cannot_see_is_bounded_as_it_is_allocated() {
+    let dir = tempfile::tempdir().unwrap();
+    let (node, mut client, mut small) = bounded_node(dir.path());
+    let (v, ints) = (Arg::Value, |xs: &[i64]| Arg::List(xs.iter().map(|&x| Arg::Int(x)).collect()));
+    let x: Vec<f32> = (0..8).map(|i| i as f32 - 3.5).collect();
+    let refused = |e: djinn_client::ClientError, code: ErrorCode| {
+        assert_eq!(e.remote_code(), Some(code), "{e}");
+        assert!(e.to_string().contains("allocation of"), "{e}");
+    };
+    // ones(n) after a nonzero: 256 MiB of f32 past the run's 64 MiB.
+    let after_nonzero = |n: i64| {
+        program(
+            vec![
+                op("aten::nonzero", "", vec![v(0)], vec![2]),
+                op("aten::ones", "", vec![ints(&[n])], vec![3]),
+                op("aten::sum", "", vec![v(3)], vec![4]),
+            ],
+            4,
+        )
+    };
+    refused(try_graph(&mut client, &after_nonzero(1 << 26), &x).unwrap_err(), ErrorCode::OverBudget);
+    let out = try_graph(&mut client, &after_nonzero(1 << 20), &x).expect("4 MiB after a nonzero");
+    assert_eq!(f32::from_le_bytes(out[..4].try_into().unwrap()), (1 << 20) as f32);
+    // Attention over 3-d inputs of 8,192 queries and keys: libtorch's math path holds a
+    // 256 MiB score matrix the plan does not see (its output is 128 KiB).
+    let attention = |n: i64| {
+        program(
+            vec![
+                op("aten::view", "", vec![v(0), ints(&[1, -1, 4])], vec![2]),
+                op("aten::expand", "", vec![v(2), ints(&[1, n, 4])], vec![3]),
+                op("aten::scaled_dot_product_attention", "", vec![v(3), v(3), v(3)], vec![4]),
+            ],
+            4,
+        )
+    };
+    let row = &x[..4];
+    refused(try_graph(&mut client, &attention(8192), row).unwrap_err(), ErrorCode::OverBudget);
+    try_graph(&mut client, &attention(1024), row).expect("a 4 MiB score matrix");
+    // An output that is a 256 MiB expansion of one row, made contiguous after the run to be
+    // sent: refused as that copy allocates.
+    let expanded = |n: i64| program(vec![op("aten::expand", "", vec![v(0), ints(&[n, 4])], vec![2])], 2);
+    refused(try_graph(&mut client, &expanded(1 << 24), row).unwrap_err(), ErrorCode::OverBudget);
+    assert_eq!(try_graph(&mut client, &expanded(4), row).unwrap().len(), 4 * 16);
+    // A tenant's quota bounds what its jobs hold, its plans' unseen memory included: 48 MiB
+    // after a nonzero is within the run's bound and over its 32 MiB quota.
+    refused(try_graph(&mut small, &after_nonzero(12 << 20), &x).unwrap_err(), ErrorCode::QuotaExceeded);
+    assert!(try_graph(&mut small, &after_nonzero(4 << 20), &x).is_ok(), "the quota is given back after a refusal");
+    assert_eq!(node.stat(&mut client, "allocations_refused"), 4);
+    serves(&node);
+}

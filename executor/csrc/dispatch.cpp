@@ -16,6 +16,7 @@
 #include <ATen/core/ivalue.h>
 #include <ATen/ExpandUtils.h>
 #include <c10/core/InferenceMode.h>
+#include <c10/util/safe_numerics.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -169,7 +170,8 @@ void to_scalar(const c10::OperatorHandle& op, Stack* stack) {
     give(stack, n, empty({}, dtype));
 }
 
-// var.correction(self, dim?, correction?, keepdim): a float of the reduced sizes.
+// var.correction(self, dim?, correction?, keepdim): a float of the reduced sizes. A 0-dim
+// tensor reduces over dimension 0 or -1 (as libtorch wraps them) to a 0-dim result.
 void variance(const c10::OperatorHandle& op, Stack* stack) {
     size_t n = arity(op);
     const at::Tensor& self = arg(stack, n, 0).toTensor();
@@ -177,8 +179,14 @@ void variance(const c10::OperatorHandle& op, Stack* stack) {
     bool keepdim = arg(stack, n, 3).toBool();
     std::vector<bool> reduced(self.dim(), dims.isNone());
     if (!dims.isNone()) {
-        for (int64_t d : ints(dims)) reduced[c10::maybe_wrap_dim(d, self.dim())] = true;
-        if (ints(dims).empty()) std::fill(reduced.begin(), reduced.end(), true);
+        std::vector<int64_t> given = ints(dims);
+        // maybe_wrap_dim throws past the rank; for a 0-dim tensor it admits 0 and -1, which
+        // index no size here.
+        for (int64_t d : given) {
+            int64_t wrapped = c10::maybe_wrap_dim(d, self.dim());
+            if (wrapped < self.dim()) reduced[wrapped] = true;
+        }
+        if (given.empty()) std::fill(reduced.begin(), reduced.end(), true);
     }
     std::vector<int64_t> sizes;
     for (int64_t d = 0; d < self.dim(); ++d) {
@@ -224,19 +232,39 @@ void convolution(const c10::OperatorHandle& op, Stack* stack) {
     int64_t groups = g.isInt() ? g.toInt() : g.toSymInt().guard_int(__FILE__, __LINE__);
     int64_t spatial = input.dim() - 2;
     TORCH_CHECK(spatial >= 1 && weight.dim() == input.dim(), "convolution's ranks");
-    // Checked before the arithmetic below (a zero stride would divide by zero), as libtorch's
-    // own convolution checks them before it runs.
+    // Each list has one entry, or one per spatial dimension (as libtorch expands them); checked
+    // before the arithmetic below, as libtorch checks them before it runs.
+    for (const auto* v : {&stride, &padding, &dilation, &output_padding}) {
+        TORCH_CHECK(v->size() <= 1 || static_cast<int64_t>(v->size()) == spatial,
+                    "a convolution's stride, padding, dilation or output padding has ", v->size(),
+                    " entries for ", spatial, " spatial dimensions");
+    }
     auto positive = [](const std::vector<int64_t>& v) { return std::all_of(v.begin(), v.end(), [](int64_t x) { return x > 0; }); };
+    auto non_negative = [](const std::vector<int64_t>& v) { return std::all_of(v.begin(), v.end(), [](int64_t x) { return x >= 0; }); };
     TORCH_CHECK(positive(stride) && positive(dilation) && groups > 0, "non-positive stride, dilation or groups");
+    TORCH_CHECK(non_negative(padding) && non_negative(output_padding), "negative padding");
     auto at_or = [](const std::vector<int64_t>& v, int64_t i, int64_t otherwise) {
         return v.empty() ? otherwise : v[v.size() == 1 ? 0 : i];
     };
-    std::vector<int64_t> sizes{input.size(0), transposed ? weight.size(1) * groups : weight.size(0)};
+    // Sizes past what a tensor can hold fail here, not by overflowing the arithmetic.
+    auto checked = [](bool overflowed) { TORCH_CHECK(!overflowed, "a convolution's output size overflows"); };
+    int64_t channels = weight.size(0);
+    if (transposed) checked(c10::mul_overflows(weight.size(1), groups, &channels));
+    std::vector<int64_t> sizes{input.size(0), channels};
     for (int64_t d = 0; d < spatial; ++d) {
         int64_t in = input.size(d + 2), k = weight.size(d + 2);
         int64_t s = at_or(stride, d, 1), p = at_or(padding, d, 0), dl = at_or(dilation, d, 1);
-        sizes.push_back(transposed ? (in - 1) * s - 2 * p + dl * (k - 1) + at_or(output_padding, d, 0) + 1
-                                   : (in + 2 * p - dl * (k - 1) - 1) / s + 1);
+        int64_t span = 0, out = 0, twice_p = 0;
+        checked(c10::mul_overflows(dl, k - 1, &span) || c10::mul_overflows(p, int64_t{2}, &twice_p));
+        if (transposed) {
+            checked(c10::mul_overflows(in - 1, s, &out) || c10::add_overflows(out, span, &out) ||
+                    c10::add_overflows(out, at_or(output_padding, d, 0), &out) ||
+                    c10::add_overflows(out, int64_t{1} - twice_p, &out));
+        } else {
+            checked(c10::add_overflows(in, twice_p, &out));
+            out = (out - span - 1) / s + 1;
+        }
+        sizes.push_back(out);
     }
     give(stack, n, empty(sizes, input.scalar_type()));
 }

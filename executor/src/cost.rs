@@ -11,6 +11,7 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -171,6 +172,8 @@ pub struct CostCounters {
     /// Runs refused for their plan: over the node's bound per run, a memory quota or a
     /// compute quota.
     pub refused: AtomicU64,
+    /// Jobs ended by an allocation the node's allocator refused (see `allocator.rs`).
+    pub allocations_refused: AtomicU64,
 }
 
 /// What bounds one execution (an execute, a session step, a resume): its time, and for each
@@ -192,16 +195,19 @@ pub struct Limits {
 pub(crate) struct Account {
     pub tenant: TenantId,
     pub limits: Limits,
+    /// On a CPU node, the job's allocations as the node's allocator counts them: the bound
+    /// that holds whatever the plan saw, and the tenant's quota charged by it.
+    pub memory: Option<crate::allocator::JobMemory>,
 }
 
 thread_local! {
-    static ACCOUNT: RefCell<Option<Arc<Account>>> = const { RefCell::new(None) };
+    static ACCOUNT: RefCell<Option<Rc<Account>>> = const { RefCell::new(None) };
 }
 
 /// Runs `f` with `account` as this thread's account (none for `None`: runs are not planned).
-pub(crate) fn within<T>(account: Option<Arc<Account>>, f: impl FnOnce() -> T) -> T {
+pub(crate) fn within<T>(account: Option<Rc<Account>>, f: impl FnOnce() -> T) -> T {
     /// Puts the account before back, however `f` ends (a panic is caught by the worker).
-    struct Restore(Option<Arc<Account>>);
+    struct Restore(Option<Rc<Account>>);
     impl Drop for Restore {
         fn drop(&mut self) {
             ACCOUNT.set(self.0.take());
@@ -237,6 +243,15 @@ pub(crate) fn admit(estimate: &Estimate) -> Result<Option<Charge>, ExecError> {
                 .map_err(|e| refused(ExecError::RunOverQuota { planned: estimate.peak_bytes, quota: e }))?,
         ),
         None => None,
+    };
+    // Where the allocator counts the job's memory, it charges the quota as the run allocates:
+    // the plan's charge only checks that the run fits, and a new bound on the run begins.
+    let charge = match &account.memory {
+        Some(memory) => {
+            memory.begin_run();
+            None
+        }
+        None => charge,
     };
     limits.meter.charge(account.tenant, estimate.flops, Instant::now()).map_err(refused)?;
     let counters = &limits.counters;

@@ -57,6 +57,10 @@ pub enum ExecError {
     /// The run's plan needs more memory than the tenant's quota has left: refused before it runs.
     #[error("the run's intermediates and outputs would hold {planned} bytes at once: {quota}")]
     RunOverQuota { planned: u64, quota: djinn_memory::OverBudget },
+    /// An allocation refused as it happened (the node's CPU allocator): past the run's bound
+    /// (`run_limit`, `--max-run-memory`) or over the tenant's memory quota.
+    #[error("{}", allocation_refused(*asked, *held, *run_limit, *quota))]
+    AllocationRefused { asked: u64, held: u64, run_limit: Option<u64>, quota: Option<u64> },
     /// The run costs more operations than the tenant's compute quota has left.
     #[error("{0}")]
     ComputeQuota(String),
@@ -65,6 +69,20 @@ pub enum ExecError {
     TooMany(String),
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+fn allocation_refused(asked: u64, held: u64, run_limit: Option<u64>, quota: Option<u64>) -> String {
+    match (run_limit, quota) {
+        (Some(limit), _) => format!(
+            "an allocation of {asked} bytes was refused: the run had added {held} bytes, and the node lets one run \
+             hold {limit}"
+        ),
+        (None, quota) => format!(
+            "an allocation of {asked} bytes was refused: the job held {held} bytes, and the tenant's memory quota \
+             ({}) has no room for more",
+            quota.map_or_else(|| "none".to_owned(), |q| format!("{q} bytes"))
+        ),
+    }
 }
 
 impl ExecError {
@@ -76,6 +94,8 @@ impl ExecError {
             Self::Refused(_) => ErrorCode::GraphRefused,
             Self::TooMany(_) | Self::ComputeQuota(_) | Self::RunOverQuota { .. } => ErrorCode::QuotaExceeded,
             Self::RunTooLarge { .. } => ErrorCode::OverBudget,
+            Self::AllocationRefused { run_limit: Some(_), .. } => ErrorCode::OverBudget,
+            Self::AllocationRefused { run_limit: None, .. } => ErrorCode::QuotaExceeded,
             Self::DeadlineExceeded { .. } => ErrorCode::DeadlineExceeded,
             Self::Forbidden(_) => ErrorCode::Forbidden,
             Self::BadArchive(_) | Self::Io(_) => ErrorCode::BadArchive,

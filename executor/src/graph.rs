@@ -9,7 +9,7 @@ use std::sync::Mutex;
 
 use djinn_graph::format::{DimRange, dtype};
 use djinn_graph::schema::Type;
-use djinn_graph::{Arg, Checked, Native, Step};
+use djinn_graph::{Allowlist, Arg, Checked, Native, Step, ValueRule};
 use tch::{Device, Kind, Tensor};
 
 use crate::cost::Estimate;
@@ -167,6 +167,12 @@ struct PreparedCall {
     name: String,
     /// Index operands to check before it runs.
     bounds: Option<crate::index_bounds::IndexBounds>,
+    /// Probabilities to check before it runs.
+    probabilities: Option<crate::operands::Probabilities>,
+    /// Varying arguments the allowlist has a rule on.
+    rules: Vec<(Arg, ValueRule)>,
+    /// The arguments it writes (an in-place operator's target).
+    writes: Vec<Arg>,
 }
 
 // SAFETY: a prepared call is not changed after preparation; runs copy its arguments.
@@ -341,8 +347,13 @@ impl GraphModule {
     /// Decodes, checks and prepares the graph container `bytes` on `device`, its weights
     /// copied out of `bytes`.
     pub fn load(bytes: &[u8], device: Device) -> Result<Self, ExecError> {
+        Self::load_with(bytes, device, djinn_graph::allowlist())
+    }
+
+    /// [`Self::load`] against `allowlist` (tests take rules out of it to reach the walls behind).
+    fn load_with(bytes: &[u8], device: Device, allowlist: &Allowlist) -> Result<Self, ExecError> {
         let decoded = djinn_graph::decode(bytes).map_err(|e| bad(format!("not a valid graph: {e}")))?;
-        let checked = djinn_graph::check(decoded.program, djinn_graph::allowlist())
+        let checked = djinn_graph::check(decoded.program, allowlist)
             .map_err(|e| ExecError::Refused(format!("the graph is refused: {e}")))?;
         let mut weights = Vec::with_capacity(checked.program.weights.len());
         for w in &checked.program.weights {
@@ -382,7 +393,7 @@ impl GraphModule {
                         .map(|(step, node)| match step {
                             Step::Native { .. } => Ok(None),
                             Step::Op { schema, args, generator } => {
-                                prepare(&node.op, &node.overload, schema, args, target).map(|mut call| {
+                                prepare(&node.op, &node.overload, schema, args, target, allowlist).map(|mut call| {
                                     call.generator = *generator;
                                     Some(call)
                                 })
@@ -537,13 +548,21 @@ impl GraphModule {
         let _charge = if crate::cost::charged() { crate::cost::admit(&self.estimate(index, &inputs)?)? } else { None };
         let Prepared { program, checked, calls, dies_after } = self.prepared(index, &self.calls)?;
         let mut env: Vec<Option<RtValue>> = (0..checked.values).map(|_| None).collect();
+        // What no operator may write, whatever the checker concluded of its aliases: the
+        // weights' memory and the caller's inputs' (a session's state is the run's to write).
+        let mut read_only = HashSet::new();
         for (spec, t) in program.inputs.iter().zip(inputs) {
+            if !spec.state {
+                read_only.insert(storage_of(&t).0);
+            }
             let t = if t.device() == self.device { t } else { t.f_to_device(self.device)? };
             env[spec.value as usize] = Some(RtValue::Tensor(t));
         }
         for (id, w) in &self.weights {
+            read_only.insert(storage_of(w).0);
             env[*id as usize] = Some(RtValue::Tensor(w.shallow_clone()));
         }
+        read_only.remove(&0);
         let mut outs: Vec<ffi::Out> = Vec::new();
         // Made at the first random operator of the run.
         let mut generator: Option<RequestGenerator> = None;
@@ -555,9 +574,22 @@ impl GraphModule {
                     env[node.outputs[0] as usize] = Some(v);
                 }
                 (Step::Op { .. }, Some(call)) => {
+                    let fail = |e: String| ExecError::Execution(format!("{}: {e}", call.name));
                     if let Some(bounds) = &call.bounds {
-                        crate::index_bounds::check(bounds, |arg| value_of(arg, &env))
-                            .map_err(|e| ExecError::Execution(format!("{}: {e}", call.name)))?;
+                        crate::index_bounds::check(bounds, |arg| value_of(arg, &env)).map_err(fail)?;
+                    }
+                    if let Some(p) = &call.probabilities {
+                        crate::operands::check_probabilities(p, |arg| value_of(arg, &env)).map_err(fail)?;
+                    }
+                    for target in &call.writes {
+                        if let Ok(RtValue::Tensor(t)) = value_of(target, &env)
+                            && read_only.contains(&storage_of(&t).0)
+                        {
+                            return Err(ExecError::Refused(format!(
+                                "{}: writes the memory of a weight or of the caller's input",
+                                call.name
+                            )));
+                        }
                     }
                     let request_generator = match (call.generator, &mut generator) {
                         (None, _) => None,
@@ -906,6 +938,7 @@ fn prepare(
     schema: &djinn_graph::schema::Schema,
     args: &[Option<Arg>],
     target: Target,
+    allowlist: &Allowlist,
 ) -> Result<PreparedCall, ExecError> {
     let name = djinn_graph::schema::qualified(op, overload);
     // A plan runs `view` as `reshape` (the same arguments): a view of a meta tensor whose
@@ -925,10 +958,28 @@ fn prepare(
             take_message(err)
         )));
     };
-    let bounds = crate::index_bounds::of(&name, args);
-    let mut call = PreparedCall { raw, varying: Vec::new(), generator: None, cap: 0, name: name.clone(), bounds };
+    let rules = allowlist
+        .rules(&name)
+        .iter()
+        .filter_map(|(slot, rule)| Some((args.get(*slot)?.clone().filter(varies)?, rule.clone())))
+        .collect();
+    let writes = (schema.arguments.iter().zip(args))
+        .filter(|(a, _)| a.alias.as_ref().is_some_and(|alias| alias.write))
+        .filter_map(|(_, given)| given.clone())
+        .collect();
+    let mut call = PreparedCall {
+        raw,
+        varying: Vec::new(),
+        generator: None,
+        cap: 0,
+        name: name.clone(),
+        bounds: crate::index_bounds::of(&name, args),
+        probabilities: crate::operands::probabilities_of(&name, args),
+        rules,
+        writes,
+    };
     let dispatcher = take_message(schema_text);
-    let expected = djinn_graph::allowlist().text(&name).unwrap_or_default();
+    let expected = allowlist.text(&name).unwrap_or_default();
     if normalise(&dispatcher) != normalise(expected) && !in_plan_as_reshape {
         return Err(ExecError::Refused(format!(
             "{name}: this node's libtorch has another schema for it ({dispatcher}) than the allowlist ({expected})"
@@ -1042,6 +1093,11 @@ fn run_call(
     let mut scratch = Scratch::default();
     let mut varying = Vec::with_capacity(call.varying.len() + 1);
     let fail = |why: String| ExecError::Execution(format!("{}: {why}", call.name));
+    for (arg, rule) in &call.rules {
+        if !crate::operands::admitted(rule, &value_of(arg, env).map_err(fail)?) {
+            return Err(fail(format!("an argument the run computed ({arg:?}) is not {rule}")));
+        }
+    }
     for (index, ty, arg) in &call.varying {
         let value = value_of(arg, env).map_err(fail)?;
         varying.push(to_varying(*index, ty, value, &mut scratch).map_err(fail)?);
@@ -1422,6 +1478,9 @@ mod tests {
             ("aten::var.correction", vec![v(0), ints(&[1])], vec![("correction", i(1))], f(&[3, 4, 5])),
             ("aten::var.correction", vec![v(0), ints(&[-1, 0])], vec![("keepdim", b(true))], f(&[3, 4, 5])),
             ("aten::var.correction", vec![v(0)], vec![], f(&[3, 4, 5])),
+            // A 0-dim tensor over its dimension 0 or -1.
+            ("aten::var.correction", vec![v(0), ints(&[0])], vec![], f(&[])),
+            ("aten::var.correction", vec![v(0), ints(&[-1])], vec![("keepdim", b(true))], f(&[])),
         ] {
             let [real, meta] = on_cpu_and_meta(op, args, &kwargs, &[input], 1);
             assert_eq!(meta, real, "{op} {kwargs:?}");
@@ -1439,6 +1498,77 @@ mod tests {
         assert_eq!(conv.estimate_run(&inputs).unwrap().stopped_at.as_deref(), Some("aten::convolution"));
         let e = conv.run(inputs.iter().map(Tensor::shallow_clone).collect()).unwrap_err();
         assert!(e.to_string().contains("stride"), "{e}");
+        // Lists shorter than the spatial dimensions (which the kernel read past, then divided by
+        // what it read).
+        let pair = || ints(&[1, 1]);
+        let volume = [f(&[1, 2, 3, 3, 3]), f(&[2, 2, 1, 1, 1])];
+        let conv = one_operator(
+            "aten::convolution",
+            vec![v(0), v(1), Arg::None, pair(), ints(&[0, 0]), pair(), b(false), ints(&[0, 0]), i(1)],
+            &[],
+            &volume,
+            1,
+        );
+        assert_eq!(conv.estimate_run(&volume).unwrap().stopped_at.as_deref(), Some("aten::convolution"));
+        conv.run(volume.iter().map(Tensor::shallow_clone).collect()).unwrap_err();
+    }
+
+    /// The second wall: with the allowlist's knowledge that `type_as(w, w)` is `w` taken out,
+    /// the checker passes a `masked_fill_` on it, and the runner refuses the write at run time,
+    /// before it happens: to a weight, to the caller's input, and not to the graph's own.
+    #[test]
+    fn an_in_place_write_to_a_weight_or_an_input_is_refused_as_it_is_about_to_happen() {
+        let forgetful = Allowlist::parse(
+            &include_str!("../../graph/allowlist.txt")
+                .lines()
+                .filter(|l| !l.starts_with("returns-input"))
+                .collect::<Vec<_>>()
+                .join("\n"),
+        )
+        .unwrap();
+        let v = Arg::Value;
+        let scalar =
+            |op: &str, args: Vec<Arg>, out: u32| Node { overload: "Scalar".into(), ..node(op, args, vec![out]) };
+        let write = |first: Node| {
+            let program = Program {
+                format: FORMAT,
+                inputs: vec![Input {
+                    name: "x".into(),
+                    value: 0,
+                    dtype: "float32".into(),
+                    dims: vec![DimRange { min: 2, max: 2 }],
+                    state: false,
+                }],
+                weights: vec![Weight {
+                    name: "w".into(),
+                    value: 1,
+                    dtype: "float32".into(),
+                    shape: vec![2],
+                    offset: 0,
+                }],
+                nodes: vec![
+                    first,
+                    scalar("aten::gt", vec![v(1), Arg::Int(-100)], 3),
+                    scalar("aten::masked_fill_", vec![v(2), v(3), Arg::Int(-5)], 4),
+                ],
+                outputs: vec![v(4)],
+                state: vec![],
+                entries: vec![],
+            };
+            let w: Vec<u8> = [1f32, 2.0].iter().flat_map(|f| f.to_le_bytes()).collect();
+            GraphModule::load_with(&djinn_graph::encode(&program, &[&w]).unwrap(), Device::Cpu, &forgetful).unwrap()
+        };
+        let x = || vec![Tensor::from_slice(&[3f32, 4.0])];
+        for target in [1, 0] {
+            let graph = write(node("aten::type_as", vec![v(target), v(target)], vec![2]));
+            let e = graph.run(x()).unwrap_err();
+            assert!(matches!(e, ExecError::Refused(_)) && e.to_string().contains("writes the memory"), "{e}");
+            assert_eq!(Vec::<f32>::try_from(&graph.weights()[0].1).unwrap(), [1.0, 2.0], "the weight is as it was");
+        }
+        // The graph's own memory is its to write.
+        let out = write(node("aten::clone", vec![v(1)], vec![2])).run(x()).unwrap();
+        let [RtValue::Tensor(out)] = &out[..] else { panic!("{out:?}") };
+        assert_eq!(Vec::<f32>::try_from(out).unwrap(), [-5.0, -5.0]);
     }
 
     /// A container reads back byte for byte from the program and the weights the graph keeps,

@@ -75,13 +75,29 @@ pub(crate) fn check(bounds: &IndexBounds, value: impl Fn(&Arg) -> Result<RtValue
             within(&index, size, bounds.negative, &format!("dimension {dim}"))?;
         }
         (Dim::InOrder, RtValue::List(items)) => {
-            // A mask (bool or uint8) covers as many dimensions as it has: what follows it is
-            // matched by libtorch, which turns masks into indices itself.
-            for (k, item) in items.iter().enumerate() {
+            // Each index tensor is into the next dimension; a mask (bool or uint8) covers as
+            // many as it has, and must match their sizes.
+            let mut dim = 0usize;
+            for item in &items {
                 match item {
-                    RtValue::Tensor(t) if is_mask(t) => break,
-                    RtValue::Tensor(t) => within(t, size_of(k as i64)?, bounds.negative, &format!("dimension {k}"))?,
-                    _ => {}
+                    RtValue::Tensor(t) if is_mask(t) => {
+                        let covered = sizes.get(dim..dim + t.dim()).ok_or_else(|| {
+                            format!(
+                                "a mask of {} dimensions from dimension {dim} of a tensor of {}",
+                                t.dim(),
+                                sizes.len()
+                            )
+                        })?;
+                        if t.size() != covered {
+                            return Err(format!("a mask of sizes {:?} over dimensions of sizes {covered:?}", t.size()));
+                        }
+                        dim += t.dim();
+                    }
+                    RtValue::Tensor(t) => {
+                        within(t, size_of(dim as i64)?, bounds.negative, &format!("dimension {dim}"))?;
+                        dim += 1;
+                    }
+                    _ => dim += 1,
                 }
             }
         }
@@ -136,6 +152,10 @@ mod tests {
     }
 
     fn ints(values: &[i64]) -> RtValue {
+        RtValue::Tensor(Tensor::from_slice(values))
+    }
+
+    fn mask(values: &[bool]) -> RtValue {
         RtValue::Tensor(Tensor::from_slice(values))
     }
 
@@ -195,12 +215,40 @@ mod tests {
                 vec![rows(&[3, 4]), RtValue::List(vec![RtValue::None, ints(&[4])]), rows(&[1])],
                 Some("dimension 1"),
             ),
-            // A mask is libtorch's to match.
+            // A mask covers as many dimensions as it has, sized as they are; what follows it
+            // indexes the next.
             (
                 "aten::index.Tensor",
                 vec![v(0), v(1)],
-                vec![rows(&[3, 4]), RtValue::List(vec![RtValue::Tensor(Tensor::from_slice(&[true, false, true]))])],
+                vec![rows(&[3, 4]), RtValue::List(vec![mask(&[true, false, true]), ints(&[3])])],
                 None,
+            ),
+            (
+                "aten::index.Tensor",
+                vec![v(0), v(1)],
+                vec![rows(&[3, 4]), RtValue::List(vec![mask(&[true, false, true]), ints(&[100])])],
+                Some("index 100 is out of range for dimension 1, of size 4"),
+            ),
+            (
+                "aten::index.Tensor",
+                vec![v(0), v(1)],
+                vec![
+                    rows(&[3, 4, 5]),
+                    RtValue::List(vec![RtValue::Tensor(Tensor::from_slice(&[true; 12]).reshape([3, 4])), ints(&[5])]),
+                ],
+                Some("index 5 is out of range for dimension 2, of size 5"),
+            ),
+            (
+                "aten::index.Tensor",
+                vec![v(0), v(1)],
+                vec![rows(&[3, 4]), RtValue::List(vec![mask(&[true, false])])],
+                Some("a mask of sizes [2] over dimensions of sizes [3]"),
+            ),
+            (
+                "aten::index.Tensor",
+                vec![v(0), v(1)],
+                vec![rows(&[3]), RtValue::List(vec![mask(&[true; 3]), mask(&[true])])],
+                Some("a mask of 1 dimensions from dimension 1 of a tensor of 1"),
             ),
             // An embedding bag's offsets index its indices, their count included.
             (

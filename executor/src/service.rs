@@ -541,6 +541,7 @@ impl Service for NodeService {
                 ("largest_planned_run_bytes", plans.largest_peak_bytes.load(Ordering::Relaxed)),
                 ("partly_planned_runs", plans.partly_planned.load(Ordering::Relaxed)),
                 ("runs_refused_by_plan", plans.refused.load(Ordering::Relaxed)),
+                ("allocations_refused", plans.allocations_refused.load(Ordering::Relaxed)),
                 ("host_budget_used_bytes", self.host_budget.used()),
                 ("host_budget_limit_bytes", self.host_budget.limit()),
             ]

@@ -3,6 +3,7 @@
 //! plane's `Replier`.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -18,6 +19,7 @@ use djinn_proto::{
 use tch::jit::IValue;
 use tch::{Device, Tensor};
 
+use crate::allocator::JobMemory;
 use crate::convert::{OutputTensor, Outputs, aliases, input_tensors, kept_inputs, to_ivalue};
 use crate::cost::{self, Account, Limits};
 use crate::deadline;
@@ -149,9 +151,25 @@ struct Shared {
 impl Shared {
     /// Runs an execution of `tenant`'s under the node's deadline, its graph runs planned and
     /// charged to the tenant before each runs.
-    fn limited<T>(&self, tenant: TenantId, f: impl FnOnce() -> T) -> T {
-        let account = Account { tenant, limits: self.limits.clone() };
-        cost::within(Some(Arc::new(account)), || deadline::within(self.limits.deadline, f))
+    /// On a CPU node the job's allocations are counted as they happen too (see
+    /// `allocator.rs`), and a job that failed for an allocation refused says so, typed.
+    fn limited<T>(&self, tenant: TenantId, f: impl FnOnce() -> Result<T, ExecError>) -> Result<T, ExecError> {
+        let memory = (self.device == Device::Cpu)
+            .then(|| JobMemory::open(tenant, &self.limits.budget, self.limits.max_run_bytes));
+        let account = Rc::new(Account { tenant, limits: self.limits.clone(), memory });
+        let result = cost::within(Some(Rc::clone(&account)), || {
+            deadline::within(self.limits.deadline, || match &account.memory {
+                Some(memory) => memory.charging(f),
+                None => f(),
+            })
+        });
+        match (result, account.memory.as_ref().and_then(JobMemory::refusal)) {
+            (Err(_), Some(refused)) => {
+                self.limits.counters.allocations_refused.fetch_add(1, Ordering::Relaxed);
+                Err(refused)
+            }
+            (result, _) => result,
+        }
     }
 }
 

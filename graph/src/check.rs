@@ -4,10 +4,11 @@
 //! one), and random operators only with their randomness off. A refusal names the node, the
 //! operator and why.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, OnceLock};
 
 use crate::format::{Arg, Graph, MAX_LIST, MAX_RANK, MAX_VALUES, Node, Program, dtype};
+use crate::rules::ValueRule;
 use crate::schema::{self, Schema, Type};
 
 /// The operators a node runs: graph/allowlist.txt (written by graph/allowlist.py).
@@ -21,18 +22,47 @@ pub struct Allowlist {
     by_name: HashMap<String, Arc<Schema>>,
     /// Each schema's text as in the file (the runner compares it with the dispatcher's).
     texts: HashMap<String, String>,
+    /// Per operator, the rules on its arguments' values, by argument slot (`rule` lines).
+    rules: HashMap<String, Vec<(usize, ValueRule)>>,
+    /// Operators whose outputs can be an input though their schemas say not (`returns-input`
+    /// lines: `type_as(w, w)` is `w`).
+    returns_input: HashSet<String>,
 }
 
 impl Allowlist {
+    /// One schema per line, as libtorch prints it; then `rule OP ARG RULE...` (see
+    /// [`ValueRule::parse`]) and `returns-input OP` lines about the operators above them.
     pub fn parse(text: &str) -> Result<Self, schema::SchemaError> {
-        let mut by_name = HashMap::new();
-        let mut texts = HashMap::new();
+        let mut list = Self {
+            by_name: HashMap::new(),
+            texts: HashMap::new(),
+            rules: HashMap::new(),
+            returns_input: HashSet::new(),
+        };
         for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
-            let s = schema::parse(line)?;
-            texts.insert(s.qualified(), line.to_owned());
-            by_name.insert(s.qualified(), Arc::new(s));
+            let fail = |why| schema::SchemaError { schema: line.to_owned(), why };
+            let words: Vec<&str> = line.split_whitespace().collect();
+            match words.as_slice() {
+                ["rule", op, arg, rule @ ..] => {
+                    let schema = list.by_name.get(*op).ok_or(fail("a rule for an operator not listed above it"))?;
+                    let slot = schema.arguments.iter().position(|a| a.name == *arg).ok_or(fail("no such argument"))?;
+                    let rule = ValueRule::parse(rule).ok_or(fail("a rule is `one-of N...` or `within LOW HIGH`"))?;
+                    list.rules.entry((*op).to_owned()).or_default().push((slot, rule));
+                }
+                ["returns-input", op] => {
+                    if !list.by_name.contains_key(*op) {
+                        return Err(fail("returns-input names an operator not listed above it"));
+                    }
+                    list.returns_input.insert((*op).to_owned());
+                }
+                _ => {
+                    let s = schema::parse(line)?;
+                    list.texts.insert(s.qualified(), line.to_owned());
+                    list.by_name.insert(s.qualified(), Arc::new(s));
+                }
+            }
         }
-        Ok(Self { by_name, texts })
+        Ok(list)
     }
 
     pub fn get(&self, qualified: &str) -> Option<&Arc<Schema>> {
@@ -41,6 +71,17 @@ impl Allowlist {
 
     pub fn text(&self, qualified: &str) -> Option<&str> {
         self.texts.get(qualified).map(String::as_str)
+    }
+
+    /// The rules on `qualified`'s argument values, by argument slot.
+    pub fn rules(&self, qualified: &str) -> &[(usize, ValueRule)] {
+        self.rules.get(qualified).map_or(&[], Vec::as_slice)
+    }
+
+    /// Whether an output of `qualified` can be one of its inputs (or a view of one), whatever
+    /// its schema says.
+    pub fn returns_input(&self, qualified: &str) -> bool {
+        self.returns_input.contains(qualified)
     }
 
     pub fn len(&self) -> usize {
@@ -161,13 +202,14 @@ pub enum CheckError {
 }
 
 /// Where a tensor's memory comes from: writing it is allowed only for the graph's own and a
-/// session's state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// session's state. Ordered from the most writable: a value that may view either of two roots
+/// has the later one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Root {
+    Own,
+    State,
     Input,
     Weight,
-    State,
-    Own,
 }
 
 struct State {
@@ -342,6 +384,11 @@ fn check_node(node: &Node, allowlist: &Allowlist, state: &mut State) -> Result<S
         }
     }
     random_off(&qualified, schema, &bound)?;
+    for (slot, rule) in allowlist.rules(&qualified) {
+        if let (Some(given), Some(arg)) = (&bound[*slot], schema.arguments.get(*slot)) {
+            rule.check(given).map_err(|e| format!("argument {:?}: {e}", arg.name))?;
+        }
+    }
     // Writes: only to the graph's own memory.
     for (arg, given) in schema.arguments.iter().zip(&bound) {
         if arg.alias.as_ref().is_some_and(|a| a.write)
@@ -359,6 +406,7 @@ fn check_node(node: &Node, allowlist: &Allowlist, state: &mut State) -> Result<S
     if node.outputs.len() != schema.returns.len() {
         return Err(format!("{} outputs; the operator returns {}", node.outputs.len(), schema.returns.len()));
     }
+    let returns_input = allowlist.returns_input(&qualified);
     for (ret, &out) in schema.returns.iter().zip(&node.outputs) {
         let kind = match ret.ty.required() {
             Type::Tensor => Kind::Tensor,
@@ -370,21 +418,34 @@ fn check_node(node: &Node, allowlist: &Allowlist, state: &mut State) -> Result<S
             Type::List(t) if matches!(**t, Type::Int | Type::SymInt) => Kind::IntList,
             other => return Err(format!("returns a {other}, which graphs do not carry")),
         };
-        // An output in an argument's alias set is a view of that argument's memory.
-        let root = ret
-            .alias
-            .as_ref()
-            .and_then(|alias| {
-                schema.arguments.iter().zip(&bound).find(|(a, _)| a.alias.as_ref().is_some_and(|x| x.set == alias.set))
-            })
-            .and_then(|(_, given)| match given {
-                Some(Arg::Value(id)) => state.roots.get(*id as usize).copied(),
-                _ => None,
-            })
+        // An output in an argument's alias set views that argument's memory; an operator that can
+        // return an input unannotated may view any of its tensor arguments'.
+        let may_view = |a: &schema::Argument| match (&ret.alias, &a.alias) {
+            _ if returns_input => true,
+            (Some(ret), Some(arg)) => ret.overlaps(arg),
+            _ => false,
+        };
+        let root = schema
+            .arguments
+            .iter()
+            .zip(&bound)
+            .filter(|(a, _)| may_view(a))
+            .filter_map(|(_, given)| given.as_ref())
+            .flat_map(|given| roots_of(given, state))
+            .max()
             .unwrap_or(Root::Own);
         state.define(out, kind, root)?;
     }
     Ok(Step::Op { schema: Arc::clone(schema), args: bound, generator })
+}
+
+/// The roots of the tensors an argument holds (a list's items each).
+fn roots_of(arg: &Arg, state: &State) -> Vec<Root> {
+    match arg {
+        Arg::Value(id) => state.roots.get(*id as usize).copied().into_iter().collect(),
+        Arg::List(items) => items.iter().flat_map(|a| roots_of(a, state)).collect(),
+        _ => Vec::new(),
+    }
 }
 
 /// The two operators on the allowlist that are random only through an argument: it must be a
@@ -636,6 +697,105 @@ mod tests {
             3,
         );
         check(own, allowlist()).unwrap();
+    }
+
+    /// Operators that can give back their input with no alias annotation (found by allowlist.py
+    /// running them), and `to.prim_dtype`'s `Tensor(b|a)`: their outputs are views of what they
+    /// were given, so writing one writes the weight or the input.
+    #[test]
+    fn outputs_that_can_be_an_input_are_taken_for_views_of_it() {
+        let list = allowlist();
+        for op in ["aten::_unsafe_view", "aten::type_as", "aten::dropout"] {
+            assert!(list.returns_input(op), "{op}");
+        }
+        assert!(!list.returns_input("aten::relu") && !list.returns_input("aten::clone"));
+        let mask = node("aten::gt", "Scalar", vec![Arg::Value(1), Arg::Int(-100)], vec![3]);
+        let fill = |target: u32| {
+            node("aten::masked_fill_", "Scalar", vec![Arg::Value(target), Arg::Value(3), Arg::Int(-5)], vec![4])
+        };
+        let returning = |source: u32| {
+            [
+                node("aten::_unsafe_view", "", vec![Arg::Value(source), Arg::List(vec![Arg::Int(16)])], vec![2]),
+                node("aten::type_as", "", vec![Arg::Value(source), Arg::Value(source)], vec![2]),
+                node(
+                    "aten::dropout",
+                    "",
+                    vec![Arg::Value(source), Arg::Float("0.0".into()), Arg::Bool(false)],
+                    vec![2],
+                ),
+                node("aten::to", "prim_dtype", vec![Arg::Value(source), Arg::None], vec![2]),
+            ]
+        };
+        for (source, why) in [(1, "a weight"), (0, "an input")] {
+            for view in returning(source) {
+                let name = view.op.clone();
+                let e = refusal(program(vec![view, mask.clone(), fill(2)], 4));
+                assert!(e.contains("masked_fill_") && e.contains(why), "{name}: {e}");
+            }
+        }
+        // The same write to a copy is the graph's own.
+        let copy = node("aten::clone", "", vec![Arg::Value(1)], vec![2]);
+        check(program(vec![copy, mask, fill(2)], 4), list).unwrap();
+    }
+
+    #[test]
+    fn argument_values_are_held_to_the_allowlists_rules() {
+        let x4 = node(
+            "aten::view",
+            "",
+            vec![Arg::Value(0), Arg::List(vec![Arg::Int(1), Arg::Int(1), Arg::Int(-1), Arg::Int(4)])],
+            vec![2],
+        );
+        let grid =
+            node("aten::zeros", "", vec![Arg::List(vec![Arg::Int(1), Arg::Int(2), Arg::Int(2), Arg::Int(2)])], vec![3]);
+        let sampler = |mode: Arg, padding: Arg| {
+            node(
+                "aten::grid_sampler_2d",
+                "",
+                vec![Arg::Value(2), Arg::Value(3), mode, padding, Arg::Bool(false)],
+                vec![4],
+            )
+        };
+        let with = |last: Node| program(vec![x4.clone(), grid.clone(), last], 4);
+        check(with(sampler(Arg::Int(2), Arg::Int(1))), allowlist()).unwrap();
+        for (mode, padding, why) in [(5, 0, "interpolation_mode"), (0, 3, "padding_mode"), (0, -1, "padding_mode")] {
+            let e = refusal(with(sampler(Arg::Int(mode), Arg::Int(padding))));
+            assert!(e.contains(why) && e.contains("one of 0, 1, 2"), "{e}");
+        }
+        // A mode the run computes passes the check; the runner holds it to the rule.
+        let computed = node("native::add", "", vec![Arg::Int(2), Arg::Int(3)], vec![5]);
+        let p = program(vec![x4.clone(), grid.clone(), computed, sampler(Arg::Value(5), Arg::Int(0))], 4);
+        check(p, allowlist()).unwrap();
+        let upsample = |scale: &str| {
+            node(
+                "aten::upsample_nearest2d",
+                "",
+                vec![Arg::Value(2), Arg::List(vec![Arg::Int(4), Arg::Int(4)]), Arg::Float(scale.into()), Arg::None],
+                vec![4],
+            )
+        };
+        check(program(vec![x4.clone(), upsample("2.0")], 4), allowlist()).unwrap();
+        for scale in ["1e-20", "inf", "NaN", "1e300"] {
+            let e = refusal(program(vec![x4.clone(), upsample(scale)], 4));
+            assert!(e.contains("scales_h") && e.contains("finite"), "{scale}: {e}");
+        }
+        let no_stats = |training: bool| {
+            node(
+                "aten::_native_batch_norm_legit",
+                "no_stats",
+                vec![
+                    Arg::Value(2),
+                    Arg::None,
+                    Arg::None,
+                    Arg::Bool(training),
+                    Arg::Float("0.1".into()),
+                    Arg::Float("1e-5".into()),
+                ],
+                vec![4, 5, 6],
+            )
+        };
+        check(program(vec![x4.clone(), no_stats(true)], 4), allowlist()).unwrap();
+        assert!(refusal(program(vec![x4, no_stats(false)], 4)).contains("training"));
     }
 
     #[test]

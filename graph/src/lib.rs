@@ -6,6 +6,7 @@
 
 pub mod check;
 pub mod format;
+pub mod rules;
 pub mod schema;
 
 pub use check::{Allowlist, CheckError, Checked, CheckedGraph, Kind, Native, Step, allowlist, check};
@@ -13,3 +14,4 @@ pub use format::{
     Arg, DecodeError, Decoded, DimRange, Entry, Graph, Input, Node, Program, State, Weight, decode, encode, is_graph,
     tensor_len,
 };
+pub use rules::ValueRule;

@@ -64,11 +64,19 @@ impl fmt::Display for Type {
     }
 }
 
-/// `(a)`: in alias set `a`; `(a!)`: and written; `(a -> *)`: its views end up in a list.
+/// `(a)`: in alias set `a`; `(a!)`: and written; `(a -> *)`: its views end up in a list;
+/// `(b|a)`: in set `b` or set `a` (`aten::to.prim_dtype`'s return may be its input).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Alias {
-    pub set: String,
+    pub sets: Vec<String>,
     pub write: bool,
+}
+
+impl Alias {
+    /// Whether the two may name the same memory: they share a set.
+    pub fn overlaps(&self, other: &Alias) -> bool {
+        self.sets.iter().any(|s| other.sets.contains(s))
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -227,8 +235,9 @@ fn parse_type(text: &str) -> Option<(Type, Option<Alias>)> {
     if rest.starts_with('(') {
         let end = matching_paren(rest)?;
         let inner = rest[1..end].trim();
-        let set = inner.split(['!', ' ', '-']).next().unwrap_or("").to_owned();
-        alias = Some(Alias { set, write: inner.contains('!') });
+        let before = inner.split(['!', ' ', '-']).next().unwrap_or("");
+        let sets = before.split('|').filter(|s| !s.is_empty()).map(str::to_owned).collect();
+        alias = Some(Alias { sets, write: inner.contains('!') });
         rest = &rest[end + 1..];
     }
     while !rest.is_empty() {
@@ -261,7 +270,11 @@ mod tests {
 
         let split =
             parse("aten::split.Tensor(Tensor(a -> *) self, SymInt split_size, int dim=0) -> Tensor(a)[]").unwrap();
-        assert_eq!(split.arguments[0].alias, Some(Alias { set: "a".into(), write: false }));
+        assert_eq!(split.arguments[0].alias, Some(Alias { sets: vec!["a".into()], write: false }));
+        let to = parse("aten::to.prim_dtype(Tensor(a) self, int? dtype=None, bool non_blocking=False, bool copy=False) -> Tensor(b|a)").unwrap();
+        let (ret, arg) = (to.returns[0].alias.as_ref().unwrap(), to.arguments[0].alias.as_ref().unwrap());
+        assert_eq!(ret.sets, ["b", "a"]);
+        assert!(ret.overlaps(arg) && !ret.write);
         assert_eq!(split.returns[0].ty, Type::List(Box::new(Type::Tensor)));
 
         let copy =

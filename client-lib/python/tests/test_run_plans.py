@@ -50,6 +50,16 @@ def node(tmp_path_factory):
     n.stop()
 
 
+@pytest.fixture(scope="module")
+def unbounded_node(tmp_path_factory):
+    """A node without a bound per run: the models below allocate more than 8 MiB at once as
+    they run (libtorch's convolutions take 9 MiB of scratch for ResNet-18 at 64×64), which the
+    node's allocator counts against the bound whatever the plan saw."""
+    n = NodeProcess("--auth-file", tokens_file(tmp_path_factory.mktemp("auth"), {"free": FREE}))
+    yield n
+    n.stop()
+
+
 def client(node, token):
     return djinn.Client(node.address, token=token)
 
@@ -121,13 +131,13 @@ def test_the_compute_quota_meters_a_tenant_and_no_other(node):
     assert rm(torch.randn(1, 256)).shape == (1, 256), "a row's worth has come back"
 
 
-def test_users_models_are_planned_to_their_end(node):
+def test_users_models_are_planned_to_their_end(unbounded_node):
     """Hugging Face GPT-2 and Llama, torchvision's ResNet-18: every operator of their graphs
     has a meta kernel in a node (libtorch's, or the node's own for what libtorch keeps in
     Python), so their plans reach the end."""
     import torchvision
 
-    free = client(node, FREE)
+    free = client(unbounded_node, FREE)
     torch.manual_seed(0)
     for model, x, dynamic in [
         (hf_gpt2(use_cache=False), torch.randint(1, 97, (2, 16)), {"input_ids": {0: "batch", 1: ("seq", 2, 64)}}),
