@@ -450,25 +450,29 @@ fn hostile_graphs_are_refused_typed_and_the_node_serves_on() {
     serves(&node);
 }
 
-/// A tenant with a memory quota of 32 MiB ("small") beside the test's tenant, on a node that
-/// lets one run hold 64 MiB.
-fn bounded_node(dir: &std::path::Path) -> (Node, Client, Client) {
+const SMALL: &str = "graphs-small-tenant-token-0123";
+const METERED: &str = "graphs-metered-tenant-token-01";
+
+/// Beside the test's tenant, one with a memory quota of 32 MiB (`SMALL`) and one of 10⁶
+/// operations a second (`METERED`), on a node that lets one run hold 64 MiB and one execution
+/// take 2 s.
+fn bounded_node(dir: &std::path::Path) -> Node {
     let file = dir.join("tokens.json");
-    let small = "graphs-small-tenant-token-0123";
     std::fs::write(
         &file,
         format!(
             r#"{{"principals": [{{"name": "graphs", "tokens": ["{TOKEN}"]}},
-                {{"name": "small", "tokens": ["{small}"], "quota": {{"device_memory": 33554432}}}}]}}"#
+                {{"name": "small", "tokens": ["{SMALL}"], "quota": {{"device_memory": 33554432}}}},
+                {{"name": "metered", "tokens": ["{METERED}"], "quota": {{"flops_per_second": 1e6}}}}]}}"#
         ),
     )
     .unwrap();
-    let node = Node::start("mio", &["--auth-file", file.to_str().unwrap(), "--max-run-memory", "64MiB"]);
-    let connect = |token: &str| {
-        Client::connect_with(node.addr, ClientOptions { token: token.into(), ..Default::default() }).unwrap()
-    };
-    let (client, small) = (connect(TOKEN), connect(small));
-    (node, client, small)
+    let auth = ["--auth-file", file.to_str().unwrap()];
+    Node::start("mio", &[&auth[..], &["--max-run-memory", "64MiB", "--execute-deadline", "2"]].concat())
+}
+
+fn connect(node: &Node, token: &str) -> Client {
+    Client::connect_with(node.addr, ClientOptions { token: token.into(), ..Default::default() }).unwrap()
 }
 
 /// Memory a run's plan does not see is counted as it is allocated, by the node's allocator:
@@ -481,7 +485,8 @@ fn bounded_node(dir: &std::path::Path) -> (Node, Client, Client) {
 #[test]
 fn memory_a_plan_cannot_see_is_bounded_as_it_is_allocated() {
     let dir = tempfile::tempdir().unwrap();
-    let (node, mut client, mut small) = bounded_node(dir.path());
+    let node = bounded_node(dir.path());
+    let (mut client, mut small) = (connect(&node, TOKEN), connect(&node, SMALL));
     let (v, ints) = (Arg::Value, |xs: &[i64]| Arg::List(xs.iter().map(|&x| Arg::Int(x)).collect()));
     let x: Vec<f32> = (0..8).map(|i| i as f32 - 3.5).collect();
     let refused = |e: djinn_client::ClientError, code: ErrorCode| {
@@ -528,4 +533,50 @@ fn memory_a_plan_cannot_see_is_bounded_as_it_is_allocated() {
     assert!(try_graph(&mut small, &after_nonzero(4 << 20), &x).is_ok(), "the quota is given back after a refusal");
     assert_eq!(node.stat(&mut client, "allocations_refused"), 4);
     serves(&node);
+}
+
+/// Time and operations past what a plan saw: a pooling step planned at 10¹² operations (a
+/// 1,000 × 1,000 window over a 2,048² image) is refused before it runs, as it would take longer
+/// than the node's 2 s limit on an execution at the node's rate, and another tenant is served
+/// at once meanwhile; a product past a `nonzero` (where plans stop) is charged to the tenant's
+/// compute quota as it runs, and the run ends there, typed, where it was served before.
+#[test]
+fn long_steps_and_unplanned_operations_are_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = bounded_node(dir.path());
+    let (mut client, mut metered) = (connect(&node, TOKEN), connect(&node, METERED));
+    let (v, ints) = (Arg::Value, |xs: &[i64]| Arg::List(xs.iter().map(|&x| Arg::Int(x)).collect()));
+    let x: Vec<f32> = (0..8).map(|i| i as f32 - 3.5).collect();
+    let pooling = |window: i64| {
+        program(
+            vec![
+                op("aten::ones", "", vec![ints(&[1, 1, 2048, 2048])], vec![2]),
+                op("aten::avg_pool2d", "", vec![v(2), ints(&[window, window]), ints(&[1, 1])], vec![3]),
+                op("aten::sum", "", vec![v(3)], vec![4]),
+            ],
+            4,
+        )
+    };
+    let e = try_graph(&mut client, &pooling(1000), &x).unwrap_err();
+    assert_eq!(e.remote_code(), Some(ErrorCode::DeadlineExceeded), "{e}");
+    assert!(e.to_string().contains("aten::avg_pool2d is planned at"), "{e}");
+    serves(&node);
+    assert!(try_graph(&mut client, &pooling(2), &x).is_ok(), "a small window runs");
+    // 2·256³ operations past a nonzero, over a burst of 10⁶.
+    let after_nonzero = program(
+        vec![
+            op("aten::nonzero", "", vec![v(0)], vec![2]),
+            op("aten::ones", "", vec![ints(&[256, 256])], vec![3]),
+            op("aten::mm", "", vec![v(3), v(3)], vec![4]),
+            op("aten::sum", "", vec![v(4)], vec![5]),
+        ],
+        5,
+    );
+    let before = node.stat(&mut client, "runs_refused_by_plan");
+    let e = try_graph(&mut metered, &after_nonzero, &x).unwrap_err();
+    assert_eq!(e.remote_code(), Some(ErrorCode::QuotaExceeded), "{e}");
+    assert!(e.to_string().contains("compute"), "{e}");
+    assert_eq!(node.stat(&mut client, "runs_refused_by_plan"), before + 1);
+    let out = try_graph(&mut client, &after_nonzero, &x).expect("a tenant without a compute quota");
+    assert_eq!(f32::from_le_bytes(out[..4].try_into().unwrap()), 256f32 * 256.0 * 256.0);
 }

@@ -32,6 +32,7 @@ mod ffi {
 
     unsafe extern "C" {
         pub fn djinn_allocator_install();
+        pub fn djinn_allocator_fill(byte: c_int);
         pub fn djinn_account_new(limit: u64, granted: u64, grow: Grow, owner: *mut c_void) -> *mut Account;
         pub fn djinn_account_enter(account: *mut Account) -> *mut Account;
         pub fn djinn_account_begin_run(account: *mut Account);
@@ -46,6 +47,14 @@ pub fn install() {
     static ONCE: Once = Once::new();
     // SAFETY: no arguments; the allocator lives for the process.
     ONCE.call_once(|| unsafe { ffi::djinn_allocator_install() });
+}
+
+/// Fills every accounted allocation with `byte` from now on (`None`: stops). An output that
+/// differs between two runs of a deterministic program with different fills read memory it
+/// never wrote (the execution fuzzer's check).
+pub fn fill_allocations(byte: Option<u8>) {
+    // SAFETY: a plain store.
+    unsafe { ffi::djinn_allocator_fill(byte.map_or(-1, c_int::from)) };
 }
 
 /// Grants an account more of its tenant's quota.
@@ -69,7 +78,7 @@ extern "C" fn grow(owner: *mut c_void, bytes: u64) -> c_int {
 }
 
 /// One job's account with the node's allocator.
-pub(crate) struct JobMemory {
+pub struct JobMemory {
     raw: NonNull<ffi::Account>,
     run_limit: u64,
     grantor: Box<Grantor>,
@@ -84,7 +93,7 @@ impl std::fmt::Debug for JobMemory {
 impl JobMemory {
     /// An account of `tenant`'s, each graph run bounded to `run_limit` bytes and the job to
     /// what `budget` grants the tenant (without a quota, to the run's bound alone).
-    pub(crate) fn open(tenant: TenantId, budget: &MemoryBudget, run_limit: u64) -> Self {
+    pub fn open(tenant: TenantId, budget: &MemoryBudget, run_limit: u64) -> Self {
         install();
         let granted = if budget.quota(tenant).is_some() { 0 } else { u64::MAX };
         let grantor = Box::new(Grantor { tenant, budget: budget.clone(), charges: Mutex::default() });
@@ -96,7 +105,7 @@ impl JobMemory {
     }
 
     /// Runs `f` with this account current on the thread (the one before it back after).
-    pub(crate) fn charging<T>(&self, f: impl FnOnce() -> T) -> T {
+    pub fn charging<T>(&self, f: impl FnOnce() -> T) -> T {
         struct Restore(*mut ffi::Account);
         impl Drop for Restore {
             fn drop(&mut self) {
@@ -110,19 +119,19 @@ impl JobMemory {
     }
 
     /// A graph run begins: its bound is on what it adds to what the job holds now.
-    pub(crate) fn begin_run(&self) {
+    pub fn begin_run(&self) {
         // SAFETY: an open account, on the job's thread.
         unsafe { ffi::djinn_account_begin_run(self.raw.as_ptr()) };
     }
 
     /// Bytes of live allocations the account paid for.
-    pub(crate) fn live(&self) -> u64 {
+    pub fn live(&self) -> u64 {
         // SAFETY: an open account.
         unsafe { ffi::djinn_account_live(self.raw.as_ptr()) }
     }
 
     /// The first allocation refused, as the error the job ends with.
-    pub(crate) fn refusal(&self) -> Option<ExecError> {
+    pub fn refusal(&self) -> Option<ExecError> {
         let (mut asked, mut held) = (0u64, 0u64);
         // SAFETY: an open account; two out-values.
         let why = unsafe { ffi::djinn_account_refusal(self.raw.as_ptr(), &mut asked, &mut held) };

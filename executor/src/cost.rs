@@ -31,10 +31,20 @@ pub struct Estimate {
     /// once, each value freed after the last operator that reads it.
     pub peak_bytes: u64,
     /// The operator where the plan stopped, when an output's size depends on the data (as
-    /// `nonzero`'s) or libtorch has no meta kernel for it: what follows is bounded only as it
-    /// allocates (the node's budget checks, `--execute-deadline`).
+    /// `nonzero`'s) or libtorch has no meta kernel for it: what follows is bounded as it runs
+    /// (its memory by the node's allocator, its operations charged to the compute quota after
+    /// each operator, its time by `--execute-deadline` between operators).
     pub stopped_at: Option<String>,
+    /// The steps the plan reached (all of them unless it stopped).
+    pub planned_steps: usize,
+    /// Steps of at least [`LONG_STEP`] operations, with their operations, in order: each is
+    /// held to what is left of the run's deadline before it runs.
+    pub long_steps: Vec<(usize, u64)>,
 }
+
+/// Operations past which a step is weighed against the deadline before it runs (a few
+/// milliseconds at a CPU's rate; below it the check between operators is soon enough).
+pub const LONG_STEP: u64 = 1 << 24;
 
 /// Operators whose cost is that of a product of matrices: which input is the left operand
 /// (its last dimension is the one summed over).
@@ -76,12 +86,33 @@ pub fn flops_of(op: &str, inputs: &[&[i64]], outputs: &[&[i64]], aliases: bool) 
         let scores = numel(q.get(..q.len().saturating_sub(1)).unwrap_or(&[])).saturating_mul(dim(k, 2));
         return scores.saturating_mul(2).saturating_mul(dim(q, 1).saturating_add(dim(v, 1)));
     }
+    let base = op.split_once('.').map_or(op, |(b, _)| b);
+    let first = inputs.first().copied().unwrap_or(&[]);
+    let last_dim = |t: &[i64]| t.last().copied().unwrap_or(1).max(0) as u64;
+    // n·log2(n) for a sort along the last dimension of n, and FFTs (five per element per step).
+    let log_n = |t: &[i64]| u64::from(64 - last_dim(t).leading_zeros()).max(1);
+    match base {
+        // A distance per output, each over the points' dimensions (a difference, a power, a sum).
+        "aten::_cdist_forward" | "aten::_pdist_forward" => {
+            return numel(out).saturating_mul(last_dim(first)).saturating_mul(3);
+        }
+        "aten::sort" | "aten::topk" => return numel(first).saturating_mul(log_n(first)),
+        "aten::_fft_r2c" | "aten::_fft_c2r" => return numel(first).max(numel(out)).saturating_mul(5 * log_n(first)),
+        // Each element against each test element, at worst.
+        "aten::isin" => return inputs.iter().map(|s| numel(s).max(1)).fold(1u64, u64::saturating_mul),
+        _ => {}
+    }
     if aliases && !op.ends_with('_') {
         return 0;
     }
     let written = outputs.iter().map(|s| numel(s)).fold(0u64, u64::saturating_add);
     let read = inputs.iter().map(|s| numel(s)).fold(0u64, u64::saturating_add);
     written.max(read)
+}
+
+/// Operations of a pooling operator: each output reads a window of `window` elements.
+pub fn pooled_flops(outputs: &[&[i64]], window: u64) -> u64 {
+    numel(outputs.first().copied().unwrap_or(&[])).saturating_mul(window.max(1))
 }
 
 /// A tenant's compute quota: operations per second and the bucket's size.
@@ -188,6 +219,9 @@ pub struct Limits {
     pub budget: MemoryBudget,
     pub meter: Arc<ComputeMeter>,
     pub counters: Arc<CostCounters>,
+    /// The node's rate of floating-point operations (measured at start-up, or `--flops`): a
+    /// step planned to take longer than what is left of the deadline at it is refused.
+    pub flops_per_second: Option<f64>,
 }
 
 /// The account of the job a worker runs: whose quotas its graph runs are charged to.
@@ -220,6 +254,29 @@ pub(crate) fn within<T>(account: Option<Rc<Account>>, f: impl FnOnce() -> T) -> 
 /// Whether this thread's runs are charged (and so need a plan).
 pub(crate) fn charged() -> bool {
     ACCOUNT.with_borrow(Option::is_some)
+}
+
+/// Refuses step `op`, planned at `flops` operations, where at the node's rate it would run past
+/// what is left of this thread's deadline.
+pub(crate) fn fits_deadline(op: &str, flops: u64) -> Result<(), ExecError> {
+    let rate = ACCOUNT.with_borrow(|a| a.as_ref().and_then(|a| a.limits.flops_per_second.filter(|r| *r > 0.0)));
+    let (Some(rate), Some((left, limit))) = (rate, crate::deadline::left()) else { return Ok(()) };
+    let seconds = flops as f64 / rate;
+    if seconds > left.as_secs_f64() {
+        return Err(ExecError::WouldOverrun { op: op.to_owned(), flops, seconds, left, limit });
+    }
+    Ok(())
+}
+
+/// Charges `flops` of a step past where the run's plan stopped to the tenant's compute bucket,
+/// after the step ran: a tenant's unplanned tail is metered as it goes, and ended at the first
+/// step the bucket cannot pay for.
+pub(crate) fn charge_unplanned(flops: u64) -> Result<(), ExecError> {
+    let Some(account) = ACCOUNT.with_borrow(Option::clone) else { return Ok(()) };
+    account.limits.counters.planned_flops.fetch_add(flops, Ordering::Relaxed);
+    account.limits.meter.charge(account.tenant, flops, Instant::now()).inspect_err(|_| {
+        account.limits.counters.refused.fetch_add(1, Ordering::Relaxed);
+    })
 }
 
 /// Admits a run planned as `estimate` on this thread's account: refused over the node's bound
@@ -299,6 +356,21 @@ mod tests {
         assert_eq!(flops_of("aten::copy_", &[&[8], &[8]], &[&[8]], true), 16, "in place is work");
         assert_eq!(flops_of("aten::mm", &[&[i64::MAX, 2], &[2, i64::MAX]], &[&[i64::MAX, i64::MAX]], false), u64::MAX);
         assert_eq!(flops_of("aten::relu", &[&[-3, 4]], &[&[-3, 4]], false), 0);
+    }
+
+    #[test]
+    fn distances_sorts_transforms_and_windows_count_what_they_read_per_output() {
+        // 100 × 200 distances over 64 dimensions: a difference, a power and a sum each.
+        assert_eq!(
+            flops_of("aten::_cdist_forward", &[&[100, 64], &[200, 64]], &[&[100, 200]], false),
+            3 * 100 * 200 * 64
+        );
+        assert_eq!(flops_of("aten::sort", &[&[8, 1024]], &[&[8, 1024], &[8, 1024]], false), 8 * 1024 * 11);
+        assert_eq!(flops_of("aten::topk", &[&[1000]], &[&[5], &[5]], false), 1000 * 10);
+        assert_eq!(flops_of("aten::_fft_r2c", &[&[4, 256]], &[&[4, 129]], false), 4 * 256 * 5 * 9);
+        assert_eq!(flops_of("aten::isin.Tensor_Tensor", &[&[1000], &[500]], &[&[1000]], false), 500_000);
+        // A 1,000 × 1,000 window over a 2,048² image, stride 1: a window per output.
+        assert_eq!(pooled_flops(&[&[1, 1, 1049, 1049]], 1_000_000), 1049 * 1049 * 1_000_000);
     }
 
     fn meter(rate: f64, burst: f64) -> (ComputeMeter, TenantId, TenantId) {

@@ -25,6 +25,11 @@ pub(crate) fn within<T>(limit: Option<Duration>, f: impl FnOnce() -> T) -> T {
     f()
 }
 
+/// What is left of this thread's deadline, and the limit it was given; `None` without one.
+pub(crate) fn left() -> Option<(Duration, Duration)> {
+    DEADLINE.get().map(|(at, limit)| (at.saturating_duration_since(Instant::now()), limit))
+}
+
 /// `Err` once this thread's deadline has passed.
 pub(crate) fn check() -> Result<(), ExecError> {
     match DEADLINE.get() {

@@ -48,6 +48,12 @@ pub enum ExecError {
     /// between two operators (or blocks); what it had computed is freed.
     #[error("the execution ran past the node's limit of {limit:?} and was ended")]
     DeadlineExceeded { limit: std::time::Duration },
+    /// A step planned to take longer, at the node's rate, than what is left of the deadline:
+    /// refused before it runs.
+    #[error(
+        "{op} is planned at {flops} operations, {seconds:.1} s at the node's rate: more than the {left:?} left of the node's limit of {limit:?} on one execution"
+    )]
+    WouldOverrun { op: String, flops: u64, seconds: f64, left: std::time::Duration, limit: std::time::Duration },
     /// The run's plan needs more memory at once than the node lets one run hold
     /// (`--max-run-memory`): refused before it runs.
     #[error(
@@ -96,7 +102,7 @@ impl ExecError {
             Self::RunTooLarge { .. } => ErrorCode::OverBudget,
             Self::AllocationRefused { run_limit: Some(_), .. } => ErrorCode::OverBudget,
             Self::AllocationRefused { run_limit: None, .. } => ErrorCode::QuotaExceeded,
-            Self::DeadlineExceeded { .. } => ErrorCode::DeadlineExceeded,
+            Self::DeadlineExceeded { .. } | Self::WouldOverrun { .. } => ErrorCode::DeadlineExceeded,
             Self::Forbidden(_) => ErrorCode::Forbidden,
             Self::BadArchive(_) | Self::Io(_) => ErrorCode::BadArchive,
             Self::OverBudget(e) if e.tenant.is_some() => ErrorCode::QuotaExceeded,

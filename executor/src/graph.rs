@@ -544,8 +544,18 @@ impl GraphModule {
     /// returning its flattened outputs.
     pub fn run(&self, inputs: Vec<Tensor>) -> Result<Vec<RtValue>, ExecError> {
         let index = self.select(&inputs)?;
+        let estimate = if crate::cost::charged() { Some(self.estimate(index, &inputs)?) } else { None };
         // Held until the run ends: its planned peak against the tenant's memory quota.
-        let _charge = if crate::cost::charged() { crate::cost::admit(&self.estimate(index, &inputs)?)? } else { None };
+        let _charge = match &estimate {
+            Some(estimate) => crate::cost::admit(estimate)?,
+            None => None,
+        };
+        // Long steps are weighed against the deadline before they run; steps past where the
+        // plan stopped are charged to the compute quota after they run.
+        let (planned, mut long_steps) = match &estimate {
+            Some(e) => (e.planned_steps, e.long_steps.iter().peekable()),
+            None => (usize::MAX, [].iter().peekable()),
+        };
         let Prepared { program, checked, calls, dies_after } = self.prepared(index, &self.calls)?;
         let mut env: Vec<Option<RtValue>> = (0..checked.values).map(|_| None).collect();
         // What no operator may write, whatever the checker concluded of its aliases: the
@@ -566,14 +576,18 @@ impl GraphModule {
         let mut outs: Vec<ffi::Out> = Vec::new();
         // Made at the first random operator of the run.
         let mut generator: Option<RequestGenerator> = None;
-        for (((step, call), node), dead) in checked.steps.iter().zip(calls).zip(program.nodes).zip(dies_after) {
+        let steps = checked.steps.iter().zip(calls).zip(program.nodes).zip(dies_after);
+        for (i, (((step, call), node), dead)) in steps.enumerate() {
             crate::deadline::check()?;
+            if let (Some((_, flops)), Some(call)) = (long_steps.next_if(|(at, _)| *at == i), call) {
+                crate::cost::fits_deadline(&call.name, *flops)?;
+            }
             match (step, call) {
                 (Step::Native { op, args }, _) => {
                     let v = native(*op, args, &env).map_err(|e| ExecError::Execution(format!("{}: {e}", node.op)))?;
                     env[node.outputs[0] as usize] = Some(v);
                 }
-                (Step::Op { .. }, Some(call)) => {
+                (Step::Op { args, .. }, Some(call)) => {
                     let fail = |e: String| ExecError::Execution(format!("{}: {e}", call.name));
                     if let Some(bounds) = &call.bounds {
                         crate::index_bounds::check(bounds, |arg| value_of(arg, &env)).map_err(fail)?;
@@ -596,7 +610,19 @@ impl GraphModule {
                         (Some(_), Some(g)) => Some(&*g),
                         (Some(_), slot @ None) => Some(&*slot.insert(RequestGenerator::new(self.device)?)),
                     };
+                    let read = if i >= planned { sizes_read(call, &env) } else { Vec::new() };
                     let results = run_call(call, &env, request_generator, &mut outs)?;
+                    if i >= planned {
+                        let read_storages: HashSet<usize> = call
+                            .varying
+                            .iter()
+                            .filter_map(|(_, _, arg)| value_of(arg, &env).ok())
+                            .flat_map(|v| tensors_of(&v).map(|t| storage_of(t).0).collect::<Vec<_>>())
+                            .collect();
+                        let aliases =
+                            results.iter().flat_map(tensors_of).all(|t| read_storages.contains(&storage_of(t).0));
+                        crate::cost::charge_unplanned(step_flops(call, args, &env, &read, &results, aliases))?;
+                    }
                     if results.len() != node.outputs.len() {
                         return Err(ExecError::Execution(format!("{} returned {} values", call.name, results.len())));
                     }
@@ -669,26 +695,21 @@ impl GraphModule {
         }
         let mut estimate = Estimate::default();
         let mut outs: Vec<ffi::Out> = Vec::new();
-        for (((step, call), node), dead) in checked.steps.iter().zip(calls).zip(program.nodes).zip(dies_after) {
+        let steps = checked.steps.iter().zip(calls).zip(program.nodes).zip(dies_after);
+        for (i, (((step, call), node), dead)) in steps.enumerate() {
             // A plan takes about as long as the run's dispatching: under the same deadline.
             crate::deadline::check()?;
             let results = match (step, call) {
                 (Step::Native { op, args }, _) => native(*op, args, &env).map(|v| vec![v]).ok(),
-                (Step::Op { .. }, Some(call)) => {
-                    let read: Vec<Vec<i64>> = call
-                        .varying
-                        .iter()
-                        .filter_map(|(_, _, arg)| value_of(arg, &env).ok())
-                        .flat_map(|v| tensors_of(&v).map(Tensor::size).collect::<Vec<_>>())
-                        .collect();
+                (Step::Op { args, .. }, Some(call)) => {
+                    let read = sizes_read(call, &env);
                     run_call(call, &env, None, &mut outs).ok().inspect(|results| {
-                        let written: Vec<Vec<i64>> =
-                            results.iter().flat_map(|v| tensors_of(v).map(Tensor::size)).collect();
                         let aliases =
                             call.name == "aten::view" || results.iter().flat_map(tensors_of).all(|t| held.holds(t));
-                        let read: Vec<&[i64]> = read.iter().map(Vec::as_slice).collect();
-                        let written: Vec<&[i64]> = written.iter().map(Vec::as_slice).collect();
-                        let flops = crate::cost::flops_of(&call.name, &read, &written, aliases);
+                        let flops = step_flops(call, args, &env, &read, results, aliases);
+                        if flops >= crate::cost::LONG_STEP {
+                            estimate.long_steps.push((i, flops));
+                        }
                         estimate.flops = estimate.flops.saturating_add(flops);
                     })
                 }
@@ -699,6 +720,7 @@ impl GraphModule {
                 estimate.stopped_at = Some(call.as_ref().map_or_else(|| node.op.clone(), |c| c.name.clone()));
                 break;
             };
+            estimate.planned_steps = i + 1;
             for (id, v) in node.outputs.iter().zip(results) {
                 tensors_of(&v).for_each(|t| held.acquire(t));
                 if let Some(old) = env[*id as usize].replace(v) {
@@ -781,6 +803,43 @@ fn tensors_of(v: &RtValue) -> Box<dyn Iterator<Item = &Tensor> + '_> {
         RtValue::Tensor(t) => Box::new(std::iter::once(t)),
         RtValue::List(items) => Box::new(items.iter().flat_map(tensors_of)),
         _ => Box::new(std::iter::empty()),
+    }
+}
+
+/// The sizes of the tensors a call reads, in its arguments' order.
+fn sizes_read(call: &PreparedCall, env: &[Option<RtValue>]) -> Vec<Vec<i64>> {
+    call.varying
+        .iter()
+        .filter_map(|(_, _, arg)| value_of(arg, env).ok())
+        .flat_map(|v| tensors_of(&v).map(Tensor::size).collect::<Vec<_>>())
+        .collect()
+}
+
+/// The operations of one call that read tensors of `read` sizes and gave `results`
+/// (`aliases`: views of what it read); a pooling operator's from its window (`args`, as bound).
+fn step_flops(
+    call: &PreparedCall,
+    args: &[Option<Arg>],
+    env: &[Option<RtValue>],
+    read: &[Vec<i64>],
+    results: &[RtValue],
+    aliases: bool,
+) -> u64 {
+    let written: Vec<Vec<i64>> = results.iter().flat_map(|v| tensors_of(v).map(Tensor::size)).collect();
+    let written: Vec<&[i64]> = written.iter().map(Vec::as_slice).collect();
+    let pooling = ["aten::avg_pool", "aten::max_pool"].iter().any(|p| call.name.starts_with(p));
+    let window = || match value_of(args.get(1)?.as_ref()?, env).ok()? {
+        RtValue::List(sizes) => {
+            sizes.iter().map(RtValue::int).try_fold(1u64, |n, k| Some(n.saturating_mul(k?.max(0) as u64)))
+        }
+        _ => None,
+    };
+    match pooling.then(window).flatten() {
+        Some(window) => crate::cost::pooled_flops(&written, window),
+        None => {
+            let read: Vec<&[i64]> = read.iter().map(Vec::as_slice).collect();
+            crate::cost::flops_of(&call.name, &read, &written, aliases)
+        }
     }
 }
 
@@ -992,6 +1051,16 @@ fn prepare(
         .sum::<usize>()
         .max(1);
     for (i, (argument, given)) in schema.arguments.iter().zip(args).enumerate() {
+        // A factory (`ones`, `arange`, ...) left to its default device makes a CPU tensor: in a
+        // plan it must make a meta one, or the plan would allocate, and compute on, real memory.
+        if matches!(target, Target::Meta)
+            && *argument.ty.required() == Type::Device
+            && matches!(given, None | Some(Arg::None))
+        {
+            // SAFETY: a live prepared call not yet shared; `i` is within the schema's arguments.
+            unsafe { ffi::djinn_call_set_device(call.raw.as_ptr(), i, 2, -1) };
+            continue;
+        }
         let Some(given) = given else { continue };
         if varies(given) {
             call.varying.push((i, argument.ty.clone(), given.clone()));
@@ -1614,7 +1683,16 @@ mod tests {
             let x = Tensor::randn([rows, 256], (Kind::Float, Device::Cpu));
             let e = graph.estimate_run(std::slice::from_ref(&x)).unwrap();
             // Two [rows, 1024] float32 values at once: the ReLU's input is freed once read.
-            assert_eq!(e, Estimate { flops: rows as u64 * per_row, peak_bytes: rows as u64 * 8192, stopped_at: None });
+            // The two products are long steps at 4,096 rows (2·4096·1024·256 operations each).
+            let long_steps = if rows == 4096 { vec![(0, 2_151_677_952), (2, 2_148_532_224)] } else { vec![] };
+            let want = Estimate {
+                flops: rows as u64 * per_row,
+                peak_bytes: rows as u64 * 8192,
+                stopped_at: None,
+                planned_steps: 3,
+                long_steps,
+            };
+            assert_eq!(e, want);
             let want = x.linear(&w[0], Some(&w[1])).relu().linear(&w[2], Some(&w[3]));
             let RtValue::Tensor(got) = &graph.run(vec![x]).unwrap()[0] else { panic!("not a tensor") };
             assert!(got.allclose(&want, 1e-5, 1e-5, false), "the run frees values and still computes the same");
@@ -1625,6 +1703,13 @@ mod tests {
         assert_eq!(graph.estimate_run(&[t]).unwrap().flops, 4 * per_row);
         let expanded = Tensor::randn([1, 256], (Kind::Float, Device::Cpu)).expand([4096, 256], false);
         assert_eq!(graph.estimate_run(&[expanded]).unwrap().peak_bytes, 4096 * 8192);
+        // A factory is planned on the meta device, whatever device it was left to: 4 TiB of
+        // ones plan without a byte allocated.
+        let x = Tensor::zeros([1, 1], (Kind::Float, Device::Cpu));
+        let ones =
+            one_operator("aten::ones", vec![Arg::List(vec![Arg::Int(1 << 40)])], &[], std::slice::from_ref(&x), 1);
+        let e = ones.estimate_run(&[x]).unwrap();
+        assert_eq!((e.peak_bytes, e.stopped_at), (4 << 40, None));
         // Plans are kept per shape, and a bounded number of them.
         for rows in 1..=200 {
             graph.estimate_run(&[Tensor::zeros([rows, 256], (Kind::Float, Device::Cpu))]).unwrap();

@@ -47,7 +47,7 @@ pub(crate) fn page(ids: impl Iterator<Item = u64>, after: u64) -> (Vec<u64>, boo
 pub const MAX_MODELS_PER_TENANT: usize = 4096;
 /// Most registrations one tenant has in progress on a node at once.
 pub const MAX_UPLOADS_PER_TENANT: usize = 16;
-mod allocator;
+pub mod allocator;
 mod deadline;
 mod error;
 mod fair;

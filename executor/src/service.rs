@@ -61,6 +61,9 @@ pub struct NodeOptions {
     /// The most bytes one graph run's plan may hold at once (intermediates and outputs); a run
     /// planned over it is refused before it runs. `None`: the device budget's limit.
     pub max_run_memory: Option<u64>,
+    /// The node's rate of floating-point operations: a step planned to take longer at it than
+    /// what is left of `execute_deadline` is refused before it runs. `None`: not weighed.
+    pub flops_per_second: Option<f64>,
     /// The node's principals, when clients need tokens: what a push names the tenant by.
     pub auth: Option<Arc<Authenticator>>,
     /// The RDMA port pushes to other nodes go over, where they offer RDMA too.
@@ -130,6 +133,7 @@ impl NodeService {
             budget: budget.clone(),
             meter: Arc::new(meter),
             counters: Arc::default(),
+            flops_per_second: options.flops_per_second,
         };
         let mover = Arc::new(Mover::new(
             options.push_timeout,

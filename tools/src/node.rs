@@ -113,7 +113,8 @@ pub struct NodeArgs {
     /// The address clients are told to reach this node at. Default: the bound address.
     #[arg(long)]
     advertise: Option<String>,
-    /// FLOP/s reported to the control plane. Default: measured at start (a float matrix product).
+    /// FLOP/s reported to the control plane, and the rate a step planned past what is left of
+    /// --execute-deadline is weighed at. Default: measured at start (a float matrix product).
     #[arg(long)]
     flops: Option<f64>,
     /// Device-memory bytes read per second, reported to the control plane (what a decode step
@@ -325,6 +326,8 @@ pub fn run(args: NodeArgs, auth: Option<Arc<Authenticator>>) -> Result<()> {
         }
         None => None,
     };
+    // The device's rate, for the control plane's cost model and the executor's deadline checks.
+    let flops = args.flops.unwrap_or_else(|| rates::measure_flops(device));
     let options = NodeOptions {
         device,
         workers: args.workers,
@@ -346,6 +349,7 @@ pub fn run(args: NodeArgs, auth: Option<Arc<Authenticator>>) -> Result<()> {
             limit => Some(seconds("--execute-deadline", limit)?),
         },
         max_run_memory: args.max_run_memory.map(|b| b.0),
+        flops_per_second: Some(flops),
         auth: auth.clone(),
         push_rdma: rdma.as_ref().map(|ctx| ctx.port().clone()),
         push_connections: PeerLimits {
@@ -405,7 +409,7 @@ pub fn run(args: NodeArgs, auth: Option<Arc<Authenticator>>) -> Result<()> {
                 addr: args.advertise.clone().unwrap_or_else(|| addr.to_string()),
                 device: djinn_executor::device_name(device),
                 transports,
-                flops: args.flops.unwrap_or_else(|| rates::measure_flops(device)),
+                flops,
                 memory_bandwidth: args.memory_bandwidth.unwrap_or_else(|| rates::measure_memory_bandwidth(device)),
                 host_to_device: args.host_to_device.unwrap_or_else(|| rates::measure_host_to_device(device)),
                 link_bandwidth: args.link_bandwidth,
