@@ -199,9 +199,9 @@ fn a_graph_with_state_keeps_it_in_sessions_written_in_place_and_bounded_before_i
 }
 
 /// Models are counted per tenant on a node and each hold is charged a page of host memory,
-/// however small the model: past 4,096 distinct graphs of no weights, more are refused
-/// (`QuotaExceeded`) while another tenant registers as before; unregistering makes room, and
-/// the pages come back.
+/// however small the model, besides its program's: past 4,096 distinct graphs of no weights,
+/// more are refused (`QuotaExceeded`) while another tenant registers as before; unregistering
+/// makes room, and the charges come back.
 #[test]
 fn a_tenant_holds_a_bounded_number_of_models_each_charged_its_bookkeeping() {
     let dir = tempfile::tempdir().unwrap();
@@ -240,8 +240,11 @@ fn a_tenant_holds_a_bounded_number_of_models_each_charged_its_bookkeeping() {
         }
     }
     assert_eq!((models.len(), refused), (4096, 4));
-    let pages = node.stat(&mut client, "host_budget_used_bytes") - before;
-    assert_eq!(pages, (4096 + 5) * 4096, "a page for each hold, the other tenant's five included");
+    // A page for each hold, and the program's host memory: twice its text and 3 KiB a node.
+    let charge = |k: i64| 4096 + 2 * djinn_graph::decode(&scaled(k)).unwrap().weights_start as u64 + 3072;
+    let others: u64 = (0..5).map(|i| charge(-1000 * i)).sum();
+    let charged = node.stat(&mut client, "host_budget_used_bytes") - before;
+    assert_eq!(charged, (0..4096).map(charge).sum::<u64>() + others, "the other tenant's five included");
     client.unregister_model(&models[0]).unwrap();
     let again = client.register_model(&[scaled(5000)], |_, _| {}).expect("room after an unregistration").fingerprint;
     let x: Vec<u8> = [1.5f32, 2.0, -1.0, 0.25].iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -252,7 +255,7 @@ fn a_tenant_holds_a_bounded_number_of_models_each_charged_its_bookkeeping() {
     for m in models.iter().skip(1).chain([&again]) {
         client.unregister_model(m).unwrap();
     }
-    assert_eq!(node.stat(&mut client, "host_budget_used_bytes") - before, 5 * 4096, "only the other tenant's");
+    assert_eq!(node.stat(&mut client, "host_budget_used_bytes") - before, others, "only the other tenant's");
 }
 
 /// Registers `graph` and runs it on `x` (f32, `rows` × 4): what the node says.
@@ -579,4 +582,78 @@ fn long_steps_and_unplanned_operations_are_bounded() {
     assert_eq!(node.stat(&mut client, "runs_refused_by_plan"), before + 1);
     let out = try_graph(&mut client, &after_nonzero, &x).expect("a tenant without a compute quota");
     assert_eq!(f32::from_le_bytes(out[..4].try_into().unwrap()), 256f32 * 256.0 * 256.0);
+}
+
+/// What a tenant leaves on a node is charged for the memory it keeps alive, not for the view
+/// it names: twelve kept 4-byte slices of 64 MiB intermediates held 770 MiB against charges of
+/// 4 bytes each, and are copies of their own now; a session's state that is a slice of a
+/// 64 MiB intermediate is charged the 64 MiB it keeps; and a model's program and prepared calls
+/// are charged to the tenant's host memory by their size (a graph of 20,000 nodes is not a
+/// page), at least what the node's memory grows by.
+#[test]
+fn what_is_kept_is_charged_for_the_memory_it_keeps_alive() {
+    let dir = tempfile::tempdir().unwrap();
+    let (node, mut client) = tenant_node(dir.path());
+    let (v, int, ints) = (Arg::Value, Arg::Int, |xs: &[i64]| Arg::List(xs.iter().map(|&x| Arg::Int(x)).collect()));
+    // A row of a 64 MiB tensor of ones, plus x.
+    let slice = program(
+        vec![
+            op("aten::ones", "", vec![ints(&[1 << 22, 4])], vec![2]),
+            op("aten::slice", "Tensor", vec![v(2), int(0), int(0), int(1)], vec![3]),
+            op("aten::add", "Tensor", vec![v(0), v(3)], vec![4]),
+            op("aten::slice", "Tensor", vec![v(2), int(0), int(5), int(6)], vec![5]),
+        ],
+        5,
+    );
+    let model = client.register_model(&[container(&slice)], |_, _| {}).unwrap().fingerprint;
+    let x = [0f32; 4].iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>();
+    let input = [TensorRef { dtype: DType::F32, shape: &[1, 4], bytes: &x }];
+    let before = node.rss();
+    let mut kept = Vec::new();
+    for _ in 0..12 {
+        let out = client.execute_keep(&model, &[Value::Tensor(0)], &input).unwrap();
+        kept.push(out.kept[0].handle);
+    }
+    let grown = node.rss().saturating_sub(before);
+    assert!(grown < 64 << 20, "twelve kept rows hold {grown} bytes: each should hold its own 16");
+    let ones: Vec<u8> = [1f32; 4].iter().flat_map(|v| v.to_le_bytes()).collect();
+    assert_eq!(client.fetch(kept[11]).unwrap().bytes(), &ones[..]);
+    client.release(&kept).unwrap();
+
+    // The same row as a session's new state: charged for the 64 MiB it keeps alive.
+    let mut stateful = slice.clone();
+    stateful.inputs.push(Input {
+        name: "row".into(),
+        value: 9,
+        dtype: "float32".into(),
+        dims: vec![DimRange { min: 1, max: 1 }, DimRange { min: 4, max: 4 }],
+        state: true,
+    });
+    stateful.inputs[0].dims[0] = DimRange { min: 1, max: 1 };
+    stateful.state =
+        vec![djinn_graph::State { name: "row".into(), dtype: "float32".into(), shape: vec![1, 4], offset: None }];
+    stateful.outputs = vec![v(4), v(5)];
+    let model = client.register_model(&[container(&stateful)], |_, _| {}).unwrap().fingerprint;
+    let session = client.session_open(&model, &[], 0).unwrap();
+    client.session_step(session, &[Value::Tensor(0)], &input).unwrap();
+    let held = node.stat(&mut client, "session_device_bytes");
+    assert!(held >= 64 << 20, "a state row of a 64 MiB tensor is charged {held} bytes");
+    client.session_close(session).unwrap();
+
+    // 20,000 nodes: charged 3 KiB each and twice the program's text.
+    let mut long = program(
+        (0..20_000).map(|i| op("aten::relu", "", vec![v(if i == 0 { 0 } else { i + 1 })], vec![i + 2])).collect(),
+        20_001,
+    );
+    long.weights.clear();
+    let bytes = djinn_graph::encode(&long, &[]).unwrap();
+    let text = djinn_graph::decode(&bytes).unwrap().weights_start as u64;
+    let (rss, used) = (node.rss(), node.stat(&mut client, "host_budget_used_bytes"));
+    let model = client.register_model(&[bytes], |_, _| {}).unwrap().fingerprint;
+    let charged = node.stat(&mut client, "host_budget_used_bytes") - used;
+    assert_eq!(charged, 4096 + 2 * text + 20_000 * 3072);
+    let grown = node.rss().saturating_sub(rss);
+    assert!(grown <= charged, "the node grew {grown} bytes for a program charged {charged}");
+    client.unregister_model(&model).unwrap();
+    assert_eq!(node.stat(&mut client, "host_budget_used_bytes"), used);
 }

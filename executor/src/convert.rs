@@ -11,7 +11,7 @@ use tch::{Device, Kind, Tensor};
 
 use crate::error::ExecError;
 use crate::handles::HandleTable;
-use crate::tensors::owned_view;
+use crate::tensors::{held_bytes, owned_view, tensor_bytes};
 use djinn_sync::Locked;
 
 pub fn kind_of(dtype: DType) -> Kind {
@@ -228,9 +228,11 @@ impl<'a> Outputs<'a> {
     }
 
     /// Keeps `t` where it is; a CPU output that is a view of the request's payload (a model
-    /// returning its input) is copied first (see [`aliases`]).
+    /// returning its input, see [`aliases`]) or of a storage larger than itself (a slice, kept
+    /// by a handle charged for the slice alone) is copied first.
     fn kept_tensor(&mut self, t: Tensor, table: &Mutex<HandleTable>, tenant: TenantId) -> Result<Value, ExecError> {
-        let t = match (aliases(&t, self.inputs.as_ref()), t.is_contiguous()) {
+        let views_more = held_bytes([&t]) > tensor_bytes(&t);
+        let t = match (aliases(&t, self.inputs.as_ref()) || views_more, t.is_contiguous()) {
             (true, _) => t.f_contiguous()?.f_detach_copy()?,
             (false, false) => t.f_contiguous()?,
             (false, true) => t,

@@ -78,9 +78,11 @@ pub fn load(upload: Upload, device: Device, models: &Mutex<ModelStore>) -> Resul
     let (scope, tenant) = (upload.scope, upload.tenant);
     let available = lock().available(tenant);
     let loaded = upload.load(device, available)?;
-    let (plan, reservation, charge) = lock().reserve_for(&loaded, tenant)?;
+    let (plan, reservation, mut hold) = lock().reserve_for(&loaded, tenant)?;
     let model = loaded.into_model(&plan, reservation)?;
-    Ok(lock().publish(model, scope, (tenant, charge)))
+    let mut store = lock();
+    hold._program = Some(store.program_charge(tenant, &model)?);
+    Ok(store.publish(model, scope, (tenant, hold)))
 }
 
 impl Model {
@@ -194,6 +196,18 @@ impl Model {
     /// Device bytes the model holds: its resident blocks and its ring.
     pub fn device_bytes(&self) -> u64 {
         self.reservation.device.bytes()
+    }
+
+    /// Host memory its graphs' programs and prepared calls take (TorchScript blocks, which only
+    /// trusted principals register, count none).
+    pub fn host_bytes(&self) -> u64 {
+        self.blocks
+            .iter()
+            .map(|b| match b {
+                Block::Graph(g) => g.host_bytes(),
+                _ => 0,
+            })
+            .sum()
     }
 }
 
@@ -497,11 +511,13 @@ struct Entry {
 }
 
 /// What a tenant's hold on a model charges it: the model's device bytes against its quota,
-/// and a page of host memory for the hold's bookkeeping (however few bytes the model has).
+/// and host memory for the hold's bookkeeping (a page, however few bytes the model has) and
+/// the model's program and prepared calls.
 #[derive(Debug)]
 struct Hold {
     _device: Charge,
     _bookkeeping: Reservation,
+    _program: Option<Reservation>,
 }
 
 impl Entry {
@@ -595,10 +611,14 @@ impl ModelStore {
             Some(entry) => entry.model.device_bytes(),
         };
         let bookkeeping = self.bookkeeping(tenant)?;
+        let program = match self.models.get(&key) {
+            Some(entry) => Some(self.program_charge(tenant, &entry.model)?),
+            None => None,
+        };
         let charge = self.charge_evicting(tenant, bytes, Some(key))?;
         // `except` kept the entry: it is still here.
         if let Some(entry) = self.models.get_mut(&key) {
-            entry.owners.insert(tenant, Hold { _device: charge, _bookkeeping: bookkeeping });
+            entry.owners.insert(tenant, Hold { _device: charge, _bookkeeping: bookkeeping, _program: program });
         }
         Ok(true)
     }
@@ -628,7 +648,8 @@ impl ModelStore {
         let bytes = plan.device_bytes(&loaded.slot_lens);
         let charge = self.charge_evicting(tenant, bytes, None)?;
         let device = self.reserve_evicting(tenant, bytes)?;
-        Ok((plan, Reservations { device, _host: host }, Hold { _device: charge, _bookkeeping: bookkeeping }))
+        let hold = Hold { _device: charge, _bookkeeping: bookkeeping, _program: None };
+        Ok((plan, Reservations { device, _host: host }, hold))
     }
 
     /// A new hold's bookkeeping, unless `tenant` holds as many models as a node allows one.
@@ -640,6 +661,12 @@ impl ModelStore {
             )));
         }
         Ok(self.host_budget.try_reserve_for(tenant, crate::MIN_CHARGE)?)
+    }
+
+    /// The host memory of `model`'s program and prepared calls, taken for `tenant` (each holder
+    /// of a shared model pays for it, as each pays for its weights).
+    fn program_charge(&self, tenant: TenantId, model: &Model) -> Result<Reservation, ExecError> {
+        Ok(self.host_budget.try_reserve_for(tenant, model.host_bytes())?)
     }
 
     /// Device bytes a new model of `tenant` may have: what is free and what it may evict,

@@ -21,7 +21,7 @@ use crate::error::{BreakpointError, Ended, ExecError};
 use crate::handles::fresh_epoch;
 use crate::models::Model;
 use crate::tensors::dtype_of;
-use crate::tensors::tensor_bytes;
+use crate::tensors::held_bytes;
 
 /// Checks that a run over blocks `first..` of a model of `blocks` blocks may stop after `block`:
 /// at `first` or later, and before the last block (after it, the run is over).
@@ -136,12 +136,14 @@ impl ParkedTable {
                 "this tenant has {held} requests parked, the most one tenant may: resume or abort some first"
             )));
         }
-        let mut bytes = 0;
+        // The storages the activation keeps alive (a slice keeps its whole tensor), each once.
+        let mut held = Vec::new();
         stopped.activation.for_each_tensor(&mut |t| {
             if !stopped.charged.contains(&(t.data_ptr() as usize)) {
-                bytes += tensor_bytes(t);
+                held.push(t.shallow_clone());
             }
         });
+        let bytes = held_bytes(&held);
         // At least `MIN_CHARGE`: a request parked on nothing (a scalar) still counts.
         let charge = self.budget.try_reserve_for(stopped.tenant, bytes.max(crate::MIN_CHARGE))?;
         let id = self.next_id;

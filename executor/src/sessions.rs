@@ -916,8 +916,10 @@ impl Sessions {
     }
 }
 
+/// What a session's state keeps alive: the storages it views, each once (a state that is a
+/// slice of a larger intermediate keeps all of it).
 fn state_bytes(state: &[Tensor]) -> u64 {
-    state.iter().map(|t| (t.numel() * t.kind().elt_size_in_bytes()) as u64).sum()
+    crate::tensors::held_bytes(state)
 }
 
 /// A copy of `t` on `device` (host memory for the CPU; pinned when the session's device is a

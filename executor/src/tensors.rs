@@ -41,6 +41,29 @@ unsafe extern "C" {
         err: *mut *mut std::ffi::c_char,
     ) -> *mut std::ffi::c_void;
     fn djinn_free_message(message: *mut std::ffi::c_char);
+    fn djinn_tensor_storage(tensor: *const std::ffi::c_void, id: *mut usize, nbytes: *mut u64);
+}
+
+/// The storage `t` is a view of: its identity (0 for none) and its bytes.
+pub(crate) fn storage_of(t: &Tensor) -> (usize, u64) {
+    let (mut id, mut bytes) = (0usize, 0u64);
+    // SAFETY: `t` is a live tensor borrowed for the call; the shim writes both out-values.
+    unsafe { djinn_tensor_storage(t.as_ptr().cast(), &mut id, &mut bytes) };
+    (id, bytes)
+}
+
+/// The bytes `tensors` keep alive: each storage they view once, whole (a 4-byte slice of a
+/// 64 MiB tensor keeps 64 MiB), and a tensor without a storage by its own bytes.
+pub(crate) fn held_bytes<'a>(tensors: impl IntoIterator<Item = &'a Tensor>) -> u64 {
+    let mut seen = std::collections::HashSet::new();
+    tensors
+        .into_iter()
+        .map(|t| match storage_of(t) {
+            (0, _) => tensor_bytes(t),
+            (id, bytes) if seen.insert(id) => bytes.max(tensor_bytes(t)),
+            _ => 0,
+        })
+        .sum()
 }
 
 /// Gives back the `Arc` that [`owned_view`] handed to libtorch.
@@ -100,6 +123,19 @@ mod tests {
         fn drop(&mut self) {
             RELEASED.fetch_add(1, Ordering::SeqCst);
         }
+    }
+
+    /// A view is charged for the storage it keeps alive, each storage once.
+    #[test]
+    fn tensors_hold_the_storages_they_view() {
+        let big = Tensor::zeros([1 << 20], (Kind::Float, tch::Device::Cpu));
+        let slice = big.narrow(0, 10, 1);
+        assert_eq!(held_bytes([&slice]), 4 << 20);
+        assert_eq!(held_bytes([&slice, &big, &big.narrow(0, 0, 2)]), 4 << 20, "one storage, counted once");
+        let other = Tensor::zeros([3], (Kind::Int64, tch::Device::Cpu));
+        assert_eq!(held_bytes([&slice, &other]), (4 << 20) + 24);
+        assert_eq!(held_bytes([&big.f_contiguous().unwrap().f_detach_copy().unwrap().narrow(0, 0, 1)]), 4 << 20);
+        assert_eq!(held_bytes([&slice.f_detach_copy().unwrap()]), 4, "a copy holds only itself");
     }
 
     /// The memory outlives every reference of its own owner's: the tensors over it keep it, and
