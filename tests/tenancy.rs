@@ -579,6 +579,22 @@ fn the_control_plane_needs_tokens_and_the_right_role() {
     as_alice.place(&fp, Some("s1"), None).expect("a session she has, placed again");
     as_bob.place(&others[0], Some("s1"), None).expect("bob's sessions are his own");
     as_bob.place(&others[0], Some("s2"), None).expect("bob's second session");
+
+    // A record is bounded too (413, too_large): 512 blocks of the largest numbers are taken,
+    // 513 are not, nor a body over 64 KiB, whatever it holds.
+    let most = djinn_client::BlockEstimate { weight_bytes: u64::MAX / 512, flops: f64::MAX };
+    let mut blocks = djinn_client::ModelDescription { blocks: vec![most; 512], ..description };
+    as_bob.describe_model(&others[0], &blocks).expect("512 blocks");
+    blocks.blocks.push(most);
+    let over = as_bob.describe_model(&others[0], &blocks).unwrap_err();
+    assert_eq!(over.kind(), Some("too_large"), "{over}");
+    assert!(over.to_string().contains("413") && over.to_string().contains("513 blocks"), "{over}");
+    let padded = format!(r#"{{"blocks": [{{"weight_bytes": 1, "flops": 1}}], "io_bytes": 0{}}}"#, " ".repeat(64 << 10));
+    let uri = format!("{url}/v1/models/{}", others[0].to_hex());
+    let request =
+        ureq::http::Request::builder().method("PUT").uri(uri).header("Authorization", format!("Bearer {BOB}"));
+    let response = http.run(request.body(padded).unwrap()).expect("the control plane answers");
+    assert_eq!(response.status().as_u16(), 413);
 }
 
 /// A drain under a token file: only an operator starts one; the node moves each tenant's

@@ -10,7 +10,7 @@
 //! | `POST /v1/nodes/{name}/forwards` | `{"forwards": [{"kind", "tenant", "id", "epoch", "to", "to_id", "to_epoch"}]}` | 204: where the draining node's sessions (`kind` `session`) and kept tensors (`kept`) went, kept for an hour (`ControlConfig::forward_ttl`) |
 //! | `GET /v1/forwards/{kind}/{from}/{epoch}/{id}` | | `{"to", "to_id", "to_epoch", ...}`: where the caller's session or kept tensor of the node that served at `from` went; 404 `unknown_forward` |
 //! | `DELETE /v1/nodes/{name}?lease=N` | | 204: the node leaves now |
-//! | `PUT /v1/models/{fingerprint}` | `{"blocks": [{"weight_bytes", "flops"}], "io_bytes", "phase"?}` | 204 |
+//! | `PUT /v1/models/{fingerprint}` | `{"blocks": [{"weight_bytes", "flops"}], "io_bytes", "phase"?}` | 204; 413 past 512 blocks or 64 KiB |
 //! | `GET /v1/models/{fingerprint}` | | the description; 404 unknown |
 //! | `POST /v1/placements` | `{"fingerprint", "session"?, "policy"?, "phase"?, "moving"?: {"from", "state_bytes", "calls"?}}` | the decision and its cost breakdown (`move_s`: a moving session's state over the link, paid over `calls`) |
 //! | `PUT /v1/sessions/{session}` | `{"addr"}` | `{"node"}`: the placed session moved to the node at `addr`; 404 `unknown_session`, `unknown_address` |
@@ -52,7 +52,9 @@ use serde::de::DeserializeOwned;
 
 use crate::cluster::{PlaceError, Rule};
 use crate::membership::{Inventory, LeaseId, MembershipError};
-use crate::service::{ControlError, ControlPlane, DrainStatus, Forward, ForwardKind, ModelRecord, Placement, Renewed};
+use crate::service::{
+    ControlError, ControlPlane, DrainStatus, Forward, ForwardKind, MAX_RECORD_BYTES, ModelRecord, Placement, Renewed,
+};
 use crate::store::{Store, StoreError};
 
 impl ControlError {
@@ -73,6 +75,7 @@ impl ControlError {
             Self::UnknownForward(_) => (StatusCode::NOT_FOUND, "unknown_forward"),
             Self::Store(StoreError::LeaseNotFound(_)) => (StatusCode::SERVICE_UNAVAILABLE, "lease_not_found"),
             Self::Store(StoreError::Backend(_)) => (StatusCode::SERVICE_UNAVAILABLE, "store_unavailable"),
+            Self::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
         }
     }
 }
@@ -238,6 +241,12 @@ async fn describe_model<S: Store>(
     Segment(fingerprint): Segment,
     bytes: Bytes,
 ) -> Result<StatusCode, ControlError> {
+    if bytes.len() > MAX_RECORD_BYTES {
+        return Err(ControlError::TooLarge(format!(
+            "a model record of {} bytes: at most {MAX_RECORD_BYTES}",
+            bytes.len()
+        )));
+    }
     let record: ModelRecord = body(&bytes)?;
     control.describe_model(&scoped(&caller, &fingerprint)?, record).await?;
     Ok(StatusCode::NO_CONTENT)

@@ -211,7 +211,18 @@ pub enum ControlError {
     UnknownAddress(String),
     #[error("no forward is known for the {0}")]
     UnknownForward(String),
+    /// A model record over [`MAX_RECORD_BLOCKS`] blocks or [`MAX_RECORD_BYTES`] bytes.
+    #[error("{0}")]
+    TooLarge(String),
 }
+
+/// The most blocks a model record describes (a model cut at every layer of a deep transformer
+/// has a hundred or two).
+pub const MAX_RECORD_BLOCKS: usize = 512;
+/// The longest body a model record is sent in: [`MAX_RECORD_BLOCKS`] blocks of the largest
+/// numbers and a graph's annotations fit (about 37 KiB), and a tenant's records at its cap
+/// are bounded by it (4,096 records of 64 KiB).
+pub const MAX_RECORD_BYTES: usize = 64 << 10;
 
 /// Counters for /metrics.
 #[derive(Debug, Default)]
@@ -336,6 +347,12 @@ fn check_session(session: &str) -> Result<(), ControlError> {
 fn check_model(record: &ModelRecord) -> Result<(), ControlError> {
     if record.blocks.is_empty() {
         return Err(ControlError::Place(PlaceError::NoBlocks));
+    }
+    if record.blocks.len() > MAX_RECORD_BLOCKS {
+        return Err(ControlError::TooLarge(format!(
+            "a model record of {} blocks: at most {MAX_RECORD_BLOCKS}",
+            record.blocks.len()
+        )));
     }
     if record.blocks.iter().any(|b| !b.flops.is_finite() || b.flops < 0.0) {
         return Err(ControlError::BadRequest("a block's flops must be a finite number ≥ 0".into()));
