@@ -157,6 +157,9 @@ impl Shared {
         let memory = (self.device == Device::Cpu)
             .then(|| JobMemory::open(tenant, &self.limits.budget, self.limits.max_run_bytes));
         let account = Rc::new(Account { tenant, limits: self.limits.clone(), memory });
+        // A panic (a tch call that failed for an allocation refused) is an error here, so that
+        // the refusal below still names it.
+        let f = || caught(f);
         let result = cost::within(Some(Rc::clone(&account)), || {
             deadline::within(self.limits.deadline, || match &account.memory {
                 Some(memory) => memory.charging(f),
