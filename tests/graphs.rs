@@ -586,8 +586,9 @@ fn long_steps_and_unplanned_operations_are_bounded() {
 
 /// What a tenant leaves on a node is charged for the memory it keeps alive, not for the view
 /// it names: twelve kept 4-byte slices of 64 MiB intermediates held 770 MiB against charges of
-/// 4 bytes each, and are copies of their own now; a session's state that is a slice of a
-/// 64 MiB intermediate is charged the 64 MiB it keeps; and a model's program and prepared calls
+/// 4 bytes each, and are copies of their own now; a session's state or a parked activation
+/// that is a slice of a 64 MiB intermediate is charged the 64 MiB it keeps; and a model's
+/// program and prepared calls
 /// are charged to the tenant's host memory by their size (a graph of 20,000 nodes is not a
 /// page), at least what the node's memory grows by.
 #[test]
@@ -639,6 +640,22 @@ fn what_is_kept_is_charged_for_the_memory_it_keeps_alive() {
     let held = node.stat(&mut client, "session_device_bytes");
     assert!(held >= 64 << 20, "a state row of a 64 MiB tensor is charged {held} bytes");
     client.session_close(session).unwrap();
+
+    // The same row as a parked request's activation (block 0 of two, stopped after it): charged
+    // for the 64 MiB it keeps alive.
+    let mut first = slice.clone();
+    first.outputs = vec![v(5)];
+    let mut second = program(vec![op("aten::relu", "", vec![v(0)], vec![2])], 2);
+    second.inputs[0].dims[0] = DimRange { min: 1, max: 1 };
+    second.weights.clear();
+    let blocks = [container(&first), djinn_graph::encode(&second, &[]).unwrap()];
+    let model = client.register_model(&blocks, |_, _| {}).unwrap().fingerprint;
+    let until = djinn_client::Breakpoint { block: 0, send_activation: false };
+    let paused = client.execute_until(&model, &[Value::Tensor(0)], &input, false, until).unwrap();
+    let parked = node.stat(&mut client, "parked_bytes");
+    assert!(parked >= 64 << 20, "a parked row of a 64 MiB tensor is charged {parked} bytes");
+    client.abort(paused.parked).unwrap();
+    assert_eq!(node.stat(&mut client, "parked_bytes"), 0);
 
     // 20,000 nodes: charged 3 KiB each and twice the program's text.
     let mut long = program(
