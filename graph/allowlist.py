@@ -75,6 +75,10 @@ ONE_OF = {
     ("to.prim_Device", "dtype"): DTYPE_CODES,
     # Without running statistics, libtorch reads the ones it was not given (SIGSEGV).
     ("_native_batch_norm_legit.no_stats", "training"): (1,),
+    # Training, it updates running_mean and running_var in place though its schema marks no
+    # write: a weight or the caller's input passed as them was written (graph_exec's finding).
+    # Exported models in eval mode pass False (or call _native_batch_norm_legit_no_training).
+    ("batch_norm", "training"): (0,),
 }
 # Scale factors: a source index is the output's times 1/scale, so 1e-20 overflows it; 2^-10 to
 # 2^10 is a thousandfold either way, with indices far from overflow.
@@ -84,6 +88,11 @@ WITHIN = {
     for op in ("upsample_nearest2d", "upsample_bilinear2d")
     for arg in ("scales_h", "scales_w", "scale_factors")
 }
+# col2im checks its input against sizes it reads as 32-bit ints, and its kernel computes with
+# the 64-bit ones: a padding of 2^32 passed the check as 0 and the kernel then ran for ever
+# (graph_exec's finding). Sizes a tensor's dimension can hold, no more.
+INT32 = (0, 2 ** 31 - 1)
+WITHIN.update({("col2im", arg): INT32 for arg in ("output_size", "kernel_size", "dilation", "padding", "stride")})
 # Names of arguments that must have a rule wherever they appear (an int) ...
 ENUM_WORDS = ("mode", "reduction", "normalization", "dtype")
 # ... or (a float) where they scale a size.
@@ -139,7 +148,9 @@ def rules(op):
     for a in op._schema.arguments:
         base = str(a.real_type).removeprefix("Optional[").removeprefix("List[").rstrip("]").split("[")[0]
         rule = rule_of(op, a.name)
-        if rule and (base, rule[0]) not in (("int", "one-of"), ("SymInt", "one-of"), ("bool", "one-of"), ("float", "within")):
+        kinds = (("int", "one-of"), ("SymInt", "one-of"), ("bool", "one-of"), ("float", "within"), ("int", "within"),
+                 ("SymInt", "within"))
+        if rule and (base, rule[0]) not in kinds:
             raise SystemExit(f"{op._schema}: a {rule[0]} rule on the {base} {a.name}")
         if rule and rule[0] == "one-of":
             out.append(f"one-of {' '.join(map(str, rule[1]))}")

@@ -40,6 +40,7 @@ targets! {
     control_api: "../fuzz/targets/control_api.rs",
     frame_reader: "../fuzz/targets/frame_reader.rs",
     graph_decode: "../fuzz/targets/graph_decode.rs",
+    graph_exec: "../fuzz/targets/graph_exec.rs",
     message_decode: "../fuzz/targets/message_decode.rs",
     principals: "../fuzz/targets/principals.rs",
     rdma_session: "../fuzz/targets/rdma_session.rs",

@@ -70,6 +70,26 @@ int guarded(char** err, F&& f) {
     return 1;
 }
 
+// A size (SymInt) at or below -2^62 is how c10 marks a symbolic one: its bits are read as a
+// pointer to a SymNode. libtorch unpacks a SymInt[] argument from a list of ints unchecked
+// (as_strided's meta kernel took [-2^63] for a symbolic size, and the tensor it made threw on
+// reading its sizes; another value is another pointer), so no such value reaches a kernel.
+void check_sym_ints(const c10::Argument& argument, const c10::IValue& value) {
+    c10::TypePtr type = argument.real_type();
+    if (auto optional = type->cast<c10::OptionalType>()) type = optional->getElementType();
+    if (auto list = type->cast<c10::ListType>()) type = list->getElementType();
+    if (type->kind() != c10::TypeKind::SymIntType) return;
+    auto check = [&](const c10::IValue& v) {
+        TORCH_CHECK(!v.isInt() || c10::SymInt::check_range(v.toInt()), "argument '", argument.name(), "': ",
+                    v.toInt(), " is not a size (libtorch takes one below -2^62 for a pointer)");
+    };
+    if (value.isList()) {
+        for (const auto& item : value.toListRef()) check(item);
+    } else {
+        check(value);
+    }
+}
+
 }  // namespace
 
 // Meta kernels for the allowlisted operators that libtorch's C++ has none for (PyTorch keeps
@@ -294,14 +314,26 @@ void batch_norm_eval(const c10::OperatorHandle& op, Stack* stack) {
     give_normalised(stack, n, arg(stack, n, 0).toTensor(), {0});
 }
 
+int64_t int_of(const c10::IValue& v) { return v.isInt() ? v.toInt() : v.toSymInt().guard_int(__FILE__, __LINE__); }
+
 // _native_batch_norm_legit.no_stats and native_group_norm: statistics per channel (per
 // sample and group), at most the input's size; bounded by the channels here.
+// native_group_norm(input, weight?, bias?, N, C, HxW, group, eps): its statistics are [N, group],
+// from the arguments as libtorch takes them, so they are checked as libtorch checks them first
+// (and N * C * HxW without overflow): a group of 2^63 - 1 made two statistics of 2^63 bytes each,
+// whose sum overflowed the plan's count (graph_exec's finding).
 void batch_norm_stats(const c10::OperatorHandle& op, Stack* stack) {
     size_t n = arity(op);
     const at::Tensor& input = arg(stack, n, 0).toTensor();
     int64_t channels = input.dim() > 1 ? input.size(1) : 1;
     if (op.schema().name() == "aten::native_group_norm") {
-        give_normalised(stack, n, input, {input.dim() > 0 ? input.size(0) : 1, arg(stack, n, 6).toInt()});
+        int64_t N = int_of(arg(stack, n, 3)), C = int_of(arg(stack, n, 4)), HxW = int_of(arg(stack, n, 5));
+        int64_t group = arg(stack, n, 6).toInt(), NC = 0, NCHxW = 0;
+        TORCH_CHECK(N >= 0 && C >= 0 && HxW >= 0, "native_group_norm: negative N, C or HxW");
+        TORCH_CHECK(group > 0 && C % group == 0, "native_group_norm: ", C, " channels in ", group, " groups");
+        TORCH_CHECK(!c10::mul_overflows(N, C, &NC) && !c10::mul_overflows(NC, HxW, &NCHxW) && NCHxW == input.numel(),
+                    "native_group_norm: N * C * HxW is not the input's ", input.numel(), " elements");
+        give_normalised(stack, n, input, {N, group});
     } else {
         give_normalised(stack, n, input, {channels});
     }
@@ -544,6 +576,8 @@ int djinn_call_run(const djinn_call* c, const djinn_arg* varying, size_t n_varyi
             TORCH_CHECK(varying[k].index < stack.size(), "argument slot out of range");
             stack[varying[k].index] = to_ivalue(varying[k]);
         }
+        const auto& arguments = c->op.schema().arguments();
+        for (size_t k = 0; k < arguments.size() && k < stack.size(); ++k) check_sym_ints(arguments[k], stack[k]);
         c->op.callBoxed(&stack);
         auto push = [&](const c10::IValue& v, auto& self) -> void {
             TORCH_CHECK(count < cap, "the operator returned more values than the graph expects");

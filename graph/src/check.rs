@@ -73,6 +73,11 @@ impl Allowlist {
         self.texts.get(qualified).map(String::as_str)
     }
 
+    /// The qualified names of its operators (`aten::add.Tensor`), in no particular order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.by_name.keys().map(String::as_str)
+    }
+
     /// The rules on `qualified`'s argument values, by argument slot.
     pub fn rules(&self, qualified: &str) -> &[(usize, ValueRule)] {
         self.rules.get(qualified).map_or(&[], Vec::as_slice)
@@ -615,6 +620,8 @@ mod tests {
     fn the_allowlist_is_what_the_generator_wrote() {
         let list = allowlist();
         assert!(list.len() > 250, "{} operators", list.len());
+        assert_eq!(list.names().count(), list.len());
+        assert!(list.names().all(|name| list.get(name).is_some() && list.text(name).is_some()));
         for op in
             ["aten::linear", "aten::scaled_dot_product_attention", "aten::layer_norm", "aten::embedding", "aten::view"]
         {
@@ -795,7 +802,51 @@ mod tests {
             )
         };
         check(program(vec![x4.clone(), no_stats(true)], 4), allowlist()).unwrap();
-        assert!(refusal(program(vec![x4, no_stats(false)], 4)).contains("training"));
+        assert!(refusal(program(vec![x4.clone(), no_stats(false)], 4)).contains("training"));
+        // batch_norm training updates running_mean and running_var in place, unannotated: the
+        // weight passed as them was written (graph_exec's finding). Only eval mode passes.
+        let batch_norm = |training: bool| {
+            node(
+                "aten::batch_norm",
+                "",
+                vec![
+                    Arg::Value(2),
+                    Arg::None,
+                    Arg::None,
+                    Arg::Value(1),
+                    Arg::Value(1),
+                    Arg::Bool(training),
+                    Arg::Float("0.1".into()),
+                    Arg::Float("1e-5".into()),
+                    Arg::Bool(false),
+                ],
+                vec![4],
+            )
+        };
+        check(program(vec![x4.clone(), batch_norm(false)], 4), allowlist()).unwrap();
+        // col2im's sizes within 32 bits: its check read a padding of 2^32 as 0, and its kernel
+        // then ran for ever (graph_exec's finding).
+        let ints = |xs: &[i64]| Arg::List(xs.iter().map(|&x| Arg::Int(x)).collect());
+        let col2im = |padding: i64| {
+            node(
+                "aten::col2im",
+                "",
+                vec![
+                    Arg::Value(0),
+                    ints(&[2, 3]),
+                    ints(&[1, 1]),
+                    ints(&[1, 1]),
+                    ints(&[padding, padding]),
+                    ints(&[1, 1]),
+                ],
+                vec![4],
+            )
+        };
+        check(program(vec![col2im(1)], 4), allowlist()).unwrap();
+        let e = refusal(program(vec![col2im(1 << 32)], 4));
+        assert!(e.contains("padding") && e.contains("2147483647"), "{e}");
+        let e = refusal(program(vec![x4, batch_norm(true)], 4));
+        assert!(e.contains("training") && e.contains("one of 0"), "{e}");
     }
 
     #[test]
