@@ -99,8 +99,14 @@ struct AccountingAllocator final : public c10::Allocator {
             if (n > a->limit || added > a->limit - n) refuse(a, REFUSED_RUN_BOUND, n, added);
             if (live + n > a->granted) {
                 // Asked for in 64 KiB steps, so a job's growth takes the quota's lock now and then.
-                uint64_t more = (live + n - a->granted + 65535) & ~uint64_t{65535};
-                if (a->grow == nullptr || a->grow(a->owner, more) == 0) refuse(a, REFUSED_QUOTA, n, live);
+                // Exactly what is missing where the quota has no 64 KiB left.
+                uint64_t need = live + n - a->granted, more = (need + 65535) & ~uint64_t{65535};
+                bool granted = a->grow != nullptr && a->grow(a->owner, more) != 0;
+                if (!granted && a->grow != nullptr && more != need) {
+                    more = need;
+                    granted = a->grow(a->owner, more) != 0;
+                }
+                if (!granted) refuse(a, REFUSED_QUOTA, n, live);
                 a->granted += more;
             }
         }

@@ -70,7 +70,9 @@ def test_a_graph_past_the_deadline_is_ended_and_the_node_goes_on(tmp_path):
         # 100 rounds, half of what a run not ended between operators would take. The node
         # measures it, so neither the wire nor this process's scheduling counts.
         bound = DEADLINE + min(max(10 * round_s, 2.0), 100 * round_s)
-        assert all(DEADLINE - 1e-3 < t < bound for t in took), (took, round_s)
+        # A run may end sooner: a step that would run past the deadline at the node's rate is
+        # refused before it runs.
+        assert all(0 < t < bound for t in took), (took, round_s)
         # What an ended run computed is freed: once the allocator has grown to the runs' peak
         # (the first few), the node's memory moves by a few MiB at most over five more runs
         # (its arenas grow in steps of 4 or 8). Were each run's products kept (4 MiB each, a
