@@ -322,7 +322,8 @@ impl std::fmt::Debug for GraphModule {
     }
 }
 
-fn kind_of(name: &str) -> Option<Kind> {
+/// The libtorch dtype a graph's dtype name stands for (`None` for a name the format lacks).
+pub fn kind_of(name: &str) -> Option<Kind> {
     Some(match name {
         "uint8" => Kind::Uint8,
         "int8" => Kind::Int8,
@@ -799,7 +800,7 @@ impl Storages {
             return;
         }
         let (_, holders) = self.made.entry(id).or_insert_with(|| {
-            self.live += bytes;
+            self.live = self.live.saturating_add(bytes);
             self.peak = self.peak.max(self.live);
             (bytes, 0)
         });

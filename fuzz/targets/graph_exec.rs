@@ -452,19 +452,9 @@ struct Gen<'a> {
     wild: u32,
 }
 
+/// The graph dtype's libtorch kind (the names come from the format's DTYPES).
 fn kind_of(name: &str) -> Kind {
-    match name {
-        "uint8" => Kind::Uint8,
-        "int8" => Kind::Int8,
-        "int16" => Kind::Int16,
-        "int32" => Kind::Int,
-        "int64" => Kind::Int64,
-        "float16" => Kind::Half,
-        "float64" => Kind::Double,
-        "bool" => Kind::Bool,
-        "bfloat16" => Kind::BFloat16,
-        _ => Kind::Float,
-    }
+    djinn_executor::graph::kind_of(name).unwrap_or(Kind::Float)
 }
 
 fn numel(shape: &[i64]) -> i64 {
