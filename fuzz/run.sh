@@ -3,6 +3,8 @@
 # its regression cases (fuzz/regressions/TARGET/) and whatever earlier runs left in
 # fuzz/corpus/TARGET (not in git), where new inputs go:
 #   fuzz/run.sh TARGET [SECONDS, default 600] [more libFuzzer flags]
+# FUZZ_SANITIZER picks cargo-fuzz's sanitizer (default address); graph_exec wants `none`, as
+# libtorch under ASan runs too slowly to fuzz.
 # Needs a nightly toolchain and cargo-fuzz (`cargo install cargo-fuzz`). To refresh the seeds
 # from a grown corpus, one input per coverage edge:
 #   cargo +nightly fuzz run TARGET NEW_DIR corpus/TARGET -- -merge=1 -use_counters=0 -use_value_profile=0
@@ -21,4 +23,4 @@ while read -r line; do
 done < "seeds/$target.hex"
 dirs=("corpus/$target")
 [[ -d "regressions/$target" ]] && dirs+=("regressions/$target")
-exec cargo +nightly fuzz run "$target" "${dirs[@]}" -- -max_total_time="$seconds" -print_final_stats=1 "$@"
+exec cargo +nightly fuzz run -s "${FUZZ_SANITIZER:-address}" "$target" "${dirs[@]}" -- -max_total_time="$seconds" -print_final_stats=1 "$@"

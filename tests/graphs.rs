@@ -538,6 +538,36 @@ fn memory_a_plan_cannot_see_is_bounded_as_it_is_allocated() {
     serves(&node);
 }
 
+/// An operator whose only tensor is a number (`repeat` of a wrapped number) is planned on the
+/// meta device like the rest: a 512 MiB repetition is refused by its plan before it allocates
+/// (not by the allocator while it computes, which a GPU node's host memory would not have), and
+/// a small one runs.
+#[test]
+fn an_operator_over_numbers_only_is_planned_without_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = bounded_node(dir.path());
+    let mut client = connect(&node, TOKEN);
+    let ints = |xs: &[i64]| Arg::List(xs.iter().map(|&x| Arg::Int(x)).collect());
+    let repeated = |n: i64| {
+        program(
+            vec![
+                op("aten::repeat", "", vec![Arg::Int(1), ints(&[n])], vec![2]),
+                op("aten::sum", "", vec![Arg::Value(2)], vec![3]),
+                op("aten::add", "Tensor", vec![Arg::Value(0), Arg::Value(3)], vec![4]),
+            ],
+            4,
+        )
+    };
+    let x = [0f32; 8];
+    let e = try_graph(&mut client, &repeated(1 << 26), &x).unwrap_err();
+    assert_eq!(e.remote_code(), Some(ErrorCode::OverBudget), "{e}");
+    assert!(e.to_string().contains("would hold 5368709"), "refused by its plan: {e}");
+    let out = try_graph(&mut client, &repeated(1000), &x).expect("a repetition of 1,000");
+    assert_eq!(f32::from_le_bytes(out[..4].try_into().unwrap()), 1000.0);
+    assert_eq!(node.stat(&mut client, "allocations_refused"), 0);
+    serves(&node);
+}
+
 /// Time and operations past what a plan saw: a pooling step planned at 10¹² operations (a
 /// 1,000 × 1,000 window over a 2,048² image) is refused before it runs, as it would take longer
 /// than the node's 2 s limit on an execution at the node's rate, and another tenant is served

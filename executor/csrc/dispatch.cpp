@@ -361,6 +361,9 @@ void attention(const c10::OperatorHandle& op, Stack* stack) {
 struct djinn_call {
     c10::OperatorHandle op;
     std::vector<c10::IValue> args;
+    // A plan's call: its wrapped numbers are made meta tensors before it runs, or an operator
+    // whose only tensors are numbers (`repeat` of a number) would compute on real memory.
+    bool on_meta = false;
     explicit djinn_call(c10::OperatorHandle handle) : op(std::move(handle)) {}
 };
 
@@ -500,6 +503,7 @@ void djinn_call_set_bool(djinn_call* c, size_t i, bool v) { c->args[i] = c10::IV
 void djinn_call_set_wrapped_int(djinn_call* c, size_t i, int64_t v) { c->args[i] = c10::IValue(wrapped_number(v)); }
 void djinn_call_set_wrapped_double(djinn_call* c, size_t i, double v) { c->args[i] = c10::IValue(wrapped_number(v)); }
 void djinn_call_set_wrapped_bool(djinn_call* c, size_t i, bool v) { c->args[i] = c10::IValue(wrapped_number(v)); }
+void djinn_call_plan_on_meta(djinn_call* c) { c->on_meta = true; }
 void djinn_call_set_device(djinn_call* c, size_t i, int32_t type, int32_t index) {
     c->args[i] = c10::IValue(device_of(type, index));
 }
@@ -575,6 +579,15 @@ int djinn_call_run(const djinn_call* c, const djinn_arg* varying, size_t n_varyi
         for (size_t k = 0; k < n_varying; ++k) {
             TORCH_CHECK(varying[k].index < stack.size(), "argument slot out of range");
             stack[varying[k].index] = to_ivalue(varying[k]);
+        }
+        if (c->on_meta) {
+            for (auto& v : stack) {
+                if (!v.isTensor() || v.toTensor().is_meta()) continue;
+                const at::Tensor& t = v.toTensor();
+                at::Tensor meta = at::empty(t.sizes(), t.options().device(c10::kMeta));
+                meta.unsafeGetTensorImpl()->set_wrapped_number(t.unsafeGetTensorImpl()->is_wrapped_number());
+                v = c10::IValue(std::move(meta));
+            }
         }
         const auto& arguments = c->op.schema().arguments();
         for (size_t k = 0; k < arguments.size() && k < stack.size(); ++k) check_sym_ints(arguments[k], stack[k]);

@@ -90,6 +90,7 @@ mod ffi {
         pub fn djinn_call_set_wrapped_int(call: *mut Call, i: usize, v: i64);
         pub fn djinn_call_set_wrapped_double(call: *mut Call, i: usize, v: f64);
         pub fn djinn_call_set_wrapped_bool(call: *mut Call, i: usize, v: bool);
+        pub fn djinn_call_plan_on_meta(call: *mut Call);
         pub fn djinn_call_set_device(call: *mut Call, i: usize, kind: i32, index: i32);
         pub fn djinn_call_set_string(call: *mut Call, i: usize, s: *const c_char);
         pub fn djinn_call_set_int_list(call: *mut Call, i: usize, v: *const i64, n: usize);
@@ -1072,6 +1073,10 @@ fn prepare(
         .map(|r| if matches!(r.ty.required(), Type::List(_)) { 4096 } else { 1 })
         .sum::<usize>()
         .max(1);
+    if matches!(target, Target::Meta) {
+        // SAFETY: a live prepared call not yet shared.
+        unsafe { ffi::djinn_call_plan_on_meta(call.raw.as_ptr()) };
+    }
     for (i, (argument, given)) in schema.arguments.iter().zip(args).enumerate() {
         // A factory (`ones`, `arange`, ...) left to its default device makes a CPU tensor: in a
         // plan it must make a meta one, or the plan would allocate, and compute on, real memory.
@@ -1084,7 +1089,10 @@ fn prepare(
             continue;
         }
         let Some(given) = given else { continue };
-        if varies(given) {
+        // A list of tensors is passed per run even when it holds none (`index` with `[None]`):
+        // its items are set as tensors or absent, which a constant's setters do not carry.
+        let tensor_list = matches!(argument.ty.required(), Type::List(inner) if *inner.required() == Type::Tensor);
+        if varies(given) || tensor_list {
             call.varying.push((i, argument.ty.clone(), given.clone()));
         } else {
             set_constant(&call, i, &argument.ty, given, target)?;
@@ -1730,8 +1738,25 @@ mod tests {
         let x = Tensor::zeros([1, 1], (Kind::Float, Device::Cpu));
         let ones =
             one_operator("aten::ones", vec![Arg::List(vec![Arg::Int(1 << 40)])], &[], std::slice::from_ref(&x), 1);
-        let e = ones.estimate_run(&[x]).unwrap();
+        let e = ones.estimate_run(std::slice::from_ref(&x)).unwrap();
         assert_eq!((e.peak_bytes, e.stopped_at), (4 << 40, None));
+        // So is an operator whose only tensor is a number: 8 TiB of a repeated wrapped int.
+        let repeat = one_operator(
+            "aten::repeat",
+            vec![Arg::Int(1), Arg::List(vec![Arg::Int(1 << 40)])],
+            &[],
+            std::slice::from_ref(&x),
+            1,
+        );
+        let e = repeat.estimate_run(std::slice::from_ref(&x)).unwrap();
+        assert_eq!((e.peak_bytes >> 40, e.stopped_at), (8, None));
+        // A list of tensors that holds none is passed as such, to libtorch's own refusal.
+        let x = Tensor::randn([3, 2], (Kind::Float, Device::Cpu));
+        let index = vec![Arg::Value(0), Arg::List(vec![Arg::None])];
+        let whole = one_operator("aten::index.Tensor", index, &[], std::slice::from_ref(&x), 1);
+        assert_eq!(whole.estimate_run(std::slice::from_ref(&x)).unwrap().stopped_at, None);
+        let e = whole.run(vec![x]).unwrap_err();
+        assert!(matches!(e, ExecError::Execution(_)), "{e}");
         // Plans are kept per shape, and a bounded number of them.
         for rows in 1..=200 {
             graph.estimate_run(&[Tensor::zeros([rows, 256], (Kind::Float, Device::Cpu))]).unwrap();
