@@ -952,22 +952,25 @@ fn with_a_certificate_the_api_is_served_over_tls_only() {
     }
 }
 
-/// What a connection to the API holds is bounded: past --max-connections a connection is closed
-/// at once; one that sends no whole request head within --header-timeout (silent, trickling a
-/// header, idle after an answer) is closed; a body that does not come within --request-timeout
-/// gets a 408; and the API serves throughout. Its /metrics counts each, by cause.
+/// What a connection to the API holds is bounded: past --max-connections (authenticated
+/// connections) a request is refused (503) and its connection closed, while an unauthenticated
+/// connection waits apart from them; one that sends no whole request head in time (silent or
+/// trickling before it authenticated: 3 s at most, here --header-timeout; idle after an answer:
+/// --header-timeout) is closed; a body that does not come within --request-timeout gets a 408;
+/// and the API serves throughout. Its /metrics counts each, by cause.
 #[test]
 fn the_apis_connections_are_bounded_and_timed_out() {
     use std::io::Write;
     use std::net::TcpStream;
-    // Long enough that the four connections that fill the cap are still open when the fifth is
-    // accepted, however loaded the machine.
+    // Long enough that the four connections that fill the cap are still open when the fifth
+    // asks, however loaded the machine.
     const HEADER_TIMEOUT: Duration = Duration::from_secs(2);
     const REQUEST_TIMEOUT: Duration = Duration::from_millis(1500);
     const REFUSED: &str = "djinn_control_connections_refused_total";
     const HEADER_TIMEOUTS: &str = "djinn_control_connections_header_timeouts_total";
     const IDLE_CLOSED: &str = "djinn_control_connections_idle_closed_total";
     const REQUEST_TIMEOUTS: &str = "djinn_control_request_timeouts_total";
+    const WHOAMI: &[u8] = b"GET /v1/whoami HTTP/1.1\r\nHost: control\r\n\r\n";
     // A timeout closes a connection no sooner than the timeout after the test last wrote to it
     // (less a little: a timer's deadline is rounded to its tick), and well before the defaults
     // (10 s for a head, 30 s for a request): within 5 s past it, which only a process starved
@@ -983,35 +986,50 @@ fn the_apis_connections_are_bounded_and_timed_out() {
     let (child, addr) = support::spawn_listening(command, "djinn control listening on ");
     let control = Control { child: Some(child), url: format!("http://{addr}") };
 
-    // Four silent connections fill the cap: a fifth is closed as soon as it is accepted, the
-    // four once the header timeout has passed. (Nothing else may connect meanwhile.)
-    let opened = Instant::now();
-    let mut silent: Vec<TcpStream> = (0..4).map(|_| TcpStream::connect(&addr).unwrap()).collect();
+    // Four connections that had an answer (without tokens a whole request head authenticates)
+    // fill the cap: a fifth's request is refused at once, and a silent connection beside them
+    // waits in the unauthenticated pool until its time to authenticate has passed; the four
+    // are closed once idle for the header timeout. (Nothing else may connect meanwhile.)
+    let mut held: Vec<(TcpStream, Instant)> = (0..4)
+        .map(|_| {
+            let mut stream = TcpStream::connect(&addr).unwrap();
+            stream.write_all(WHOAMI).unwrap();
+            let answer = read_response(&mut stream);
+            assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+            (stream, Instant::now())
+        })
+        .collect();
+    let mut silent = TcpStream::connect(&addr).unwrap();
+    let silent_opened = Instant::now();
     let mut fifth = TcpStream::connect(&addr).unwrap();
-    assert_eq!(support::read_until_closed(&mut fifth, "the fifth"), "", "past the cap: closed without an answer");
-    for stream in &mut silent {
-        assert_eq!(
-            support::read_until_closed(stream, "a silent connection"),
-            "",
-            "no request head: closed without an answer"
-        );
+    fifth.write_all(WHOAMI).unwrap();
+    let refused = support::read_until_closed(&mut fifth, "the fifth");
+    assert!(refused.starts_with("HTTP/1.1 503") && refused.contains("too_many_connections"), "{refused}");
+    assert_eq!(support::read_until_closed(&mut silent, "a silent connection"), "", "closed without an answer");
+    let silent_for = silent_opened.elapsed();
+    assert!(
+        by_timeout(HEADER_TIMEOUT).contains(&silent_for),
+        "closed after {silent_for:?}: not in time to authenticate"
+    );
+    for (stream, answered) in &mut held {
+        assert_eq!(support::read_until_closed(stream, "an idle connection"), "", "idle: closed without more");
+        let idle_for = answered.elapsed();
+        assert!(by_timeout(HEADER_TIMEOUT).contains(&idle_for), "closed {idle_for:?} after its answer");
     }
-    let silent_for = opened.elapsed();
-    assert!(by_timeout(HEADER_TIMEOUT).contains(&silent_for), "closed after {silent_for:?}: not by the header timeout");
-    control.wait_for_counter(HEADER_TIMEOUTS, 4);
-    assert_eq!((control.counter(REFUSED), control.counter(HEADER_TIMEOUTS)), (1, 4), "the fifth refused");
+    control.wait_for_counter(IDLE_CLOSED, 4);
+    assert_eq!((control.counter(REFUSED), control.counter(HEADER_TIMEOUTS)), (1, 1), "the fifth refused");
     assert!(control.cluster()["nodes"].is_array(), "served once they went");
 
     // Idle after an answer.
     let mut idle = TcpStream::connect(&addr).unwrap();
     let asked = Instant::now();
-    idle.write_all(b"GET /v1/whoami HTTP/1.1\r\nHost: control\r\n\r\n").unwrap();
+    idle.write_all(WHOAMI).unwrap();
     let exchange = support::read_until_closed(&mut idle, "an idle connection");
     let idle_for = asked.elapsed();
     assert!(exchange.starts_with("HTTP/1.1 200"), "{exchange}");
     assert!(by_timeout(HEADER_TIMEOUT).contains(&idle_for), "closed {idle_for:?} after the request");
-    control.wait_for_counter(IDLE_CLOSED, 1);
-    assert_eq!(control.counter(HEADER_TIMEOUTS), 4, "an idle connection counted as one slow to send its head");
+    control.wait_for_counter(IDLE_CLOSED, 5);
+    assert_eq!(control.counter(HEADER_TIMEOUTS), 1, "an idle connection counted as one slow to send its head");
 
     // A head trickled a byte at a time, and a body that never comes, beside requests served.
     let trickled_to = addr.clone();
@@ -1046,9 +1064,358 @@ fn the_apis_connections_are_bounded_and_timed_out() {
     assert!(by_timeout(REQUEST_TIMEOUT).contains(&answered_after), "a 408 after {answered_after:?}");
     let trickling = trickled.join().unwrap();
     assert!(by_timeout(HEADER_TIMEOUT).contains(&trickling), "a trickled head closed after {trickling:?}");
-    control.wait_for_counter(HEADER_TIMEOUTS, 5);
+    control.wait_for_counter(HEADER_TIMEOUTS, 2);
     let counted = [REFUSED, HEADER_TIMEOUTS, IDLE_CLOSED, REQUEST_TIMEOUTS].map(|name| control.counter(name));
-    assert_eq!(counted, [1, 5, 1, 1], "refused, header timeouts, idle, request timeouts");
+    assert_eq!(counted, [1, 2, 5, 1], "refused, header timeouts, idle, request timeouts");
+}
+
+/// One answer on `stream`, its head and its body (by its Content-Length); the connection stays
+/// open.
+fn read_response(stream: &mut std::net::TcpStream) -> String {
+    use std::io::Read;
+    stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut received = Vec::new();
+    let mut byte = [0u8; 1];
+    while !received.ends_with(b"\r\n\r\n") {
+        stream.read_exact(&mut byte).expect("an answer's head");
+        received.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&received).to_ascii_lowercase();
+    let length = head.lines().find_map(|l| l.strip_prefix("content-length:")?.trim().parse().ok()).unwrap_or(0);
+    let mut body = vec![0u8; length];
+    stream.read_exact(&mut body).expect("an answer's body");
+    received.extend_from_slice(&body);
+    String::from_utf8_lossy(&received).into_owned()
+}
+
+const ALICE: &str = "alice-token-0123456789";
+const BOB: &str = "bob-token-0123456789ab";
+/// Shared by the nodes that use it.
+const NODES: &str = "node-token-0123456789a";
+/// Node `b`'s own principal, named as it.
+const NODE_B: &str = "node-b-token-012345678";
+const OPS: &str = "ops-token-0123456789ab";
+
+/// `djinn control` with a token file of tenants `alice` and `bob`, node principals `nodes`
+/// (shared) and `b`, and operator `ops`, and `extra` flags.
+fn control_with_tokens(dir: &std::path::Path, extra: &[&str]) -> Control {
+    let file = dir.join("tokens.json");
+    let principals = json!({ "principals": [
+        { "name": "alice", "tokens": [ALICE] },
+        { "name": "bob", "tokens": [BOB] },
+        { "name": "nodes", "role": "node", "tokens": [NODES] },
+        { "name": "b", "role": "node", "tokens": [NODE_B] },
+        { "name": "ops", "role": "admin", "tokens": [OPS] },
+    ]});
+    std::fs::write(&file, principals.to_string()).unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_djinn"));
+    command.args(["control", "--listen", "127.0.0.1:0", "--log", "error", "--store"]).arg(dir.join("control.redb"));
+    command.arg("--auth-file").arg(&file).args(extra);
+    let (child, addr) = support::spawn_listening(command, "djinn control listening on ");
+    Control { child: Some(child), url: format!("http://{addr}") }
+}
+
+impl Control {
+    /// `(status, body as JSON)` of a request with `token`, on a connection of its own; a hang
+    /// guard of 20 s.
+    fn http_as(&self, token: &str, method: &str, path: &str, body: Option<&Json>) -> (u16, Json) {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(20)))
+            .build()
+            .into();
+        let request = ureq::http::Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.url))
+            .header("Authorization", format!("Bearer {token}"))
+            .header("Content-Type", "application/json");
+        let body = body.map(Json::to_string).unwrap_or_default();
+        let mut response = agent.run(request.body(body).unwrap()).unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        let status = response.status().as_u16();
+        let text = response.body_mut().read_to_string().expect("body");
+        (status, if text.is_empty() { Json::Null } else { serde_json::from_str(&text).unwrap_or(Json::String(text)) })
+    }
+
+    /// The sample `name` of /metrics, asked by operator `ops`.
+    fn metric_as_ops(&self, name: &str) -> u64 {
+        let (status, text) = self.http_as(OPS, "GET", "/metrics", None);
+        let text = text.as_str().unwrap_or_default();
+        assert_eq!(status, 200, "{text}");
+        let value = text.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix(' '));
+        value.and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("no sample {name} in {text}"))
+    }
+}
+
+/// A node's inventory, serving at `addr`.
+fn inventory(addr: &str) -> Json {
+    json!({
+        "addr": addr, "device": "cpu", "memory_total": 1 << 30, "memory_free": 1 << 30,
+        "host_memory_free": 1 << 30, "host_to_device": 1e9, "flops": 1e9, "memory_bandwidth": 1e9,
+        "link_bandwidth": 1e9, "transports": ["tcp"], "queue_depth": 0, "cost_per_hour": 1.0, "models": []
+    })
+}
+
+/// Raises this process's soft limit on open files to `want` (within its hard limit).
+fn raise_open_files(want: u64) {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: a valid rlimit to read into and to write from.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit), 0);
+        if limit.rlim_cur < want {
+            limit.rlim_cur = want.min(limit.rlim_max);
+            assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &limit), 0);
+        }
+    }
+    assert!(limit.rlim_cur >= want, "open files: {} at most, {want} wanted", limit.rlim_max);
+}
+
+/// Idle connections to `to`, `count` of them spread over the addresses `sources`, each opened
+/// (and opened again soon after the API closes it) at most
+/// [`Self::OPEN_PER_ROUND`] a round (the tests beside this one have a machine of two cores to
+/// share), until dropped. They never send a byte.
+struct Flood {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Flood {
+    const OPEN_PER_ROUND: usize = 100;
+    const ROUND: Duration = Duration::from_millis(50);
+
+    fn start(to: std::net::SocketAddr, sources: Vec<std::net::IpAddr>, count: usize) -> Self {
+        use std::io::{ErrorKind, Read};
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = std::sync::Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            let mut open: Vec<Option<std::net::TcpStream>> = (0..count).map(|_| None).collect();
+            let mut buf = [0u8; 64];
+            while !stopped.load(Ordering::Relaxed) {
+                let mut opened = 0;
+                for (i, slot) in open.iter_mut().enumerate() {
+                    let closed = match slot {
+                        None => true,
+                        Some(stream) => match stream.read(&mut buf) {
+                            Ok(n) => n == 0,
+                            Err(e) => !matches!(
+                                e.kind(),
+                                ErrorKind::WouldBlock | ErrorKind::NotConnected | ErrorKind::Interrupted
+                            ),
+                        },
+                    };
+                    if closed {
+                        *slot = None;
+                        if opened < Self::OPEN_PER_ROUND {
+                            *slot = connect_from(sources[i % sources.len()], to);
+                            opened += 1;
+                        }
+                    }
+                }
+                std::thread::sleep(Self::ROUND);
+            }
+        });
+        Self { stop, thread: Some(thread) }
+    }
+}
+
+impl Drop for Flood {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// A connection from `source` to `to`, its connect begun (not waited for).
+fn connect_from(source: std::net::IpAddr, to: std::net::SocketAddr) -> Option<std::net::TcpStream> {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).ok()?;
+    socket.set_nonblocking(true).ok()?;
+    socket.bind(&std::net::SocketAddr::new(source, 0).into()).ok()?;
+    match socket.connect(&to.into()) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+        Err(_) => return None,
+    }
+    Some(socket.into())
+}
+
+/// 2,000 unauthenticated idle connections, from one source and then from 25, kept open again as
+/// the API closes them, lock out neither a tenant (its requests, each on a new connection) nor
+/// a node (its registration and lease renewals): the unauthenticated pool is bounded per source
+/// and overall, a full pool makes room by closing the oldest connection of the source that
+/// holds the most, and authenticated connections are counted apart.
+#[test]
+fn an_unauthenticated_flood_locks_out_neither_tenants_nor_nodes() {
+    const FLOOD: usize = 2000;
+    const EVICTED: &str = "djinn_control_connections_unauthenticated_evicted_total";
+    const UNAUTHENTICATED: &str = "djinn_control_connections_unauthenticated";
+    // The flood's sockets and the test's own.
+    raise_open_files(FLOOD as u64 + 1024);
+    let dir = tempfile::tempdir().unwrap();
+    // Long enough that the lease outlives the waits between renewals, however loaded the
+    // machine: what is tested is that each renewal is answered.
+    let control = control_with_tokens(dir.path(), &["--lease-ttl", "60s"]);
+    let server: std::net::SocketAddr = control.addr().parse().unwrap();
+    let loopback = |last: u8| std::net::IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, last));
+    let (status, registered) = control.http_as(
+        NODES,
+        "POST",
+        "/v1/nodes",
+        Some(&json!({ "name": "n1", "inventory": inventory("127.0.0.1:1") })),
+    );
+    assert_eq!(status, 201, "{registered}");
+    let lease = registered["lease"].as_u64().unwrap();
+    // What the flood may hold: 32 connections per source, 256 in all.
+    for (floods, sources, held) in
+        [("one source", vec![loopback(2)], 32), ("25 sources", (2..=26).map(loopback).collect(), 256)]
+    {
+        let evicted_before = control.metric_as_ops(EVICTED);
+        let _flood = Flood::start(server, sources, FLOOD);
+        // Until the flood presses on the pool: it has filled what it may hold, and most of its
+        // connections have made room for others.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while control.metric_as_ops(UNAUTHENTICATED) < held
+            || control.metric_as_ops(EVICTED) < evicted_before + FLOOD as u64 / 2
+        {
+            assert!(Instant::now() < deadline, "{floods}: the flood did not fill the pool");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        for i in 0..10 {
+            let fingerprint = fingerprint(1000 + i);
+            let record = json!({ "blocks": [{ "weight_bytes": MIB, "flops": 1e9 }] });
+            let (status, answer) = control.http_as(ALICE, "PUT", &format!("/v1/models/{fingerprint}"), Some(&record));
+            assert_eq!(status, 204, "{floods}: alice's description: {answer}");
+            let (status, answer) = control.http_as(ALICE, "GET", "/v1/whoami", None);
+            assert_eq!((status, answer["name"].as_str()), (200, Some("alice")), "{floods}: {answer}");
+            let (status, answer) =
+                control.http_as(NODES, "PUT", "/v1/nodes/n1/lease", Some(&json!({ "lease": lease })));
+            assert_eq!(status, 200, "{floods}: the node's renewal: {answer}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let name = format!("n-{}", floods.replace(' ', "-"));
+        let body = json!({ "name": name, "inventory": inventory("127.0.0.1:2") });
+        let (status, answer) = control.http_as(NODES, "POST", "/v1/nodes", Some(&body));
+        assert_eq!(status, 201, "{floods}: a new node's registration: {answer}");
+        let (status, answer) =
+            control.http_as(OPS, "DELETE", &format!("/v1/nodes/{name}?lease={}", answer["lease"]), None);
+        assert_eq!(status, 204, "{answer}");
+        let waiting = control.metric_as_ops(UNAUTHENTICATED);
+        assert!(waiting <= held, "{floods}: {waiting} unauthenticated connections open");
+    }
+}
+
+/// A request's body must come soon after its head and be at most 1 MiB, and a tenant's bodies in
+/// flight at most 4 MiB together: a trickled body is answered 408 within 5 s of its head, a
+/// larger one 413 as soon as that is known, and a tenant holding 4 MiB of slow bodies gets 429
+/// for its next while another tenant is served.
+#[test]
+fn request_bodies_are_bounded_in_time_and_bytes() {
+    use std::io::Write;
+    use std::net::TcpStream;
+    const BODY_TIMEOUT: Duration = Duration::from_secs(5);
+    const MAX_BODY: usize = 1 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let control = control_with_tokens(dir.path(), &[]);
+    let addr = control.addr().to_owned();
+    let head = |token: &str, length: &str| {
+        format!(
+            "PUT /v1/models/{} HTTP/1.1\r\nHost: control\r\nAuthorization: Bearer {token}\r\n\
+             Content-Type: application/json\r\n{length}\r\n\r\n",
+            fingerprint(1)
+        )
+    };
+    let record = json!({ "blocks": [{ "weight_bytes": MIB, "flops": 1e9 }] });
+    let describe =
+        |token: &str| control.http_as(token, "PUT", &format!("/v1/models/{}", fingerprint(1)), Some(&record));
+
+    // Over the cap by its Content-Length: refused before a byte of it is read.
+    let mut large = TcpStream::connect(&addr).unwrap();
+    large.write_all(head(ALICE, &format!("Content-Length: {}", MAX_BODY + 1)).as_bytes()).unwrap();
+    let answer = support::read_until_closed(&mut large, "a body over the cap");
+    assert!(answer.starts_with("HTTP/1.1 413") && answer.contains("too_large"), "{answer}");
+    // In chunks: refused once past the cap. (Just past it: what the API does not read would
+    // make its close a reset, which may take the answer with it.)
+    let mut chunked = TcpStream::connect(&addr).unwrap();
+    chunked.write_all(head(ALICE, "Transfer-Encoding: chunked").as_bytes()).unwrap();
+    let chunk = [format!("{:x}\r\n", 64 << 10).into_bytes(), vec![b' '; 64 << 10], b"\r\n".to_vec()].concat();
+    for _ in 0..MAX_BODY / (64 << 10) {
+        chunked.write_all(&chunk).unwrap();
+    }
+    chunked.write_all(b"1\r\n \r\n").unwrap();
+    let answer = support::read_until_closed(&mut chunked, "a chunked body over the cap");
+    assert!(answer.starts_with("HTTP/1.1 413") && answer.contains("too_large"), "{answer}");
+
+    // Slow bodies of 1 MiB announced: alice holds 4 of them, and is then refused, while bob is
+    // served.
+    let sent = Instant::now();
+    let mut slow: Vec<TcpStream> = (0..4)
+        .map(|_| {
+            let mut stream = TcpStream::connect(&addr).unwrap();
+            stream.write_all(head(ALICE, &format!("Content-Length: {MAX_BODY}")).as_bytes()).unwrap();
+            stream.write_all(b"{").unwrap();
+            stream
+        })
+        .collect();
+    // Until the API has taken the four heads (it reads them as they come): a hang guard well
+    // within the time their bodies have.
+    let deadline = sent + BODY_TIMEOUT - Duration::from_secs(1);
+    let refused = loop {
+        let (status, answer) = describe(ALICE);
+        if status == 429 {
+            break answer;
+        }
+        assert_eq!(status, 204, "{answer}");
+        assert!(Instant::now() < deadline, "alice's slow bodies took none of her budget");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(refused["error"]["kind"], "too_many_bodies", "{refused}");
+    let (status, answer) = describe(BOB);
+    assert_eq!(status, 204, "bob is served meanwhile: {answer}");
+    for stream in &mut slow {
+        let answer = support::read_until_closed(stream, "a slow body");
+        assert!(answer.starts_with("HTTP/1.1 408") && answer.contains("body_timeout"), "{answer}");
+    }
+    let answered_after = sent.elapsed();
+    // Well before the request timeout (30 s).
+    let by_body_timeout = BODY_TIMEOUT - Duration::from_millis(50)..BODY_TIMEOUT + Duration::from_secs(5);
+    assert!(by_body_timeout.contains(&answered_after), "408 after {answered_after:?}");
+    assert_eq!(describe(ALICE).0, 204, "her budget is back");
+    assert_eq!(control.metric_as_ops("djinn_control_body_timeouts_total"), 4);
+    assert_eq!(control.metric_as_ops("djinn_control_bodies_too_large_total"), 2);
+    assert!(control.metric_as_ops("djinn_control_bodies_refused_total") >= 1);
+}
+
+/// A node's forwards are written by that node only (the principal that registered it; an
+/// operator for any), and only to another live node's address.
+#[test]
+fn forwards_come_from_their_node_and_go_to_live_nodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let control = control_with_tokens(dir.path(), &["--lease-ttl", "60s"]);
+    let addrs = ["127.0.0.1:11", "127.0.0.1:12", "127.0.0.1:13"];
+    // `a` and `c` share the principal `nodes`; `b` has its own.
+    for (name, token, addr) in [("a", NODES, addrs[0]), ("b", NODE_B, addrs[1]), ("c", NODES, addrs[2])] {
+        let (status, answer) =
+            control.http_as(token, "POST", "/v1/nodes", Some(&json!({ "name": name, "inventory": inventory(addr) })));
+        assert_eq!(status, 201, "{answer}");
+    }
+    let forwards = |to: &str| json!({ "forwards": [{ "kind": "session", "tenant": "alice", "id": 7, "epoch": 3, "to": to, "to_id": 9, "to_epoch": 4 }] });
+    let post = |token: &str, node: &str, to: &str| {
+        let (status, answer) =
+            control.http_as(token, "POST", &format!("/v1/nodes/{node}/forwards"), Some(&forwards(to)));
+        (status, answer["error"]["kind"].as_str().unwrap_or_default().to_owned())
+    };
+    assert_eq!(post(NODES, "b", addrs[0]), (403, "forbidden".into()), "another principal's node");
+    assert_eq!(post(NODE_B, "a", addrs[1]), (403, "forbidden".into()), "b for a");
+    assert_eq!(post(NODES, "a", "127.0.0.1:9"), (400, "unknown_destination".into()), "to no node");
+    assert_eq!(post(NODES, "a", addrs[0]), (400, "unknown_destination".into()), "to itself");
+    let forward = format!("/v1/forwards/session/{}/{:016x}/7", addrs[0], 3);
+    assert_eq!(control.http_as(OPS, "GET", &forward, None).0, 404, "nothing refused was recorded");
+    assert_eq!(post(NODES, "a", addrs[2]), (204, String::new()));
+    let (status, found) = control.http_as(OPS, "GET", &forward, None);
+    assert_eq!((status, found["to"].as_str()), (200, Some(addrs[2])), "{found}");
+    assert_eq!(post(NODE_B, "b", addrs[0]), (204, String::new()), "b for itself");
+    assert_eq!(post(OPS, "b", addrs[2]), (204, String::new()), "an operator for any node");
 }
 
 /// Out of file descriptors, the API (over TLS, whose accept loop is its own) waits, backing

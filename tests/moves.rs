@@ -6,8 +6,8 @@
 mod support;
 
 use djinn_client::{
-    Breakpoint, Client, ClientError, ClientOptions, ClusterClient, DType, ErrorCode, FailoverOptions, Fingerprint,
-    Handle, RemoteSession, Signal, TensorRef, Value,
+    Breakpoint, Client, ClientError, ClientOptions, ClusterClient, ClusterError, DType, ErrorCode, FailoverOptions,
+    Fingerprint, Handle, RemoteSession, Signal, TensorRef, Value,
 };
 use djinn_dataplane::client::ClientConn;
 use djinn_proto::{Hello, Limits, Message, SessionMessage, transports};
@@ -193,15 +193,17 @@ fn requests_sent_during_a_move_wait_for_it_and_follow_it() {
     let answer = stepped.expect("step").message;
     assert_eq!(answer, Message::Session(SessionMessage::Moved { to: to.clone(), session: there }), "the step waited");
 
-    // A cluster client that still has the session at A follows it to B, where the step runs
-    // (once: it did not run at A).
+    // A client given node A alone follows no node (tests/trust.rs): it is told where the
+    // session went and stays. At B the step runs (once: it did not run at A).
     let options = ClientOptions::default();
     let mut cluster = ClusterClient::open(&a.addr.to_string(), options, FailoverOptions::default()).expect("cluster");
     let mut remote = RemoteSession { node: a.addr.to_string(), session, fingerprint: model, key: None };
     let t = [TensorRef { dtype: DType::F32, shape: &[3], bytes: &x }];
-    let out = cluster.session_step(&mut remote, &[Value::Tensor(0)], &t).expect("step that follows");
+    let refused = cluster.session_step(&mut remote, &[Value::Tensor(0)], &t).unwrap_err();
+    assert!(matches!(&refused, ClusterError::UntrustedAddress { to, .. } if *to == to_b), "{refused}");
+    assert_eq!(remote.node, a.addr.to_string());
+    let out = on_b.session_step(there, &[Value::Tensor(0)], &t).expect("step at B");
     counter.check(&out);
-    assert_eq!((remote.node.as_str(), remote.session), (to_b.as_str(), there));
 
     // A signal behind a move waits for it too (it is not acknowledged before the move ends).
     let second = open_counter(&mut on_a, &model);

@@ -11,7 +11,7 @@
 //! With a node's address instead of a control plane, every model goes to that node; a lost
 //! model is registered again, and a lost connection is opened again once.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -70,6 +70,18 @@ pub struct RemoteSession {
 /// How many moves one request follows before it gives up (a session moved on and on).
 const MAX_FOLLOWED_MOVES: usize = 8;
 
+/// How long the control plane's list of live nodes is trusted without asking again, and how
+/// soon after asking it is asked again (an address not in it: a node that just joined).
+const LISTED_NODES_TRUSTED_FOR: Duration = Duration::from_secs(30);
+const LISTED_NODES_REFRESH: Duration = Duration::from_millis(500);
+
+/// The addresses of the live nodes, as the control plane last listed them.
+#[derive(Debug, Default)]
+struct ListedNodes {
+    addrs: HashSet<String>,
+    asked: Option<Instant>,
+}
+
 /// A request parked at a breakpoint on a node: the node's address and the request's handle
 /// there.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -127,6 +139,11 @@ pub enum ClusterError {
     NotOneNode,
     #[error("this client is connected to one node, not to a control plane: it places nothing")]
     NoControlPlane,
+    /// A node (or a forward) sent this client to an address it does not trust: none of the
+    /// live nodes the control plane lists, or any address at all for a client given one node.
+    /// Nothing was sent there.
+    #[error("not following a node to {to}: {why}")]
+    UntrustedAddress { to: String, why: String },
     #[error(
         "the node at {node}, which holds the kept tensors or the session's state, cannot be reached ({source}): they are lost with it"
     )]
@@ -157,6 +174,8 @@ pub struct ClusterClient {
     /// Where kept tensors went that this client followed (their node was drained), by where
     /// they were: later requests go there at once, also once the old node is gone.
     moved_tensors: HashMap<(String, Handle), (String, Handle)>,
+    /// Where moves and forwards may send this client (with a control plane).
+    listed: ListedNodes,
     stats: ClusterStats,
 }
 
@@ -176,7 +195,7 @@ impl ClusterClient {
             control.whoami()?;
             Target::Control(control)
         } else {
-            match Client::connect_with(address, options.clone()) {
+            match Client::connect_with(address, options_for(&options, address)) {
                 Ok(node) => {
                     let mut this = Self::new(Target::Node(address.to_owned()), options, failover);
                     this.nodes.insert(address.to_owned(), node);
@@ -203,6 +222,7 @@ impl ClusterClient {
             models: HashMap::new(),
             placed: HashMap::new(),
             moved_tensors: HashMap::new(),
+            listed: ListedNodes::default(),
             stats: ClusterStats::default(),
         }
     }
@@ -274,10 +294,42 @@ impl ClusterClient {
 
     fn connection(&mut self, addr: &str) -> Result<&mut Client, ClientError> {
         if !self.nodes.contains_key(addr) {
-            let client = Client::connect_with(addr, self.options.clone())?;
+            let client = Client::connect_with(addr, options_for(&self.options, addr))?;
             self.nodes.insert(addr.to_owned(), client);
         }
         Ok(self.nodes.get_mut(addr).expect("inserted above"))
+    }
+
+    /// Checks that a move or a forward may send this client (and its token) to `to`: a live
+    /// node the control plane lists (asked again when `to` is not in the list as last asked,
+    /// a node may have joined since). A client given one node follows nothing. A node could
+    /// otherwise send the client anywhere, to collect its token or to serve it forged bytes.
+    fn check_listed(&mut self, to: &str) -> Result<(), ClusterError> {
+        let untrusted = |why: &str| ClusterError::UntrustedAddress { to: to.to_owned(), why: why.to_owned() };
+        let control = match &self.target {
+            Target::Node(_) => {
+                return Err(untrusted(
+                    "this client was given one node's address, not a control plane: it follows no node elsewhere",
+                ));
+            }
+            Target::Control(control) => control,
+        };
+        let asked = self.listed.asked.map(|at| at.elapsed());
+        if asked.is_some_and(|ago| ago < LISTED_NODES_TRUSTED_FOR) && self.listed.addrs.contains(to) {
+            return Ok(());
+        }
+        // At most one list every LISTED_NODES_REFRESH, however often nodes send this client
+        // elsewhere.
+        if let Some(ago) = asked.filter(|ago| *ago < LISTED_NODES_REFRESH) {
+            std::thread::sleep(LISTED_NODES_REFRESH - ago);
+        }
+        let addrs = control.live_nodes()?;
+        self.listed = ListedNodes { addrs: addrs.into_iter().collect(), asked: Some(Instant::now()) };
+        if self.listed.addrs.contains(to) {
+            Ok(())
+        } else {
+            Err(untrusted("no live node of the cluster has that address (the control plane's GET /v1/nodes)"))
+        }
     }
 
     /// Drops the connection to a failed node and every placement on it.
@@ -573,9 +625,10 @@ impl ClusterClient {
         Ok(RemoteTensor { node, info })
     }
 
-    /// The bytes of a kept tensor.
+    /// The bytes of a kept tensor: a reply unlike its descriptor is refused (see
+    /// [`Client::fetch_as`]).
     pub fn fetch(&mut self, tensor: &RemoteTensor) -> Result<Tensor, ClusterError> {
-        self.on_tensor_node(tensor, |client, handle| client.fetch(handle))
+        self.on_tensor_node(tensor, |client, handle| client.fetch_as(handle, &tensor.info.tensor))
     }
 
     /// Runs `op` on the kept tensor's node; where the node answers that the tensor moved (its
@@ -589,6 +642,7 @@ impl ClusterClient {
         for _ in 0..MAX_FOLLOWED_MOVES {
             match self.at_node(&node, |client| op(client, handle)) {
                 Err(ClusterError::Node(ClientError::TensorMoved { to, kept })) => {
+                    self.check_listed(&to)?;
                     tracing::debug!(from = %node, %to, "following a kept tensor that moved");
                     (node, handle) = (to, kept.handle);
                     // Kept under the name the caller knows it by: later requests go straight there.
@@ -596,6 +650,7 @@ impl ClusterClient {
                 }
                 Err(lost @ ClusterError::HandleLost { .. }) => match self.forwarded("kept", &node, handle) {
                     Some(moved) => {
+                        self.check_listed(&moved.0)?;
                         tracing::info!(from = %node, to = %moved.0, "following a kept tensor of a drained node");
                         (node, handle) = moved;
                         self.moved_tensors.insert((tensor.node.clone(), tensor.info.handle), (node.clone(), handle));
@@ -675,6 +730,7 @@ impl ClusterClient {
             let handle = session.session;
             match self.at_node(&session.node.clone(), |client| op(client, handle)) {
                 Err(ClusterError::Node(ClientError::SessionMoved { to, session: moved })) => {
+                    self.check_listed(&to)?;
                     tracing::debug!(from = %session.node, %to, "following a session that moved");
                     session.node = to;
                     session.session = moved;
@@ -687,6 +743,7 @@ impl ClusterClient {
                 // Its node is gone: drained, the control plane says where the session went.
                 Err(lost @ ClusterError::HandleLost { .. }) => match self.forwarded("session", &session.node, handle) {
                     Some((to, moved)) => {
+                        self.check_listed(&to)?;
                         tracing::info!(from = %session.node, %to, "following a session of a drained node");
                         (session.node, session.session) = (to, moved);
                         if let Err(e) = self.record_move(session) {
@@ -791,6 +848,11 @@ impl ClusterClient {
             let grant = self.connection(to).and_then(|client| client.grant_session(&fingerprint))?;
             match self.on_session_node(session, |client, handle| client.session_move(handle, to, &grant)) {
                 Ok((node, handle)) => {
+                    // The node names where the session went: `to`, unless a move on the way
+                    // took it elsewhere.
+                    if node != to {
+                        self.check_listed(&node)?;
+                    }
                     session.node = node;
                     session.session = handle;
                     return self.record_move(session);
@@ -838,4 +900,22 @@ impl ClusterClient {
         }
         Ok(())
     }
+}
+
+/// The options for a connection to the node at `addr`. With TLS and no name chosen, the node's
+/// certificate must name the host of `addr` as written (a DNS name, or an IP address), not
+/// only the address that name resolved to: each node is checked by its own name.
+fn options_for(options: &ClientOptions, addr: &str) -> ClientOptions {
+    let mut options = options.clone();
+    if let Some(tls) = options.tls.take_if(|tls| !tls.has_server_name()) {
+        // A host that is no valid name does not resolve either: the connection fails anyway.
+        options.tls = Some(tls.clone().with_server_name(address_host(addr)).unwrap_or(tls));
+    }
+    options
+}
+
+/// The host of `HOST:PORT` or `[V6]:PORT`.
+fn address_host(addr: &str) -> &str {
+    let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host);
+    host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host)
 }

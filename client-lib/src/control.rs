@@ -417,12 +417,12 @@ impl ControlClient {
         self.send(|base| self.authorized(self.http.get(format!("{base}/v1/whoami"))).call())
     }
 
-    /// The addresses of the live nodes (for a node or an operator).
+    /// The addresses of the live nodes (any principal may ask).
     pub fn live_nodes(&self) -> Result<Vec<String>, ControlError> {
         Ok(self.nodes()?.into_iter().map(|n| n.addr).collect())
     }
 
-    /// The live nodes (for a node or an operator).
+    /// The live nodes (any principal may ask: tenants' clients follow nodes only to them).
     pub fn nodes(&self) -> Result<Vec<LiveNode>, ControlError> {
         #[derive(Deserialize)]
         struct Nodes {

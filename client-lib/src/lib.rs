@@ -16,7 +16,7 @@ use std::net::ToSocketAddrs;
 use std::time::{Duration, Instant};
 
 use djinn_dataplane::client::ClientConn;
-pub use djinn_dataplane::client::{ClientError, ClientOptions, Transport};
+pub use djinn_dataplane::client::{ClientError, ClientOptions, DEFAULT_MAX_REPLY_PAYLOAD, Transport};
 pub use djinn_dataplane::rdma::Registrations;
 pub use djinn_dataplane::tcp::ClientTls;
 pub use djinn_proto::{
@@ -115,6 +115,16 @@ pub struct Registration {
 /// Bytes per registration chunk.
 pub const REGISTER_CHUNK: usize = 16 << 20;
 
+/// Most pages one listing ([`Client::list`], [`Client::list_kept`], [`Client::list_sessions`])
+/// reads, and most entries it gathers: a node's pages hold up to a thousand entries, and a node
+/// holds far fewer than this many. A node that answers "more" past these (or with a page that
+/// does not advance) ends the listing with an error, so a client's memory stays bounded.
+pub const MAX_LIST_PAGES: usize = 1024;
+/// See [`MAX_LIST_PAGES`].
+pub const MAX_LIST_ENTRIES: usize = 1 << 20;
+/// Entries asked for per page of [`Client::list`] (the node may send fewer).
+const LIST_PAGE: u32 = 1024;
+
 /// Byte and request counts of one client.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ClientStats {
@@ -199,15 +209,21 @@ impl Client {
     /// blip), connects again once and repeats it. Every request that goes through here is
     /// safe to repeat.
     fn call(&mut self, message: &Message, tensors: &[&[u8]]) -> Result<Frame, ClientError> {
+        self.call_within(message, tensors, u64::MAX)
+    }
+
+    /// [`Self::call`] for a request whose reply payload is at most `bound` bytes (and at most
+    /// the options' `max_reply_payload`): a larger one is refused before it is allocated.
+    fn call_within(&mut self, message: &Message, tensors: &[&[u8]], bound: u64) -> Result<Frame, ClientError> {
         self.stats.requests += 1;
         if !self.conn.is_usable() {
             self.reconnect()?;
         }
-        let result = match self.conn.request(message, tensors) {
+        let result = match self.conn.request_within(message, tensors, bound) {
             Err(e) if !self.conn.is_usable() && is_connection_loss(&e) => {
                 tracing::info!(error = %e, "connection lost; reconnecting");
                 self.reconnect()?;
-                self.conn.request(message, tensors)
+                self.conn.request_within(message, tensors, bound)
             }
             other => other,
         };
@@ -573,11 +589,30 @@ impl Client {
         }
     }
 
-    /// The bytes of a tensor kept on the node.
+    /// The bytes of a tensor kept on the node, of any size the node takes (see
+    /// [`Self::fetch_as`] when its descriptor is known).
     pub fn fetch(&mut self, handle: Handle) -> Result<Tensor, ClientError> {
-        let reply = self.call(&Message::Kept(KeptMessage::Fetch { handle }), &[])?;
+        let reply = self.call_within(&Message::Kept(KeptMessage::Fetch { handle }), &[], self.node.max_payload)?;
         match reply.message {
             Message::Data(DataMessage::GetReply { tensor }) => Ok(Tensor { desc: tensor, data: reply.payload }),
+            _ => Err(unexpected(&self.conn, reply)),
+        }
+    }
+
+    /// The bytes of the tensor kept on the node as `handle`, which `desc` describes (as the node
+    /// said when it kept it): a reply larger than `desc` fails with
+    /// [`ClientError::ReplyTooLarge`] before it is read, one of another descriptor with
+    /// [`ClientError::WrongTensor`].
+    pub fn fetch_as(&mut self, handle: Handle, desc: &TensorDesc) -> Result<Tensor, ClientError> {
+        let reply = self.call_within(&Message::Kept(KeptMessage::Fetch { handle }), &[], desc.byte_len)?;
+        match reply.message {
+            Message::Data(DataMessage::GetReply { tensor }) if tensor == *desc => {
+                Ok(Tensor { desc: tensor, data: reply.payload })
+            }
+            Message::Data(DataMessage::GetReply { tensor }) => {
+                let (expected, got) = (Box::new(desc.clone()), Box::new(tensor));
+                Err(ClientError::WrongTensor { peer: self.conn.peer(), expected, got })
+            }
             _ => Err(unexpected(&self.conn, reply)),
         }
     }
@@ -639,8 +674,8 @@ impl Client {
         offset: u64,
         len: u64,
     ) -> Result<(Vec<u64>, bool, Tensor), ClientError> {
-        let reply =
-            self.call(&Message::Model(ModelMessage::ReadArchives { fingerprint: *fingerprint, offset, len }), &[])?;
+        let message = Message::Model(ModelMessage::ReadArchives { fingerprint: *fingerprint, offset, len });
+        let reply = self.call_within(&message, &[], len)?;
         match reply.message {
             Message::Model(ModelMessage::ArchiveBytes { blocks, public, chunk }) => {
                 Ok((blocks, public, Tensor { desc: chunk, data: reply.payload }))
@@ -650,41 +685,74 @@ impl Client {
     }
 
     /// The sessions on the node: this tenant's, or, for a node's or an operator's token, every
-    /// tenant's (by name).
+    /// tenant's (by name). Bounded as [`MAX_LIST_PAGES`] says.
     pub fn list_sessions(&mut self) -> Result<Vec<SessionEntry>, ClientError> {
-        let mut all = Vec::new();
-        loop {
-            let after = all.last().map_or(0, |e: &SessionEntry| e.session.id);
-            let reply = self.call(&Message::Session(SessionMessage::List { after }), &[])?;
-            match reply.message {
-                Message::Session(SessionMessage::SessionList { sessions, more }) => {
-                    all.extend(sessions);
-                    if !more {
-                        return Ok(all);
-                    }
+        self.list_pages(
+            "sessions",
+            |client, after| {
+                let message = Message::Session(SessionMessage::List { after: after.copied().unwrap_or(0) });
+                let reply = client.call_within(&message, &[], 0)?;
+                match reply.message {
+                    Message::Session(SessionMessage::SessionList { sessions, more }) => Ok((sessions, more)),
+                    _ => Err(unexpected(&client.conn, reply)),
                 }
-                _ => return Err(unexpected(&self.conn, reply)),
-            }
-        }
+            },
+            |e| e.session.id,
+        )
     }
 
     /// The tensors kept on the node: this tenant's, or, for a node's or an operator's token,
-    /// every tenant's (by name).
+    /// every tenant's (by name). Bounded as [`MAX_LIST_PAGES`] says.
     pub fn list_kept(&mut self) -> Result<Vec<KeptEntry>, ClientError> {
-        let mut all = Vec::new();
-        loop {
-            let after = all.last().map_or(0, |e: &KeptEntry| e.kept.handle.id);
-            let reply = self.call(&Message::Kept(KeptMessage::List { after }), &[])?;
-            match reply.message {
-                Message::Kept(KeptMessage::KeptList { tensors, more }) => {
-                    all.extend(tensors);
-                    if !more {
-                        return Ok(all);
-                    }
+        self.list_pages(
+            "kept tensors",
+            |client, after| {
+                let message = Message::Kept(KeptMessage::List { after: after.copied().unwrap_or(0) });
+                let reply = client.call_within(&message, &[], 0)?;
+                match reply.message {
+                    Message::Kept(KeptMessage::KeptList { tensors, more }) => Ok((tensors, more)),
+                    _ => Err(unexpected(&client.conn, reply)),
                 }
-                _ => return Err(unexpected(&self.conn, reply)),
+            },
+            |e| e.kept.handle.id,
+        )
+    }
+
+    /// Reads a listing page by page: `page(client, after)` fetches the entries that follow the
+    /// key `after` (from the start when `None`) and whether more follow; `key` is an entry's
+    /// place in the listing's order. Each page must hold entries in strictly increasing order
+    /// past the previous page's last, so the cursor always advances; and the listing ends
+    /// within [`MAX_LIST_PAGES`] pages and [`MAX_LIST_ENTRIES`] entries.
+    fn list_pages<E, K: Ord>(
+        &mut self,
+        what: &'static str,
+        mut page: impl FnMut(&mut Self, Option<&K>) -> Result<(Vec<E>, bool), ClientError>,
+        key: impl Fn(&E) -> K,
+    ) -> Result<Vec<E>, ClientError> {
+        let mut all = Vec::new();
+        let mut after: Option<K> = None;
+        for pages in 1..=MAX_LIST_PAGES {
+            let (entries, more) = page(self, after.as_ref())?;
+            let bad = |problem| ClientError::BadListPage { peer: self.conn.peer(), what, problem };
+            if more && entries.is_empty() {
+                return Err(bad("is empty but says more follow"));
+            }
+            for entry in &entries {
+                let k = key(entry);
+                if after.as_ref().is_some_and(|last| k <= *last) {
+                    return Err(bad("does not come after the entries listed before it"));
+                }
+                after = Some(k);
+            }
+            if all.len() + entries.len() > MAX_LIST_ENTRIES {
+                return Err(ClientError::ListTooLong { peer: self.conn.peer(), what, pages, entries: all.len() });
+            }
+            all.extend(entries);
+            if !more {
+                return Ok(all);
             }
         }
+        Err(ClientError::ListTooLong { peer: self.conn.peer(), what, pages: MAX_LIST_PAGES, entries: all.len() })
     }
 
     /// Says that the tensor under `handle` is kept at the node at `to` now, as `kept` (pushed
@@ -730,8 +798,11 @@ impl Client {
         }
     }
 
+    /// The named tensor `name`: at most as large as the node takes a tensor (and the options'
+    /// `max_reply_payload`).
     pub fn get(&mut self, name: &str) -> Result<Tensor, ClientError> {
-        let reply = self.call(&Message::Data(DataMessage::Get { name: name.to_owned() }), &[])?;
+        let message = Message::Data(DataMessage::Get { name: name.to_owned() });
+        let reply = self.call_within(&message, &[], self.node.max_payload)?;
         match reply.message {
             Message::Data(DataMessage::GetReply { tensor }) => Ok(Tensor { desc: tensor, data: reply.payload }),
             _ => Err(unexpected(&self.conn, reply)),
@@ -748,7 +819,7 @@ impl Client {
         let messages: Vec<Message> =
             names.iter().map(|name| Message::Data(DataMessage::Get { name: (*name).to_owned() })).collect();
         let batch: Vec<(&Message, &[&[u8]])> = messages.iter().map(|m| (m, &[][..])).collect();
-        let replies = self.conn.request_batch(&batch).inspect_err(|_| self.stats.errors += 1)?;
+        let replies = self.conn.request_batch(&batch, self.node.max_payload).inspect_err(|_| self.stats.errors += 1)?;
         let mut out = Vec::with_capacity(replies.len());
         for reply in replies {
             let reply = reply.inspect_err(|_| self.stats.errors += 1)?;
@@ -770,21 +841,25 @@ impl Client {
         }
     }
 
-    /// Every tensor on the node, in name order (fetched page by page).
+    /// Every tensor on the node, in name order (fetched page by page, bounded as
+    /// [`MAX_LIST_PAGES`] says).
     pub fn list(&mut self) -> Result<Vec<ListEntry>, ClientError> {
-        let mut all = Vec::new();
-        let mut after = None;
-        loop {
-            let reply = self.call(&Message::Data(DataMessage::List { after: after.take(), limit: u32::MAX }), &[])?;
-            let Message::Data(DataMessage::ListReply { entries, more }) = reply.message else {
-                return Err(unexpected(&self.conn, reply));
-            };
-            after = entries.last().map(|e| e.name.clone());
-            all.extend(entries);
-            if !more || after.is_none() {
-                return Ok(all);
-            }
-        }
+        self.list_pages(
+            "tensors",
+            |client, after: Option<&String>| {
+                let message = Message::Data(DataMessage::List { after: after.cloned(), limit: LIST_PAGE });
+                let reply = client.call_within(&message, &[], 0)?;
+                match reply.message {
+                    Message::Data(DataMessage::ListReply { entries, .. }) if entries.len() > LIST_PAGE as usize => {
+                        let problem = "holds more entries than were asked for";
+                        Err(ClientError::BadListPage { peer: client.conn.peer(), what: "tensors", problem })
+                    }
+                    Message::Data(DataMessage::ListReply { entries, more }) => Ok((entries, more)),
+                    _ => Err(unexpected(&client.conn, reply)),
+                }
+            },
+            |e| e.name.clone(),
+        )
     }
 
     /// The node's counters, by name.

@@ -7,7 +7,7 @@
 //! | `POST /v1/nodes/{name}/drain` | | the drain's status: nothing new is placed on the node, which moves what it holds to other nodes |
 //! | `GET /v1/nodes/{name}/drain` | | `{"node", "draining", "sessions", "kept", "parked", "requests", "placed_sessions", "drained"}` |
 //! | `DELETE /v1/nodes/{name}/drain` | | the status: the drain stops (what moved stays where it went) |
-//! | `POST /v1/nodes/{name}/forwards` | `{"forwards": [{"kind", "tenant", "id", "epoch", "to", "to_id", "to_epoch"}]}` | 204: where the draining node's sessions (`kind` `session`) and kept tensors (`kept`) went, kept for an hour (`ControlConfig::forward_ttl`) |
+//! | `POST /v1/nodes/{name}/forwards` | `{"forwards": [{"kind", "tenant", "id", "epoch", "to", "to_id", "to_epoch"}]}` | 204: where the draining node's sessions (`kind` `session`) and kept tensors (`kept`) went, kept for an hour (`ControlConfig::forward_ttl`); only from the node (the principal that registered it) or an operator, 403 `forbidden`; each `to` another live node's address, 400 `unknown_destination` |
 //! | `GET /v1/forwards/{kind}/{from}/{epoch}/{id}` | | `{"to", "to_id", "to_epoch", ...}`: where the caller's session or kept tensor of the node that served at `from` went; 404 `unknown_forward` |
 //! | `DELETE /v1/nodes/{name}?lease=N` | | 204: the node leaves now |
 //! | `PUT /v1/models/{fingerprint}` | `{"blocks": [{"weight_bytes", "flops"}], "io_bytes", "phase"?}` | 204; 413 past 512 blocks or 64 KiB |
@@ -20,17 +20,20 @@
 //!
 //! Errors are `{"error": {"kind", "message"}}` with a status that says whose fault it is.
 //!
-//! [`serve`] bounds what connections hold: how many are open, how long one may take to send a
-//! request's head (idle keep-alive included) or to finish its TLS handshake, and how long a
-//! request may take, its body included; /metrics counts the connections and requests those
-//! bounds ended ([`ConnectionCounters`]).
+//! [`serve`] bounds what connections hold: how many are open before authentication (overall and
+//! per source address) and after (overall, per tenant, with a reserve for nodes and operators),
+//! how long one may take to authenticate (its TLS handshake and first request head) or to send
+//! a next request's head (idle keep-alive included), how long a request may take, and how large
+//! its body may be, how soon it must come and how many bytes of bodies a tenant may have in
+//! flight; /metrics counts the connections and requests those bounds ended
+//! ([`ConnectionCounters`]). See the `admission` module.
 //!
 //! With a token file, every request carries `Authorization: Bearer TOKEN`: a missing or unknown
 //! token gets 401, a role without the right 403. Nodes (and operators) manage memberships;
 //! operators drain nodes and read the whole cluster (`/v1/cluster`, `/metrics`); every principal describes
-//! models, asks for placements and asks `whoami`. A tenant's model records and session ids are
-//! its own: two tenants may both describe a fingerprint or name a session `s1`, and neither sees
-//! the other's.
+//! models, asks for placements, lists the live nodes (`GET /v1/nodes`) and asks `whoami`. A
+//! tenant's model records and session ids are its own: two tenants may both describe a
+//! fingerprint or name a session `s1`, and neither sees the other's.
 
 use std::fmt::Write as _;
 use std::pin::Pin;
@@ -57,6 +60,10 @@ use crate::service::{
 };
 use crate::store::{Store, StoreError};
 
+mod admission;
+
+use admission::{Admission, ConnectionSlot};
+
 impl ControlError {
     fn status(&self) -> (StatusCode, &'static str) {
         match self {
@@ -76,6 +83,8 @@ impl ControlError {
             Self::Store(StoreError::LeaseNotFound(_)) => (StatusCode::SERVICE_UNAVAILABLE, "lease_not_found"),
             Self::Store(StoreError::Backend(_)) => (StatusCode::SERVICE_UNAVAILABLE, "store_unavailable"),
             Self::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
+            Self::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
+            Self::UnknownDestination(_) => (StatusCode::BAD_REQUEST, "unknown_destination"),
         }
     }
 }
@@ -142,9 +151,15 @@ struct LeaveQuery {
 
 type Control<S> = State<Arc<ControlPlane<S>>>;
 
-async fn register<S: Store>(State(control): Control<S>, bytes: Bytes) -> Result<Response, ControlError> {
+async fn register<S: Store>(
+    State(control): Control<S>,
+    Extension(caller): Extension<Principal>,
+    bytes: Bytes,
+) -> Result<Response, ControlError> {
     let RegisterBody { name, inventory } = body(&bytes)?;
-    let registered = control.register(&name, inventory).await?;
+    // A node principal registers as itself: what ties its forwards to it.
+    let registrant = (caller.role == Role::Node).then_some(&*caller.name);
+    let registered = control.register(&name, inventory, registrant).await?;
     Ok((StatusCode::CREATED, axum::Json(registered)).into_response())
 }
 
@@ -179,11 +194,14 @@ struct ForwardsBody {
 
 async fn put_forwards<S: Store>(
     State(control): Control<S>,
+    Extension(caller): Extension<Principal>,
     Segment(name): Segment,
     bytes: Bytes,
 ) -> Result<StatusCode, ControlError> {
     let ForwardsBody { forwards } = body(&bytes)?;
-    control.put_forwards(&name, forwards).await?;
+    // Only the node itself, or an operator for it.
+    let node = (caller.role != Role::Admin).then_some(&*caller.name);
+    control.put_forwards(&name, node, forwards).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -370,13 +388,21 @@ async fn metrics<S: Store>(
         let counted = [
             (
                 "djinn_control_connections_refused_total",
-                "Connections closed as soon as they were accepted: --max-connections were open.",
+                "Requests answered 503 or 429 too_many_connections and their connections closed: the \
+                 principal's share of --max-connections was in use.",
                 &connections.refused,
             ),
             (
+                "djinn_control_connections_unauthenticated_evicted_total",
+                "Unauthenticated connections closed to make room for a newer one (of their source, or of \
+                 the source that held the most).",
+                &connections.unauthenticated_evicted,
+            ),
+            (
                 "djinn_control_connections_header_timeouts_total",
-                "Connections closed because a request head (or the TLS handshake) was not whole within \
-                 --header-timeout.",
+                "Connections closed because they had not authenticated (TLS handshake and a request head) \
+                 within 3 s (at most --header-timeout) of opening, or a next request's head was not whole \
+                 within --header-timeout.",
                 &connections.header_timeouts,
             ),
             (
@@ -395,9 +421,39 @@ async fn metrics<S: Store>(
                 "Accepts that failed (out of descriptors or memory) and were tried again after a wait.",
                 &connections.accept_backoffs,
             ),
+            (
+                "djinn_control_body_timeouts_total",
+                "Requests answered 408 body_timeout: their body was not whole within 5 s of their head.",
+                &connections.body_timeouts,
+            ),
+            (
+                "djinn_control_bodies_too_large_total",
+                "Requests answered 413: a body over 1 MiB.",
+                &connections.bodies_too_large,
+            ),
+            (
+                "djinn_control_bodies_refused_total",
+                "Requests answered 429 too_many_bodies: their tenant had its bytes of bodies in flight.",
+                &connections.bodies_refused,
+            ),
         ];
         for (name, help, count) in counted {
             metric(name, "counter", help, &one(load(count)));
+        }
+        let open = [
+            (
+                "djinn_control_connections_unauthenticated",
+                "Connections open, not authenticated yet.",
+                &connections.unauthenticated_open,
+            ),
+            (
+                "djinn_control_connections_authenticated",
+                "Connections open that authenticated.",
+                &connections.authenticated_open,
+            ),
+        ];
+        for (name, help, gauge) in open {
+            metric(name, "gauge", help, &one(load(gauge)));
         }
     }
     metric(
@@ -432,11 +488,13 @@ async fn whoami(Extension(caller): Extension<Principal>) -> Response {
 
 /// The role a request needs: memberships are the nodes' business, the whole cluster the
 /// operators'; the rest is every principal's.
-fn needs(path: &str) -> &'static [Role] {
+fn needs(method: &axum::http::Method, path: &str) -> &'static [Role] {
     const NODES: &[Role] = &[Role::Node, Role::Admin];
     const OPERATORS: &[Role] = &[Role::Admin];
     const ANYONE: &[Role] = &[Role::Tenant, Role::Node, Role::Admin];
     match path {
+        // The live nodes' addresses: clients follow moves and forwards only to them.
+        "/v1/nodes" if method == axum::http::Method::GET => ANYONE,
         // Draining a node is an operator's decision; the node learns of it at its renewal.
         p if p.starts_with("/v1/nodes/") && p.ends_with("/drain") => OPERATORS,
         p if p.starts_with("/v1/nodes") => NODES,
@@ -446,7 +504,9 @@ fn needs(path: &str) -> &'static [Role] {
 }
 
 /// Checks the bearer token and the role, and hands the principal to the handler. Without a
-/// token file everyone is the anonymous operator.
+/// token file everyone is the anonymous operator. Under [`serve`], a known principal's request
+/// moves its connection to the authenticated pool, and its body is read within its bounds
+/// before the handler runs.
 async fn authenticate(auth: State<Option<Arc<Authenticator>>>, mut request: Request, next: Next) -> Response {
     let principal = match &*auth {
         None => Principal::anonymous(),
@@ -466,7 +526,13 @@ async fn authenticate(auth: State<Option<Arc<Authenticator>>>, mut request: Requ
             }
         }
     };
-    if !needs(request.uri().path()).contains(&principal.role) {
+    let connection = request.extensions().get::<Arc<ConnectionSlot>>().cloned();
+    if let Some(connection) = &connection
+        && let Err(refused) = connection.authenticated(&principal)
+    {
+        return refused.into_response();
+    }
+    if !needs(request.method(), request.uri().path()).contains(&principal.role) {
         let message = format!(
             "{} (a {}) may not {} {}",
             principal.name,
@@ -476,8 +542,18 @@ async fn authenticate(auth: State<Option<Arc<Authenticator>>>, mut request: Requ
         );
         return error_response(StatusCode::FORBIDDEN, "forbidden", message);
     }
+    let mut budget = None;
+    if let Some(connection) = connection {
+        match connection.admission().read_body(&principal, request).await {
+            Ok((read, held)) => (request, budget) = (read, held),
+            Err(refused) => return refused.into_response(),
+        }
+    }
     request.extensions_mut().insert(principal);
-    next.run(request).await
+    let response = next.run(request).await;
+    // The body's bytes are held until the answer.
+    drop(budget);
+    response
 }
 
 async fn not_found(uri: axum::http::Uri) -> Response {
@@ -507,23 +583,60 @@ pub fn router<S: Store>(control: Arc<ControlPlane<S>>, auth: Option<Arc<Authenti
 /// What the API's connections may hold.
 #[derive(Debug, Clone, Copy)]
 pub struct ConnectionLimits {
-    /// Connections served at once; more are closed as soon as they are accepted.
+    /// Authenticated connections served at once: a request that would take one more is answered
+    /// 503 (`too_many_connections`) and its connection closed.
     pub max_connections: usize,
-    /// A connection that has not sent a whole request head this long after it opened or after
-    /// its last answer (an idle keep-alive connection too) is closed; so is a TLS handshake not
-    /// finished by then.
+    /// Of `max_connections`, what one tenant may hold (past it, 429 `too_many_connections`).
+    pub max_connections_per_tenant: usize,
+    /// Of `max_connections`, what tenants together may not take: nodes and operators always
+    /// find these (at most half of `max_connections`).
+    pub reserved_for_nodes: usize,
+    /// Connections not yet authenticated, overall and per source address: a connection past
+    /// either closes the oldest unauthenticated one of its source, or of the source that holds
+    /// the most.
+    pub max_unauthenticated: usize,
+    pub max_unauthenticated_per_source: usize,
+    /// A connection that has not authenticated (sent a request whose token is known: any whole
+    /// request head without a token file) this long after it opened, its TLS handshake
+    /// included, is closed. At most `header_timeout`.
+    pub auth_timeout: Duration,
+    /// A connection that has not sent a whole request head this long after its last answer (an
+    /// idle keep-alive connection too) is closed.
     pub header_timeout: Duration,
-    /// A request not answered this long after its head came (a body trickled in, say) gets a
-    /// 408 and its connection is closed.
+    /// A request not answered this long after its head came gets a 408 and its connection is
+    /// closed.
     pub request_timeout: Duration,
+    /// A request body not whole this long after its head gets a 408 (`body_timeout`) and its
+    /// connection is closed.
+    pub body_timeout: Duration,
+    /// A request body over this gets a 413 (`too_large`) and its connection is closed.
+    pub max_body_bytes: usize,
+    /// Bytes of request bodies one tenant may have in flight at once (a body counts its
+    /// Content-Length, or `max_body_bytes` when sent in chunks, from its head until its
+    /// answer); past it, 429 `too_many_bodies`.
+    pub max_body_bytes_per_tenant: usize,
 }
+
+/// The largest request body: the largest legitimate one is a draining node's batch of 1,024
+/// forwards (`MAX_FORWARDS_AT_ONCE`), about 680 KiB with addresses and tenant names at their
+/// 256-byte bound; a model record is at most 64 KiB.
+pub const MAX_BODY_BYTES: usize = 1 << 20;
 
 impl Default for ConnectionLimits {
     fn default() -> Self {
         Self {
             max_connections: 1024,
+            max_connections_per_tenant: 64,
+            reserved_for_nodes: 128,
+            // As the data plane's listener.
+            max_unauthenticated: 256,
+            max_unauthenticated_per_source: 32,
+            auth_timeout: Duration::from_secs(3),
             header_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(30),
+            body_timeout: Duration::from_secs(5),
+            max_body_bytes: MAX_BODY_BYTES,
+            max_body_bytes_per_tenant: 4 * MAX_BODY_BYTES,
         }
     }
 }
@@ -531,10 +644,17 @@ impl Default for ConnectionLimits {
 /// What [`serve`] counts of its connections and requests, for /metrics.
 #[derive(Debug, Default)]
 pub struct ConnectionCounters {
-    /// Closed as soon as accepted: `max_connections` were open.
+    /// Connections open now, not yet authenticated and authenticated.
+    pub unauthenticated_open: AtomicU64,
+    pub authenticated_open: AtomicU64,
+    /// Requests refused (503 or 429 `too_many_connections`), and their connections closed: the
+    /// principal's share of `max_connections` was in use.
     pub refused: AtomicU64,
-    /// Closed because a request head (or the TLS handshake) was not whole `header_timeout` after
-    /// the connection opened, or after its last answer once some of a next request had come.
+    /// Unauthenticated connections closed to make room for a newer one.
+    pub unauthenticated_evicted: AtomicU64,
+    /// Closed because the connection had not authenticated `auth_timeout` after it opened (its
+    /// TLS handshake or a request head not whole), or because a next request's head was not
+    /// whole `header_timeout` after the last answer once some of it had come.
     pub header_timeouts: AtomicU64,
     /// Closed because nothing of a next request came within `header_timeout` of the last answer.
     pub idle_closed: AtomicU64,
@@ -542,6 +662,10 @@ pub struct ConnectionCounters {
     pub request_timeouts: AtomicU64,
     /// Accepts that failed (out of descriptors or memory) and were tried again after a wait.
     pub accept_backoffs: AtomicU64,
+    /// Requests answered 408 `body_timeout`, 413 `too_large`, 429 `too_many_bodies`.
+    pub body_timeouts: AtomicU64,
+    pub bodies_too_large: AtomicU64,
+    pub bodies_refused: AtomicU64,
 }
 
 fn count(counter: &AtomicU64) {
@@ -637,14 +761,19 @@ impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Counted<T> {
     }
 }
 
+/// The largest request head: hyper's read buffer, what an unauthenticated connection may make
+/// the API hold (its default is about 400 KiB).
+const MAX_HEAD_BYTES: usize = 64 << 10;
+
 /// Serves one connection's requests with `router` under `limits`; counts in `counters` what
-/// the header timeout ended.
+/// the header timeout ended. Each request carries the connection's `slot`.
 async fn serve_connection<T>(
     stream: T,
     router: Router,
     limits: ConnectionLimits,
     counters: &ConnectionCounters,
     watcher: hyper_util::server::graceful::Watcher,
+    slot: Arc<ConnectionSlot>,
 ) -> Result<(), hyper::Error>
 where
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
@@ -653,7 +782,8 @@ where
     let stream = Counted { stream, received: Arc::clone(&received) };
     let router = hyper_util::service::TowerToHyperService::new(router);
     let answers = Arc::clone(&received);
-    let service = hyper::service::service_fn(move |request| {
+    let service = hyper::service::service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
+        request.extensions_mut().insert(Arc::clone(&slot));
         let response = hyper::service::Service::call(&router, request);
         let answers = Arc::clone(&answers);
         async move {
@@ -663,7 +793,9 @@ where
         }
     });
     let mut http = hyper::server::conn::http1::Builder::new();
-    http.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(limits.header_timeout);
+    http.timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        .max_buf_size(MAX_HEAD_BYTES);
     let served = watcher.watch(http.serve_connection(hyper_util::rt::TokioIo::new(stream), service)).await;
     if let Err(e) = &served
         && e.is_timeout()
@@ -683,10 +815,10 @@ pub async fn serve(
     stop: impl Future<Output = ()>,
 ) {
     let counters = Arc::new(ConnectionCounters::default());
+    let admission = Admission::new(limits, Arc::clone(&counters));
     let router = router
         .layer(middleware::from_fn_with_state((limits.request_timeout, Arc::clone(&counters)), within))
         .layer(Extension(Arc::clone(&counters)));
-    let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut stop = std::pin::pin!(stop);
     let mut backoff = Duration::ZERO;
@@ -718,28 +850,34 @@ pub async fn serve(
                 }
             }
         };
-        let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
-            count(&counters.refused);
-            tracing::debug!(%peer, max = limits.max_connections, "connection closed: the API's connections are all open");
-            continue;
-        };
+        // Never refused here: the unauthenticated pool makes room (see `admission`).
+        let (slot, evicted) = admission.admit(peer.ip());
         let _ = tcp.set_nodelay(true);
         let (router, tls, watcher, counters) = (router.clone(), tls.clone(), graceful.watcher(), Arc::clone(&counters));
         tokio::spawn(async move {
-            let _permit = permit;
-            let served = match tls {
-                None => serve_connection(tcp, router, limits, &counters, watcher).await,
-                Some(tls) => match tokio::time::timeout(limits.header_timeout, tls.accept(tcp)).await {
-                    Ok(Ok(stream)) => serve_connection(stream, router, limits, &counters, watcher).await,
-                    Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                    Err(_) => {
-                        count(&counters.header_timeouts);
-                        return tracing::debug!(%peer, "TLS handshake timed out");
-                    }
-                },
+            let deadline = Arc::clone(&slot);
+            let served = async {
+                match tls {
+                    None => serve_connection(tcp, router, limits, &counters, watcher, slot).await,
+                    Some(tls) => match tls.accept(tcp).await {
+                        Ok(stream) => serve_connection(stream, router, limits, &counters, watcher, slot).await,
+                        Err(e) => {
+                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                            Ok(())
+                        }
+                    },
+                }
             };
-            if let Err(e) = served {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            // Dropping the connection's future closes it.
+            tokio::select! {
+                served = served => if let Err(e) = served {
+                    tracing::debug!(%peer, error = %e, "connection ended with an error");
+                },
+                Ok(()) = evicted => tracing::debug!(%peer, "unauthenticated connection closed to make room"),
+                () = deadline.unauthenticated_for_too_long() => {
+                    count(&counters.header_timeouts);
+                    tracing::debug!(%peer, "connection closed: not authenticated in time");
+                }
             }
         });
     }

@@ -214,6 +214,10 @@ pub enum ControlError {
     /// A model record over [`MAX_RECORD_BLOCKS`] blocks or [`MAX_RECORD_BYTES`] bytes.
     #[error("{0}")]
     TooLarge(String),
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("a forward's destination {0:?} is no other live node's address")]
+    UnknownDestination(String),
 }
 
 /// The most blocks a model record describes (a model cut at every layer of a deep transformer
@@ -308,6 +312,9 @@ const DRAINING: &str = "draining/";
 /// A node leaving on purpose, marked under its lease just before the lease is revoked.
 const LEAVING: &str = "leaving/";
 const FORWARDS: &str = "forwards/";
+/// `registrants/{node}/{lease}`: the node principal that registered the node under that lease
+/// (with the lease: it goes with the node).
+const REGISTRANTS: &str = "registrants/";
 
 /// A node's name: it is part of URLs and store keys.
 fn check_node_name(name: &str) -> Result<(), ControlError> {
@@ -389,8 +396,8 @@ fn forward_key(from: &str, kind: ForwardKind, epoch: u64, id: u64) -> String {
     format!("{from}/{}/{epoch:016x}/{id}", kind.name())
 }
 
-/// The most forwards one request records.
-const MAX_FORWARDS_AT_ONCE: usize = 4096;
+/// The most forwards one request records: what a draining node sends at once.
+const MAX_FORWARDS_AT_ONCE: usize = 1024;
 
 /// How often, at least and at most, expired model records are looked for.
 const MIN_SWEEP: Duration = Duration::from_millis(100);
@@ -595,12 +602,24 @@ impl<S: Store> ControlPlane<S> {
         self.config.lease_ttl.as_millis() as u64
     }
 
-    /// Admits a node with a new lease. A name whose lease is live is refused.
-    pub async fn register(&self, name: &str, inventory: Inventory) -> Result<Registered, ControlError> {
+    /// Admits a node with a new lease. A name whose lease is live is refused. `registrant`:
+    /// the node principal that asks (not an operator, nor everyone without tokens), the one
+    /// that may then write the node's forwards.
+    pub async fn register(
+        &self,
+        name: &str,
+        inventory: Inventory,
+        registrant: Option<&str>,
+    ) -> Result<Registered, ControlError> {
         self.counters.registration_requests.fetch_add(1, Ordering::Relaxed);
         check_node_name(name)?;
         let ttl_ms = self.lease_ttl_ms();
         let lease = self.store.grant(ttl_ms).await?;
+        // Under the new lease before the node's record: revoked with it if the name is taken.
+        if let Some(registrant) = registrant {
+            let key = self.key(REGISTRANTS, &format!("{name}/{lease}"));
+            self.store.put(&key, registrant.as_bytes().to_vec(), Some(lease)).await?;
+        }
         let record = json(&Member { inventory, lease });
         match self.store.create(&self.key(NODES, name), record, Some(lease)).await? {
             Created::Created(revision) => {
@@ -681,9 +700,21 @@ impl<S: Store> ControlPlane<S> {
     }
 
     /// Records where node `name`'s sessions and kept tensors went (it is draining): for
-    /// `forward_ttl`, clients that find the node gone ask [`Self::forward`].
-    pub async fn put_forwards(&self, name: &str, forwards: Vec<Forward>) -> Result<(), ControlError> {
-        let from = self.current(name).await?.inventory.addr;
+    /// `forward_ttl`, clients that find the node gone ask [`Self::forward`]. `by`: the node
+    /// principal that asks (`None`: an operator), which must be the one that registered the
+    /// node (or, for a node registered otherwise, be named as it). Each forward goes to
+    /// another live node.
+    pub async fn put_forwards(&self, name: &str, by: Option<&str>, forwards: Vec<Forward>) -> Result<(), ControlError> {
+        let current = self.current(name).await?;
+        if let Some(by) = by {
+            let key = self.key(REGISTRANTS, &format!("{name}/{}", current.lease));
+            let registrant = self.store.get(&key).await?;
+            let is_the_node = registrant.map_or(by == name, |r| r == by.as_bytes());
+            if !is_the_node {
+                return Err(ControlError::Forbidden(format!("{by} may not write node {name}'s forwards")));
+            }
+        }
+        let from = current.inventory.addr;
         if forwards.len() > MAX_FORWARDS_AT_ONCE {
             return Err(ControlError::BadRequest(format!(
                 "{} forwards at once; at most {MAX_FORWARDS_AT_ONCE}",
@@ -695,6 +726,13 @@ impl<S: Store> ControlPlane<S> {
         }
         if forwards.is_empty() {
             return Ok(());
+        }
+        {
+            let state = self.state();
+            let live = |to: &str| to != from && state.cluster.membership().live().any(|(_, n)| n.inventory.addr == to);
+            if let Some(forward) = forwards.iter().find(|f| !live(&f.to)) {
+                return Err(ControlError::UnknownDestination(forward.to.clone()));
+            }
         }
         let lease = self.store.grant(self.config.forward_ttl.as_millis() as u64).await?;
         for forward in forwards {

@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow};
 use djinn_client::{
-    BlockEstimate, Client, ClientOptions, ControlClient, Fingerprint, Forward, Handle, HandleInfo, ModelDescription,
-    Moving, PlaceOptions, SessionEntry, TensorSource, Transport,
+    BlockEstimate, Client, ClientOptions, ControlClient, ControlError, Fingerprint, Forward, Handle, HandleInfo,
+    ModelDescription, Moving, PlaceOptions, SessionEntry, TensorSource, Transport,
 };
 use djinn_dataplane::tcp::ClientTls;
 
@@ -254,13 +254,36 @@ impl Drain {
         }
         while !self.forwards.is_empty() {
             let chunk = &self.forwards[..self.forwards.len().min(1024)];
-            if let Err(e) = self.config.control.put_forwards(&self.config.name, chunk) {
-                tracing::warn!(error = %e, "cannot tell the control plane where moved sessions and tensors went");
+            let recorded = match self.config.control.put_forwards(&self.config.name, chunk) {
+                Ok(()) => chunk.len(),
+                // Refused for good (a destination that left since the move): each is sent alone
+                // and the refused ones dropped, or the drain would wait on them for ever.
+                Err(e) if refused_for_good(&e) => {
+                    tracing::warn!(error = %e, "the control plane refused forwards: sending them one at a time");
+                    let control = &self.config.control;
+                    let stopped = chunk.iter().position(|forward| {
+                        match control.put_forwards(&self.config.name, std::slice::from_ref(forward)) {
+                            Ok(()) => false,
+                            Err(e) if refused_for_good(&e) => {
+                                tracing::warn!(error = %e, ?forward, "a forward the control plane refuses: dropped");
+                                false
+                            }
+                            Err(_) => true,
+                        }
+                    });
+                    stopped.unwrap_or(chunk.len())
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot tell the control plane where moved sessions and tensors went");
+                    0
+                }
+            };
+            let whole = recorded == chunk.len();
+            self.forwards.drain(..recorded);
+            self.unrecorded.fetch_sub(recorded as u64, Ordering::AcqRel);
+            if !whole {
                 return;
             }
-            let sent = chunk.len();
-            self.forwards.drain(..sent);
-            self.unrecorded.fetch_sub(sent as u64, Ordering::AcqRel);
         }
     }
 
@@ -366,4 +389,9 @@ fn forward(kind: &str, tenant: &str, handle: Handle, to: String, there: Handle) 
         to_id: there.id,
         to_epoch: there.epoch,
     }
+}
+
+/// A refusal the control plane will repeat (not a moment's unavailability or load).
+fn refused_for_good(e: &ControlError) -> bool {
+    matches!(e, ControlError::Refused { status, .. } if (400..500).contains(status) && !matches!(status, 408 | 429))
 }

@@ -390,3 +390,4 @@ impl Counter {
         assert_eq!(out.tensor_bytes(1), (self.steps * 10).to_le_bytes(), "step {}", self.steps);
     }
 }
+pub mod hostile_node;

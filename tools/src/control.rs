@@ -59,11 +59,14 @@ pub struct ControlArgs {
     /// Sessions one tenant may have placed at once; more are refused (429, quota_exceeded).
     #[arg(long, default_value_t = 16384)]
     pub max_sessions_per_tenant: usize,
-    /// Connections to the API at once; more are closed as soon as they are accepted.
+    /// Authenticated connections to the API at once (a tenant may hold 64, nodes and operators
+    /// keep 128 of them); a request past them is refused (503) and its connection closed. Apart
+    /// from them, 256 connections (32 per source address) may wait for their first request to
+    /// authenticate, 3 s at most.
     #[arg(long, default_value_t = 1024)]
     pub max_connections: usize,
-    /// A connection that sends no whole request head (or TLS handshake) this long, idle ones
-    /// included, is closed (`10s`, `1500ms`).
+    /// A connection that sends no whole next request head this long after its last answer, idle
+    /// ones included, is closed (`10s`, `1500ms`); the time to authenticate is at most this.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub header_timeout: Duration,
     /// A request not answered this long after its head gets a 408, its body included.
@@ -77,6 +80,7 @@ impl ControlArgs {
             max_connections: self.max_connections.max(1),
             header_timeout: self.header_timeout,
             request_timeout: self.request_timeout,
+            ..ConnectionLimits::default()
         }
     }
 }

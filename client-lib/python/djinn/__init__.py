@@ -25,6 +25,7 @@ from .client import Client, init, register, remote, stats, status
 from .errors import (
     AuthenticationError,
     BadArchiveError,
+    BadReplyError,
     BlockMismatchError,
     BreakpointError,
     ControlPlaneError,
@@ -41,6 +42,7 @@ from .errors import (
     TransportError,
     UnknownModelError,
     UnsupportedOperationError,
+    UntrustedAddressError,
 )
 from .models import RemoteModel
 from .sessions import Session, session
@@ -49,6 +51,7 @@ from .tensors import RemoteTensor
 __all__ = [
     "AuthenticationError",
     "BadArchiveError",
+    "BadReplyError",
     "BlockMismatchError",
     "BreakpointError",
     "Client",
@@ -71,6 +74,7 @@ __all__ = [
     "TransportError",
     "UnknownModelError",
     "UnsupportedOperationError",
+    "UntrustedAddressError",
     "capture",
     "get_graph",
     "init",

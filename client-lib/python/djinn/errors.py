@@ -3,6 +3,7 @@
 from ._native import (
     AuthenticationError,
     BadArchiveError,
+    BadReplyError,
     BreakpointError,
     ControlPlaneError,
     DeadlineExceededError,
@@ -17,11 +18,13 @@ from ._native import (
     StaleHandleError,
     TransportError,
     UnknownModelError,
+    UntrustedAddressError,
 )
 
 __all__ = [
     "AuthenticationError",
     "BadArchiveError",
+    "BadReplyError",
     "BlockMismatchError",
     "BreakpointError",
     "ControlPlaneError",
@@ -38,6 +41,7 @@ __all__ = [
     "TransportError",
     "UnknownModelError",
     "UnsupportedOperationError",
+    "UntrustedAddressError",
 ]
 
 

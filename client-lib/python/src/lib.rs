@@ -82,6 +82,18 @@ create_exception!(
 );
 create_exception!(
     djinn,
+    BadReplyError,
+    DjinnError,
+    "The node's reply was not one the request can have: larger than what was asked for (refused before it was read), another tensor than the one asked for, or a listing without end."
+);
+create_exception!(
+    djinn,
+    UntrustedAddressError,
+    DjinnError,
+    "A node sent the client to an address it does not follow (none of the live nodes the control plane lists, or anywhere at all for a client given one node's address): nothing was sent there."
+);
+create_exception!(
+    djinn,
     HandleLostError,
     TransportError,
     "The node holding the kept tensor or the session cannot be reached: they are lost with it."
@@ -97,6 +109,7 @@ fn to_py_err(e: ClusterError) -> PyErr {
         ClusterError::Unavailable { .. } => return TransportError::new_err(e.to_string()),
         ClusterError::NotOneNode | ClusterError::NoControlPlane => return DjinnError::new_err(e.to_string()),
         ClusterError::HandleLost { .. } => return HandleLostError::new_err(e.to_string()),
+        ClusterError::UntrustedAddress { .. } => return UntrustedAddressError::new_err(e.to_string()),
     };
     match &e {
         ClientError::Remote { code, message, .. } => {
@@ -119,6 +132,10 @@ fn to_py_err(e: ClusterError) -> PyErr {
         ClientError::Io { .. } | ClientError::Closed { .. } | ClientError::Timeout { .. } => {
             TransportError::new_err(e.to_string())
         }
+        ClientError::ReplyTooLarge { .. }
+        | ClientError::WrongTensor { .. }
+        | ClientError::ListTooLong { .. }
+        | ClientError::BadListPage { .. } => BadReplyError::new_err(e.to_string()),
         _ => DjinnError::new_err(e.to_string()),
     }
 }
@@ -918,8 +935,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         ("NotFoundError", py.get_type::<NotFoundError>()),
         ("StaleHandleError", py.get_type::<StaleHandleError>()),
         ("HandleLostError", py.get_type::<HandleLostError>()),
+        ("UntrustedAddressError", py.get_type::<UntrustedAddressError>()),
         ("BreakpointError", py.get_type::<BreakpointError>()),
         ("ControlPlaneError", py.get_type::<ControlPlaneError>()),
+        ("BadReplyError", py.get_type::<BadReplyError>()),
     ] {
         m.add(name, ty)?;
     }

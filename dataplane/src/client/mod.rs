@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use djinn_memory::BufferPool;
 use djinn_proto::{
     DataMessage, ErrorCode, Frame, FrameReader, Handle, HandleInfo, Hello, Limits, Message, PROTOCOL_VERSION, Payload,
-    PayloadAlloc, ProtocolError, RecvEvent, Refusal,
+    PayloadAlloc, ProtocolError, RecvEvent, Refusal, TensorDesc,
 };
 
 use djinn_proto::rdma::SessionConfig;
@@ -65,6 +65,21 @@ pub enum ClientError {
     /// The kept tensor is on another node now (see `kept.Moved`).
     #[error("the kept tensor moved to the node at {to}, where it is {}", kept.handle)]
     TensorMoved { to: String, kept: HandleInfo },
+    /// The reply announced a payload larger than the request can return: refused before any
+    /// memory was taken for it, and the connection closed (its bytes are never read).
+    #[error("{peer} announced a reply payload of {announced} bytes where this request returns at most {bound}")]
+    ReplyTooLarge { peer: SocketAddr, announced: u64, bound: u64 },
+    /// The reply holds another tensor than the one asked for (a kept tensor's bytes under
+    /// another descriptor).
+    #[error("{peer} answered with a {got} tensor where {expected} was asked for")]
+    WrongTensor { peer: SocketAddr, expected: Box<TensorDesc>, got: Box<TensorDesc> },
+    /// A listing went on past its bound (a node answering "more" without end).
+    #[error("{peer} went on listing {what} past {entries} entries in {pages} pages")]
+    ListTooLong { peer: SocketAddr, what: &'static str, pages: usize, entries: usize },
+    /// A page of a listing that does not move the listing forward (the same page again) or
+    /// breaks its order.
+    #[error("{peer} sent a page of {what} that {problem}")]
+    BadListPage { peer: SocketAddr, what: &'static str, problem: &'static str },
 }
 
 impl ClientError {
@@ -124,8 +139,10 @@ pub struct ClientOptions {
     /// The tenant, by name, that a node's or an operator's token acts for (empty: its own
     /// name).
     pub tenant: String,
-    /// The largest reply payload taken; a larger one is refused before anything is allocated
-    /// (its bytes are skipped) and the request fails.
+    /// The largest reply payload taken (by default [`DEFAULT_MAX_REPLY_PAYLOAD`]); a request
+    /// that determines its reply's size bounds it further ([`ClientConn::request_within`]). A
+    /// larger one is refused before anything is allocated for it: the request fails with
+    /// [`ClientError::ReplyTooLarge`] and the connection is closed.
     pub max_reply_payload: u64,
     /// Speak TLS to the node (whose certificate these roots must vouch for). Frames stay on
     /// TCP then unless `transport` asks for RDMA by name: RDMA is not encrypted.
@@ -165,24 +182,34 @@ impl Default for ClientOptions {
             pool_bytes: 1 << 30,
             token: String::new(),
             tenant: String::new(),
-            max_reply_payload: u64::MAX,
+            max_reply_payload: DEFAULT_MAX_REPLY_PAYLOAD,
             tls: None,
         }
     }
 }
 
-/// Reply memory from the pool, up to the largest reply payload the options allow.
-struct PoolAlloc<'a>(&'a BufferPool, u64);
+/// The largest reply payload a client takes by default: the outputs of one execution (whose
+/// size the request does not tell) up to 4 GiB.
+pub const DEFAULT_MAX_REPLY_PAYLOAD: u64 = 4 << 30;
+
+/// Reply memory from the pool, up to `bound` bytes. A larger payload is refused before anything
+/// is allocated, and its announced length noted in `oversized` for the request to fail with.
+struct PoolAlloc<'a> {
+    pool: &'a BufferPool,
+    bound: u64,
+    oversized: &'a mut Option<u64>,
+}
 
 impl PayloadAlloc for PoolAlloc<'_> {
     fn alloc(&mut self, _message: &Message, len: usize) -> Result<Payload, Refusal> {
-        if len as u64 > self.1 {
+        if len as u64 > self.bound {
+            *self.oversized = Some(len as u64);
             return Err(Refusal {
                 code: ErrorCode::FrameTooLarge,
-                message: format!("a reply payload of {len} bytes, where at most {} were expected", self.1),
+                message: format!("a reply payload of {len} bytes, where at most {} were expected", self.bound),
             });
         }
-        Ok(Payload { buf: self.0.take(len)?, reservation: None })
+        Ok(Payload { buf: self.pool.take(len)?, reservation: None })
     }
 }
 
@@ -197,6 +224,8 @@ pub struct ClientConn {
     options: ClientOptions,
     head: Vec<u8>,
     next_id: u64,
+    /// The largest reply payload the requests in flight may return (set by each request).
+    reply_bound: u64,
     broken: bool,
     /// Set once frames go over RDMA.
     rdma: Option<RdmaPath>,
@@ -245,6 +274,7 @@ impl ClientConn {
             options,
             head: Vec::with_capacity(256),
             next_id: 1,
+            reply_bound: 0,
             broken: false,
             rdma: None,
             bytes_sent: 0,
@@ -313,9 +343,17 @@ impl ClientConn {
     /// Sends `message` with the bytes of its tensors and waits for the reply. An `Error` reply
     /// becomes [`ClientError::Remote`].
     pub fn request(&mut self, message: &Message, tensors: &[&[u8]]) -> Result<Frame, ClientError> {
+        self.request_within(message, tensors, u64::MAX)
+    }
+
+    /// [`Self::request`] for a request whose reply payload is at most `bound` bytes (a kept
+    /// tensor's size, say): a larger one (or one over `max_reply_payload`) fails the request
+    /// with [`ClientError::ReplyTooLarge`] before anything is allocated for it.
+    pub fn request_within(&mut self, message: &Message, tensors: &[&[u8]], bound: u64) -> Result<Frame, ClientError> {
         if self.broken {
             return Err(ClientError::Closed { peer: self.peer });
         }
+        self.reply_bound = bound.min(self.options.max_reply_payload);
         let request_id = self.next_id;
         self.next_id += 1;
         let result = if self.rdma.is_some() {
@@ -354,6 +392,7 @@ impl ClientConn {
         if self.broken {
             return Err(ClientError::Closed { peer: self.peer });
         }
+        self.reply_bound = self.options.max_reply_payload;
         let (id1, id2) = (self.next_id, self.next_id + 1);
         self.next_id += 2;
         let sent = self.send(id1, first, &[]).and_then(|()| self.send(id2, then.0, then.1));
@@ -379,15 +418,17 @@ impl ClientConn {
     /// Sends every request of `batch` before waiting for the first reply, so that they are in
     /// flight together, and returns each one's outcome in order. Over TCP they go one after
     /// the other (a stream of large requests written before any reply is read could fill both
-    /// directions' buffers and stall). An error that ends the connection ends the batch.
+    /// directions' buffers and stall). An error that ends the connection ends the batch. Each
+    /// reply's payload is at most `bound` bytes, as for [`Self::request_within`].
     pub fn request_batch(
         &mut self,
         batch: &[(&Message, &[&[u8]])],
+        bound: u64,
     ) -> Result<Vec<Result<Frame, ClientError>>, ClientError> {
         if self.rdma.is_none() {
             let mut out = Vec::with_capacity(batch.len());
             for (message, tensors) in batch {
-                match self.request(message, tensors) {
+                match self.request_within(message, tensors, bound) {
                     Err(e) if !self.is_usable() => return Err(e),
                     outcome => out.push(outcome),
                 }
@@ -397,6 +438,7 @@ impl ClientConn {
         if self.broken {
             return Err(ClientError::Closed { peer: self.peer });
         }
+        self.reply_bound = bound.min(self.options.max_reply_payload);
         let first = self.next_id;
         self.next_id += batch.len() as u64;
         let result = self.request_rdma(first, batch);

@@ -188,9 +188,13 @@ impl ClientConn {
             let progressed = !completions.is_empty();
             for c in completions.drain(..) {
                 let c = c.map_err(|e| ClientError::Rdma { peer, source: e.into() })?;
-                path.channel
-                    .on_completion(c, &mut PoolAlloc(&self.pool, self.options.max_reply_payload))
-                    .map_err(|source| ClientError::Rdma { peer, source })?;
+                let mut oversized = None;
+                let alloc = &mut PoolAlloc { pool: &self.pool, bound: self.reply_bound, oversized: &mut oversized };
+                path.channel.on_completion(c, alloc).map_err(|source| ClientError::Rdma { peer, source })?;
+                if let Some(announced) = oversized {
+                    // The error drops the path (see request_rdma): its transfer is never taken.
+                    return Err(ClientError::ReplyTooLarge { peer, announced, bound: self.reply_bound });
+                }
             }
             path.completions = completions;
             if progressed {

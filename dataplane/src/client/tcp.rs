@@ -2,7 +2,7 @@
 //! vectored from the caller's memory, read into the frame reader's targets.
 
 use std::io::{self, IoSlice, IoSliceMut};
-use std::net::TcpStream;
+use std::net::{Shutdown, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
@@ -71,7 +71,15 @@ impl ClientConn {
         let deadline = self.options.timeout.map(|t| Instant::now() + t);
         let mut spin_until = Instant::now() + self.options.spin;
         loop {
-            if let Some(event) = self.reader.next_event(&mut PoolAlloc(&self.pool, self.options.max_reply_payload)) {
+            let mut oversized = None;
+            let alloc = &mut PoolAlloc { pool: &self.pool, bound: self.reply_bound, oversized: &mut oversized };
+            let event = self.reader.next_event(alloc);
+            if let Some(announced) = oversized {
+                // Rather than read (and skip) what could be gigabytes, the connection ends here.
+                let _ = self.stream.shutdown(Shutdown::Both);
+                return Err(ClientError::ReplyTooLarge { peer, announced, bound: self.reply_bound });
+            }
+            if let Some(event) = event {
                 return reply_of(peer, request_id, event);
             }
             let target = self.reader.read_target();

@@ -82,6 +82,12 @@ impl ClientTls {
         Ok(self)
     }
 
+    /// Whether a name was chosen with [`Self::with_server_name`] (else the certificate must name
+    /// the address connected to).
+    pub fn has_server_name(&self) -> bool {
+        self.server_name.is_some()
+    }
+
     /// The TLS side of a new connection to `peer`.
     pub(crate) fn connect(&self, peer: IpAddr) -> Result<TlsWire, TlsError> {
         let name = self.server_name.clone().unwrap_or(ServerName::IpAddress(peer.into()));

@@ -1,0 +1,67 @@
+"""Replies from a node the client cannot trust (issue 49): a kept tensor's fetch answered with
+far more bytes than the tensor holds is refused before it is read, as a djinn exception (not
+torch's RuntimeError), and the client's memory stays bounded. Against a real node behind a
+hostile one (`target/debug/examples/hostile_node`, tests/support/hostile_node.rs)."""
+import os
+import subprocess
+
+import pytest
+import torch
+
+import djinn
+from conftest import ROOT, NodeProcess
+
+OVERSIZED = 512 << 20
+
+
+def hostile_binary() -> str:
+    path = ROOT / "target" / "debug" / "examples" / "hostile_node"
+    if not path.exists():
+        pytest.skip("no hostile_node example: run cargo build -p djinn --example hostile_node")
+    return str(path)
+
+
+class HostileNode:
+    """The hostile node as a process, relaying to `upstream` but for what `flags` attack."""
+
+    def __init__(self, upstream: str, *flags: str):
+        self.proc = subprocess.Popen([hostile_binary(), upstream, *flags], stdout=subprocess.PIPE)
+        line = self.proc.stdout.readline().decode()
+        if not line.startswith("hostile node listening on "):
+            self.stop()
+            raise RuntimeError(f"hostile_node printed {line!r}")
+        self.address = line.split()[-1]
+
+    def stop(self):
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def oversized():
+    """A client whose node answers fetches with 512 MiB of zeros."""
+    node = NodeProcess()
+    hostile = HostileNode(node.address, "--oversized-reply", str(OVERSIZED))
+    try:
+        yield djinn.Client(hostile.address, transport="tcp")
+    finally:
+        hostile.stop()
+        node.stop()
+
+
+def rss() -> int:
+    """Resident memory of this process, bytes."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_a_kept_tensor_answered_with_512_mib_raises_a_djinn_error_without_reading_it(oversized):
+    kept = oversized.keep(torch.arange(16, dtype=torch.uint8))
+    assert kept.nbytes == 16
+    before = rss()
+    with pytest.raises(djinn.BadReplyError, match=f"{OVERSIZED} bytes .* at most 16") as raised:
+        kept.cpu()
+    assert isinstance(raised.value, djinn.DjinnError)
+    assert rss() - before < 64 << 20, "the 512 MiB reply was read into memory"
+    # The connection that carried the reply was closed; the next request opens another.
+    assert oversized.ping() > 0
