@@ -32,6 +32,7 @@ class Client:
         token: Optional[str] = None,
         tls: Optional[str] = None,
         tls_name: Optional[str] = None,
+        max_reply_bytes: Optional[int] = None,
     ):
         """`address`: the control plane's "http://HOST:PORT" (models go where it places them,
         and move to another node when theirs dies), or several control processes that share an
@@ -43,7 +44,10 @@ class Client:
         then the tenant's own. `tls`: for nodes started with `--tls-cert`, the PEM file of the
         roots their certificates chain to (default: the DJINN_TLS_ROOTS environment variable);
         `tls_name`: the name expected in the certificates (default: the node's address).
-        Frames then stay on TCP unless `transport="rdma"`: TLS does not cover RDMA."""
+        Frames then stay on TCP unless `transport="rdma"`: TLS does not cover RDMA.
+        `max_reply_bytes`: the largest reply a call takes whose size its request does not fix
+        (an execution's outputs; default 4 GiB); a larger one raises `BadReplyError` before it
+        is read. A kept tensor's fetch is bounded by the tensor itself."""
         if token is None:
             token = os.environ.get("DJINN_TOKEN", "")
         if tls is None:
@@ -54,7 +58,7 @@ class Client:
                 roots = f.read()
         if not isinstance(address, str):
             address = ",".join(address)
-        self._native = _native.Client(address, timeout, transport, failover, token, roots, tls_name)
+        self._native = _native.Client(address, timeout, transport, failover, token, roots, tls_name, max_reply_bytes)
         self.address = address
 
     @property
@@ -121,11 +125,12 @@ def init(
     token: Optional[str] = None,
     tls: Optional[str] = None,
     tls_name: Optional[str] = None,
+    max_reply_bytes: Optional[int] = None,
 ) -> Client:
     """Connects to a control plane ("http://host:port") or to one node ("host:port") and
     makes it the default. See `Client`."""
     global _default
-    client = Client(address, timeout, transport, failover, token, tls, tls_name)
+    client = Client(address, timeout, transport, failover, token, tls, tls_name, max_reply_bytes)
     with _default_lock:
         _default = client
     return client

@@ -11,9 +11,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use djinn_client::{
-    Archive, BlockEstimate, Breakpoint, ClientError, ClientOptions, ClientTls, ClusterClient, ClusterError, DType,
-    ErrorCode, FailoverOptions, Fingerprint, GraphAnnotations, Handle, HandleInfo, ModelDescription, Moving, Output,
-    Paused, RemoteParked, RemoteSession, RemoteTensor, Resumed, Signal, Target, Tensor, TensorDesc, Value,
+    Archive, BlockEstimate, Breakpoint, ClientError, ClientOptions, ClientTls, ClusterClient, ClusterError,
+    DEFAULT_MAX_REPLY_PAYLOAD, DType, ErrorCode, FailoverOptions, Fingerprint, GraphAnnotations, Handle, HandleInfo,
+    ModelDescription, Moving, Output, Paused, RemoteParked, RemoteSession, RemoteTensor, Resumed, Signal, Target,
+    Tensor, TensorDesc, Value,
 };
 use lent::LentTensor;
 use pyo3::create_exception;
@@ -497,9 +498,10 @@ impl Client {
     /// may spend finding a live node when its node fails.
     /// `token`: the tenant's token, where the cluster needs one. `tls`: PEM roots that nodes'
     /// certificates must chain to, for nodes that speak TLS (`tls_name`: the name expected in
-    /// them, by default the node's address).
+    /// them, by default the node's address). `max_reply_bytes`: the largest reply whose size
+    /// its request does not fix (default `DEFAULT_MAX_REPLY_PAYLOAD`).
     #[new]
-    #[pyo3(signature = (address, timeout = 60.0, transport = "auto", failover = 30.0, token = String::new(), tls = None, tls_name = None))]
+    #[pyo3(signature = (address, timeout = 60.0, transport = "auto", failover = 30.0, token = String::new(), tls = None, tls_name = None, max_reply_bytes = None))]
     #[expect(clippy::too_many_arguments, reason = "the Python constructor's keyword arguments")]
     fn new(
         py: Python<'_>,
@@ -510,6 +512,7 @@ impl Client {
         token: String,
         tls: Option<Vec<u8>>,
         tls_name: Option<String>,
+        max_reply_bytes: Option<u64>,
     ) -> PyResult<Self> {
         let tls = match tls {
             Some(roots) => {
@@ -526,6 +529,7 @@ impl Client {
             transport: transport.parse().map_err(PyValueError::new_err)?,
             token,
             tls,
+            max_reply_payload: max_reply_bytes.unwrap_or(DEFAULT_MAX_REPLY_PAYLOAD),
             ..ClientOptions::default()
         };
         let failover = FailoverOptions { deadline: Duration::from_secs_f64(failover.max(0.0)), ..Default::default() };

@@ -65,3 +65,22 @@ def test_a_kept_tensor_answered_with_512_mib_raises_a_djinn_error_without_readin
     assert rss() - before < 64 << 20, "the 512 MiB reply was read into memory"
     # The connection that carried the reply was closed; the next request opens another.
     assert oversized.ping() > 0
+
+
+def test_a_reply_over_max_reply_bytes_raises_a_djinn_error_and_the_default_takes_it():
+    """An execution's outputs are bounded by `max_reply_bytes` (their size is not fixed by the
+    request): 16 KiB of output past a 4 KiB bound raises BadReplyError; the default takes it."""
+    node = NodeProcess()
+    try:
+        model = torch.nn.Linear(8, 1024).eval()
+        x = torch.randn(4, 8)
+        small = djinn.Client(node.address, transport="tcp", max_reply_bytes=4096)
+        rm = djinn.register(model, x, client=small)
+        with pytest.raises(djinn.BadReplyError, match="at most 4096"):
+            rm(x)
+        assert small.ping() > 0
+        whole = djinn.register(model, x, client=djinn.Client(node.address, transport="tcp"))
+        with torch.no_grad():
+            torch.testing.assert_close(whole(x), model(x))
+    finally:
+        node.stop()
