@@ -32,6 +32,7 @@ from .errors import (
     DeadlineExceededError,
     DjinnError,
     ExecutionError,
+    ExportError,
     HandleLostError,
     NotFoundError,
     OverBudgetError,

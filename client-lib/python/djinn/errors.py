@@ -20,6 +20,7 @@ from ._native import (
     UnknownModelError,
     UntrustedAddressError,
 )
+from .graphs import ExportError
 
 __all__ = [
     "AuthenticationError",
@@ -28,6 +29,7 @@ __all__ = [
     "BlockMismatchError",
     "BreakpointError",
     "ControlPlaneError",
+    "ExportError",
     "DeadlineExceededError",
     "DjinnError",
     "ExecutionError",

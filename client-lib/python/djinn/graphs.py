@@ -7,6 +7,7 @@ from __future__ import annotations
 import inspect
 import json
 import operator
+import re
 import struct
 import warnings
 from dataclasses import dataclass, field
@@ -14,6 +15,8 @@ from typing import Any, Optional, Sequence
 
 import torch
 from torch.utils import _pytree as pytree
+
+from ._native import DjinnError
 
 MAGIC = b"DJINNGR1"
 FORMAT = 1
@@ -80,8 +83,11 @@ _ZEROED = {"aten::empty": "aten::zeros", "aten::new_empty": "aten::new_zeros", "
            "aten::empty_strided": "aten::zeros"}
 
 
-class ExportError(ValueError):
-    """The model could not be written as a graph (the message says why)."""
+class ExportError(DjinnError, ValueError):
+    """The model could not be written as a graph: the message says what in the model caused it
+    and what to pass instead; export's own error, where there was one, is the cause."""
+
+    __module__ = "djinn"
 
 
 _TENSOR = object()
@@ -104,6 +110,9 @@ class Graph:
     state: int = 0
     # Their bytes.
     state_bytes: int = 0
+    # Each operator the graphs call ("aten::name"), and the module of the model that first
+    # calls it ("layers.0.mlp (LlamaMLP)"): where a refusal of it comes from.
+    op_modules: dict = field(default_factory=dict)
 
     def __post_init__(self):
         # The common case costs no binding: positional tensors, one per parameter, in order.
@@ -251,13 +260,76 @@ def _export_one(model, signature, args, kwargs, dynamic, static=False):
         for m, training in modes:
             m.training = training
     if ep is None:
-        e = first_error
-        raise ExportError(f"torch.export could not export the model: {type(e).__name__}: {e}") from e
+        raise ExportError(_explained(first_error)) from first_error
+    if not static:
+        _check_named_dims_vary(ep, dynamic, first_error)
     with warnings.catch_warnings():
         # torch 2.13's own decomposition copies its pytree specs through a deprecated
         # isinstance check: a warning about torch's code, not the caller's, on every export.
         warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning)
         return ep.run_decompositions({}), bounds
+
+
+def _explained(e: Exception) -> str:
+    """What went wrong in an export, in the terms of the user's model, and what to pass instead;
+    export's own message follows (and the error stays the cause)."""
+    text = str(e)
+    own = f"\n\ntorch.export said: {type(e).__name__}: {text}"
+    if found := re.search(r"Found <class '([\w.]+)'> in output", text):
+        kind = found.group(1).rsplit(".", 1)[-1]
+        if "Cache" in kind:
+            return (f"the model returns its KV cache (a {kind}), which graphs do not carry: pass use_cache=False "
+                    "in the example (or set model.config.use_cache = False) to get the logits alone, or register "
+                    "with cache_len=N to keep the cache on the node and decode in a session (rm.session())" + own)
+        return (f"the model's output holds a {kind}, which graphs do not carry (they return tensors, numbers and "
+                "their tuples, lists, dicts and dataclasses): register a wrapper whose forward returns the tensors "
+                "you need" + own)
+    if "data-dependent" in text or "DataDependent" in type(e).__name__:
+        # The line of the user's code that needed the value, as export tells it.
+        call = re.search(r'raised this error:\s*File "([^"]+)", line (\d+), in (\w+)\n\s*(.*)', text)
+        where = f" (at {call[1]}:{call[2]}, in {call[3]}: {call[4].strip()})" if call else ""
+        return (f"the model's control flow or a size depends on a tensor's values{where}, and a graph takes one "
+                "path for every call: decide it outside the model and pass the decision as an input, compute "
+                "both sides and pick with torch.where, or cut the model before it with split= and run that part "
+                "yourself" + own)
+    if "no fake impl" in text or ("fake impl" in text and "register_fake" in text):
+        op = re.search(r"CustomOpDef\(([^)]+)\)", text)
+        name = op.group(1) if op else "an operator"
+        return (f"the model calls {name}, a custom operator no node runs (graphs carry ATen operators): compute "
+                "it on the client and pass its result in (a wrapper whose forward takes it as an input), or cut "
+                "the model before it with split=" + own)
+    if "Constraints violated" in text or ("specialized" in text and "Dim" in text):
+        return ("a dimension named in dynamic= cannot vary as named: the model fixes it or ties it to another "
+                "(export's reasons below): leave it out of dynamic=, give it the bounds the model allows "
+                "(dynamic={name: {dim: (label, min, max)}}), or give one label to the dimensions that must be "
+                "equal" + own)
+    return f"torch.export could not export the model: {type(e).__name__}: {text}"
+
+
+def _check_named_dims_vary(ep, dynamic: dict, why) -> None:
+    """Refuses an export that fixed a dimension the caller named dynamic (a fallback without
+    the names may have let the model fix it): every call with another size would be refused."""
+    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    for name, dims in dynamic.items():
+        shape = getattr(placeholders.get(name) and placeholders[name].meta.get("val"), "shape", None)
+        if shape is None:
+            continue
+        for dim, label in dims.items():
+            fixed = _concrete(shape[dim]) if dim < len(shape) else None
+            if fixed is not None:
+                label = label[0] if isinstance(label, tuple) else label
+                because = f"\n\ntorch.export said: {type(why).__name__}: {why}" if why is not None else ""
+                raise ExportError(
+                    f"{name}'s dimension {dim}, named dynamic ({label!r}), cannot vary: the model fixes it to "
+                    f"{fixed} (a weight's size, or a size the code compares it with). Leave it out of dynamic= "
+                    f"to register the model for that size, or change the model so that the size may vary" + because)
+
+
+def _concrete(size) -> Optional[int]:
+    """A dimension's size when export fixed it (an int, or a symbol it solved to one)."""
+    if isinstance(size, torch.SymInt):
+        return size.node.maybe_as_int()
+    return size if isinstance(size, int) else None
 
 
 def _size_oblivious(on: bool):
@@ -309,13 +381,17 @@ def _range(expr, ranges: dict) -> dict:
     return {"min": max(lo, 0), "max": min(hi, UNBOUNDED)}
 
 
-def _module_of(node) -> str:
-    """The innermost module a node of the exported graph runs in ("" for the model's own)."""
+def _module_of(node, with_class: bool = False) -> str:
+    """The innermost module a node of the exported graph runs in ("" for the model's own);
+    `with_class`: with its class ("layers.0.mlp (LlamaMLP)", "the model's own forward")."""
     stack = node.meta.get("nn_module_stack") or {}
-    for path, _ in reversed(list(stack.values())):
+    for path, kind in reversed(list(stack.values())):
         if isinstance(path, str) and not path.startswith("_"):
-            return path
-    return ""
+            if not with_class:
+                return path
+            kind = kind.__name__ if isinstance(kind, type) else str(kind).strip("<>'").rsplit(".", 1)[-1]
+            return f"{path} ({kind})"
+    return "" if not with_class else "the model's own forward"
 
 
 def encode_arg(a, value) -> Any:
@@ -389,6 +465,7 @@ class _Export:
         self.updates: dict[str, Any] = {}  # buffer -> the node of its new value
         # Nodes whose functional update becomes its in-place operator: node name -> (op, overload).
         self.in_place: dict[str, tuple] = {}
+        self.op_modules: dict[str, str] = {}
         sig = ep.graph_signature
         mutations = [spec for spec in sig.output_specs if spec.kind.name == "BUFFER_MUTATION"]
         mutated = {spec.target for spec in mutations}
@@ -596,6 +673,7 @@ class _Program:
             else:
                 outputs = []
             self.nodes.append({"op": name, "overload": overload, "args": args, "kwargs": kwargs, "outputs": outputs})
+            self.x.op_modules.setdefault(name, _module_of(node, with_class=True))
         elif target in _NATIVE:
             src = node.args[0] if node.args else None
             if target is operator.getitem and isinstance(src, torch.fx.Node) and f"{src.name}#0" in self.ids:
@@ -747,7 +825,8 @@ def _write(eps: list, signature: inspect.Signature, bounds: dict, points: list[s
             if block_of[node.name] == k:
                 program.emit(node)
         containers.append(container.encode([program.graph(results if k == last else cut_nodes[k])]))
-    return Graph(containers, ep.call_spec.in_spec, leaves, ep.call_spec.out_spec, signature, cuts, 0)
+    return Graph(containers, ep.call_spec.in_spec, leaves, ep.call_spec.out_spec, signature, cuts, 0,
+                 op_modules=first.op_modules)
 
 
 def _write_entries(exports: list, signature, bounds: dict, state: list, leaves: list) -> Graph:
@@ -776,8 +855,9 @@ def _write_entries(exports: list, signature, bounds: dict, state: list, leaves: 
         graphs.append(program.graph(_results(x) + new_state))
     ep = exports[0].ep
     state_bytes = sum(len(exports[0].initial[target][2]) for target in state)
+    modules = {op: module for x in exports for op, module in x.op_modules.items()}
     return Graph([container.encode(graphs)], ep.call_spec.in_spec, leaves, ep.call_spec.out_spec, signature, [],
-                 len(state), state_bytes)
+                 len(state), state_bytes, op_modules=modules)
 
 
 def _size_sources(node, have: set) -> list:

@@ -19,7 +19,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from . import graphs
 from ._wire import CallTensors, unflatten
 from .breakpoints import Paused
-from .errors import BlockMismatchError
+from .errors import BlockMismatchError, GraphRefusedError
 from .sessions import Session
 
 if TYPE_CHECKING:
@@ -233,8 +233,12 @@ def _register_graph(client, model, example_inputs, options, progress, policy, ph
         args, kwargs = (), example_inputs
     else:
         args, kwargs = _as_args(example_inputs), {}
+    def without_cache():
+        return _without_returned_cache(model, kwargs) if cache_len is None else contextlib.nullcontext()
+
     if cache_len is None:
-        graph = graphs.export(model, args, kwargs, dynamic, split)
+        with without_cache():
+            graph = graphs.export(model, args, kwargs, dynamic, split)
         if rename is not None:
             graph.cuts = [[rename(n) for n in names] for names in graph.cuts]
     else:
@@ -249,7 +253,7 @@ def _register_graph(client, model, example_inputs, options, progress, policy, ph
         decode = [{"input_ids": ids[:, :1]}] if ids.shape[1] > 1 else []
         graph = graphs.export(step, (), {"input_ids": ids}, dynamic, None, entries=decode)
         args, kwargs = (), {"input_ids": ids}
-    with torch.no_grad(), FlopCounterMode(display=False) as flops:
+    with torch.no_grad(), without_cache(), FlopCounterMode(display=False) as flops:
         expected = model(*args, **kwargs)
     if estimates is None:
         # The placement's estimate: each block's share of the FLOPs in proportion to its weights.
@@ -259,6 +263,48 @@ def _register_graph(client, model, example_inputs, options, progress, policy, ph
     io_bytes = _tensor_bytes(args) + _tensor_bytes(kwargs) + _tensor_bytes(expected)
     description = {"blocks": estimates, "io_bytes": io_bytes, "phase": phase}
     return RemoteModel(client, graph.containers, progress, description, policy, public, graph=graph)
+
+
+def _refusal_in_the_models_terms(e: GraphRefusedError, graph: Optional[graphs.Graph]) -> GraphRefusedError:
+    """The node's refusal of an operator, with the module of the model that calls it and what
+    to do instead (the node's message first)."""
+    named = re.search(r"(aten::\w+)", str(e))
+    module = graph.op_modules.get(named[1]) if graph is not None and named else None
+    if module is None:
+        return e
+    return GraphRefusedError(
+        f"{e}\n{named[1]} comes from {module}: run that part on the client (a wrapper that registers the rest and "
+        f"takes its result as an input), cut the model around it with split=, or replace it with operators the "
+        f"node runs (its allowlist: docs/graph-format.md)"
+    )
+
+
+_CACHE_LEFT_OUT_WARNED = False
+
+
+@contextlib.contextmanager
+def _without_returned_cache(model, kwargs: dict):
+    """A Hugging Face model that returns its KV cache by default (`config.use_cache`, every
+    causal LM's default) is exported without it: graphs return tensors, and a cache belongs on
+    the node, in a session (`cache_len=`). Warns once per process that `past_key_values` is
+    left out. A model whose example passes `use_cache` itself is left as it is."""
+    global _CACHE_LEFT_OUT_WARNED
+    config = getattr(model, "config", None)
+    if not getattr(config, "use_cache", False) or "use_cache" in kwargs:
+        yield
+        return
+    if not _CACHE_LEFT_OUT_WARNED:
+        _CACHE_LEFT_OUT_WARNED = True
+        warnings.warn(
+            f"{type(model).__name__} returns its KV cache (config.use_cache): djinn registers it without one, "
+            "so calls return the logits and no past_key_values. To decode token by token with the cache kept on "
+            "the node, register with cache_len=N and call rm.session().",
+        )
+    config.use_cache = False
+    try:
+        yield
+    finally:
+        config.use_cache = True
 
 
 class RemoteModel:
@@ -283,9 +329,12 @@ class RemoteModel:
         self._graph = graph
         # The same bytes objects the client keeps: another client can register them as they are.
         self._archives = archives
-        self.fingerprint, self.uploaded, self.weight_bytes = client._native.register_model(
-            archives, progress, description, policy, public
-        )
+        try:
+            self.fingerprint, self.uploaded, self.weight_bytes = client._native.register_model(
+                archives, progress, description, policy, public
+            )
+        except GraphRefusedError as e:
+            raise _refusal_in_the_models_terms(e, graph) from e
         self.blocks = len(archives)
         self.description = description
 
