@@ -451,6 +451,11 @@ async fn metrics<S: Store>(
                 "Connections open that authenticated.",
                 &connections.authenticated_open,
             ),
+            (
+                "djinn_control_tenant_body_bytes",
+                "Bytes of tenants' request bodies in flight, held against their budgets.",
+                &connections.tenant_body_bytes,
+            ),
         ];
         for (name, help, gauge) in open {
             metric(name, "gauge", help, &one(load(gauge)));
@@ -647,6 +652,8 @@ pub struct ConnectionCounters {
     /// Connections open now, not yet authenticated and authenticated.
     pub unauthenticated_open: AtomicU64,
     pub authenticated_open: AtomicU64,
+    /// Bytes of tenants' request bodies in flight now (as reserved against their budgets).
+    pub tenant_body_bytes: AtomicU64,
     /// Requests refused (503 or 429 `too_many_connections`), and their connections closed: the
     /// principal's share of `max_connections` was in use.
     pub refused: AtomicU64,

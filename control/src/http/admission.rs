@@ -210,6 +210,7 @@ impl Admission {
             return Err(Refusal::Bodies { tenant: Arc::clone(tenant), in_flight, budget });
         }
         *pools.tenant_body_bytes.entry(Arc::clone(tenant)).or_default() += bytes;
+        self.counters.tenant_body_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
         Ok(BodyBudget { admission: Arc::clone(self), tenant: Arc::clone(tenant), bytes })
     }
 }
@@ -238,6 +239,7 @@ pub(super) struct BodyBudget {
 impl Drop for BodyBudget {
     fn drop(&mut self) {
         let mut pools = self.admission.pools.locked();
+        self.admission.counters.tenant_body_bytes.fetch_sub(self.bytes as u64, Ordering::Relaxed);
         if let Some(in_flight) = pools.tenant_body_bytes.get_mut(&self.tenant) {
             *in_flight = in_flight.saturating_sub(self.bytes);
             if *in_flight == 0 {
