@@ -59,19 +59,22 @@ fn endless(advancing: bool) -> Attack {
     Attack { endless_lists: Some(EndlessLists { advancing }), ..Attack::default() }
 }
 
+/// The errors of listing named tensors, kept tensors and sessions through the node at `addr`.
+fn every_list(addr: &str) -> [ClientError; 3] {
+    let mut client = Client::connect(addr).expect("connect through the hostile node");
+    [
+        client.list().map(|l| l.len()).unwrap_err(),
+        client.list_kept().map(|l| l.len()).unwrap_err(),
+        client.list_sessions().map(|l| l.len()).unwrap_err(),
+    ]
+}
+
 #[test]
 fn endless_lists_of_the_same_page_end_with_a_typed_error() {
     let node = Node::start("mio", &[]);
     let hostile = hostile(&node, endless(false));
     let addr = hostile.addr.clone();
-    let errors = bounded("listing the same page for ever", 64 << 20, move || {
-        let mut client = Client::connect(&addr).expect("connect through the hostile node");
-        [
-            client.list().map(|l| l.len()).unwrap_err(),
-            client.list_kept().map(|l| l.len()).unwrap_err(),
-            client.list_sessions().map(|l| l.len()).unwrap_err(),
-        ]
-    });
+    let errors = bounded("listing the same page for ever", 64 << 20, move || every_list(&addr));
     for (e, what) in errors.iter().zip(["tensors", "kept tensors", "sessions"]) {
         assert!(
             matches!(e, ClientError::BadListPage { what: w, .. } if *w == what),
@@ -86,14 +89,7 @@ fn endless_lists_of_new_pages_end_at_the_page_bound() {
     let hostile = hostile(&node, endless(true));
     let addr = hostile.addr.clone();
     // 1024 pages of 64 entries each: a few MiB at most.
-    let errors = bounded("listing new pages for ever", 128 << 20, move || {
-        let mut client = Client::connect(&addr).expect("connect through the hostile node");
-        [
-            client.list().map(|l| l.len()).unwrap_err(),
-            client.list_kept().map(|l| l.len()).unwrap_err(),
-            client.list_sessions().map(|l| l.len()).unwrap_err(),
-        ]
-    });
+    let errors = bounded("listing new pages for ever", 128 << 20, move || every_list(&addr));
     for (e, what) in errors.iter().zip(["tensors", "kept tensors", "sessions"]) {
         assert!(
             matches!(e, ClientError::ListTooLong { what: w, pages, entries, .. }

@@ -139,3 +139,27 @@ def scripted(blocks, example) -> list:
             result = script(*args)
             args = result if isinstance(result, tuple) else (result,)
     return out
+
+
+def hostile_binary() -> str:
+    path = ROOT / "target" / "debug" / "examples" / "hostile_node"
+    if not path.exists():
+        pytest.skip("no hostile_node example: run cargo build -p djinn --example hostile_node")
+    return str(path)
+
+
+class HostileNode:
+    """A compromised node as a process (`tools/examples/hostile_node.rs`): it relays to the node
+    at `upstream` but for what `flags` attack."""
+
+    def __init__(self, upstream: str, *flags: str):
+        self.proc = subprocess.Popen([hostile_binary(), upstream, *flags], stdout=subprocess.PIPE)
+        line = self.proc.stdout.readline().decode()
+        if not line.startswith("hostile node listening on "):
+            self.stop()
+            raise RuntimeError(f"hostile_node printed {line!r}")
+        self.address = line.split()[-1]
+
+    def stop(self):
+        self.proc.kill()
+        self.proc.wait(timeout=10)

@@ -3,38 +3,14 @@ far more bytes than the tensor holds is refused before it is read, as a djinn ex
 torch's RuntimeError), and the client's memory stays bounded. Against a real node behind a
 hostile one (`target/debug/examples/hostile_node`, tests/support/hostile_node.rs)."""
 import os
-import subprocess
 
 import pytest
 import torch
 
 import djinn
-from conftest import ROOT, NodeProcess
+from conftest import HostileNode, NodeProcess
 
 OVERSIZED = 512 << 20
-
-
-def hostile_binary() -> str:
-    path = ROOT / "target" / "debug" / "examples" / "hostile_node"
-    if not path.exists():
-        pytest.skip("no hostile_node example: run cargo build -p djinn --example hostile_node")
-    return str(path)
-
-
-class HostileNode:
-    """The hostile node as a process, relaying to `upstream` but for what `flags` attack."""
-
-    def __init__(self, upstream: str, *flags: str):
-        self.proc = subprocess.Popen([hostile_binary(), upstream, *flags], stdout=subprocess.PIPE)
-        line = self.proc.stdout.readline().decode()
-        if not line.startswith("hostile node listening on "):
-            self.stop()
-            raise RuntimeError(f"hostile_node printed {line!r}")
-        self.address = line.split()[-1]
-
-    def stop(self):
-        self.proc.kill()
-        self.proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ Under a control plane the client follows only the live nodes it lists; given one
 address, it follows nothing."""
 import json
 import socket
-import subprocess
 import time
 import urllib.request
 
@@ -14,17 +13,10 @@ import torch
 from torch import nn
 
 import djinn
-from conftest import ROOT, DjinnProcess, scripted
+from conftest import DjinnProcess, HostileNode, scripted
 
 ALICE = "alice-token-0123456789abcdef"
 NODES = "nodes-token-0123456789ab"
-
-
-def hostile_binary() -> str:
-    path = ROOT / "target" / "debug" / "examples" / "hostile_node"
-    if not path.exists():
-        pytest.skip("no hostile_node example: cargo build -p djinn --example hostile_node")
-    return str(path)
 
 
 class Catcher:
@@ -42,20 +34,6 @@ class Catcher:
             conn, peer = self.sock.accept()
             conn.close()
             raise AssertionError(f"the catcher was connected to, from {peer}")
-
-
-class Hostile:
-    """`hostile_node UPSTREAM FLAGS` as its own process."""
-
-    def __init__(self, upstream: str, *flags: str):
-        self.proc = subprocess.Popen([hostile_binary(), upstream, *flags], stdout=subprocess.PIPE)
-        line = self.proc.stdout.readline().decode()
-        assert line.startswith("hostile node listening on "), line
-        self.address = line.split()[-1]
-
-    def stop(self):
-        self.proc.kill()
-        self.proc.wait(timeout=10)
 
 
 class Offset(nn.Module):
@@ -82,7 +60,7 @@ def cluster(tmp_path, monkeypatch):
     node = DjinnProcess("node", "--device", "cpu", "--control", url, "--name", "real", "--auth-file", str(tokens))
     monkeypatch.delenv("DJINN_TOKEN")
     catcher = Catcher()
-    hostile = Hostile(node.address, "--kept-moved-to", catcher.address, "--session-moved-to", catcher.address)
+    hostile = HostileNode(node.address, "--kept-moved-to", catcher.address, "--session-moved-to", catcher.address)
 
     inventory = {
         "addr": hostile.address, "device": "cpu", "memory_total": 1 << 30, "memory_free": 1 << 30,
@@ -133,7 +111,7 @@ def test_a_listed_node_cannot_send_a_session_elsewhere(cluster):
 def test_a_client_of_one_node_follows_nothing(tmp_path):
     node = DjinnProcess("node", "--device", "cpu")
     catcher = Catcher()
-    hostile = Hostile(node.address, "--kept-moved-to", catcher.address)
+    hostile = HostileNode(node.address, "--kept-moved-to", catcher.address)
     try:
         client = djinn.Client(hostile.address, timeout=10)
         kept = client.keep(torch.arange(4, dtype=torch.float32))
