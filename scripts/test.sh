@@ -98,6 +98,12 @@ lint() {
   local io_crates poller_crates
   io_crates=$(cargo tree -p djinn-proto -e normal --prefix none --locked | grep -E '^(mio|io-uring|sideway|rdma-mummy-sys|cudarc|tokio|libloading) ' || true)
   [ -z "$io_crates" ] || { printf 'djinn-proto depends on I/O or device crates:\n%s\n' "$io_crates" >&2; exit 1; }
+  # The executor speaks to the transports only through the node's core: no poller, no sockets
+  # of its own. The core needs neither I/O nor libtorch.
+  io_crates=$(cargo tree -p djinn-executor -e normal --prefix none --locked | grep -E '^(mio|io-uring|djinn-dataplane|sideway|tokio) ' || true)
+  [ -z "$io_crates" ] || { printf 'djinn-executor depends on the transports:\n%s\n' "$io_crates" >&2; exit 1; }
+  io_crates=$(cargo tree -p djinn-node-core -e normal --prefix none --locked | grep -E '^(mio|io-uring|djinn-dataplane|sideway|rdma-mummy-sys|tokio|tch|torch-sys|cudarc) ' || true)
+  [ -z "$io_crates" ] || { printf 'djinn-node-core depends on I/O or libtorch:\n%s\n' "$io_crates" >&2; exit 1; }
   # The Python package's extension builds the transports without the node's poller.
   poller_crates=$(cargo tree -p djinn-python -e normal --prefix none --locked | grep -E '^(mio|io-uring|cudarc) ' || true)
   [ -z "$poller_crates" ] || { printf 'the Python extension depends on the node poller or CUDA:\n%s\n' "$poller_crates" >&2; exit 1; }

@@ -8,19 +8,19 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use djinn_auth::{Authenticator, TenantId};
-use djinn_dataplane::tcp::{Replier, Reply, ReplyTo, Service};
 use djinn_memory::{BufferPool, MemoryBudget};
+use djinn_node_core::{Peers, PushSource, Replier, Reply, ReplyTo, Service};
 use djinn_proto::{
     Archives, BreakpointMessage, DataMessage, ErrorCode, Fingerprint, Frame, Handle, KeptEntry, KeptMessage, Message,
-    ModelMessage, Payload, Refusal, SessionMessage, TensorSource,
+    ModelMessage, Payload, Refusal, SessionMessage, SharedBytes, TensorSource,
 };
 use tch::Device;
 
+use crate::convert::OutputTensor;
 use crate::cost::{ComputeMeter, ComputeQuota, Limits};
 use crate::error::{ExecError, SessionError};
 use crate::handles::HandleTable;
 use crate::models::{ModelStore, Unregistered, Upload};
-use crate::mover::{Mover, PeerLimits, PushPeers, PushSource};
 use crate::parked::{Parked, ParkedTable};
 use crate::request::CallInputs;
 use crate::sessions::{Op, SessionOptions, SessionTable, Sessions};
@@ -50,8 +50,6 @@ pub struct NodeOptions {
     pub upload_timeout: Duration,
     /// A kept tensor unused this long is freed.
     pub handle_ttl: Duration,
-    /// Longest wait on a peer node when pushing a tensor to it.
-    pub push_timeout: Duration,
     pub sessions: SessionOptions,
     /// A request parked at a breakpoint is released after this long.
     pub parked_ttl: Duration,
@@ -66,13 +64,8 @@ pub struct NodeOptions {
     pub flops_per_second: Option<f64>,
     /// The node's principals, when clients need tokens: what a push names the tenant by.
     pub auth: Option<Arc<Authenticator>>,
-    /// The RDMA port pushes to other nodes go over, where they offer RDMA too.
-    pub push_rdma: Option<djinn_dataplane::rdma::RdmaPort>,
-    /// The nodes pushes may go to, and the connections to them kept.
-    pub push_peers: Arc<PushPeers>,
-    pub push_connections: PeerLimits,
-    /// Pushes speak TLS to peers, trusting these roots.
-    pub push_tls: Option<djinn_dataplane::tcp::ClientTls>,
+    /// The node's way to other nodes: pushes and session moves go through it.
+    pub peers: Arc<dyn Peers>,
 }
 
 /// A budget of `limit` bytes in which each tenant of `auth` holds no more than the part of its
@@ -104,7 +97,7 @@ pub struct NodeService {
     handles: Arc<Mutex<HandleTable>>,
     sessions: Sessions,
     parked: Arc<Mutex<ParkedTable>>,
-    mover: Arc<Mover>,
+    peers: Arc<dyn Peers>,
     auth: Option<Arc<Authenticator>>,
     // Before the workers: the sweeper holds a queue into them, which must go first.
     _sweeper: Sweeper,
@@ -135,19 +128,12 @@ impl NodeService {
             counters: Arc::default(),
             flops_per_second: options.flops_per_second,
         };
-        let mover = Arc::new(Mover::new(
-            options.push_timeout,
-            options.push_rdma,
-            options.push_peers,
-            options.push_connections,
-            options.push_tls,
-        ));
         let tables = Tables {
             models: Arc::clone(&models),
             handles: Arc::clone(&handles),
             sessions: sessions.clone(),
             parked: Arc::clone(&parked),
-            mover: Arc::clone(&mover),
+            peers: Arc::clone(&options.peers),
         };
         let workers = Workers::start(options.workers, options.device, tables, limits)?;
         tracing::info!(
@@ -170,7 +156,7 @@ impl NodeService {
             handles,
             sessions,
             parked,
-            mover,
+            peers: options.peers,
             auth: options.auth,
             workers,
         })
@@ -241,12 +227,16 @@ impl NodeService {
                 None => return Some(Reply::error(ErrorCode::NotFound, format!("no tensor named {name:?}"))),
             },
             TensorSource::Handle(handle) => match self.handles().get(tenant, handle) {
-                Ok((tensor, _)) => PushSource::Tensor(tensor),
+                // Read (copied from the device) in the push's turn, off the poller's thread.
+                Ok((tensor, _)) => PushSource::Read(Box::new(move || {
+                    let (bytes, desc) = OutputTensor::new(tensor, None).map_err(|e| (e.code(), e.to_string()))?;
+                    Ok((desc, Arc::new(bytes) as SharedBytes))
+                })),
                 Err(e) => return Some(error_reply(e.into())),
             },
         };
         // On the peer, the tensor is the same tenant's.
-        self.mover.push(source, to, grant, self.tenant_name(tenant), reply_to, replier);
+        self.peers.push(source, to, grant, self.tenant_name(tenant), reply_to, replier);
         None
     }
 

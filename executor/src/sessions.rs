@@ -29,8 +29,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use djinn_auth::TenantId;
-use djinn_dataplane::tcp::{Replier, ReplyTo};
 use djinn_memory::{MemoryBudget, Reservation};
+use djinn_node_core::{Replier, ReplyTo};
 use djinn_proto::{Breakpoint, Fingerprint, Handle, Signal};
 use tch::{Device, Tensor};
 

@@ -11,7 +11,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use djinn_auth::TenantId;
-use djinn_dataplane::tcp::{Replier, Reply, ReplyTo};
+use djinn_node_core::{Peers, Replier, Reply, ReplyTo};
 use djinn_proto::{
     Breakpoint, BreakpointMessage, DType, DataMessage, Handle, KeptMessage, Message, ModelMessage, Payload,
     SessionEntry, SessionMessage, SharedBytes, TensorDesc, Value,
@@ -28,7 +28,6 @@ use crate::error::{HandleError, SessionError};
 use crate::fair::FairQueue;
 use crate::handles::HandleTable;
 use crate::models::{Model, ModelStore, Upload, spread};
-use crate::mover::Mover;
 use crate::parked::{Activation, Parked, ParkedTable, SessionStep, Stopped, check_breakpoint};
 use crate::request::CallInputs;
 use crate::sessions::{Op, Sessions};
@@ -138,7 +137,7 @@ impl Scheduler {
 struct Shared {
     device: Device,
     /// Node-to-node moves (a session's, in its turn).
-    mover: Arc<Mover>,
+    peers: Arc<dyn Peers>,
     models: Arc<Mutex<ModelStore>>,
     handles: Arc<Mutex<HandleTable>>,
     sessions: Sessions,
@@ -242,12 +241,12 @@ pub struct Tables {
     pub handles: Arc<Mutex<HandleTable>>,
     pub sessions: Sessions,
     pub parked: Arc<Mutex<ParkedTable>>,
-    pub mover: Arc<Mover>,
+    pub peers: Arc<dyn Peers>,
 }
 
 impl Workers {
     pub fn start(count: usize, device: Device, tables: Tables, limits: Limits) -> std::io::Result<Self> {
-        let Tables { models, handles, sessions, parked, mover } = tables;
+        let Tables { models, handles, sessions, parked, peers } = tables;
         let scheduler = Arc::new(Scheduler {
             queued: Mutex::new(Queued { jobs: FairQueue::default(), senders: 1 }),
             ready: Condvar::new(),
@@ -255,7 +254,7 @@ impl Workers {
         let counters = Arc::new(WorkerCounters::default());
         let shared = Arc::new(Shared {
             device,
-            mover,
+            peers,
             models,
             handles,
             sessions,
@@ -517,18 +516,18 @@ fn session_next(id: u64, shared: &Shared) -> bool {
 }
 
 /// Sends a session's state to the node at `to` as a session of its own there (see
-/// [`Mover::open_session`]); the session's handle there. The state stays here, unchanged,
+/// [`Peers::open_session`]); the session's handle there. The state stays here, unchanged,
 /// until the caller frees it.
 fn move_session(id: u64, to: &str, grant: &str, tenant: &str, shared: &Shared) -> Result<Handle, ExecError> {
     let (model, state, charge) = shared.sessions.table.locked().begin_move(id)?;
     let state = state
         .into_iter()
-        .map(|t| OutputTensor::new(t, None).map(|(bytes, desc)| (desc, bytes)))
+        .map(|t| OutputTensor::new(t, None).map(|(bytes, desc)| (desc, Arc::new(bytes) as SharedBytes)))
         .collect::<Result<Vec<_>, _>>()?;
     let bytes: u64 = state.iter().map(|(desc, _)| desc.byte_len).sum();
     let started = Instant::now();
     let (session, path) = shared
-        .mover
+        .peers
         .open_session(to, grant, tenant, model.fingerprint, &state, charge)
         .map_err(|(code, message)| ExecError::Moving { code, message })?;
     tracing::debug!(session = id, peer = %to, bytes, path, seconds = started.elapsed().as_secs_f64(), "session state sent");

@@ -9,4 +9,5 @@ pub mod drain;
 pub mod gpu_check;
 pub mod membership;
 pub mod metrics;
+pub mod mover;
 pub mod rates;

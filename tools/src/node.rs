@@ -12,9 +12,7 @@ use djinn_auth::Authenticator;
 use djinn_dataplane::client::Transport;
 use djinn_dataplane::rdma::{RdmaChannel, RdmaContext};
 use djinn_dataplane::tcp::{Backend, Server, ServerConfig};
-use djinn_executor::{
-    Device, ListNodes, NodeOptions, NodeService, PeerLimits, Policy, PushPeers, SessionOptions, tenant_budget,
-};
+use djinn_executor::{Device, NodeOptions, NodeService, Policy, SessionOptions, tenant_budget};
 use djinn_proto::Limits;
 use djinn_proto::rdma::SessionConfig;
 use signal_hook::consts::{SIGINT, SIGTERM};
@@ -24,6 +22,7 @@ use djinn_executor::tch;
 use djinn_memory::ByteSize;
 
 use crate::auth::AuthArgs;
+use djinn_node::mover::{ListNodes, Mover, PeerLimits, PushPeers};
 use djinn_node::{membership, rates};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -336,7 +335,6 @@ pub fn run(args: NodeArgs, auth: Option<Arc<Authenticator>>) -> Result<()> {
         host_budget,
         upload_timeout: seconds("--upload-timeout", args.upload_timeout)?,
         handle_ttl: seconds("--handle-ttl", args.handle_ttl)?,
-        push_timeout: seconds("--push-timeout", args.push_timeout)?,
         sessions: SessionOptions {
             policy: args.session_policy,
             budget: args.session_budget.map_or(budget.limit() / 4, |b| b.0),
@@ -351,16 +349,16 @@ pub fn run(args: NodeArgs, auth: Option<Arc<Authenticator>>) -> Result<()> {
         max_run_memory: args.max_run_memory.map(|b| b.0),
         flops_per_second: Some(flops),
         auth: auth.clone(),
-        push_rdma: rdma.as_ref().map(|ctx| ctx.port().clone()),
-        push_connections: PeerLimits {
-            max: args.push_connections.max(1),
-            idle: seconds("--push-connection-idle", args.push_connection_idle)?,
-        },
-        push_peers: Arc::new(PushPeers::new(
-            args.push_peers.clone(),
-            args.control.as_deref().map(|c| live_nodes(c, &token)),
+        peers: Arc::new(Mover::new(
+            seconds("--push-timeout", args.push_timeout)?,
+            rdma.as_ref().map(|ctx| ctx.port().clone()),
+            Arc::new(PushPeers::new(args.push_peers.clone(), args.control.as_deref().map(|c| live_nodes(c, &token)))),
+            PeerLimits {
+                max: args.push_connections.max(1),
+                idle: seconds("--push-connection-idle", args.push_connection_idle)?,
+            },
+            peer_tls.clone(),
         )),
-        push_tls: peer_tls.clone(),
     };
     let service = NodeService::new(budget.clone(), options).context("cannot start the executor")?;
     let tls = match (&args.tls_cert, &args.tls_key) {

@@ -13,7 +13,8 @@ use djinn_proto::{
     PayloadAlloc, RecvEvent, Refusal, transports,
 };
 
-use super::server::{Conn, Core, MIN_PROGRESS, Replier, Reply, ReplyTo, ServerConfig, Service};
+use super::server::{Conn, Core, MIN_PROGRESS, ServerConfig};
+use djinn_node_core::{Replier, Reply, ReplyTo, Service};
 
 /// Requests the service took and answers later, as a worker thread would.
 type Taken = Arc<Mutex<Vec<(ReplyTo, Replier)>>>;

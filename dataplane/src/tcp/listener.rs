@@ -4,8 +4,9 @@ use std::io;
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::time::Instant;
 
-use super::server::{Backend, Core, ServerConfig, ServerCounters, Service, ShutdownHandle};
+use super::server::{Backend, Core, ServerConfig, ServerCounters, ShutdownHandle};
 use super::{mio_backend, uring_backend};
+use djinn_node_core::Service;
 
 /// A bound node server; [`Server::run`] drives it on the calling thread until shut down.
 pub struct Server<S> {

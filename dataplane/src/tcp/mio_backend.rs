@@ -12,9 +12,10 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use slab::Slab;
 
 use super::accept::AcceptBackoff;
-use super::server::{Conn, Core, ServerCounters, Service, ShutdownHandle};
+use super::server::{Conn, Core, ServerCounters, ShutdownHandle};
 use super::tls::TlsWire;
 use crate::rdma::{Completion, RdmaContext, RdmaError, connection_key};
+use djinn_node_core::Service;
 
 const LISTENER: Token = Token(usize::MAX - 1);
 const WAKER: Token = Token(usize::MAX - 2);

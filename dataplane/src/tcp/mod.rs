@@ -21,5 +21,5 @@ mod uring_backend;
 #[cfg(feature = "server")]
 pub use listener::Server;
 #[cfg(feature = "server")]
-pub use server::{Backend, Replier, Reply, ReplyTo, ServerConfig, ServerCounters, Service, ShutdownHandle};
+pub use server::{Backend, ServerConfig, ServerCounters, ShutdownHandle};
 pub use tls::{ClientTls, TlsError, TlsWire, server_config as tls_server_config};

@@ -11,8 +11,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::Receiver;
 use djinn_auth::{Authenticator, TenantId};
+use djinn_node_core::{Replier, Reply, ReplyTo, Service};
 
 use super::admission::Admission;
 use crate::rdma::{ChannelError, Completion, RdmaChannel, RdmaContext, RdmaError};
@@ -21,94 +22,8 @@ use djinn_proto::rdma::SessionConfig;
 use djinn_proto::{
     DataMessage, ErrorCode, Fingerprint, Frame, FrameReader, Hello, KeptMessage, Limits, Message, OutFrame,
     PROTOCOL_VERSION, Payload, PayloadAlloc, ProtocolError, RdmaParams, RecvEvent, Refusal, SendQueue, SessionMessage,
-    SharedBytes, TensorDesc, transports,
+    TensorDesc, transports,
 };
-
-/// The node's answer to one request.
-pub struct Reply {
-    pub message: Message,
-    /// The bytes of `message.tensors()`, in order.
-    pub tensors: Vec<SharedBytes>,
-}
-
-impl Reply {
-    pub fn message(message: impl Into<Message>) -> Self {
-        Self { message: message.into(), tensors: Vec::new() }
-    }
-
-    pub fn error(code: ErrorCode, message: impl Into<String>) -> Self {
-        Self::message(Message::error(code, message))
-    }
-}
-
-impl fmt::Debug for Reply {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Reply").field("message", &self.message).field("tensors", &self.tensors.len()).finish()
-    }
-}
-
-/// Where a deferred reply goes: a connection (by slot and by a number never reused, so a reply
-/// for a connection that closed is dropped, not delivered to its slot's next tenant) and the
-/// request it answers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct ReplyTo {
-    slot: usize,
-    conn_id: u64,
-    pub request_id: u64,
-    /// Whose request it is: what the service namespaces its answer by.
-    pub tenant: TenantId,
-    /// A node or an operator in its own name (or anyone, where no token is needed): it may see
-    /// every tenant's entries listed.
-    pub operator: bool,
-    /// The principal may register TorchScript (see [`djinn_auth::Right::Torchscript`]).
-    pub torchscript: bool,
-}
-
-impl ReplyTo {
-    /// The connection the request came on (unique for the server's life).
-    pub fn connection(&self) -> u64 {
-        self.conn_id
-    }
-}
-
-/// Sends replies to the poller from other threads (executor workers) and wakes it.
-#[derive(Clone)]
-pub struct Replier {
-    tx: Sender<(ReplyTo, Reply)>,
-    wake: Arc<dyn Fn() + Send + Sync>,
-}
-
-impl Replier {
-    pub fn send(&self, to: ReplyTo, reply: Reply) {
-        // The receiver lives as long as the poller; after it stops, replies have nowhere to go.
-        if self.tx.send((to, reply)).is_ok() {
-            (self.wake)();
-        }
-    }
-}
-
-impl fmt::Debug for Replier {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Replier").field("queued", &self.tx.len()).finish()
-    }
-}
-
-/// What a node does with requests. Called on the poller thread: it must not block.
-pub trait Service {
-    /// Memory for the payload of `tenant`'s `message` (`len` bytes), or why it is refused.
-    /// Called before any payload byte is read, so a refused request costs no allocation.
-    fn alloc(&mut self, message: &Message, len: usize, tenant: TenantId) -> Result<Payload, Refusal>;
-    /// Answers a request that is not one of the data plane's own (hello, ping, stats), now
-    /// (`Some`) or later from another thread through `replier` (`None`).
-    fn handle(&mut self, frame: Frame, to: ReplyTo, replier: &Replier) -> Option<Reply>;
-    /// Appends the service's counters to a stats reply.
-    fn stats(&self, out: &mut Vec<(String, u64)>);
-    /// A connection closed: whatever the service kept for it (an upload) can go.
-    fn on_disconnect(&mut self, _connection: u64) {}
-    /// Called on the poller's timeout tick (a few times a second at most, while connections
-    /// are open): what the service keeps past its time (an upload gone quiet) can go.
-    fn expire(&mut self, _now: Instant) {}
-}
 
 /// The server backend, with what each can carry: mio (epoll) polls TLS connections and the
 /// RDMA completion channel beside its sockets; io_uring moves plain TCP only. A configuration
@@ -487,7 +402,7 @@ impl<S: Service> Core<S> {
         let offered =
             if config.backend.rdma().is_some() { transports::TCP | transports::RDMA } else { transports::TCP };
         let hello = Hello { memory_path: config.memory_path.clone(), ..Hello::new(&config.limits, offered, agent) };
-        let (tx, replies) = crossbeam_channel::unbounded();
+        let (replier, replies) = Replier::new(wake);
         let admission = config.auth.clone().map(Admission::new);
         Self {
             service,
@@ -497,7 +412,7 @@ impl<S: Service> Core<S> {
             queued_total: 0,
             rdma_open: 0,
             hello,
-            replier: Replier { tx, wake },
+            replier,
             replies,
             admission,
             unauthenticated: HashMap::new(),

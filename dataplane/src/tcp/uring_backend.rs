@@ -14,7 +14,8 @@ use io_uring::{IoUring, opcode, squeue, types};
 use slab::Slab;
 
 use super::accept::AcceptBackoff;
-use super::server::{Conn, Core, ServerCounters, Service, ShutdownHandle};
+use super::server::{Conn, Core, ServerCounters, ShutdownHandle};
+use djinn_node_core::Service;
 
 const RING_ENTRIES: u32 = 1024;
 const MAX_IOV: usize = 64;

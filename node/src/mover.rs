@@ -28,27 +28,19 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use djinn_dataplane::client::{ClientConn, ClientError, ClientOptions};
 use djinn_dataplane::rdma::RdmaPort;
-use djinn_dataplane::tcp::{ClientTls, Replier, Reply, ReplyTo};
+use djinn_dataplane::tcp::ClientTls;
+use djinn_node_core::{PeerError, Peers, PushSource, Replier, Reply, ReplyTo};
 use djinn_proto::rdma::SessionConfig;
 use djinn_proto::{
     DataMessage, ErrorCode, Fingerprint, Handle, Hello, KeptMessage, Limits, Message, PROTOCOL_VERSION, SessionMessage,
     SharedBytes, TensorDesc, transports,
 };
-use tch::Tensor;
-
-use crate::convert::OutputTensor;
 use djinn_sync::Locked;
 
 /// How the bytes of a push travel, by the transport between the hosts; reported in the `Pushed`
 /// reply.
 pub fn staging_path(transport: &str) -> &'static str {
     if transport == "rdma" { "staging-rdma" } else { "staging-tcp" }
-}
-
-/// What is pushed: bytes already in host memory (a named tensor), or a kept tensor.
-pub enum PushSource {
-    Bytes { desc: TensorDesc, bytes: SharedBytes },
-    Tensor(Tensor),
 }
 
 /// Fetches the addresses of the cluster's live nodes (from the control plane).
@@ -190,10 +182,12 @@ impl Mover {
         };
         Self { config: Arc::new(Config { options, rdma, peers, limits }), workers: Mutex::default() }
     }
+}
 
+impl Peers for Mover {
     /// Pushes `source` to the node at `to` on its `grant`, for `tenant` (by name, empty where
     /// nodes need no token); the reply goes to `reply_to`.
-    pub fn push(
+    fn push(
         &self,
         source: PushSource,
         to: String,
@@ -223,22 +217,20 @@ impl Mover {
             Err(e) => job.replier.send(job.reply_to, Reply::error(ErrorCode::Internal, format!("no push thread: {e}"))),
         }
     }
-}
 
-impl Mover {
     /// Opens, on the node at `to` and on its `grant`, a session of the model `fingerprint` for
     /// `tenant` (by name) whose state is `state` (each tensor's description and bytes), holding
     /// `reserve` bytes for it there. Runs on the caller's thread, on a connection of its own:
     /// the handle the peer gives the session, and the path the state took.
-    pub fn open_session(
+    fn open_session(
         &self,
         to: &str,
         grant: &str,
         tenant: &str,
         fingerprint: Fingerprint,
-        state: &[(TensorDesc, OutputTensor)],
+        state: &[(TensorDesc, SharedBytes)],
         reserve: u64,
-    ) -> Result<(Handle, &'static str), (ErrorCode, String)> {
+    ) -> Result<(Handle, &'static str), PeerError> {
         if !self.config.peers.allows(to) {
             return Err(not_a_peer(to));
         }
@@ -248,7 +240,7 @@ impl Mover {
             state: state.iter().map(|(desc, _)| desc.clone()).collect(),
             reserve,
         });
-        let payload: Vec<&[u8]> = state.iter().map(|(_, bytes)| bytes.as_ref()).collect();
+        let payload: Vec<&[u8]> = state.iter().map(|(_, bytes)| bytes.as_ref().as_ref()).collect();
         let path = staging_path(conn.transport());
         match conn.request(&open, &payload) {
             Ok(reply) => match reply.message {
@@ -263,7 +255,7 @@ impl Mover {
     }
 }
 
-fn not_a_peer(to: &str) -> (ErrorCode, String) {
+fn not_a_peer(to: &str) -> PeerError {
     (
         ErrorCode::Forbidden,
         format!(
@@ -284,11 +276,11 @@ impl Drop for Mover {
 }
 
 /// A worker's open connections to peers, by address, with their last use.
-type Peers = HashMap<String, (ClientConn, Instant)>;
+type OpenConns = HashMap<String, (ClientConn, Instant)>;
 
 /// One tenant's pushes, in order.
 fn run(rx: Receiver<PushJob>, tenant: &str, config: &Config) {
-    let mut peers: Peers = HashMap::new();
+    let mut peers: OpenConns = HashMap::new();
     let idle = config.limits.idle;
     loop {
         let job = rx.recv_timeout(idle);
@@ -321,19 +313,16 @@ fn run(rx: Receiver<PushJob>, tenant: &str, config: &Config) {
 
 /// Pushes `source` to the peer at `to`; the handle the peer gives it and the path it took.
 fn push(
-    peers: &mut Peers,
+    peers: &mut OpenConns,
     config: &Config,
     source: PushSource,
     to: &str,
     grant: &str,
     tenant: &str,
-) -> Result<(djinn_proto::HandleInfo, &'static str), (ErrorCode, String)> {
+) -> Result<(djinn_proto::HandleInfo, &'static str), PeerError> {
     let (desc, bytes): (TensorDesc, SharedBytes) = match source {
         PushSource::Bytes { desc, bytes } => (desc, bytes),
-        PushSource::Tensor(t) => {
-            let (bytes, desc) = OutputTensor::new(t, None).map_err(|e| (e.code(), e.to_string()))?;
-            (desc, std::sync::Arc::new(bytes))
-        }
+        PushSource::Read(read) => read()?,
     };
     let keep = Message::Kept(KeptMessage::Keep { tensor: desc });
     let payload = [bytes.as_ref().as_ref()];
@@ -397,7 +386,7 @@ fn greeting(grant: &str, tenant: &str, rdma: bool) -> Hello {
 
 /// The peer's refusal of a grant, in its own words (a wrong or spent grant is not an
 /// unreachable peer).
-fn refused_grant(to: &str, code: ErrorCode, message: &str) -> (ErrorCode, String) {
+fn refused_grant(to: &str, code: ErrorCode, message: &str) -> PeerError {
     (code, format!("the peer at {to} refused the push's grant: {message}"))
 }
 
@@ -409,7 +398,7 @@ fn connect(
     tenant: &str,
     options: &ClientOptions,
     rdma: Option<&RdmaPort>,
-) -> Result<ClientConn, (ErrorCode, String)> {
+) -> Result<ClientConn, PeerError> {
     let unreachable = |e: String| (ErrorCode::PeerUnreachable, e);
     let addrs: Vec<_> =
         to.to_socket_addrs().map_err(|e| unreachable(format!("{to:?} is not a reachable address: {e}")))?.collect();
