@@ -1,10 +1,11 @@
-//! The node side of Djinn: what a node holds and computes. Named and kept tensors live under
-//! the node's memory budget; a model is an ordered list of blocks, each a checked graph run
-//! through libtorch's dispatcher (`graph.rs`; TorchScript only from principals with the
-//! right), loaded once per fingerprint onto the node's device and run by worker threads that
-//! the data plane's poller feeds, each run planned and charged to its tenant before it runs
-//! (`cost.rs`). Sessions keep state between steps, breakpoints park runs between blocks, and
-//! models larger than the budget stream through a ring (`stream.rs`).
+//! A node's executor: what it holds and computes, behind the node's core (`djinn-node-core`),
+//! which hands it typed jobs ([`TorchExecutor`] is its `Executor`). Kept tensors live under the
+//! node's memory budget; a model is an ordered list of blocks, each a checked graph run
+//! through libtorch's dispatcher (`graph/`; TorchScript only from principals with the right),
+//! loaded once per fingerprint onto the node's device and run by worker threads, each run
+//! planned and charged to its tenant before it runs (`cost.rs`). Sessions keep state between
+//! steps, breakpoints park runs between blocks, and models larger than the budget stream
+//! through a ring (`stream.rs`).
 
 // One libtorch binding, chosen by feature (tch checks the torch version it is built against).
 #[cfg(all(feature = "torch-2-13", feature = "torch-2-11"))]
@@ -22,12 +23,7 @@ pub use ::tch;
 mod convert;
 pub mod cost;
 
-/// What a named or kept tensor is charged besides its bytes, and what a parked request is
-/// charged at least: its bookkeeping, so that objects of no bytes still count against the
-/// budget and the tenant's quota.
-pub(crate) const MIN_CHARGE: u64 = 4096;
-/// Most named tensors, and most kept tensors, one tenant holds on a node.
-pub const MAX_OBJECTS_PER_TENANT: usize = 65_536;
+pub(crate) use djinn_node_core::{MAX_OBJECTS_PER_TENANT, MIN_CHARGE};
 /// Most sessions, and most parked requests, one tenant holds on a node.
 pub const MAX_SESSIONS_PER_TENANT: usize = 4096;
 
@@ -45,8 +41,6 @@ pub(crate) fn page(ids: impl Iterator<Item = u64>, after: u64) -> (Vec<u64>, boo
 }
 /// Most models one tenant holds on a node (as the control plane's default cap per tenant).
 pub const MAX_MODELS_PER_TENANT: usize = 4096;
-/// Most registrations one tenant has in progress on a node at once.
-pub const MAX_UPLOADS_PER_TENANT: usize = 16;
 pub mod allocator;
 mod deadline;
 mod error;
@@ -58,10 +52,8 @@ pub mod libtorch;
 mod models;
 mod operands;
 mod parked;
-mod request;
 mod service;
 mod sessions;
-mod store;
 pub mod stream;
 mod tensors;
 mod value;
@@ -69,8 +61,7 @@ mod workers;
 
 pub use error::{BreakpointError, Ended, ExecError, HandleError, SessionError};
 pub use handles::HandleTable;
-pub use models::{Model, ModelStore, Scope, Unregistered, Upload, device_name, load, parse_device};
-pub use service::{NodeOptions, NodeService, tenant_budget};
+pub use models::{Model, ModelStore, Unregistered, device_name, load, parse_device};
+pub use service::{ExecutorOptions, TorchExecutor};
 pub use sessions::{Policy, SessionOptions, SessionTable};
-pub use store::TensorStore;
 pub use tch::Device;

@@ -16,7 +16,8 @@ use std::sync::{Arc, Mutex};
 
 use djinn_auth::TenantId;
 use djinn_memory::{Charge, MemoryBudget, OverBudget, Reservation};
-use djinn_proto::{ArchiveError, Archives, BlockReader, Fingerprint, ModelInfo};
+use djinn_node_core::{Scope, Upload};
+use djinn_proto::{BlockReader, Fingerprint, ModelInfo};
 use tch::jit::{CModule, IValue};
 use tch::{Device, Tensor};
 
@@ -290,33 +291,16 @@ fn rt_to_ivalue(v: RtValue) -> IValue {
     }
 }
 
-/// A model being uploaded: its archives, and whose it will be.
-#[derive(Debug)]
-pub struct Upload {
-    pub archives: Archives,
-    pub scope: Scope,
-    /// The tenant registering it.
-    pub tenant: TenantId,
-    pub connection: u64,
-    /// Whether the uploader may register TorchScript (the right `torchscript`).
-    pub torchscript: bool,
+/// Loading a model's upload.
+pub(crate) trait LoadUpload {
+    fn load(self, device: Device, available: u64) -> Result<LoadedModel, ExecError>;
 }
 
-impl Upload {
-    pub fn new(
-        fingerprint: Fingerprint,
-        block_lens: Vec<u64>,
-        (tenant, public): (TenantId, bool),
-        connection: u64,
-    ) -> Result<Self, ArchiveError> {
-        let scope = if public { Scope::Public } else { Scope::Private(tenant) };
-        Ok(Self { archives: Archives::new(fingerprint, block_lens)?, scope, tenant, connection, torchscript: false })
-    }
-
+impl LoadUpload for Upload {
     /// Verifies the fingerprint and loads every block onto `device`; or, on a GPU, when the
     /// archives are not well within the `available` device bytes, only sizes the blocks on the
     /// CPU, so that a model larger than device memory is planned before any of it goes there.
-    pub fn load(self, device: Device, available: u64) -> Result<LoadedModel, ExecError> {
+    fn load(self, device: Device, available: u64) -> Result<LoadedModel, ExecError> {
         self.archives.verify().map_err(|e| ExecError::BadArchive(e.to_string()))?;
         // The archives hold the weights and a little more; twice the room is ample.
         let size_only = device != Device::Cpu && self.archives.total().saturating_mul(2) > available;
@@ -490,14 +474,6 @@ impl LoadedModel {
 pub struct Reservations {
     device: Reservation,
     _host: Reservation,
-}
-
-/// Whose a model is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Scope {
-    Private(TenantId),
-    /// Shared by the tenants that registered it as public.
-    Public,
 }
 
 type Key = (Scope, Fingerprint);

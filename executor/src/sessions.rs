@@ -37,8 +37,8 @@ use tch::{Device, Tensor};
 use crate::error::{ExecError, SessionError};
 use crate::handles::fresh_epoch;
 use crate::models::Model;
-use crate::request::CallInputs;
 use crate::tensors::tensor_bytes;
+use djinn_node_core::CallInputs;
 use djinn_sync::Locked;
 
 /// Which resident session makes room for another.

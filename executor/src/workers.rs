@@ -27,13 +27,14 @@ use crate::error::ExecError;
 use crate::error::{HandleError, SessionError};
 use crate::fair::FairQueue;
 use crate::handles::HandleTable;
-use crate::models::{Model, ModelStore, Upload, spread};
+use crate::models::{Model, ModelStore, spread};
 use crate::parked::{Activation, Parked, ParkedTable, SessionStep, Stopped, check_breakpoint};
-use crate::request::CallInputs;
 use crate::sessions::{Op, Sessions};
+use djinn_node_core::CallInputs;
+use djinn_node_core::Upload;
 use djinn_sync::Locked;
 
-pub enum Job {
+pub enum Work {
     Execute {
         model: Arc<Model>,
         inputs: CallInputs,
@@ -103,7 +104,7 @@ pub enum Job {
 }
 
 struct Envelope {
-    job: Job,
+    job: Work,
     /// Where the job's reply goes; `None` for a job that answers its requests itself.
     reply: Option<(ReplyTo, Replier)>,
 }
@@ -213,7 +214,7 @@ impl Drop for WorkQueue {
 impl WorkQueue {
     /// Starts draining `tenant`'s session `id` ([`SessionTable::enqueue`] said none was).
     pub fn drain_session(&self, id: u64, tenant: TenantId) {
-        self.send(tenant, Envelope { job: Job::Session { id }, reply: None });
+        self.send(tenant, Envelope { job: Work::Session { id }, reply: None });
     }
 
     fn send(&self, tenant: TenantId, envelope: Envelope) {
@@ -273,7 +274,7 @@ impl Workers {
     }
 
     /// Queues `job` in its tenant's turn (the tenant of the connection it came on).
-    pub fn submit(&self, job: Job, to: ReplyTo, replier: &Replier) {
+    pub fn submit(&self, job: Work, to: ReplyTo, replier: &Replier) {
         if let Some(queue) = &self.queue {
             queue.send(to.tenant, Envelope { job, reply: Some((to, replier.clone())) });
         }
@@ -335,9 +336,9 @@ fn work(scheduler: &Scheduler, shared: &Shared) {
     let device = *device;
     // A session's requests run one per job, the drain queued again in its tenant's turn while
     // the session has more: a tenant's queue of steps waits its turn like any other work.
-    let drain = |tenant, id| scheduler.push(counters, tenant, Envelope { job: Job::Session { id }, reply: None });
+    let drain = |tenant, id| scheduler.push(counters, tenant, Envelope { job: Work::Session { id }, reply: None });
     while let Some((tenant, Envelope { job, reply })) = next_job(scheduler) {
-        if let Job::Session { id } = job {
+        if let Work::Session { id } = job {
             if session_next(id, shared) {
                 drain(tenant, id);
             }
@@ -346,36 +347,36 @@ fn work(scheduler: &Scheduler, shared: &Shared) {
         }
         // What the node's stats count, by kind of job: (done, failed).
         let counted = match job {
-            Job::Execute { .. } | Job::Resume { .. } => Some((&counters.executions, &counters.execution_errors)),
-            Job::Load { .. } => Some((&counters.loads, &counters.load_errors)),
+            Work::Execute { .. } | Work::Resume { .. } => Some((&counters.executions, &counters.execution_errors)),
+            Work::Load { .. } => Some((&counters.loads, &counters.load_errors)),
             _ => None,
         };
         // A resumed session step that ended lets the session's waiting requests run.
         let mut then_drain = None;
         let started = Instant::now();
-        let timed = matches!(job, Job::Execute { .. } | Job::Resume { .. });
+        let timed = matches!(job, Work::Execute { .. } | Work::Resume { .. });
         let result = caught(|| match job {
-            Job::Execute { model, inputs, keep, until } => {
+            Work::Execute { model, inputs, keep, until } => {
                 shared.limited(tenant, || execute(tenant, model, inputs, keep, until, shared))
             }
-            Job::Resume { handle, parked, activation, tensors, payload, until } => shared.limited(tenant, || {
+            Work::Resume { handle, parked, activation, tensors, payload, until } => shared.limited(tenant, || {
                 let replacement = Replacement { activation, tensors, payload };
                 resume(handle, parked, replacement, until, shared, &mut then_drain)
             }),
-            Job::Inspect { activation, handle, block } => {
+            Work::Inspect { activation, handle, block } => {
                 Ok(paused(handle, block, Sent::activation(Some(&activation))?))
             }
-            Job::Load { upload } => load(upload, device, models),
-            Job::Free { model } => {
+            Work::Load { upload } => load(upload, device, models),
+            Work::Free { model } => {
                 drop(model);
                 Ok(Reply::message(ModelMessage::UnregisterAck))
             }
-            Job::Keep { tensor, payload } => keep(tenant, &tensor, payload, device, handles),
-            Job::Fetch { handle } => fetch(tenant, handle, handles),
-            Job::SessionOpen { model, state, payload, reserve } => {
+            Work::Keep { tensor, payload } => keep(tenant, &tensor, payload, device, handles),
+            Work::Fetch { handle } => fetch(tenant, handle, handles),
+            Work::SessionOpen { model, state, payload, reserve } => {
                 open_session(tenant, model, &state, payload, reserve, sessions)
             }
-            Job::ReadArchives { model, public, offset, len } => {
+            Work::ReadArchives { model, public, offset, len } => {
                 let (blocks, bytes) = model.read_archives(offset, len)?;
                 let chunk = TensorDesc::new(DType::U8, vec![bytes.len() as u64])
                     .map_err(|e| ExecError::Internal(e.to_string()))?;
@@ -384,7 +385,7 @@ fn work(scheduler: &Scheduler, shared: &Shared) {
                     tensors: vec![Arc::new(bytes) as SharedBytes],
                 })
             }
-            Job::ListSessions { all, after, name } => {
+            Work::ListSessions { all, after, name } => {
                 let (listed, more) = sessions.table.locked().list((!all).then_some(tenant), after);
                 let sessions = listed
                     .into_iter()
@@ -397,7 +398,7 @@ fn work(scheduler: &Scheduler, shared: &Shared) {
                     .collect();
                 Ok(Reply::message(SessionMessage::SessionList { sessions, more }))
             }
-            Job::Session { .. } => Err(ExecError::Internal("a session drain with a reply".into())),
+            Work::Session { .. } => Err(ExecError::Internal("a session drain with a reply".into())),
         });
         if timed {
             counters.execution_ns.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);

@@ -6,13 +6,33 @@
 //!   own thread, and what it tells of connections closing and of time passing.
 //! - [`Reply`], [`ReplyTo`], [`Replier`]: an answer, the request it answers, and the way to send
 //!   one from another thread (an executor worker) back to the poller.
+//! - [`NodeCore`]: the [`Service`] of a node. It routes each request once, by what it asks:
+//!   named tensors ([`TensorStore`]) and registrations in progress are its own; the rest goes to
+//!   the [`Executor`] as a typed [`Job`] of plain data and the payload it arrived in.
 //! - [`Peers`]: the node's way to other nodes (pushes, session moves), which the node provides
 //!   (`djinn-node`'s mover): what serves requests opens no connection of its own.
 
+mod jobs;
+mod node;
 mod peers;
 mod reply;
 mod service;
+mod store;
+mod upload;
 
+pub use jobs::{CallInputs, Executor, Job};
+pub use node::{CoreOptions, MAX_ARCHIVE_READ, NodeCore, tenant_budget};
 pub use peers::{PeerError, Peers, PushSource};
 pub use reply::{Replier, Reply, ReplyTo};
 pub use service::Service;
+pub use store::TensorStore;
+pub use upload::{Scope, Upload};
+
+/// What a named or kept tensor is charged besides its bytes, and what a parked request is
+/// charged at least: its bookkeeping, so that objects of no bytes still count against the
+/// budget and the tenant's quota.
+pub const MIN_CHARGE: u64 = 4096;
+/// Most named tensors, and most kept tensors, one tenant holds on a node.
+pub const MAX_OBJECTS_PER_TENANT: usize = 65_536;
+/// Most registrations one tenant has in progress on a node at once.
+pub const MAX_UPLOADS_PER_TENANT: usize = 16;

@@ -12,7 +12,8 @@ use djinn_auth::Authenticator;
 use djinn_dataplane::client::Transport;
 use djinn_dataplane::rdma::{RdmaChannel, RdmaContext};
 use djinn_dataplane::tcp::{Backend, Server, ServerConfig};
-use djinn_executor::{Device, NodeOptions, NodeService, Policy, SessionOptions, tenant_budget};
+use djinn_executor::{Device, ExecutorOptions, Policy, SessionOptions, TorchExecutor};
+use djinn_node_core::{CoreOptions, NodeCore, tenant_budget};
 use djinn_proto::Limits;
 use djinn_proto::rdma::SessionConfig;
 use signal_hook::consts::{SIGINT, SIGTERM};
@@ -327,13 +328,20 @@ pub fn run(args: NodeArgs, auth: Option<Arc<Authenticator>>) -> Result<()> {
     };
     // The device's rate, for the control plane's cost model and the executor's deadline checks.
     let flops = args.flops.unwrap_or_else(|| rates::measure_flops(device));
-    let options = NodeOptions {
+    let peers: Arc<dyn djinn_node_core::Peers> = Arc::new(Mover::new(
+        seconds("--push-timeout", args.push_timeout)?,
+        rdma.as_ref().map(|ctx| ctx.port().clone()),
+        Arc::new(PushPeers::new(args.push_peers.clone(), args.control.as_deref().map(|c| live_nodes(c, &token)))),
+        PeerLimits {
+            max: args.push_connections.max(1),
+            idle: seconds("--push-connection-idle", args.push_connection_idle)?,
+        },
+        peer_tls.clone(),
+    ));
+    let options = ExecutorOptions {
         device,
         workers: args.workers,
-        pool_bytes: args.buffer_pool.0,
-        max_meta,
-        host_budget,
-        upload_timeout: seconds("--upload-timeout", args.upload_timeout)?,
+        host_budget: host_budget.clone(),
         handle_ttl: seconds("--handle-ttl", args.handle_ttl)?,
         sessions: SessionOptions {
             policy: args.session_policy,
@@ -349,18 +357,19 @@ pub fn run(args: NodeArgs, auth: Option<Arc<Authenticator>>) -> Result<()> {
         max_run_memory: args.max_run_memory.map(|b| b.0),
         flops_per_second: Some(flops),
         auth: auth.clone(),
-        peers: Arc::new(Mover::new(
-            seconds("--push-timeout", args.push_timeout)?,
-            rdma.as_ref().map(|ctx| ctx.port().clone()),
-            Arc::new(PushPeers::new(args.push_peers.clone(), args.control.as_deref().map(|c| live_nodes(c, &token)))),
-            PeerLimits {
-                max: args.push_connections.max(1),
-                idle: seconds("--push-connection-idle", args.push_connection_idle)?,
-            },
-            peer_tls.clone(),
-        )),
+        peers: Arc::clone(&peers),
     };
-    let service = NodeService::new(budget.clone(), options).context("cannot start the executor")?;
+    let executor = TorchExecutor::new(budget.clone(), options).context("cannot start the executor")?;
+    let core = CoreOptions {
+        pool_bytes: args.buffer_pool.0,
+        max_meta,
+        host_budget,
+        upload_timeout: seconds("--upload-timeout", args.upload_timeout)?,
+        keep_in_place: device == Device::Cpu,
+        auth: auth.clone(),
+        peers,
+    };
+    let service = NodeCore::new(budget.clone(), core, executor);
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => {
             let read = |path: &PathBuf| std::fs::read(path).with_context(|| format!("cannot read {}", path.display()));

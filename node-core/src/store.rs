@@ -7,8 +7,9 @@ use std::sync::Arc;
 
 use djinn_auth::TenantId;
 use djinn_memory::{BufferPool, HostBuf, MemoryBudget, Reservation};
-use djinn_node_core::Reply;
 use djinn_proto::{DataMessage, ErrorCode, ListEntry, Message, Payload, Refusal, TensorDesc};
+
+use crate::Reply;
 
 /// A tensor in the store: its descriptor and the received payload it lives in (never copied).
 #[derive(Debug)]

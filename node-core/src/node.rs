@@ -1,0 +1,346 @@
+//! The node's core: each request routed once, by what it asks. Named tensors and registrations
+//! are answered here; the rest is a typed [`Job`] for the executor. No socket and no libtorch
+//! in it: the transports call it through [`Service`], and its tests run it with no network.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use djinn_auth::{Authenticator, TenantId};
+use djinn_memory::{BufferPool, MemoryBudget, Reservation};
+use djinn_proto::{
+    Archives, BreakpointMessage, DataMessage, ErrorCode, Fingerprint, Frame, KeptMessage, Kind, Message, ModelMessage,
+    Payload, Refusal, SessionMessage, TensorSource,
+};
+
+use crate::jobs::{CallInputs, Executor, Job};
+use crate::store::TensorStore;
+use crate::{Peers, PushSource, Replier, Reply, ReplyTo, Service, Upload};
+
+#[cfg(test)]
+#[path = "node_tests.rs"]
+mod tests;
+
+/// The most bytes of a model's archives one `ReadArchives` reads back (its reply holds them in
+/// host memory until sent).
+pub const MAX_ARCHIVE_READ: u64 = 8 << 20;
+
+/// The longest node address a forwarded handle keeps.
+const MAX_ADDRESS_LEN: usize = 256;
+
+/// What the core is built with, besides its executor.
+#[derive(Debug, Clone)]
+pub struct CoreOptions {
+    /// Free receive buffers kept for reuse, bytes.
+    pub pool_bytes: u64,
+    /// The peer-facing metadata limit (list replies are sized to fit it).
+    pub max_meta: u32,
+    /// Host memory for archives being uploaded and requests' inputs; with quotas per tenant, so
+    /// that one tenant's uploads cannot take every other's inputs.
+    pub host_budget: MemoryBudget,
+    /// A registration that receives no chunk for this long is dropped, with what it holds.
+    pub upload_timeout: Duration,
+    /// Tensors to keep stay in the buffer they arrived in (a CPU node), which is then charged to
+    /// the device budget from the start.
+    pub keep_in_place: bool,
+    /// The node's principals, when clients need tokens: what tenants are named by to other
+    /// nodes.
+    pub auth: Option<Arc<Authenticator>>,
+    /// The node's way to other nodes (pushes of named tensors).
+    pub peers: Arc<dyn Peers>,
+}
+
+/// A budget of `limit` bytes in which each tenant of `auth` holds no more than the part of its
+/// quota that `quota` picks.
+pub fn tenant_budget(
+    limit: u64,
+    auth: Option<&Arc<Authenticator>>,
+    quota: impl Fn(&djinn_auth::Quota) -> Option<u64> + Send + Sync + 'static,
+) -> MemoryBudget {
+    match auth {
+        Some(auth) => {
+            let auth = Arc::clone(auth);
+            MemoryBudget::with_quotas(limit, Arc::new(move |tenant| quota(&auth.quota(tenant))))
+        }
+        None => MemoryBudget::new(limit),
+    }
+}
+
+/// The node's core, over an executor `E`.
+#[derive(Debug)]
+pub struct NodeCore<E> {
+    tensors: TensorStore,
+    uploads: HashMap<u64, InProgress>,
+    next_upload: u64,
+    upload_timeout: Duration,
+    pool: BufferPool,
+    host_budget: MemoryBudget,
+    keep_in_place: bool,
+    auth: Option<Arc<Authenticator>>,
+    peers: Arc<dyn Peers>,
+    executor: E,
+}
+
+/// A registration between its begin and its commit.
+#[derive(Debug)]
+struct InProgress {
+    upload: Upload,
+    last_chunk: Instant,
+    /// The block lengths' charge.
+    _bookkeeping: Reservation,
+}
+
+impl<E: Executor> NodeCore<E> {
+    /// Named tensors live in `budget` (the device's).
+    pub fn new(budget: MemoryBudget, options: CoreOptions, executor: E) -> Self {
+        let pool = BufferPool::new(options.pool_bytes, 64 * 1024);
+        Self {
+            tensors: TensorStore::new(budget, pool.clone(), options.max_meta),
+            uploads: HashMap::new(),
+            next_upload: 1,
+            upload_timeout: options.upload_timeout,
+            pool,
+            host_budget: options.host_budget,
+            keep_in_place: options.keep_in_place,
+            auth: options.auth,
+            peers: options.peers,
+            executor,
+        }
+    }
+
+    pub fn executor(&self) -> &E {
+        &self.executor
+    }
+
+    /// A receive buffer charged to `tenant`'s part of the host budget (`charge` bytes of it).
+    fn host_alloc(&self, tenant: TenantId, len: usize, charge: u64) -> Result<Payload, Refusal> {
+        let reservation = self.host_budget.try_reserve_for(tenant, charge)?;
+        Ok(Payload { buf: self.pool.take(len)?, reservation: Some(reservation) })
+    }
+
+    /// The name of `tenant`, as other nodes know it (empty where nodes need no token).
+    fn tenant_name(&self, tenant: TenantId) -> String {
+        self.auth.as_ref().and_then(|a| a.name(tenant)).map_or_else(String::new, |n| n.to_string())
+    }
+
+    fn register_begin(&mut self, fingerprint: Fingerprint, blocks: Vec<u64>, public: bool, to: ReplyTo) -> Reply {
+        // Whether the blocks are graphs or TorchScript shows in their bytes: a TorchScript
+        // block from a principal without the right is refused when it is loaded, and a
+        // TorchScript model the node holds already when it is claimed.
+        match self.executor.claim(to.tenant, &fingerprint, public, to.torchscript) {
+            Ok(true) => {
+                return Reply::message(ModelMessage::RegisterReady { upload: 0, registered: true });
+            }
+            Ok(false) => {}
+            Err(refusal) => return Reply::error(refusal.code, refusal.message),
+        }
+        let held = self.uploads.values().filter(|u| u.upload.tenant == to.tenant).count();
+        if held >= crate::MAX_UPLOADS_PER_TENANT {
+            let message = format!("{held} registrations are in progress already: the most one tenant has on a node");
+            return Reply::error(ErrorCode::QuotaExceeded, message);
+        }
+        // The block lengths stay until the upload ends: charged with a page of bookkeeping.
+        let bookkeeping = (blocks.len() as u64 * 8).saturating_add(crate::MIN_CHARGE);
+        let bookkeeping = match self.host_budget.try_reserve_for(to.tenant, bookkeeping) {
+            Ok(reservation) => reservation,
+            Err(e) => {
+                let refusal = Refusal::from(e);
+                return Reply::error(refusal.code, refusal.message);
+            }
+        };
+        match Upload::new(fingerprint, blocks, (to.tenant, public), to.connection()) {
+            Ok(mut upload) => {
+                upload.torchscript = to.torchscript;
+                let id = self.next_upload;
+                self.next_upload += 1;
+                tracing::info!(model = %fingerprint, bytes = upload.archives.total(), upload = id, "registration started");
+                self.uploads.insert(id, InProgress { upload, last_chunk: Instant::now(), _bookkeeping: bookkeeping });
+                Reply::message(ModelMessage::RegisterReady { upload: id, registered: false })
+            }
+            Err(e) => Reply::error(ErrorCode::BadArchive, e.to_string()),
+        }
+    }
+
+    fn register_chunk(&mut self, id: u64, offset: u64, payload: Option<Payload>, to: ReplyTo) -> Reply {
+        let Some(upload) = self.uploads.get_mut(&id).filter(|u| u.upload.connection == to.connection()) else {
+            return Reply::error(ErrorCode::NotFound, format!("no upload {id} on this connection"));
+        };
+        let Some(chunk) = payload else {
+            return Reply::error(ErrorCode::BadArchive, "an empty chunk");
+        };
+        upload.last_chunk = Instant::now();
+        let archives = &mut upload.upload.archives;
+        let tenths = |a: &Archives| a.received() * 10 / a.total().max(1);
+        let before = tenths(archives);
+        if let Err(e) = archives.add(offset, chunk) {
+            self.uploads.remove(&id);
+            return Reply::error(ErrorCode::BadArchive, e.to_string());
+        }
+        let after = tenths(archives);
+        if after > before {
+            tracing::info!(model = %archives.fingerprint(), received = archives.received(), total = archives.total(), "registration {}%", after * 10);
+        }
+        Reply::message(ModelMessage::RegisterProgress { received: archives.received(), total: archives.total() })
+    }
+
+    /// Pushes `tenant`'s named tensor `name` to the node at `to`.
+    fn push_named(&self, name: &str, to: String, grant: String, reply_to: ReplyTo, replier: &Replier) -> Option<Reply> {
+        let tenant = reply_to.tenant;
+        let Some((desc, bytes)) = self.tensors.shared(tenant, name) else {
+            return Some(Reply::error(ErrorCode::NotFound, format!("no tensor named {name:?}")));
+        };
+        // On the peer, the tensor is the same tenant's.
+        self.peers.push(PushSource::Bytes { desc, bytes }, to, grant, self.tenant_name(tenant), reply_to, replier);
+        None
+    }
+
+    /// The job a request of the executor's asks for; the request's kind when it is not one.
+    fn job(&self, message: Message, payload: Option<Payload>, to: ReplyTo) -> Result<Job, Kind> {
+        let all = to.operator;
+        Ok(match message {
+            Message::Model(ModelMessage::Execute { fingerprint, tensors, inputs, keep, until }) => {
+                Job::Execute { fingerprint, inputs: CallInputs { values: inputs, tensors, payload }, keep, until }
+            }
+            Message::Model(ModelMessage::Unregister { fingerprint }) => Job::Unregister { fingerprint },
+            Message::Model(ModelMessage::ListModels) => Job::ListModels { all },
+            Message::Model(ModelMessage::ReadArchives { fingerprint, offset, len }) => {
+                Job::ReadArchives { fingerprint, offset, len }
+            }
+            Message::Kept(KeptMessage::Keep { tensor }) => Job::Keep { tensor, payload },
+            Message::Kept(KeptMessage::Fetch { handle }) => Job::Fetch { handle },
+            Message::Kept(KeptMessage::List { after }) => Job::ListKept { all, after },
+            Message::Kept(KeptMessage::Forward { handle, to: peer, kept }) => Job::Forward { handle, to: peer, kept },
+            Message::Kept(KeptMessage::Release { handles }) => Job::Release { handles },
+            Message::Kept(KeptMessage::Push { source: TensorSource::Handle(handle), to: peer, grant }) => {
+                Job::Push { handle, to: peer, grant, tenant: self.tenant_name(to.tenant) }
+            }
+            Message::Session(SessionMessage::Open { fingerprint, state, reserve }) => {
+                Job::OpenSession { fingerprint, state, payload, reserve }
+            }
+            Message::Session(SessionMessage::Step { session, tensors, inputs, until }) => {
+                Job::Step { session, inputs: CallInputs { values: inputs, tensors, payload }, until }
+            }
+            Message::Session(SessionMessage::Signal { session, signal }) => Job::Signal { session, signal },
+            Message::Session(SessionMessage::Move { session, to: peer, grant }) => {
+                Job::Move { session, to: peer, grant, tenant: self.tenant_name(to.tenant) }
+            }
+            Message::Session(SessionMessage::Close { session }) => Job::Close { session },
+            Message::Session(SessionMessage::List { after }) => Job::ListSessions { all, after },
+            Message::Breakpoint(BreakpointMessage::Resume { parked, tensors, activation, until }) => {
+                Job::Resume { parked, tensors, activation, payload, until }
+            }
+            Message::Breakpoint(BreakpointMessage::Inspect { parked }) => Job::Inspect { parked },
+            Message::Breakpoint(BreakpointMessage::Abort { parked }) => Job::Abort { parked },
+            other => return Err(other.kind()),
+        })
+    }
+}
+
+impl<E: Executor> Service for NodeCore<E> {
+    fn alloc(&mut self, message: &Message, len: usize, tenant: TenantId) -> Result<Payload, Refusal> {
+        match message {
+            Message::Data(DataMessage::Put { .. }) => self.tensors.alloc(tenant, len),
+            // Archive bytes stay in host memory until the model is loaded: they are charged to
+            // the host budget (a model larger than the device streams, so its archive may be
+            // larger than the device budget).
+            // Each chunk is charged a page besides its bytes: chunks of a byte cannot hold more
+            // memory in bookkeeping than they are charged.
+            Message::Model(ModelMessage::RegisterChunk { upload, .. }) => {
+                if !self.uploads.contains_key(upload) {
+                    return Err(Refusal { code: ErrorCode::NotFound, message: format!("no upload {upload}") });
+                }
+                self.host_alloc(tenant, len, (len as u64).saturating_add(crate::MIN_CHARGE))
+            }
+            // A tensor to keep: on the CPU it stays in this buffer, which is charged to the
+            // device budget; on a GPU it is copied there (and charged then), so the buffer is
+            // only host memory for a while.
+            Message::Kept(KeptMessage::Keep { .. }) if self.keep_in_place => self.tensors.alloc(tenant, len),
+            other if other.is_reply() || other.tensors().is_empty() => Err(Refusal {
+                code: ErrorCode::Unexpected,
+                message: format!("a {} request carries no payload", other.kind().name()),
+            }),
+            // Any other request's tensors are its inputs (an execution's, a step's, a resume's, a
+            // session's initial state, a tensor to keep on a GPU): they live for one request, in
+            // host memory (copied to the device when it is a GPU). The host budget bounds what
+            // all requests' inputs hold at once.
+            _ => self.host_alloc(tenant, len, len as u64),
+        }
+    }
+
+    fn handle(&mut self, frame: Frame, to: ReplyTo, replier: &Replier) -> Option<Reply> {
+        let Frame { message, payload, .. } = frame;
+        let tenant = to.tenant;
+        let message = match message {
+            message @ (Message::Data(DataMessage::Put { .. })
+            | Message::Data(DataMessage::Get { .. })
+            | Message::Data(DataMessage::Delete { .. })
+            | Message::Data(DataMessage::List { .. })) => {
+                return Some(self.tensors.handle(tenant, message, payload));
+            }
+            Message::Model(ModelMessage::RegisterBegin { fingerprint, blocks, public }) => {
+                return Some(self.register_begin(fingerprint, blocks, public, to));
+            }
+            Message::Model(ModelMessage::RegisterChunk { upload, offset, .. }) => {
+                return Some(self.register_chunk(upload, offset, payload, to));
+            }
+            Message::Model(ModelMessage::RegisterCommit { upload: id }) => {
+                return match self.uploads.remove(&id).filter(|u| u.upload.connection == to.connection()) {
+                    Some(InProgress { upload, .. }) => self.executor.run(Job::Load { upload }, to, replier),
+                    None => Some(Reply::error(ErrorCode::NotFound, format!("no upload {id} on this connection"))),
+                };
+            }
+            Message::Model(ModelMessage::ReadArchives { len, .. }) if len > MAX_ARCHIVE_READ => {
+                let message = format!("{len} bytes asked for at once; a read takes at most {MAX_ARCHIVE_READ}");
+                return Some(Reply::error(ErrorCode::ExecutionFailed, message));
+            }
+            Message::Kept(KeptMessage::Forward { to: peer, .. }) if peer.len() > MAX_ADDRESS_LEN => {
+                let message = format!("a node's address of {} bytes; at most {MAX_ADDRESS_LEN}", peer.len());
+                return Some(Reply::error(ErrorCode::ExecutionFailed, message));
+            }
+            Message::Kept(KeptMessage::Push { source: TensorSource::Named(name), to: peer, grant }) => {
+                return self.push_named(&name, peer, grant, to, replier);
+            }
+            other => other,
+        };
+        match self.job(message, payload, to) {
+            Ok(job) => self.executor.run(job, to, replier),
+            Err(kind) => {
+                Some(Reply::error(ErrorCode::Unexpected, format!("a node does not serve {} requests", kind.name())))
+            }
+        }
+    }
+
+    fn stats(&self, out: &mut Vec<(String, u64)>) {
+        self.tensors.stats(out);
+        self.executor.stats(out);
+        out.extend(
+            [
+                ("uploads", self.uploads.len() as u64),
+                ("host_budget_used_bytes", self.host_budget.used()),
+                ("host_budget_limit_bytes", self.host_budget.limit()),
+            ]
+            .map(|(k, v)| (k.to_owned(), v)),
+        );
+    }
+
+    fn on_disconnect(&mut self, connection: u64) {
+        self.uploads.retain(|id, u| {
+            let keep = u.upload.connection != connection;
+            if !keep {
+                tracing::info!(upload = id, model = %u.upload.archives.fingerprint(), "registration abandoned: its connection closed");
+            }
+            keep
+        });
+    }
+
+    fn expire(&mut self, now: Instant) {
+        let timeout = self.upload_timeout;
+        self.uploads.retain(|id, u| {
+            let keep = now.saturating_duration_since(u.last_chunk) < timeout;
+            if !keep {
+                tracing::info!(upload = id, model = %u.upload.archives.fingerprint(), ?timeout, "registration dropped: no chunk within the upload timeout");
+            }
+            keep
+        });
+    }
+}

@@ -1,0 +1,314 @@
+//! The core with no socket: requests handed to it as a transport would (`alloc`, then
+//! `handle`), time passed in, and an executor double that records what it is asked.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use djinn_auth::TenantId;
+use djinn_memory::MemoryBudget;
+use djinn_proto::{
+    DType, DataMessage, ErrorCode, Fingerprint, Frame, Handle, HandleInfo, KeptMessage, Message, ModelMessage, Refusal,
+    TensorDesc, TensorSource, Value,
+};
+
+use crate::{
+    CoreOptions, Executor, Job, MAX_ARCHIVE_READ, MAX_UPLOADS_PER_TENANT, MIN_CHARGE, NodeCore, PeerError, Peers,
+    PushSource, Replier, Reply, ReplyTo, Service,
+};
+
+/// An executor that answers nothing itself: it keeps each job (with its payload, so that what
+/// the payload is charged stays held until the job is dropped) and answers later, as workers do.
+#[derive(Debug, Default)]
+struct Recorder {
+    jobs: Vec<(Job, ReplyTo)>,
+    /// Models the node holds already, for `claim`.
+    held: Vec<Fingerprint>,
+}
+
+impl Executor for Recorder {
+    fn run(&mut self, job: Job, to: ReplyTo, _: &Replier) -> Option<Reply> {
+        self.jobs.push((job, to));
+        None
+    }
+
+    fn claim(&mut self, _: TenantId, fingerprint: &Fingerprint, _: bool, _: bool) -> Result<bool, Refusal> {
+        Ok(self.held.contains(fingerprint))
+    }
+
+    fn stats(&self, out: &mut Vec<(String, u64)>) {
+        out.push(("jobs_recorded".into(), self.jobs.len() as u64));
+    }
+}
+
+/// Pushes recorded: (tensor, peer, tenant name).
+#[derive(Debug, Default)]
+struct PushLog(Mutex<Vec<(TensorDesc, Vec<u8>, String)>>);
+
+impl Peers for PushLog {
+    fn push(&self, source: PushSource, to: String, _: String, _: String, _: ReplyTo, _: &Replier) {
+        let PushSource::Bytes { desc, bytes } = source else { panic!("a named tensor is pushed from its bytes") };
+        self.0.lock().unwrap().push((desc, bytes.as_ref().as_ref().to_vec(), to));
+    }
+
+    fn open_session(
+        &self,
+        _: &str,
+        _: &str,
+        _: &str,
+        _: Fingerprint,
+        _: &[(TensorDesc, djinn_proto::SharedBytes)],
+        _: u64,
+    ) -> Result<(Handle, &'static str), PeerError> {
+        Err((ErrorCode::Internal, "no sessions move in these tests".into()))
+    }
+}
+
+struct Harness {
+    core: NodeCore<Recorder>,
+    device: MemoryBudget,
+    host: MemoryBudget,
+    pushes: Arc<PushLog>,
+    replier: Replier,
+    next_request: u64,
+}
+
+const ALICE: TenantId = TenantId(1);
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+fn harness(keep_in_place: bool) -> Harness {
+    let device = MemoryBudget::new(1 << 20);
+    let host = MemoryBudget::new(1 << 20);
+    let pushes = Arc::new(PushLog::default());
+    let options = CoreOptions {
+        pool_bytes: 0,
+        max_meta: 64 * 1024,
+        host_budget: host.clone(),
+        upload_timeout: TIMEOUT,
+        keep_in_place,
+        auth: None,
+        peers: Arc::clone(&pushes) as Arc<dyn Peers>,
+    };
+    let (replier, _) = Replier::new(Arc::new(|| {}));
+    Harness {
+        core: NodeCore::new(device.clone(), options, Recorder::default()),
+        device,
+        host,
+        pushes,
+        replier,
+        next_request: 1,
+    }
+}
+
+impl Harness {
+    /// Hands `message`, with `payload` as its bytes, to the core as a transport would, on
+    /// connection `conn`: its memory first, then the request.
+    fn request_on(&mut self, conn: u64, message: Message, payload: &[u8]) -> Result<Option<Reply>, Refusal> {
+        let payload = if payload.is_empty() {
+            None
+        } else {
+            let mut p = self.core.alloc(&message, payload.len(), ALICE)?;
+            p.buf.as_mut_slice().copy_from_slice(payload);
+            Some(p)
+        };
+        let request_id = self.next_request;
+        self.next_request += 1;
+        let to = ReplyTo { slot: 0, conn_id: conn, request_id, tenant: ALICE, operator: false, torchscript: false };
+        Ok(self.core.handle(Frame { request_id, message, payload }, to, &self.replier))
+    }
+
+    fn request(&mut self, message: impl Into<Message>, payload: &[u8]) -> Option<Reply> {
+        self.request_on(1, message.into(), payload).expect("memory for the payload")
+    }
+
+    fn jobs(&self) -> &[(Job, ReplyTo)] {
+        &self.core.executor().jobs
+    }
+}
+
+fn error_of(reply: Option<Reply>) -> (ErrorCode, String) {
+    match reply.map(|r| r.message) {
+        Some(Message::Data(DataMessage::Error { code, message })) => (code, message),
+        other => panic!("expected an error, got {other:?}"),
+    }
+}
+
+fn f32s(n: u64) -> TensorDesc {
+    TensorDesc::new(DType::F32, vec![n]).unwrap()
+}
+
+#[test]
+fn named_tensors_are_the_cores_own_and_charged_to_the_device_budget() {
+    let mut h = harness(false);
+    let put = DataMessage::Put { name: "x".into(), tensor: f32s(4) };
+    let reply = h.request(put, &[7; 16]).unwrap();
+    assert_eq!(reply.message, Message::Data(DataMessage::PutAck { replaced: false }));
+    assert_eq!(h.device.used(), 16 + MIN_CHARGE + 1, "its bytes, and its bookkeeping with its name");
+    let got = h.request(DataMessage::Get { name: "x".into() }, &[]).unwrap();
+    assert_eq!(got.tensors[0].as_ref().as_ref(), &[7; 16]);
+    drop(got);
+    let pushed = h.request(
+        KeptMessage::Push { source: TensorSource::Named("x".into()), to: "peer:1".into(), grant: "g".into() },
+        &[],
+    );
+    assert!(pushed.is_none(), "a push is answered when it is done");
+    assert_eq!(h.pushes.0.lock().unwrap().as_slice(), &[(f32s(4), vec![7; 16], "peer:1".to_owned())]);
+    let missing = KeptMessage::Push { source: TensorSource::Named("y".into()), to: "peer:1".into(), grant: "g".into() };
+    assert_eq!(error_of(h.request(missing, &[])).0, ErrorCode::NotFound);
+    assert_eq!(
+        h.request(DataMessage::Delete { name: "x".into() }, &[]).unwrap().message,
+        Message::Data(DataMessage::DeleteAck)
+    );
+    assert_eq!(h.device.used(), 0);
+    assert!(h.jobs().is_empty(), "the executor was asked nothing");
+}
+
+/// Begins a registration of one block of `len` bytes; the upload's number.
+fn begin(h: &mut Harness, block: &[u8]) -> u64 {
+    let fingerprint = Fingerprint::of_blocks(&[block]);
+    let begin = ModelMessage::RegisterBegin { fingerprint, blocks: vec![block.len() as u64], public: false };
+    match h.request(begin, &[]).map(|r| r.message) {
+        Some(Message::Model(ModelMessage::RegisterReady { upload, registered: false })) => upload,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn chunk(upload: u64, offset: u64, bytes: &[u8]) -> Message {
+    ModelMessage::RegisterChunk { upload, offset, chunk: TensorDesc::new(DType::U8, vec![bytes.len() as u64]).unwrap() }
+        .into()
+}
+
+#[test]
+fn a_registration_arrives_in_chunks_and_reaches_the_executor_whole() {
+    let mut h = harness(false);
+    let block = [3u8; 100];
+    let upload = begin(&mut h, &block);
+    let bookkeeping = h.host.used();
+    assert!(bookkeeping >= MIN_CHARGE, "the block lengths are charged while the upload lasts");
+    for (i, part) in block.chunks(40).enumerate() {
+        let reply = h.request_on(1, chunk(upload, i as u64 * 40, part), part).unwrap().unwrap();
+        assert!(matches!(reply.message, Message::Model(ModelMessage::RegisterProgress { total: 100, .. })));
+    }
+    assert_eq!(h.host.used(), bookkeeping + 100 + 3 * MIN_CHARGE, "each chunk's bytes and a page each");
+    assert!(h.request(ModelMessage::RegisterCommit { upload }, &[]).is_none(), "loading is the executor's");
+    match h.jobs() {
+        [(Job::Load { upload }, _)] => {
+            assert_eq!(upload.archives.received(), 100);
+            upload.archives.verify().expect("every byte, in order");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(h.core.executor.jobs.drain(..).count(), 1);
+    assert_eq!(h.host.used(), 0, "the archives' charge goes with them; the bookkeeping's with the upload");
+}
+
+#[test]
+fn a_registration_is_its_connections_and_goes_when_it_closes_or_falls_quiet() {
+    let mut h = harness(false);
+    let upload = begin(&mut h, &[1; 8]);
+    let elsewhere = h.request_on(2, chunk(upload, 0, &[1; 8]), &[1; 8]).unwrap();
+    assert_eq!(error_of(elsewhere).0, ErrorCode::NotFound, "another connection cannot add to it");
+    assert_eq!(
+        error_of(h.request_on(2, ModelMessage::RegisterCommit { upload }.into(), &[]).unwrap()).0,
+        ErrorCode::NotFound
+    );
+    h.core.on_disconnect(1);
+    assert_eq!(h.host.used(), 0, "its bookkeeping went with it");
+    assert_eq!(error_of(h.request(ModelMessage::RegisterCommit { upload }, &[])).0, ErrorCode::NotFound);
+
+    let upload = begin(&mut h, &[1; 8]);
+    h.core.expire(Instant::now() + TIMEOUT / 2);
+    assert!(h.host.used() > 0, "not quiet long enough yet");
+    h.core.expire(Instant::now() + TIMEOUT * 2);
+    assert_eq!(h.host.used(), 0);
+    assert_eq!(error_of(h.request(ModelMessage::RegisterCommit { upload }, &[])).0, ErrorCode::NotFound);
+    assert!(h.jobs().is_empty());
+}
+
+#[test]
+fn a_model_the_node_holds_is_claimed_and_registrations_in_progress_are_bounded() {
+    let mut h = harness(false);
+    let block = [9u8; 4];
+    h.core.executor.held.push(Fingerprint::of_blocks(&[&block]));
+    let begin_held =
+        ModelMessage::RegisterBegin { fingerprint: Fingerprint::of_blocks(&[&block]), blocks: vec![4], public: false };
+    let reply = h.request(begin_held, &[]).unwrap();
+    assert_eq!(reply.message, Message::Model(ModelMessage::RegisterReady { upload: 0, registered: true }));
+    for i in 0..MAX_UPLOADS_PER_TENANT {
+        begin(&mut h, &[100 + i as u8; 4]);
+    }
+    let over = ModelMessage::RegisterBegin {
+        fingerprint: Fingerprint::of_blocks(&[[0xff; 4]]),
+        blocks: vec![4],
+        public: false,
+    };
+    assert_eq!(error_of(h.request(over, &[])).0, ErrorCode::QuotaExceeded);
+}
+
+#[test]
+fn an_execution_reaches_the_executor_typed_with_its_inputs_as_they_came() {
+    let mut h = harness(false);
+    let fingerprint = Fingerprint::of_blocks(&[[0u8; 1]]);
+    let execute = ModelMessage::Execute {
+        fingerprint,
+        tensors: vec![f32s(2), f32s(1)],
+        inputs: vec![Value::Tensor(1), Value::Int(5), Value::Tensor(0)],
+        keep: true,
+        until: None,
+    };
+    let bytes: Vec<u8> = (0..12).collect();
+    assert!(h.request(execute, &bytes).is_none());
+    assert_eq!(h.host.used(), 12, "inputs are charged to the host budget while the job holds them");
+    match h.jobs() {
+        [(Job::Execute { fingerprint: f, inputs, keep: true, until: None }, to)] => {
+            assert_eq!(*f, fingerprint);
+            assert_eq!(inputs.values, vec![Value::Tensor(1), Value::Int(5), Value::Tensor(0)]);
+            assert_eq!(inputs.tensors, vec![f32s(2), f32s(1)]);
+            assert_eq!(inputs.payload.as_ref().unwrap().buf.as_slice(), &bytes[..]);
+            assert_eq!(to.tenant, ALICE);
+        }
+        other => panic!("{other:?}"),
+    }
+    h.core.executor.jobs.clear();
+    assert_eq!(h.host.used(), 0);
+}
+
+#[test]
+fn a_tensor_to_keep_is_charged_where_it_will_live() {
+    for (in_place, device, host) in [(true, 8, 0), (false, 0, 8)] {
+        let mut h = harness(in_place);
+        assert!(h.request(KeptMessage::Keep { tensor: f32s(2) }, &[1; 8]).is_none());
+        assert_eq!((h.device.used(), h.host.used()), (device, host), "kept in place: {in_place}");
+        assert!(matches!(h.jobs(), [(Job::Keep { .. }, _)]));
+    }
+}
+
+#[test]
+fn requests_refused_by_the_core_never_reach_the_executor() {
+    let mut h = harness(false);
+    let fingerprint = Fingerprint::of_blocks(&[[0u8; 1]]);
+    let (code, message) =
+        error_of(h.request(ModelMessage::ReadArchives { fingerprint, offset: 0, len: MAX_ARCHIVE_READ + 1 }, &[]));
+    assert_eq!(code, ErrorCode::ExecutionFailed);
+    assert!(message.contains("at most"), "{message}");
+    let handle = Handle { id: 1, epoch: 1 };
+    let forward = KeptMessage::Forward { handle, to: "h".repeat(300), kept: HandleInfo { handle, tensor: f32s(1) } };
+    assert!(error_of(h.request(forward, &[])).1.contains("at most 256"));
+    let (code, _) = error_of(h.request(DataMessage::PutAck { replaced: false }, &[]));
+    assert_eq!(code, ErrorCode::Unexpected, "a reply's kind is no request");
+    let refused = h.request_on(1, Message::Data(DataMessage::Ping), &[0; 4]).unwrap_err();
+    assert!(refused.message.contains("carries no payload"), "{}", refused.message);
+    let reply_kind = KeptMessage::Kept { kept: HandleInfo { handle, tensor: f32s(1) } };
+    assert!(h.request_on(1, reply_kind.into(), &[0; 4]).is_err(), "no memory for a reply's kind");
+    assert!(h.jobs().is_empty());
+    assert_eq!((h.device.used(), h.host.used()), (0, 0));
+}
+
+#[test]
+fn the_cores_counters_come_with_the_executors() {
+    let h = harness(false);
+    let mut out = Vec::new();
+    h.core.stats(&mut out);
+    for name in ["store_tensors", "uploads", "host_budget_used_bytes", "jobs_recorded"] {
+        assert!(out.iter().any(|(k, _)| k == name), "{name} in {out:?}");
+    }
+}
