@@ -1618,7 +1618,7 @@ mod tests {
     #[test]
     fn an_in_place_write_to_a_weight_or_an_input_is_refused_as_it_is_about_to_happen() {
         let forgetful = Allowlist::parse(
-            &include_str!("../../graph/allowlist.txt")
+            &include_str!("../../../graph/allowlist.txt")
                 .lines()
                 .filter(|l| !l.starts_with("returns-input"))
                 .collect::<Vec<_>>()
