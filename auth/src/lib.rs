@@ -440,12 +440,12 @@ impl Authenticator {
                 action: "act for another tenant",
             });
         }
-        self.registry()
-            .principals
-            .iter()
-            .find(|p| *p.name == *tenant && p.role == Role::Tenant)
-            .cloned()
-            .ok_or_else(|| AuthError::UnknownTenant(tenant.to_owned()))
+        self.tenant(tenant).ok_or_else(|| AuthError::UnknownTenant(tenant.to_owned()))
+    }
+
+    /// The tenant of the file named `name`.
+    pub fn tenant(&self, name: &str) -> Option<Principal> {
+        self.registry().principals.iter().find(|p| *p.name == *name && p.role == Role::Tenant).cloned()
     }
 
     /// `tenant`'s quota; a tenant that left the file has none left (it cannot present a token

@@ -301,14 +301,14 @@ impl Client {
     /// Registers the model `fingerprint` whose archives are `lens` long, reading them in
     /// chunks of at most `chunk` bytes from `read(offset, len)` (another node's copy, say) as
     /// they are sent: nothing is read when the node holds the model already.
-    pub fn register_streamed<C: AsRef<[u8]>>(
+    pub fn register_streamed<C: AsRef<[u8]>, E: From<ClientError>>(
         &mut self,
         fingerprint: Fingerprint,
         lens: &[u64],
         public: bool,
         chunk: u64,
-        mut read: impl FnMut(u64, u64) -> Result<C, ClientError>,
-    ) -> Result<Registration, ClientError> {
+        mut read: impl FnMut(u64, u64) -> Result<C, E>,
+    ) -> Result<Registration, E> {
         let Some(upload) = self.register_begin(fingerprint, lens, public)? else {
             return Ok(Registration { fingerprint, uploaded: None });
         };
@@ -318,7 +318,7 @@ impl Client {
             let bytes = read(offset, chunk.max(1).min(total - offset))?;
             offset = self.register_chunk(upload, offset, bytes.as_ref())?;
         }
-        self.register_commit(fingerprint, upload)
+        Ok(self.register_commit(fingerprint, upload)?)
     }
 
     /// Starts a registration: its upload's number, or `None` when the node holds the model.

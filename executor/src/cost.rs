@@ -1,6 +1,6 @@
 //! What a graph run will take, known before it runs, and what it is charged for it.
 //!
-//! graph.rs runs a graph's operators over meta tensors (sizes, strides and dtypes, no memory)
+//! graph/plan.rs runs a graph's operators over meta tensors (sizes, strides and dtypes, no memory)
 //! at a call's input shapes: that gives each operator's shapes, from which [`flops_of`] counts
 //! its floating-point operations, and the storages each step creates and frees, from which the
 //! most bytes the run's intermediates and outputs hold at once. A worker sets the [`Account`]

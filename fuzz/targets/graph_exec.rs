@@ -2155,7 +2155,7 @@ pub fn run(data: &[u8]) {
     // The plan under an account too, as a CPU node plans (its worker's account is current), bounded
     // to what a plan over meta tensors needs of real memory: next to nothing. An operator whose
     // tensors are all numbers (wrapped, on the CPU) computes for real in the plan, which a GPU
-    // node does not bound: counted (`plans_on_real_memory`), not a finding here (graph.rs).
+    // node does not bound: counted (`plans_on_real_memory`), not a finding here (graph/plan.rs).
     let plan_memory = JobMemory::open(TenantId(2), budget(), PLAN_LIMIT);
     let estimate = plan_memory.charging(|| {
         plan_memory.begin_run();

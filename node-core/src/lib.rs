@@ -9,10 +9,13 @@
 //! - [`NodeCore`]: the [`Service`] of a node. It routes each request once, by what it asks:
 //!   named tensors ([`TensorStore`]) and registrations in progress are its own; the rest goes to
 //!   the [`Executor`] as a typed [`Job`] of plain data and the payload it arrived in.
+//! - [`LocalNode`]: the node's own requests (its membership agent, /metrics, drain), served by
+//!   the poller in process, with no socket and no frame.
 //! - [`Peers`]: the node's way to other nodes (pushes, session moves), which the node provides
 //!   (`djinn-node`'s mover): what serves requests opens no connection of its own.
 
 mod jobs;
+mod local;
 mod node;
 mod peers;
 mod reply;
@@ -21,6 +24,7 @@ mod store;
 mod upload;
 
 pub use jobs::{CallInputs, Executor, Job};
+pub use local::{LocalError, LocalNode, LocalRequest};
 pub use node::{CoreOptions, MAX_ARCHIVE_READ, NodeCore, tenant_budget};
 pub use peers::{PeerError, Peers, PushSource};
 pub use reply::{Replier, Reply, ReplyTo};

@@ -11,12 +11,11 @@
 //! tried again next round, while running requests finish; the control plane reports when the
 //! node holds nothing.
 //!
-//! The drain speaks the data plane, to this node and to its peers, with the node's own token,
-//! acting for each tenant (the right a node's role has); it shares no state with the
+//! The drain asks this node in process and speaks the data plane to its peers, with the node's
+//! own token, acting for each tenant (the right a node's role has); it shares no state with the
 //! poller.
 
 use std::collections::{HashMap, HashSet};
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -26,9 +25,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow};
 use djinn_client::{
     BlockEstimate, Client, ClientOptions, ControlClient, ControlError, Fingerprint, Forward, Handle, HandleInfo,
-    ModelDescription, Moving, PlaceOptions, SessionEntry, TensorSource, Transport,
+    ModelDescription, Moving, PlaceOptions, SessionEntry, Transport,
 };
 use djinn_dataplane::tcp::ClientTls;
+
+use crate::own_node::OwnNode;
 
 /// How often a drain looks again for what is left.
 const ROUND: Duration = Duration::from_secs(1);
@@ -50,8 +51,8 @@ pub struct DrainConfig {
     /// The node's name at the control plane.
     pub name: String,
     pub token: String,
-    /// Where this node's data plane is reached from here.
-    pub node_addr: SocketAddr,
+    /// This node, asked in process.
+    pub node: OwnNode,
     /// Where other nodes reach it (the address the control plane knows it by).
     pub advertised: String,
     /// Roots for the peers' TLS, where they serve it.
@@ -63,7 +64,6 @@ impl std::fmt::Debug for DrainConfig {
         f.debug_struct("DrainConfig")
             .field("control", &self.control.url())
             .field("name", &self.name)
-            .field("node_addr", &self.node_addr)
             .field("advertised", &self.advertised)
             .finish_non_exhaustive()
     }
@@ -97,7 +97,7 @@ impl Drainer {
 
 struct Drain {
     config: DrainConfig,
-    /// Connections acting for a tenant (by name), to this node and to peers, by address.
+    /// Connections acting for a tenant (by name), to peers, by address.
     conns: HashMap<(String, String), Client>,
     /// The models (by tenant and fingerprint) this drain has seen to elsewhere.
     models_placed: HashSet<(String, Fingerprint)>,
@@ -148,8 +148,7 @@ impl Drain {
 
     /// Moves every session and kept tensor it can: how many were here, and how many moved.
     fn round(&mut self) -> Result<(usize, usize)> {
-        let own = self.config.node_addr.to_string();
-        let sessions = self.conn(&own, "")?.list_sessions().context("listing this node's sessions")?;
+        let sessions = self.config.node.list_sessions().context("listing this node's sessions")?;
         let mut moved = 0;
         for entry in &sessions {
             // Counted before the session leaves the node: no renewal sees it nowhere.
@@ -166,7 +165,7 @@ impl Drain {
                 }
             }
         }
-        let kept = self.conn(&own, "")?.list_kept().context("listing this node's kept tensors")?;
+        let kept = self.config.node.list_kept().context("listing this node's kept tensors")?;
         if kept.is_empty() {
             if sessions.is_empty() {
                 self.place_models()?;
@@ -205,8 +204,7 @@ impl Drain {
     /// sent there, node to node, unless it holds it), once the node holds nothing else: the
     /// clients that run it here find it there when this node is gone.
     fn place_models(&mut self) -> Result<()> {
-        let own = self.config.node_addr.to_string();
-        let models = self.conn(&own, "")?.list_models().context("listing this node's models")?;
+        let models = self.config.node.list_models("").context("listing this node's models")?;
         for model in models {
             // Listed with their holders' names, for a node; one holder, unnamed, without tokens.
             let owners = if model.owners.is_empty() { vec![String::new()] } else { model.owners.clone() };
@@ -217,7 +215,7 @@ impl Drain {
                 }
                 let placed = self
                     .place(&key.0, &model.fingerprint, None)
-                    .and_then(|to| self.copy_model(&key.0, &model.fingerprint, &own, &to));
+                    .and_then(|to| self.copy_model(&key.0, &model.fingerprint, &to));
                 match placed {
                     Ok(()) => _ = self.models_placed.insert(key),
                     Err(e) => {
@@ -238,11 +236,10 @@ impl Drain {
     /// Pushes a kept tensor to the node at `to` and forwards its handle here to the copy; the
     /// copy's handle there.
     fn move_kept(&mut self, tenant: &str, kept: &HandleInfo, to: &str) -> Result<Handle> {
-        let own = self.config.node_addr.to_string();
         let grant = self.conn(to, tenant)?.grant_push(&kept.tensor).context("a grant for the tensor")?;
-        let own_conn = self.conn(&own, tenant)?;
-        let (copy, _) = own_conn.push(TensorSource::Handle(kept.handle), to, &grant).context("the push")?;
-        own_conn.forward(kept.handle, to, &copy).context("forwarding the handle")?;
+        let node = &self.config.node;
+        let copy = node.push(tenant, kept.handle, to, &grant).context("the push")?;
+        node.forward(tenant, kept.handle, to, &copy).context("forwarding the handle")?;
         Ok(copy.handle)
     }
 
@@ -292,10 +289,9 @@ impl Drain {
     fn move_session(&mut self, entry: &SessionEntry) -> Result<(String, Handle)> {
         let tenant = entry.tenant.as_str();
         let to = self.place(tenant, &entry.fingerprint, Some(entry.state_bytes))?;
-        let own = self.config.node_addr.to_string();
-        self.copy_model(tenant, &entry.fingerprint, &own, &to)?;
+        self.copy_model(tenant, &entry.fingerprint, &to)?;
         let grant = self.conn(&to, tenant)?.grant_session(&entry.fingerprint).context("a grant for the session")?;
-        self.conn(&own, tenant)?.session_move(entry.session, &to, &grant).context("the move")
+        self.config.node.session_move(tenant, entry.session, &to, &grant).context("the move")
     }
 
     /// Where the control plane would have the session or the model go (it leaves draining
@@ -307,8 +303,7 @@ impl Drain {
         let options = PlaceOptions { moving, tenant: Some(tenant), ..PlaceOptions::default() };
         let placed = match self.config.control.place_with(fingerprint, &options) {
             Err(e) if e.kind() == Some("unknown_model") => {
-                let own = self.config.node_addr.to_string();
-                let models = self.conn(&own, tenant)?.list_models()?;
+                let models = self.config.node.list_models(tenant)?;
                 let model = models.iter().find(|m| m.fingerprint == *fingerprint).ok_or_else(|| anyhow!("no model"))?;
                 let per_block = model.weight_bytes / u64::from(model.blocks.max(1));
                 let description = ModelDescription {
@@ -329,23 +324,21 @@ impl Drain {
     }
 
     /// Registers the model at `to` from this node's copy, unless it holds it already.
-    fn copy_model(&mut self, tenant: &str, fingerprint: &Fingerprint, own: &str, to: &str) -> Result<()> {
-        let (lens, public, _) = self.conn(own, tenant)?.read_archives(fingerprint, 0, 0).context("the model here")?;
-        let mut source = self.take(own, tenant)?;
-        let copied = self.conn(to, tenant).and_then(|peer| {
-            let read = |offset, len| source.read_archives(fingerprint, offset, len).map(|(_, _, chunk)| chunk);
-            peer.register_streamed(*fingerprint, &lens, public, MODEL_CHUNK, read)
-                .context("registering the model there")
-        });
-        self.conns.insert((own.to_owned(), tenant.to_owned()), source);
-        if let Some(model) = copied?.uploaded {
+    fn copy_model(&mut self, tenant: &str, fingerprint: &Fingerprint, to: &str) -> Result<()> {
+        let node = self.config.node.clone();
+        let (lens, public, _) = node.read_archives(tenant, fingerprint, 0, 0).context("the model here")?;
+        let read = |offset, len| node.read_archives(tenant, fingerprint, offset, len).map(|(_, _, chunk)| chunk);
+        let copied = self
+            .conn(to, tenant)?
+            .register_streamed(*fingerprint, &lens, public, MODEL_CHUNK, read)
+            .context("registering the model there")?;
+        if let Some(model) = copied.uploaded {
             tracing::info!(model = %model.fingerprint, %to, bytes = lens.iter().sum::<u64>(), "drain: model sent");
         }
         Ok(())
     }
 
-    /// The connection to `addr` acting for `tenant` (empty: the node itself), opened if need
-    /// be.
+    /// The connection to the peer at `addr` acting for `tenant`, opened if need be.
     fn conn(&mut self, addr: &str, tenant: &str) -> Result<&mut Client> {
         let key = (addr.to_owned(), tenant.to_owned());
         if !self.conns.contains_key(&key) {
@@ -355,22 +348,13 @@ impl Drain {
         self.conns.get_mut(&key).ok_or_else(|| anyhow!("no connection"))
     }
 
-    /// The connection, taken out of the cache (for use beside another).
-    fn take(&mut self, addr: &str, tenant: &str) -> Result<Client> {
-        match self.conns.remove(&(addr.to_owned(), tenant.to_owned())) {
-            Some(client) => Ok(client),
-            None => self.open(addr, tenant),
-        }
-    }
-
     fn open(&self, addr: &str, tenant: &str) -> Result<Client> {
-        let own = addr == self.config.node_addr.to_string();
         let options = ClientOptions {
             transport: Transport::Tcp,
             token: self.config.token.clone(),
             tenant: tenant.to_owned(),
             timeout: Some(Duration::from_secs(60)),
-            tls: if own { None } else { self.config.peer_tls.clone() },
+            tls: self.config.peer_tls.clone(),
             pool_bytes: 64 << 20,
             ..ClientOptions::default()
         };

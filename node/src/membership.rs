@@ -3,20 +3,20 @@
 //! of the way through each lease; re-registers when the control plane has lost it; tries
 //! again, backing off, whatever fails; says goodbye when the node stops.
 //!
-//! The inventory is read through the node's own data plane (stats and model list over a
-//! loopback connection), as any client would, so the agent shares no state with the poller.
+//! The inventory is asked of the node in process (its stats and model list), as any client
+//! would ask, so the agent shares no state with the poller.
 
-use std::net::SocketAddr;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use djinn_client::{Client, ClientOptions, ControlClient, Transport};
+use djinn_client::ControlClient;
 use djinn_control::{Inventory, Registered};
 use djinn_dataplane::tcp::ClientTls;
 
 use crate::drain::{DrainConfig, Drainer};
+use crate::own_node::OwnNode;
 
 /// What the node knows about itself that its stats do not say.
 #[derive(Debug, Clone)]
@@ -42,7 +42,7 @@ pub struct Agent {
 struct Membership {
     control: ControlClient,
     me: Static,
-    node: Client,
+    node: OwnNode,
     drainer: Drainer,
 }
 
@@ -54,7 +54,7 @@ impl Membership {
         // tenant's records are its own (see the control plane's `scoped`).
         let models = self
             .node
-            .list_models()?
+            .list_models("")?
             .into_iter()
             .flat_map(|m| {
                 let fingerprint = m.fingerprint.to_string();
@@ -122,41 +122,24 @@ impl Membership {
 }
 
 impl Agent {
-    /// Starts the agent for the node serving on `node_addr` (it connects once the node's
-    /// poller runs).
-    /// `token` is the node's, for the control plane and its own data plane; `peer_tls`, the
-    /// roots for peers' TLS, where a drain sends them what the node holds.
-    pub fn start(
-        control: &str,
-        token: &str,
-        me: Static,
-        node_addr: SocketAddr,
-        peer_tls: Option<ClientTls>,
-    ) -> Result<Self> {
+    /// Starts the agent for `node` (answered once the node's poller runs).
+    /// `token` is the node's, for the control plane and for peers; `peer_tls`, the roots for
+    /// peers' TLS, where a drain sends them what the node holds.
+    pub fn start(control: &str, token: &str, me: Static, node: OwnNode, peer_tls: Option<ClientTls>) -> Result<Self> {
         let control = ControlClient::new(control, Duration::from_secs(5)).with_token(token);
         let drainer = Drainer::start(DrainConfig {
             control: control.clone(),
             name: me.name.clone(),
             token: token.to_owned(),
-            node_addr,
+            node: node.clone(),
             advertised: me.addr.clone(),
             peer_tls,
         })?;
-        let token = token.to_owned();
         let (stop, stopped) = mpsc::channel();
         let thread = std::thread::Builder::new().name("djinn-membership".into()).spawn(move || {
-            let options = ClientOptions { transport: Transport::Tcp, token, ..ClientOptions::default() };
-            match Client::connect_with(node_addr, options) {
-                Ok(node) => {
-                    let mut membership = Membership { control, me, node, drainer };
-                    membership.run(&stopped);
-                    membership.drainer.stop();
-                }
-                Err(e) => tracing::error!(
-                    error = %e,
-                    "the membership agent cannot reach its own node: the node does not join the control plane"
-                ),
-            }
+            let mut membership = Membership { control, me, node, drainer };
+            membership.run(&stopped);
+            membership.drainer.stop();
         })?;
         Ok(Self { stop, thread })
     }

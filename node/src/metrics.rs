@@ -1,9 +1,8 @@
-//! A node's Prometheus /metrics (`djinn node --metrics-listen ADDR`): its counters, read over a
-//! loopback connection to its own data plane as `djinn stats` reads them, so the poller shares
-//! no state with the HTTP server.
+//! A node's Prometheus /metrics (`djinn node --metrics-listen ADDR`): its counters, asked of
+//! the node in process as `djinn stats` asks for them, so the poller shares no state with the
+//! HTTP server.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result};
 use axum::Router;
@@ -11,10 +10,8 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use djinn_client::{Client, ClientOptions, Transport};
-use djinn_sync::Locked;
 
-type Shared = Arc<(SocketAddr, Mutex<Option<Client>>)>;
+use crate::own_node::OwnNode;
 
 /// Counters whose names end so are gauges; the rest only grow.
 const GAUGE_SUFFIXES: [&str; 7] = ["_open", "_bytes", "_queued", "_in_flight", "models", "uploads", "store_tensors"];
@@ -29,42 +26,28 @@ fn exposition(counters: &[(String, u64)]) -> String {
     out
 }
 
-async fn metrics(State(shared): State<Shared>) -> Response {
-    let read = tokio::task::spawn_blocking(move || {
-        let (addr, client) = &*shared;
-        let mut client = client.locked();
-        if client.is_none() {
-            let options = ClientOptions { transport: Transport::Tcp, ..ClientOptions::default() };
-            *client = Some(Client::connect_with(*addr, options)?);
-        }
-        let stats = client.as_mut().map(Client::stats).transpose();
-        if stats.is_err() {
-            *client = None;
-        }
-        stats
-    })
-    .await;
+async fn metrics(State(node): State<OwnNode>) -> Response {
+    let read = tokio::task::spawn_blocking(move || node.stats()).await;
     match read {
-        Ok(Ok(Some(counters))) => {
+        Ok(Ok(counters)) => {
             ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], exposition(&counters)).into_response()
         }
-        Ok(Err(e)) => (StatusCode::SERVICE_UNAVAILABLE, format!("the node's counters: {e}\n")).into_response(),
+        Ok(Err(e)) => (StatusCode::SERVICE_UNAVAILABLE, format!("the node's counters: {e:#}\n")).into_response(),
         _ => (StatusCode::INTERNAL_SERVER_ERROR, "the metrics reader failed\n").into_response(),
     }
 }
 
 /// Serves /metrics on `listen` from a thread of its own; returns the bound address.
-pub fn serve(listen: &str, node: SocketAddr) -> Result<SocketAddr> {
+pub fn serve(listen: &str, node: OwnNode) -> Result<SocketAddr> {
     let listener = std::net::TcpListener::bind(listen).with_context(|| format!("--metrics-listen {listen}"))?;
     listener.set_nonblocking(true)?;
     let addr = listener.local_addr()?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let shared: Shared = Arc::new((node, Mutex::new(None)));
     std::thread::Builder::new().name("djinn-metrics".into()).spawn(move || {
         runtime.block_on(async move {
             let served = match tokio::net::TcpListener::from_std(listener) {
                 Ok(listener) => {
-                    let app = Router::new().route("/metrics", get(metrics)).with_state(shared);
+                    let app = Router::new().route("/metrics", get(metrics)).with_state(node);
                     axum::serve(listener, app).await.map_err(anyhow::Error::from)
                 }
                 Err(e) => Err(e.into()),

@@ -24,6 +24,7 @@ use djinn_memory::ByteSize;
 
 use crate::auth::AuthArgs;
 use djinn_node::mover::{ListNodes, Mover, PeerLimits, PushPeers};
+use djinn_node::own_node::OwnNode;
 use djinn_node::{membership, rates};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -405,8 +406,9 @@ pub fn run(args: NodeArgs, auth: Option<Arc<Authenticator>>) -> Result<()> {
     let server = Server::bind(&args.listen, config, service, agent)
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let addr = server.local_addr();
+    let own = OwnNode::new(server.local_node());
     if let Some(listen) = &args.metrics_listen {
-        let metrics = djinn_node::metrics::serve(listen, addr)?;
+        let metrics = djinn_node::metrics::serve(listen, own.clone())?;
         tracing::info!(%metrics, "serving /metrics");
     }
     let agent = match &args.control {
@@ -425,7 +427,7 @@ pub fn run(args: NodeArgs, auth: Option<Arc<Authenticator>>) -> Result<()> {
             if addr.ip().is_unspecified() && args.advertise.is_none() {
                 tracing::warn!(%addr, "listening on every interface: give --advertise HOST:PORT so clients can reach the node");
             }
-            Some(membership::Agent::start(control, &token, me, addr, peer_tls)?)
+            Some(membership::Agent::start(control, &token, me, own, peer_tls)?)
         }
         None => None,
     };

@@ -14,7 +14,7 @@ use djinn_proto::{
 };
 
 use super::server::{Conn, Core, MIN_PROGRESS, ServerConfig};
-use djinn_node_core::{Replier, Reply, ReplyTo, Service};
+use djinn_node_core::{LocalError, Replier, Reply, ReplyTo, Service};
 
 /// Requests the service took and answers later, as a worker thread would.
 type Taken = Arc<Mutex<Vec<(ReplyTo, Replier)>>>;
@@ -403,4 +403,54 @@ fn the_loop_polls_on_while_work_is_recent_checks_deadlines_on_schedule_and_resum
     h.replies(&mut other);
     assert_eq!(h.core.begin_turn(t), super::server::Turn { resume_reads: true, check_deadlines: false });
     assert!(!h.core.begin_turn(t).resume_reads, "once");
+}
+
+/// Runs `ask` on a thread of its own (it waits for its answer as the node's membership agent
+/// would), turning the core until the request is in; the request's answer.
+fn ask_in_process<T: Send + 'static>(
+    h: &mut Harness,
+    ask: impl FnOnce() -> T + Send + 'static,
+) -> std::thread::JoinHandle<T> {
+    let asking = std::thread::spawn(ask);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !h.core.serve_local() {
+        assert!(Instant::now() < deadline, "the request never reached the poller");
+        std::thread::yield_now();
+    }
+    asking
+}
+
+#[test]
+fn the_nodes_own_requests_are_served_in_process_as_the_node_or_as_a_tenant() {
+    let mut h = Harness::new(ServerConfig { auth: Some(authenticator()), ..ServerConfig::default() });
+    let local = h.core.local_node();
+    let wait = Duration::from_secs(10);
+    // As the node itself: the data plane's own kinds, answered now.
+    let node = local.clone();
+    let stats = ask_in_process(&mut h, move || node.request("", DataMessage::Stats, wait)).join().unwrap().unwrap();
+    assert!(matches!(stats.message, Message::Data(DataMessage::StatsReply { .. })));
+    // As alice, by name: the service sees her request, answers it later, and the answer goes
+    // straight back to the asker, not to any connection.
+    let node = local.clone();
+    let asking = ask_in_process(&mut h, move || node.request("alice", DataMessage::Get { name: "a".into() }, wait));
+    let (to, replier) = h.taken.lock().unwrap().pop().unwrap();
+    assert!(!to.operator, "acting for a tenant, the node sees what the tenant sees");
+    assert_ne!(to.tenant, TenantId::DEFAULT);
+    // Alice's connections hold one request at a time; the node's own requests for her are not
+    // hers to count.
+    let node = local.clone();
+    let second = ask_in_process(&mut h, move || node.request("alice", list(), wait)).join().unwrap();
+    assert!(second.is_ok(), "{second:?}");
+    assert!(h.core.awaiting_replies());
+    replier.send(to, Reply::message(DataMessage::DeleteAck));
+    assert!(h.core.next_deferred().is_none(), "no connection gets it");
+    assert!(!h.core.awaiting_replies());
+    assert!(matches!(asking.join().unwrap().unwrap().message, Message::Data(DataMessage::DeleteAck)));
+    // An unknown tenant is refused, typed.
+    let node = local.clone();
+    let refused = ask_in_process(&mut h, move || node.request("mallory", list(), wait)).join().unwrap();
+    assert!(matches!(refused, Err(LocalError::Refused { code: ErrorCode::Unauthenticated, .. })), "{refused:?}");
+    assert_eq!(h.core.counters.frames_in, 0, "nothing went through a connection");
+    drop(h);
+    assert!(matches!(local.request("", list(), wait), Err(LocalError::Stopped)), "a stopped poller answers nothing");
 }

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use super::server::{Backend, Core, ServerConfig, ServerCounters, ShutdownHandle};
 use super::{mio_backend, uring_backend};
-use djinn_node_core::Service;
+use djinn_node_core::{LocalNode, Service};
 
 /// A bound node server; [`Server::run`] drives it on the calling thread until shut down.
 pub struct Server<S> {
@@ -42,6 +42,15 @@ impl<S: Service> Server<S> {
 
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// The way in for the node's own requests (its membership agent, /metrics, drain): served
+    /// in the poller's turns, with no socket.
+    pub fn local_node(&self) -> LocalNode {
+        match &self.backend {
+            BackendServer::Mio(s) => s.local_node(),
+            BackendServer::Uring(s) => s.local_node(),
+        }
     }
 
     pub fn shutdown_handle(&self) -> ShutdownHandle {

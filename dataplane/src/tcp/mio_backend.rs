@@ -15,7 +15,7 @@ use super::accept::AcceptBackoff;
 use super::server::{Conn, Core, ServerCounters, ShutdownHandle};
 use super::tls::TlsWire;
 use crate::rdma::{Completion, RdmaContext, RdmaError, connection_key};
-use djinn_node_core::Service;
+use djinn_node_core::{LocalNode, Service};
 
 const LISTENER: Token = Token(usize::MAX - 1);
 const WAKER: Token = Token(usize::MAX - 2);
@@ -107,6 +107,10 @@ impl<S: Service> MioServer<S> {
         ShutdownHandle::new(Arc::clone(&self.flag), Arc::clone(&self.wake))
     }
 
+    pub fn local_node(&self) -> LocalNode {
+        self.core.local_node()
+    }
+
     pub fn run(mut self) -> io::Result<ServerCounters> {
         let mut events = Events::with_capacity(1024);
         while !self.flag.load(Ordering::Acquire) {
@@ -154,6 +158,7 @@ impl<S: Service> MioServer<S> {
             let now = Instant::now();
             self.core.set_now(now);
             let mut worked = !events.is_empty() || !self.ready.is_empty();
+            worked |= self.core.serve_local();
             while let Some((slot, to, reply)) = self.core.next_deferred() {
                 worked = true;
                 if let Some(c) = self.conns.get_mut(slot) {

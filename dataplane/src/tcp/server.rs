@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
 use djinn_auth::{Authenticator, TenantId};
-use djinn_node_core::{Replier, Reply, ReplyTo, Service};
+use djinn_node_core::{LocalNode, LocalRequest, Replier, Reply, ReplyTo, Service};
 
 use super::admission::Admission;
 use crate::rdma::{ChannelError, Completion, RdmaChannel, RdmaContext, RdmaError};
@@ -343,7 +343,18 @@ pub(crate) struct Core<S> {
     last_trim: Instant,
     /// Push grants given and not used yet, by their secret.
     grants: HashMap<String, Grant>,
+    /// The node's own requests (see `local.rs`): the way in, handed out to the node's threads;
+    /// the poller's end; those answered later, by number; the last number given.
+    local: LocalNode,
+    local_requests: Receiver<LocalRequest>,
+    local_waiting: HashMap<u64, crossbeam_channel::Sender<Reply>>,
+    last_local: u64,
 }
+
+/// Where the replies to the node's own requests go: no connection's slot or number (slots are
+/// a table's indices and numbers count connections; neither reaches these).
+const LOCAL_SLOT: usize = usize::MAX;
+const LOCAL_CONNECTION: u64 = u64::MAX;
 
 /// The service's payload memory, for a connection that said who it is (else nothing is
 /// allocated: the payload is skipped and the request refused) and whose tenant's request
@@ -402,6 +413,7 @@ impl<S: Service> Core<S> {
         let offered =
             if config.backend.rdma().is_some() { transports::TCP | transports::RDMA } else { transports::TCP };
         let hello = Hello { memory_path: config.memory_path.clone(), ..Hello::new(&config.limits, offered, agent) };
+        let (local, local_requests) = LocalNode::new(Arc::clone(&wake));
         let (replier, replies) = Replier::new(wake);
         let admission = config.auth.clone().map(Admission::new);
         Self {
@@ -423,6 +435,61 @@ impl<S: Service> Core<S> {
             closed_since_trim: 0,
             last_trim: now,
             grants: HashMap::new(),
+            local,
+            local_requests,
+            local_waiting: HashMap::new(),
+            last_local: 0,
+        }
+    }
+
+    /// The way in for the node's own requests, served in this poller's turns.
+    pub fn local_node(&self) -> LocalNode {
+        self.local.clone()
+    }
+
+    /// Serves the node's own requests that came since the last turn, as a connection's are
+    /// (the data plane's own kinds, then the service); true when there were any.
+    pub fn serve_local(&mut self) -> bool {
+        let mut served = false;
+        while let Ok(LocalRequest { tenant, message, answer }) = self.local_requests.try_recv() {
+            served = true;
+            let (tenant, operator) = match self.local_principal(&tenant) {
+                Ok(principal) => principal,
+                Err(e) => {
+                    let _ = answer.send(Reply::error(ErrorCode::Unauthenticated, e.to_string()));
+                    continue;
+                }
+            };
+            self.last_local += 1;
+            let request_id = self.last_local;
+            let to = ReplyTo {
+                slot: LOCAL_SLOT,
+                conn_id: LOCAL_CONNECTION,
+                request_id,
+                tenant,
+                operator,
+                torchscript: false,
+            };
+            match self.dispatch(Frame { request_id, message, payload: None }, to) {
+                Some(reply) => _ = answer.send(reply),
+                None => {
+                    self.deferred += 1;
+                    self.local_waiting.insert(request_id, answer);
+                }
+            }
+        }
+        served
+    }
+
+    /// Whom a request of the node's own acts for, by the tenant's name: that tenant, or, for
+    /// no name (or where no token is needed), the node itself, which sees every tenant's lists.
+    fn local_principal(&self, name: &str) -> Result<(TenantId, bool), djinn_auth::AuthError> {
+        match &self.config.auth {
+            Some(auth) if !name.is_empty() => match auth.tenant(name) {
+                Some(p) => Ok((p.tenant, false)),
+                None => Err(djinn_auth::AuthError::UnknownTenant(name.to_owned())),
+            },
+            _ => Ok((TenantId::DEFAULT, true)),
         }
     }
 
@@ -662,13 +729,22 @@ impl<S: Service> Core<S> {
     }
 
     /// The next reply sent from another thread, with the slot of its connection.
+    /// (The answers to the node's own requests go straight back to them.)
     pub fn next_deferred(&mut self) -> Option<(usize, ReplyTo, Reply)> {
-        let (to, reply) = self.replies.try_recv().ok()?;
-        self.deferred -= 1;
-        if let Some(admission) = &mut self.admission {
-            admission.finished(to.tenant);
+        loop {
+            let (to, reply) = self.replies.try_recv().ok()?;
+            self.deferred -= 1;
+            if to.slot == LOCAL_SLOT {
+                if let Some(answer) = self.local_waiting.remove(&to.request_id) {
+                    let _ = answer.send(reply);
+                }
+                continue;
+            }
+            if let Some(admission) = &mut self.admission {
+                admission.finished(to.tenant);
+            }
+            return Some((to.slot, to, reply));
         }
-        Some((to.slot, to, reply))
     }
 
     /// True while another thread is working on a request: the reply is near, so the poller

@@ -15,7 +15,7 @@ use slab::Slab;
 
 use super::accept::AcceptBackoff;
 use super::server::{Conn, Core, ServerCounters, ShutdownHandle};
-use djinn_node_core::Service;
+use djinn_node_core::{LocalNode, Service};
 
 const RING_ENTRIES: u32 = 1024;
 const MAX_IOV: usize = 64;
@@ -122,6 +122,10 @@ impl<S: Service> UringServer<S> {
         ShutdownHandle::new(Arc::clone(&self.flag), Arc::clone(&self.wake))
     }
 
+    pub fn local_node(&self) -> LocalNode {
+        self.core.local_node()
+    }
+
     /// Queues a submission, flushing the queue to the kernel first when it is full.
     fn push(&mut self, entry: squeue::Entry) -> io::Result<()> {
         loop {
@@ -170,6 +174,9 @@ impl<S: Service> UringServer<S> {
                         self.dirty.push(key);
                     }
                 }
+            }
+            if self.core.serve_local() {
+                self.core.worked();
             }
             while let Some((slot, to, reply)) = self.core.next_deferred() {
                 self.core.worked();
