@@ -4,11 +4,14 @@ is shown to be no slower.
 
 Usage: compare_builds.py BEFORE AFTER ROUNDS -- BENCH ARGS...
   e.g. compare_builds.py /tmp/djinn-before target/release/djinn 3 -- tcp --sizes 64,4KiB
+A BENCH that is a Python script (bench/python_client.py) runs under this Python with the
+build as its DJINN_BIN (the node it starts), the client the same for both.
 
 Each round runs BEFORE, then AFTER (the first round's order is swapped in every other round,
 so neither always runs on a warmer machine). A row is a markdown table row of the bench's
 output whose first columns name it and whose first `p50` column is a number; the figure per
 build is the median of its rounds."""
+import os
 import statistics
 import subprocess
 import sys
@@ -43,7 +46,11 @@ def main() -> None:
     for r in range(rounds):
         for binary in ((before, after) if r % 2 == 0 else (after, before)):
             print(f"round {r + 1}/{rounds}: {binary} bench {' '.join(bench)}", file=sys.stderr, flush=True)
-            out = subprocess.run([binary, "--log", "warn", "bench", *bench], check=True, capture_output=True, text=True)
+            if bench[0].endswith(".py"):
+                command, env = [sys.executable, *bench], {**os.environ, "DJINN_BIN": binary}
+            else:
+                command, env = [binary, "--log", "warn", "bench", *bench], None
+            out = subprocess.run(command, check=True, capture_output=True, text=True, env=env)
             seen[binary].append(rows(out.stdout))
     print(f"| row | before p50 µs | after p50 µs | after / before |\n|---|---|---|---|")
     for name in seen[before][0]:
