@@ -13,12 +13,12 @@ use std::sync::{Arc, Mutex};
 use anyhow::{Context, Result, bail, ensure};
 use clap::Args;
 use djinn_executor::tch;
-use djinn_executor::{Device, Model, ModelStore};
+use djinn_executor::{Device, Model, ModelStore, ModelValue};
 use djinn_gpudirect::{CopyStream, CudaContext, PinnedBuf};
 use djinn_memory::{ByteSize, HostBuf, MemoryBudget};
 use djinn_node_core::Upload;
 use djinn_proto::{Fingerprint, Payload};
-use tch::jit::{CModule, IValue};
+use tch::jit::CModule;
 use tch::{Kind, Tensor};
 
 use crate::report::{Stats, append_section, measure};
@@ -117,8 +117,8 @@ fn sync(device: Device) {
 }
 
 fn forward(model: &Model, x: &Tensor) -> Result<Tensor> {
-    match model.forward(vec![IValue::Tensor(x.shallow_clone())])? {
-        IValue::Tensor(t) => Ok(t),
+    match model.forward(vec![ModelValue::Tensor(x.shallow_clone())])? {
+        ModelValue::Tensor(t) => Ok(t),
         other => bail!("the stack returned {other:?}"),
     }
 }

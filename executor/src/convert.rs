@@ -1,17 +1,18 @@
-//! Between the wire's values and tensors and libtorch's. Input tensors are views over the
-//! received payload (no copy on CPU); output tensors are sent from their own memory.
+//! Between the wire's values and tensors and the executor's (model values over libtorch's
+//! tensors). Input tensors are views over the received payload (no copy on CPU); output tensors
+//! are sent from their own memory.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use djinn_auth::TenantId;
 use djinn_proto::{DType, Handle, HandleInfo, Payload, TensorDesc, Value, payload_layout};
-use tch::jit::IValue;
 use tch::{Device, Kind, Tensor};
 
 use crate::error::ExecError;
 use crate::handles::HandleTable;
 use crate::tensors::{held_bytes, owned_view, tensor_bytes};
+use crate::value::ModelValue;
 use djinn_sync::Locked;
 
 pub fn kind_of(dtype: DType) -> Kind {
@@ -80,49 +81,28 @@ pub fn kept_inputs(
     Ok(found)
 }
 
-/// The libtorch value of a wire value; tensors by index into `tensors`, or by handle in `kept`.
-pub fn to_ivalue(value: &Value, tensors: &[Tensor], kept: &HashMap<Handle, Tensor>) -> Result<IValue, ExecError> {
-    let to_ivalue = |v| to_ivalue(v, tensors, kept);
+/// The model value of a wire value; tensors by index into `tensors`, or by handle in `kept`.
+pub fn model_value(value: &Value, tensors: &[Tensor], kept: &HashMap<Handle, Tensor>) -> Result<ModelValue, ExecError> {
+    let model_value = |v: &Value| model_value(v, tensors, kept);
+    let items = |items: &[Value]| items.iter().map(model_value).collect::<Result<_, _>>();
     Ok(match value {
-        Value::None => IValue::None,
-        Value::Tensor(i) => IValue::Tensor(
+        Value::None => ModelValue::None,
+        Value::Tensor(i) => ModelValue::Tensor(
             tensors.get(*i as usize).ok_or_else(|| ExecError::Internal(format!("no tensor {i}")))?.shallow_clone(),
         ),
-        Value::Handle(h) => IValue::Tensor(
+        Value::Handle(h) => ModelValue::Tensor(
             kept.get(h).ok_or_else(|| ExecError::Internal(format!("handle {h} not looked up")))?.shallow_clone(),
         ),
-        Value::Int(v) => IValue::Int(*v),
-        Value::Float(v) => IValue::Double(*v),
-        Value::Bool(v) => IValue::Bool(*v),
-        Value::Str(s) => IValue::String(s.clone()),
-        Value::Tuple(items) => IValue::Tuple(items.iter().map(to_ivalue).collect::<Result<_, _>>()?),
-        // TorchScript wants typed lists (List[Tensor], List[int], ...) where it can have them.
-        Value::List(items) => typed_list(items.iter().map(to_ivalue).collect::<Result<Vec<_>, _>>()?),
-        Value::Dict(entries) => IValue::GenericDict(
-            entries.iter().map(|(k, v)| Ok((to_ivalue(k)?, to_ivalue(v)?))).collect::<Result<_, ExecError>>()?,
+        Value::Int(v) => ModelValue::Int(*v),
+        Value::Float(v) => ModelValue::Float(*v),
+        Value::Bool(v) => ModelValue::Bool(*v),
+        Value::Str(s) => ModelValue::Str(s.clone()),
+        Value::Tuple(v) => ModelValue::Tuple(items(v)?),
+        Value::List(v) => ModelValue::List(items(v)?),
+        Value::Dict(entries) => ModelValue::Dict(
+            entries.iter().map(|(k, v)| Ok((model_value(k)?, model_value(v)?))).collect::<Result<_, ExecError>>()?,
         ),
     })
-}
-
-pub(crate) fn typed_list(values: Vec<IValue>) -> IValue {
-    macro_rules! all {
-        ($variant:ident, $list:ident) => {
-            if !values.is_empty() && values.iter().all(|v| matches!(v, IValue::$variant(_))) {
-                return IValue::$list(
-                    values
-                        .into_iter()
-                        .filter_map(|v| if let IValue::$variant(x) = v { Some(x) } else { None })
-                        .collect(),
-                );
-            }
-        };
-    }
-    all!(Tensor, TensorList);
-    all!(Int, IntList);
-    all!(Double, DoubleList);
-    all!(Bool, BoolList);
-    all!(String, StringList);
-    IValue::GenericList(values)
 }
 
 /// An output tensor, contiguous on the CPU, sent straight from its memory. It also holds the
@@ -185,33 +165,24 @@ impl<'a> Outputs<'a> {
         }
     }
 
-    pub fn value(&mut self, ivalue: IValue) -> Result<Value, ExecError> {
-        let list = |s: &mut Self, items: Vec<IValue>| -> Result<Value, ExecError> {
-            Ok(Value::List(items.into_iter().map(|v| s.value(v)).collect::<Result<_, _>>()?))
-        };
-        Ok(match ivalue {
-            IValue::None => Value::None,
-            IValue::Tensor(t) => self.tensor(t)?,
-            IValue::Double(v) => Value::Float(v),
-            IValue::Int(v) => Value::Int(v),
-            IValue::Bool(v) => Value::Bool(v),
-            IValue::String(s) => Value::Str(s),
-            IValue::Tuple(items) => Value::Tuple(items.into_iter().map(|v| self.value(v)).collect::<Result<_, _>>()?),
-            IValue::IntList(v) => Value::List(v.into_iter().map(Value::Int).collect()),
-            IValue::DoubleList(v) => Value::List(v.into_iter().map(Value::Float).collect()),
-            IValue::BoolList(v) => Value::List(v.into_iter().map(Value::Bool).collect()),
-            IValue::StringList(v) => Value::List(v.into_iter().map(Value::Str).collect()),
-            IValue::TensorList(v) => list(self, v.into_iter().map(IValue::Tensor).collect())?,
-            IValue::GenericList(v) => list(self, v)?,
-            IValue::GenericDict(entries) => {
+    pub fn value(&mut self, value: ModelValue) -> Result<Value, ExecError> {
+        let items =
+            |s: &mut Self, items: Vec<ModelValue>| items.into_iter().map(|v| s.value(v)).collect::<Result<_, _>>();
+        Ok(match value {
+            ModelValue::None => Value::None,
+            ModelValue::Tensor(t) => self.tensor(t)?,
+            ModelValue::Float(v) => Value::Float(v),
+            ModelValue::Int(v) => Value::Int(v),
+            ModelValue::Bool(v) => Value::Bool(v),
+            ModelValue::Str(s) => Value::Str(s),
+            ModelValue::Tuple(v) => Value::Tuple(items(self, v)?),
+            ModelValue::List(v) => Value::List(items(self, v)?),
+            ModelValue::Dict(entries) => {
                 Value::Dict(entries.into_iter().map(|(k, v)| Ok((self.value(k)?, self.value(v)?))).collect::<Result<
                     _,
                     ExecError,
                 >>(
                 )?)
-            }
-            other => {
-                return Err(ExecError::Unsupported(format!("the model returned {other:?}, which has no wire form")));
             }
         })
     }

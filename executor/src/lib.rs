@@ -56,6 +56,7 @@ mod service;
 mod sessions;
 pub mod stream;
 mod tensors;
+mod torchscript;
 mod value;
 mod workers;
 
@@ -65,3 +66,4 @@ pub use models::{Model, ModelStore, Unregistered, device_name, load, parse_devic
 pub use service::{ExecutorOptions, TorchExecutor};
 pub use sessions::{Policy, SessionOptions, SessionTable};
 pub use tch::Device;
+pub use value::ModelValue;

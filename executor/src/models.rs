@@ -18,13 +18,14 @@ use djinn_auth::TenantId;
 use djinn_memory::{Charge, MemoryBudget, OverBudget, Reservation};
 use djinn_node_core::{Scope, Upload};
 use djinn_proto::{BlockReader, Fingerprint, ModelInfo};
-use tch::jit::{CModule, IValue};
+use tch::jit::CModule;
 use tch::{Device, Tensor};
 
 use crate::error::ExecError;
-use crate::graph::{GraphModule, RtValue};
+use crate::graph::GraphModule;
 use crate::stream::{Plan, StreamStats, StreamedBlock, Streamer, plan};
 use crate::tensors::tensor_bytes;
+use crate::value::ModelValue;
 use djinn_gpudirect::CudaContext;
 use djinn_sync::Locked;
 
@@ -104,13 +105,13 @@ impl Model {
 
     /// Runs the blocks in order. A block's tuple output is spread over the next block's
     /// arguments (as the Python package chains blocks); the last block's output is returned.
-    pub fn forward(&self, args: Vec<IValue>) -> Result<IValue, ExecError> {
+    pub fn forward(&self, args: Vec<ModelValue>) -> Result<ModelValue, ExecError> {
         self.forward_range(args, 0, self.blocks.len().saturating_sub(1))
     }
 
     /// Runs blocks `first..=last` (a part of a run stopped at a breakpoint, or resumed from
     /// one) and returns the output of `last`.
-    pub fn forward_range(&self, args: Vec<IValue>, first: usize, last: usize) -> Result<IValue, ExecError> {
+    pub fn forward_range(&self, args: Vec<ModelValue>, first: usize, last: usize) -> Result<ModelValue, ExecError> {
         if first > last || last >= self.blocks.len() {
             return Err(ExecError::Internal(format!("blocks {first}..={last} of a model of {}", self.blocks.len())));
         }
@@ -123,7 +124,7 @@ impl Model {
             if let Some(stream) = stream.as_mut() {
                 stream.before(i)?;
             }
-            let mut out = block.forward(&args)?;
+            let mut out = block.forward(std::mem::take(&mut args))?;
             if let Some(stream) = stream.as_mut() {
                 out = stream.after(i, out)?;
             }
@@ -230,19 +231,19 @@ impl std::fmt::Debug for Block {
 }
 
 impl Block {
-    fn forward(&self, args: &[IValue]) -> Result<IValue, ExecError> {
+    fn forward(&self, args: Vec<ModelValue>) -> Result<ModelValue, ExecError> {
         match self {
-            Block::Script(module, _) => Ok(module.forward_is(args)?),
+            Block::Script(module, _) => crate::torchscript::forward(module, args),
             Block::Graph(graph) => {
                 let inputs = args
-                    .iter()
+                    .into_iter()
                     .map(|a| match a {
-                        IValue::Tensor(t) => Ok(t.shallow_clone()),
-                        other => Err(ExecError::BadInput(format!("a graph takes tensors, not {}", ivalue_name(other)))),
+                        ModelValue::Tensor(t) => Ok(t),
+                        other => Err(ExecError::BadInput(format!("a graph takes tensors, not {}", kind_name(&other)))),
                     })
                     .collect::<Result<Vec<_>, _>>()?;
-                let mut outputs: Vec<IValue> = graph.run(inputs)?.into_iter().map(rt_to_ivalue).collect();
-                Ok(if outputs.len() == 1 { outputs.remove(0) } else { IValue::Tuple(outputs) })
+                let mut outputs: Vec<ModelValue> = graph.run(inputs)?.into_iter().map(ModelValue::from).collect();
+                Ok(if outputs.len() == 1 { outputs.remove(0) } else { ModelValue::Tuple(outputs) })
             }
         }
     }
@@ -264,30 +265,15 @@ impl Block {
     }
 }
 
-fn ivalue_name(v: &IValue) -> &'static str {
+fn kind_name(v: &ModelValue) -> &'static str {
     match v {
-        IValue::Int(_) => "an int",
-        IValue::Double(_) => "a float",
-        IValue::Bool(_) => "a bool",
-        IValue::None => "None",
-        IValue::Tuple(_) => "a tuple",
-        IValue::GenericList(_)
-        | IValue::TensorList(_)
-        | IValue::IntList(_)
-        | IValue::DoubleList(_)
-        | IValue::BoolList(_) => "a list",
+        ModelValue::Int(_) => "an int",
+        ModelValue::Float(_) => "a float",
+        ModelValue::Bool(_) => "a bool",
+        ModelValue::None => "None",
+        ModelValue::Tuple(_) => "a tuple",
+        ModelValue::List(_) => "a list",
         _ => "a value of another kind",
-    }
-}
-
-fn rt_to_ivalue(v: RtValue) -> IValue {
-    match v {
-        RtValue::None => IValue::None,
-        RtValue::Tensor(t) => IValue::Tensor(t),
-        RtValue::Int(i) => IValue::Int(i),
-        RtValue::Float(f) => IValue::Double(f),
-        RtValue::Bool(b) => IValue::Bool(b),
-        RtValue::List(items) => IValue::Tuple(items.into_iter().map(rt_to_ivalue).collect()),
     }
 }
 
@@ -382,9 +368,9 @@ fn log_progress(model: &Fingerprint, i: usize, count: usize, what: &'static str)
 }
 
 /// A block's output as the next block's arguments: a tuple's items, or the one value.
-pub(crate) fn spread(out: IValue) -> Vec<IValue> {
+pub(crate) fn spread(out: ModelValue) -> Vec<ModelValue> {
     match out {
-        IValue::Tuple(items) => items,
+        ModelValue::Tuple(items) => items,
         other => vec![other],
     }
 }

@@ -13,15 +13,13 @@ use std::time::{Duration, Instant};
 use djinn_auth::TenantId;
 use djinn_memory::{MemoryBudget, Reservation};
 use djinn_proto::{Handle, TensorDesc, Value};
-use tch::Tensor;
-use tch::jit::IValue;
 
-use crate::convert::typed_list;
 use crate::error::{BreakpointError, Ended, ExecError};
 use crate::handles::fresh_epoch;
 use crate::models::Model;
 use crate::tensors::dtype_of;
 use crate::tensors::held_bytes;
+use crate::value::ModelValue;
 
 /// Checks that a run over blocks `first..` of a model of `blocks` blocks may stop after `block`:
 /// at `first` or later, and before the last block (after it, the run is over).
@@ -54,7 +52,7 @@ pub struct Parked {
     pub model: Arc<Model>,
     /// The block that ran last; a resume starts at the next one.
     pub block: usize,
-    pub activation: Activation,
+    pub activation: ModelValue,
     /// Whether the run's final outputs stay on the node (the execute asked to keep them).
     pub keep: bool,
     pub session: Option<SessionStep>,
@@ -73,7 +71,7 @@ pub struct Stopped {
     pub tenant: TenantId,
     pub model: Arc<Model>,
     pub block: usize,
-    pub activation: Activation,
+    pub activation: ModelValue,
     pub keep: bool,
     pub session: Option<SessionStep>,
     /// Tensors the activation may share that are charged elsewhere (a session's state, passed
@@ -200,10 +198,10 @@ impl ParkedTable {
     }
 
     /// A copy of the parked activation, and the block it is the output of.
-    pub fn activation(&self, tenant: TenantId, parked: Handle) -> Result<(Activation, usize), ExecError> {
+    pub fn activation(&self, tenant: TenantId, parked: Handle) -> Result<(ModelValue, usize), ExecError> {
         let id = self.id_of(tenant, parked)?;
         let p = self.parked.get(&id).ok_or(BreakpointError::Unknown { parked, ttl: self.ttl })?;
-        Ok((Activation::of(p.activation.shallow()?, &mut |t| Ok(t))?, p.block))
+        Ok((p.activation.shallow_clone(), p.block))
     }
 
     /// Releases the requests parked past the time limit and returns them (a session's step
@@ -252,70 +250,19 @@ impl ParkedTable {
     }
 }
 
-/// A block's output parked between blocks: tensors, scalars, and tuples and lists of them. (A
-/// libtorch `IValue` cannot be sent to another thread.)
-#[derive(Debug)]
-pub enum Activation {
-    Tensor(Tensor),
-    Tuple(Vec<Activation>),
-    List(Vec<Activation>),
-    Int(i64),
-    Float(f64),
-    Bool(bool),
-    Str(String),
-    None,
+/// Refuses a block output that holds a dict: a replacement could not be checked against it.
+pub fn check_parkable(activation: &ModelValue) -> Result<(), ExecError> {
+    match activation {
+        ModelValue::Dict(_) => {
+            Err(ExecError::Unsupported(format!("a block output of {activation:?} cannot be parked")))
+        }
+        ModelValue::Tuple(items) | ModelValue::List(items) => items.iter().try_for_each(check_parkable),
+        _ => Ok(()),
+    }
 }
 
-impl Activation {
-    /// `v`, each tensor passed through `f` (to copy what must not be shared).
-    pub fn of(v: IValue, f: &mut impl FnMut(Tensor) -> Result<Tensor, tch::TchError>) -> Result<Self, ExecError> {
-        let mut list = |items: Vec<IValue>| items.into_iter().map(|v| Self::of(v, f)).collect::<Result<Vec<_>, _>>();
-        Ok(match v {
-            IValue::Tensor(t) => Self::Tensor(f(t)?),
-            IValue::Tuple(items) => Self::Tuple(list(items)?),
-            IValue::GenericList(items) => Self::List(list(items)?),
-            IValue::TensorList(ts) => Self::List(list(ts.into_iter().map(IValue::Tensor).collect())?),
-            IValue::IntList(v) => Self::List(v.into_iter().map(Self::Int).collect()),
-            IValue::DoubleList(v) => Self::List(v.into_iter().map(Self::Float).collect()),
-            IValue::BoolList(v) => Self::List(v.into_iter().map(Self::Bool).collect()),
-            IValue::StringList(v) => Self::List(v.into_iter().map(Self::Str).collect()),
-            IValue::Int(v) => Self::Int(v),
-            IValue::Double(v) => Self::Float(v),
-            IValue::Bool(v) => Self::Bool(v),
-            IValue::String(s) => Self::Str(s),
-            IValue::None => Self::None,
-            other => return Err(ExecError::Unsupported(format!("a block output of {other:?} cannot be parked"))),
-        })
-    }
-
-    /// The libtorch value, each tensor passed through `f` (a shallow clone, or a copy).
-    pub fn to_ivalue(&self, f: &mut impl FnMut(&Tensor) -> Result<Tensor, tch::TchError>) -> Result<IValue, ExecError> {
-        let mut list = |items: &[Activation]| items.iter().map(|a| a.to_ivalue(f)).collect::<Result<Vec<_>, _>>();
-        Ok(match self {
-            Self::Tensor(t) => IValue::Tensor(f(t)?),
-            Self::Tuple(items) => IValue::Tuple(list(items)?),
-            Self::List(items) => typed_list(list(items)?),
-            Self::Int(v) => IValue::Int(*v),
-            Self::Float(v) => IValue::Double(*v),
-            Self::Bool(v) => IValue::Bool(*v),
-            Self::Str(s) => IValue::String(s.clone()),
-            Self::None => IValue::None,
-        })
-    }
-
-    /// A value sharing the tensors' memory.
-    pub fn shallow(&self) -> Result<IValue, ExecError> {
-        self.to_ivalue(&mut |t| Ok(t.shallow_clone()))
-    }
-
-    fn for_each_tensor(&self, f: &mut impl FnMut(&Tensor)) {
-        match self {
-            Self::Tensor(t) => f(t),
-            Self::Tuple(items) | Self::List(items) => items.iter().for_each(|a| a.for_each_tensor(f)),
-            _ => {}
-        }
-    }
-
+/// A parked activation, checked against the replacement a resume gives.
+impl ModelValue {
     fn describe(&self) -> String {
         match self {
             Self::Tensor(t) => match dtype_of(t.kind()) {
@@ -328,6 +275,7 @@ impl Activation {
             Self::Float(_) => "a float".into(),
             Self::Bool(_) => "a bool".into(),
             Self::Str(_) => "a string".into(),
+            Self::Dict(items) => format!("a dict of {}", items.len()),
             Self::None => "None".into(),
         }
     }
@@ -338,7 +286,7 @@ impl Activation {
         let mismatch = |got: String, path: &str| {
             BreakpointError::Mismatch(format!("{path} is {got} where {} was parked", self.describe()))
         };
-        let items = |parked: &[Activation], values: &[Value], path: &mut String| {
+        let items = |parked: &[ModelValue], values: &[Value], path: &mut String| {
             if parked.len() != values.len() {
                 return Err(mismatch(format!("{} of {}", value_kind(value), values.len()), path));
             }
@@ -398,6 +346,12 @@ mod tests {
         TensorDesc::new(dtype, shape.to_vec()).unwrap()
     }
 
+    /// A (f32[2, 3] tensor, int) activation.
+    fn parked_tuple() -> ModelValue {
+        let t = tch::Tensor::zeros([2, 3], (tch::Kind::Float, tch::Device::Cpu));
+        ModelValue::Tuple(vec![ModelValue::Tensor(t), ModelValue::Int(4)])
+    }
+
     #[test]
     fn breakpoints_lie_between_the_first_block_run_and_the_last() {
         assert_eq!(check_breakpoint(0, 0, 4).unwrap(), 0);
@@ -409,11 +363,7 @@ mod tests {
 
     #[test]
     fn a_replacement_must_have_the_parked_structure_shapes_and_dtypes() {
-        let parked = IValue::Tuple(vec![
-            IValue::Tensor(Tensor::zeros([2, 3], (tch::Kind::Float, tch::Device::Cpu))),
-            IValue::Int(4),
-        ]);
-        let parked = Activation::of(parked, &mut |t| Ok(t)).unwrap();
+        let parked = parked_tuple();
         let check = |value: &Value, tensors: &[TensorDesc]| parked.check(value, tensors, &mut "activation".into());
         let good = Value::Tuple(vec![Value::Tensor(0), Value::Int(9)]);
         check(&good, &[desc(DType::F32, &[2, 3])]).unwrap();
@@ -429,5 +379,13 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("activation[1] is a float where an int was parked"), "{e}");
+    }
+
+    #[test]
+    fn a_block_output_holding_a_dict_is_not_parked() {
+        check_parkable(&parked_tuple()).unwrap();
+        let dict = ModelValue::Tuple(vec![ModelValue::Dict(vec![(ModelValue::Str("k".into()), ModelValue::Int(1))])]);
+        let e = check_parkable(&dict).unwrap_err().to_string();
+        assert!(e.contains(r#"a block output of Dict([(Str("k"), Int(1))]) cannot be parked"#), "{e}");
     }
 }

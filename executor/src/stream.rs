@@ -23,11 +23,11 @@ use std::time::Instant;
 
 use djinn_gpudirect::{CopyStream, CudaContext, Event, PinnedBuf};
 use djinn_memory::{HostBuf, SLOT_ALIGN, SkipEndRing, Slot};
-use tch::jit::IValue;
 use tch::{Device, Kind, Tensor};
 
 use crate::error::ExecError;
 use crate::tensors::tensor_bytes;
+use crate::value::ModelValue;
 use djinn_sync::Locked;
 
 /// Which blocks stream, and the ring they stream through.
@@ -368,7 +368,7 @@ impl Streamer {
 
     /// After block `i` ran with output `out`: its slot is released (outputs that are views of
     /// its weights are copied out first) and the following blocks brought in.
-    pub fn after(&mut self, i: usize, out: IValue) -> Result<IValue, ExecError> {
+    pub fn after(&mut self, i: usize, out: ModelValue) -> Result<ModelValue, ExecError> {
         if self.blocks.get(i).is_none_or(Option::is_none) {
             return Ok(out);
         }
@@ -428,8 +428,8 @@ impl std::fmt::Debug for Streamer {
 
 /// Copies a tensor of `out` whose memory lies in `range` (a view of the block's weights) so
 /// that it survives the slot being overwritten.
-fn detach_from(out: IValue, range: &std::ops::Range<usize>) -> Result<IValue, ExecError> {
-    let tensor = |t: Tensor| -> Result<Tensor, ExecError> {
+fn detach_from(out: ModelValue, range: &std::ops::Range<usize>) -> Result<ModelValue, ExecError> {
+    out.map_tensors(&mut |t| {
         if t.numel() > 0 && range.contains(&(t.data_ptr() as usize)) {
             let mut copy = t.f_empty_like()?;
             copy.f_copy_(&t)?;
@@ -437,17 +437,6 @@ fn detach_from(out: IValue, range: &std::ops::Range<usize>) -> Result<IValue, Ex
         } else {
             Ok(t)
         }
-    };
-    let detach = |items: Vec<IValue>| items.into_iter().map(|v| detach_from(v, range)).collect::<Result<Vec<_>, _>>();
-    Ok(match out {
-        IValue::Tensor(t) => IValue::Tensor(tensor(t)?),
-        IValue::Tuple(items) => IValue::Tuple(detach(items)?),
-        IValue::GenericList(items) => IValue::GenericList(detach(items)?),
-        IValue::TensorList(items) => IValue::TensorList(items.into_iter().map(tensor).collect::<Result<_, _>>()?),
-        IValue::GenericDict(pairs) => IValue::GenericDict(
-            pairs.into_iter().map(|(k, v)| Ok((k, detach_from(v, range)?))).collect::<Result<_, ExecError>>()?,
-        ),
-        other => other,
     })
 }
 

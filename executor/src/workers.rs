@@ -16,11 +16,10 @@ use djinn_proto::{
     Breakpoint, BreakpointMessage, DType, DataMessage, Handle, KeptMessage, Message, ModelMessage, Payload,
     SessionEntry, SessionMessage, SharedBytes, TensorDesc, Value,
 };
-use tch::jit::IValue;
 use tch::{Device, Tensor};
 
 use crate::allocator::JobMemory;
-use crate::convert::{OutputTensor, Outputs, aliases, input_tensors, kept_inputs, to_ivalue};
+use crate::convert::{OutputTensor, Outputs, aliases, input_tensors, kept_inputs, model_value};
 use crate::cost::{self, Account, Limits};
 use crate::deadline;
 use crate::error::ExecError;
@@ -28,8 +27,9 @@ use crate::error::{HandleError, SessionError};
 use crate::fair::FairQueue;
 use crate::handles::HandleTable;
 use crate::models::{Model, ModelStore, spread};
-use crate::parked::{Activation, Parked, ParkedTable, SessionStep, Stopped, check_breakpoint};
+use crate::parked::{Parked, ParkedTable, SessionStep, Stopped, check_breakpoint, check_parkable};
 use crate::sessions::{Op, Sessions};
+use crate::value::ModelValue;
 use djinn_node_core::CallInputs;
 use djinn_node_core::Upload;
 use djinn_sync::Locked;
@@ -83,7 +83,7 @@ pub enum Work {
     },
     /// Sends a parked request's activation back.
     Inspect {
-        activation: Activation,
+        activation: ModelValue,
         handle: Handle,
         block: usize,
     },
@@ -549,8 +549,8 @@ fn step(
     let payload = inputs.payload.map(Arc::new);
     let tensors = input_tensors(&inputs.tensors, payload.as_ref(), model.device)?;
     let kept = kept_inputs(tenant, &inputs.values, &shared.handles)?;
-    let mut args = inputs.values.iter().map(|v| to_ivalue(v, &tensors, &kept)).collect::<Result<Vec<_>, _>>()?;
-    args.extend(state.into_iter().map(IValue::Tensor));
+    let mut args = inputs.values.iter().map(|v| model_value(v, &tensors, &kept)).collect::<Result<Vec<_>, _>>()?;
+    args.extend(state.into_iter().map(ModelValue::Tensor));
     let run = Run { tenant, model, first: 0, keep: false, session: Some(session), payload };
     let ran = run.blocks(args, until)?;
     run.reply(ran, shared)
@@ -572,16 +572,16 @@ struct Run {
 enum Ran {
     /// It stopped after `block`; `send`: the reply carries the activation.
     Stopped {
-        activation: IValue,
+        activation: ModelValue,
         block: usize,
         send: bool,
     },
-    Done(IValue),
+    Done(ModelValue),
 }
 
 impl Run {
     /// Runs the blocks, to the breakpoint when there is one.
-    fn blocks(&self, args: Vec<IValue>, until: Option<Breakpoint>) -> Result<Ran, ExecError> {
+    fn blocks(&self, args: Vec<ModelValue>, until: Option<Breakpoint>) -> Result<Ran, ExecError> {
         let blocks = self.model.blocks();
         Ok(match until {
             Some(b) => {
@@ -619,12 +619,13 @@ impl Run {
         })
     }
 
-    fn park(self, activation: IValue, block: usize, send: bool, shared: &Shared) -> Result<Reply, ExecError> {
+    fn park(self, activation: ModelValue, block: usize, send: bool, shared: &Shared) -> Result<Reply, ExecError> {
+        check_parkable(&activation)?;
         // The request's payload goes back with the request: what the activation shares of it is
         // copied (see `aliases`).
         let payload = self.payload.as_ref();
         let activation =
-            Activation::of(activation, &mut |t| if aliases(&t, payload) { t.f_detach_copy() } else { Ok(t) })?;
+            activation.map_tensors(&mut |t| if aliases(&t, payload) { t.f_detach_copy() } else { Ok(t) })?;
         let sent = Sent::activation(send.then_some(&activation))?;
         let charged = self.session.map_or_else(Vec::new, |s| shared.sessions.table.locked().state_addrs(s.id));
         let stopped = Stopped {
@@ -654,13 +655,13 @@ struct Sent {
 impl Sent {
     /// A copy of `activation` when given: a resume may run blocks that change their inputs in
     /// place while the reply is being sent.
-    fn activation(activation: Option<&Activation>) -> Result<Self, ExecError> {
+    fn activation(activation: Option<&ModelValue>) -> Result<Self, ExecError> {
         let mut outputs = Outputs::new(None, None);
         let value = match activation {
             Some(a) => {
-                let copy = a.to_ivalue(&mut |t| {
-                    if t.device() == Device::Cpu { t.f_detach_copy() } else { Ok(t.shallow_clone()) }
-                })?;
+                let copy = a
+                    .shallow_clone()
+                    .map_tensors(&mut |t| if t.device() == Device::Cpu { t.f_detach_copy() } else { Ok(t) })?;
                 Some(outputs.value(copy)?)
             }
             None => None,
@@ -713,7 +714,7 @@ fn resume(
     let ran = (|| {
         let args = match replacement(&run, &tensors, activation.as_ref())? {
             Some(args) => args,
-            None => spread(parked.activation.shallow()?),
+            None => spread(parked.activation.shallow_clone()),
         };
         run.blocks(args, until)
     })();
@@ -746,10 +747,10 @@ fn replacement(
     run: &Run,
     tensors: &[TensorDesc],
     activation: Option<&Value>,
-) -> Result<Option<Vec<IValue>>, ExecError> {
+) -> Result<Option<Vec<ModelValue>>, ExecError> {
     let Some(value) = activation else { return Ok(None) };
     let tensors = input_tensors(tensors, run.payload.as_ref(), run.model.device)?;
-    Ok(Some(spread(to_ivalue(value, &tensors, &Default::default())?)))
+    Ok(Some(spread(model_value(value, &tensors, &Default::default())?)))
 }
 
 /// `t`, copied when it is a view of the request's payload (see `aliases`).
@@ -758,35 +759,35 @@ fn owned(t: &Tensor, payload: Option<&Arc<Payload>>) -> Result<Tensor, ExecError
 }
 
 /// Splits a step's output into what goes back and the `n` state tensors at its end.
-fn split_state(output: IValue, n: usize) -> Result<(IValue, Vec<Tensor>), ExecError> {
+fn split_state(output: ModelValue, n: usize) -> Result<(ModelValue, Vec<Tensor>), ExecError> {
     if n == 0 {
         return Ok((output, Vec::new()));
     }
     let bad = |got: String| ExecError::from(SessionError::BadStep { state: n, got });
     let mut items = match output {
-        IValue::Tuple(items) if items.len() > n => items,
-        IValue::Tuple(items) => return Err(bad(format!("a tuple of {} items", items.len()))),
-        other => return Err(bad(ivalue_kind(&other).to_owned())),
+        ModelValue::Tuple(items) if items.len() > n => items,
+        ModelValue::Tuple(items) => return Err(bad(format!("a tuple of {} items", items.len()))),
+        other => return Err(bad(output_kind(&other).to_owned())),
     };
     let state = items
         .split_off(items.len() - n)
         .into_iter()
         .map(|v| match v {
-            IValue::Tensor(t) => Ok(t),
-            other => Err(bad(format!("{} where a state tensor belongs", ivalue_kind(&other)))),
+            ModelValue::Tensor(t) => Ok(t),
+            other => Err(bad(format!("{} where a state tensor belongs", output_kind(&other)))),
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let output = if items.len() == 1 { items.pop().unwrap_or(IValue::None) } else { IValue::Tuple(items) };
+    let output = if items.len() == 1 { items.pop().unwrap_or(ModelValue::None) } else { ModelValue::Tuple(items) };
     Ok((output, state))
 }
 
-fn ivalue_kind(v: &IValue) -> &'static str {
+fn output_kind(v: &ModelValue) -> &'static str {
     match v {
-        IValue::Tensor(_) => "a tensor",
-        IValue::Tuple(_) => "a tuple",
-        IValue::GenericList(_) | IValue::TensorList(_) => "a list",
-        IValue::GenericDict(_) => "a dict",
-        IValue::None => "None",
+        ModelValue::Tensor(_) => "a tensor",
+        ModelValue::Tuple(_) => "a tuple",
+        ModelValue::List(_) => "a list",
+        ModelValue::Dict(_) => "a dict",
+        ModelValue::None => "None",
         _ => "a scalar",
     }
 }
@@ -838,7 +839,7 @@ fn execute(
     let payload = inputs.payload.map(Arc::new);
     let tensors = input_tensors(&inputs.tensors, payload.as_ref(), model.device)?;
     let kept = kept_inputs(tenant, &inputs.values, &shared.handles)?;
-    let args = inputs.values.iter().map(|v| to_ivalue(v, &tensors, &kept)).collect::<Result<Vec<_>, _>>()?;
+    let args = inputs.values.iter().map(|v| model_value(v, &tensors, &kept)).collect::<Result<Vec<_>, _>>()?;
     let run = Run { tenant, model, first: 0, keep, session: None, payload };
     let ran = run.blocks(args, until)?;
     run.reply(ran, shared)
@@ -887,28 +888,28 @@ fn load(upload: Upload, device: Device, models: &Mutex<ModelStore>) -> Result<Re
 mod tests {
     use super::*;
 
-    fn t(v: f32) -> IValue {
-        IValue::Tensor(Tensor::from(v))
+    fn t(v: f32) -> ModelValue {
+        ModelValue::Tensor(Tensor::from(v))
     }
 
     #[test]
     fn a_step_output_splits_into_outputs_and_state() {
-        let (out, state) = split_state(IValue::Tuple(vec![t(1.0), t(2.0), t(3.0)]), 2).unwrap();
-        assert!(matches!(out, IValue::Tensor(_)), "one output is unwrapped");
+        let (out, state) = split_state(ModelValue::Tuple(vec![t(1.0), t(2.0), t(3.0)]), 2).unwrap();
+        assert!(matches!(out, ModelValue::Tensor(_)), "one output is unwrapped");
         assert_eq!(state.len(), 2);
-        let (out, state) = split_state(IValue::Tuple(vec![t(1.0), t(2.0), t(3.0)]), 1).unwrap();
-        assert!(matches!(out, IValue::Tuple(ref items) if items.len() == 2));
+        let (out, state) = split_state(ModelValue::Tuple(vec![t(1.0), t(2.0), t(3.0)]), 1).unwrap();
+        assert!(matches!(out, ModelValue::Tuple(ref items) if items.len() == 2));
         assert_eq!(state.len(), 1);
         let (out, state) = split_state(t(1.0), 0).unwrap();
-        assert!(matches!(out, IValue::Tensor(_)) && state.is_empty(), "no state: the output as it is");
+        assert!(matches!(out, ModelValue::Tensor(_)) && state.is_empty(), "no state: the output as it is");
     }
 
     #[test]
     fn a_step_output_without_its_state_is_refused() {
         let err = |out, n| split_state(out, n).unwrap_err().to_string();
         assert!(err(t(1.0), 1).contains("a tensor"), "{}", err(t(1.0), 1));
-        assert!(err(IValue::Tuple(vec![t(1.0)]), 1).contains("a tuple of 1 items"));
-        let e = err(IValue::Tuple(vec![t(1.0), IValue::Int(3)]), 1);
+        assert!(err(ModelValue::Tuple(vec![t(1.0)]), 1).contains("a tuple of 1 items"));
+        let e = err(ModelValue::Tuple(vec![t(1.0), ModelValue::Int(3)]), 1);
         assert!(e.contains("a scalar where a state tensor belongs"), "{e}");
     }
 }
