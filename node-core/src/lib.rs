@@ -14,6 +14,8 @@
 //! - [`Peers`]: the node's way to other nodes (pushes, session moves), which the node provides
 //!   (`djinn-node`'s mover): what serves requests opens no connection of its own.
 
+mod admission;
+mod grants;
 mod jobs;
 mod local;
 mod node;
@@ -23,6 +25,8 @@ mod service;
 mod store;
 mod upload;
 
+pub use admission::Admission;
+pub use grants::{Delivery, GRANT_TTL, Grants, MAX_GRANTS_PER_TENANT};
 pub use jobs::{CallInputs, Executor, Job};
 pub use local::{LocalError, LocalNode, LocalRequest};
 pub use node::{CoreOptions, MAX_ARCHIVE_READ, NodeCore, tenant_budget};

@@ -15,6 +15,7 @@ use djinn_proto::{
 
 use crate::jobs::{CallInputs, Executor, Job};
 use crate::store::TensorStore;
+use crate::{Admission, Delivery, Grants};
 use crate::{Peers, PushSource, Replier, Reply, ReplyTo, Service, Upload};
 
 #[cfg(test)]
@@ -78,6 +79,9 @@ pub struct NodeCore<E> {
     keep_in_place: bool,
     auth: Option<Arc<Authenticator>>,
     peers: Arc<dyn Peers>,
+    /// Tenants' request quotas, when clients need tokens.
+    admission: Option<Admission>,
+    grants: Grants,
     executor: E,
 }
 
@@ -102,8 +106,10 @@ impl<E: Executor> NodeCore<E> {
             pool,
             host_budget: options.host_budget,
             keep_in_place: options.keep_in_place,
+            admission: options.auth.clone().map(Admission::new),
             auth: options.auth,
             peers: options.peers,
+            grants: Grants::default(),
             executor,
         }
     }
@@ -267,10 +273,17 @@ impl<E: Executor> Service for NodeCore<E> {
         }
     }
 
-    fn handle(&mut self, frame: Frame, to: ReplyTo, replier: &Replier) -> Option<Reply> {
+    fn handle(&mut self, frame: Frame, to: ReplyTo, replier: &Replier, now: Instant) -> Option<Reply> {
         let Frame { message, payload, .. } = frame;
         let tenant = to.tenant;
         let message = match message {
+            Message::Kept(KeptMessage::PushGrant { tensor }) => {
+                return Some(self.grants.give(tenant, self.tenant_name(tenant), Delivery::Tensor(tensor), now));
+            }
+            Message::Session(SessionMessage::ReceiveGrant { fingerprint }) => {
+                let delivery = Delivery::Session(fingerprint);
+                return Some(self.grants.give(tenant, self.tenant_name(tenant), delivery, now));
+            }
             message @ (Message::Data(DataMessage::Put { .. })
             | Message::Data(DataMessage::Get { .. })
             | Message::Data(DataMessage::Delete { .. })
@@ -321,6 +334,26 @@ impl<E: Executor> Service for NodeCore<E> {
             ]
             .map(|(k, v)| (k.to_owned(), v)),
         );
+    }
+
+    fn admit(&mut self, tenant: TenantId, now: Instant) -> Result<(), Refusal> {
+        self.admission.as_mut().map_or(Ok(()), |a| a.admit(tenant, now))
+    }
+
+    fn started(&mut self, tenant: TenantId) {
+        if let Some(admission) = &mut self.admission {
+            admission.started(tenant);
+        }
+    }
+
+    fn finished(&mut self, tenant: TenantId) {
+        if let Some(admission) = &mut self.admission {
+            admission.finished(tenant);
+        }
+    }
+
+    fn redeem(&mut self, secret: &str, name: &str, now: Instant) -> Option<(TenantId, Delivery)> {
+        self.grants.redeem(secret, name, now)
     }
 
     fn on_disconnect(&mut self, connection: u64) {

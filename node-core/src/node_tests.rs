@@ -113,7 +113,7 @@ impl Harness {
         let request_id = self.next_request;
         self.next_request += 1;
         let to = ReplyTo { slot: 0, conn_id: conn, request_id, tenant: ALICE, operator: false, torchscript: false };
-        Ok(self.core.handle(Frame { request_id, message, payload }, to, &self.replier))
+        Ok(self.core.handle(Frame { request_id, message, payload }, to, &self.replier, Instant::now()))
     }
 
     fn request(&mut self, message: impl Into<Message>, payload: &[u8]) -> Option<Reply> {

@@ -5,18 +5,34 @@ use std::time::Instant;
 use djinn_auth::TenantId;
 use djinn_proto::{Frame, Message, Payload, Refusal};
 
-use crate::{Replier, Reply, ReplyTo};
+use crate::{Delivery, Replier, Reply, ReplyTo};
 
-/// What a node does with requests. Called on the poller thread: it must not block.
+/// What a node does with requests: the transport moves bytes, keeps connections and says who
+/// is on each; the service decides what each may do and answers. Called on the poller thread:
+/// it must not block. The transport passes the time (`now`); the service reads no clock for
+/// what it decides.
 pub trait Service {
     /// Memory for the payload of `tenant`'s `message` (`len` bytes), or why it is refused.
     /// Called before any payload byte is read, so a refused request costs no allocation.
     fn alloc(&mut self, message: &Message, len: usize, tenant: TenantId) -> Result<Payload, Refusal>;
     /// Answers a request that is not one of the data plane's own (hello, ping, stats), now
     /// (`Some`) or later from another thread through `replier` (`None`).
-    fn handle(&mut self, frame: Frame, to: ReplyTo, replier: &Replier) -> Option<Reply>;
+    fn handle(&mut self, frame: Frame, to: ReplyTo, replier: &Replier, now: Instant) -> Option<Reply>;
     /// Appends the service's counters to a stats reply.
     fn stats(&self, out: &mut Vec<(String, u64)>);
+    /// Lets one request of `tenant` in at `now`, or says which of the tenant's quotas it is
+    /// over. A request admitted and answered later is [`Self::started`] when it is handed on and
+    /// [`Self::finished`] when its answer comes back. No quotas: everything is let in.
+    fn admit(&mut self, _tenant: TenantId, _now: Instant) -> Result<(), Refusal> {
+        Ok(())
+    }
+    fn started(&mut self, _tenant: TenantId) {}
+    fn finished(&mut self, _tenant: TenantId) {}
+    /// Takes the push grant `secret` presented for the tenant named `name`, when it is one and
+    /// unexpired at `now`: the tenant, and the one delivery it lets the connection make.
+    fn redeem(&mut self, _secret: &str, _name: &str, _now: Instant) -> Option<(TenantId, Delivery)> {
+        None
+    }
     /// A connection closed: whatever the service kept for it (an upload) can go.
     fn on_disconnect(&mut self, _connection: u64) {}
     /// Called on the poller's timeout tick (a few times a second at most, while connections

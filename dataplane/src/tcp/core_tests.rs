@@ -14,16 +14,18 @@ use djinn_proto::{
 };
 
 use super::server::{Conn, Core, MIN_PROGRESS, ServerConfig};
-use djinn_node_core::{LocalError, Replier, Reply, ReplyTo, Service};
+use djinn_node_core::{Admission, LocalError, Replier, Reply, ReplyTo, Service};
 
 /// Requests the service took and answers later, as a worker thread would.
 type Taken = Arc<Mutex<Vec<(ReplyTo, Replier)>>>;
 
 /// Answers `List` at once; takes every other request to answer later through the replier.
+/// Tenants' request quotas, where given, are the core's own (`djinn_node_core::Admission`).
 #[derive(Default)]
 struct Answers {
     taken: Taken,
     disconnected: Vec<u64>,
+    admission: Option<Admission>,
 }
 
 impl Service for Answers {
@@ -31,7 +33,7 @@ impl Service for Answers {
         Err(Refusal { code: ErrorCode::OverBudget, message: format!("{len} bytes: no payloads here") })
     }
 
-    fn handle(&mut self, frame: djinn_proto::Frame, to: ReplyTo, replier: &Replier) -> Option<Reply> {
+    fn handle(&mut self, frame: djinn_proto::Frame, to: ReplyTo, replier: &Replier, _: Instant) -> Option<Reply> {
         match frame.message {
             Message::Data(DataMessage::List { .. }) => {
                 Some(Reply::message(DataMessage::ListReply { entries: Vec::new(), more: false }))
@@ -44,6 +46,22 @@ impl Service for Answers {
     }
 
     fn stats(&self, _out: &mut Vec<(String, u64)>) {}
+
+    fn admit(&mut self, tenant: TenantId, now: Instant) -> Result<(), Refusal> {
+        self.admission.as_mut().map_or(Ok(()), |a| a.admit(tenant, now))
+    }
+
+    fn started(&mut self, tenant: TenantId) {
+        if let Some(a) = &mut self.admission {
+            a.started(tenant);
+        }
+    }
+
+    fn finished(&mut self, tenant: TenantId) {
+        if let Some(a) = &mut self.admission {
+            a.finished(tenant);
+        }
+    }
 
     fn on_disconnect(&mut self, connection: u64) {
         self.disconnected.push(connection);
@@ -72,7 +90,7 @@ struct Harness {
 
 impl Harness {
     fn new(config: ServerConfig) -> Self {
-        let service = Answers::default();
+        let service = Answers { admission: config.auth.clone().map(Admission::new), ..Answers::default() };
         let taken = Arc::clone(&service.taken);
         let now = Instant::now();
         Self { core: Core::new(service, config, "test", Arc::new(|| {}), now), taken, now, slots: 0 }

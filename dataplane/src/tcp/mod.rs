@@ -4,8 +4,6 @@
 
 #[cfg(feature = "server")]
 mod accept;
-#[cfg(feature = "server")]
-mod admission;
 #[cfg(all(test, feature = "server"))]
 mod core_tests;
 #[cfg(feature = "server")]

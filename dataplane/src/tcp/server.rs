@@ -13,16 +13,14 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
 use djinn_auth::{Authenticator, TenantId};
-use djinn_node_core::{LocalNode, LocalRequest, Replier, Reply, ReplyTo, Service};
+use djinn_node_core::{Delivery, LocalNode, LocalRequest, Replier, Reply, ReplyTo, Service};
 
-use super::admission::Admission;
 use crate::rdma::{ChannelError, Completion, RdmaChannel, RdmaContext, RdmaError};
 use djinn_proto::rdma::SessionConfig;
 
 use djinn_proto::{
-    DataMessage, ErrorCode, Fingerprint, Frame, FrameReader, Hello, KeptMessage, Limits, Message, OutFrame,
-    PROTOCOL_VERSION, Payload, PayloadAlloc, ProtocolError, RdmaParams, RecvEvent, Refusal, SendQueue, SessionMessage,
-    TensorDesc, transports,
+    DataMessage, ErrorCode, Frame, FrameReader, Hello, Limits, Message, OutFrame, PROTOCOL_VERSION, Payload,
+    PayloadAlloc, ProtocolError, RdmaParams, RecvEvent, Refusal, SendQueue, transports,
 };
 
 /// The server backend, with what each can carry: mio (epoll) polls TLS connections and the
@@ -165,52 +163,6 @@ pub struct ServerCounters {
     pub accept_backoffs: u64,
 }
 
-/// How long a push grant stays good, and how many a tenant may hold at once.
-pub const GRANT_TTL: Duration = Duration::from_secs(60);
-pub const MAX_GRANTS_PER_TENANT: usize = 64;
-
-/// A one-time capability this node gave a tenant: a node that presents it in its hello (for
-/// that tenant, by name) may make one delivery into the tenant's memory here, and do nothing
-/// else. Pushing nodes carry no credential of their own.
-struct Grant {
-    tenant: TenantId,
-    name: String,
-    delivery: Delivery,
-    expires: Instant,
-}
-
-/// What a grant lets another node deliver.
-#[derive(Debug, Clone, PartialEq)]
-enum Delivery {
-    /// One tensor of this description, kept (`kept.Keep`).
-    Tensor(TensorDesc),
-    /// A session of this model, moved here (`sessions.Open`, with its state).
-    Session(Fingerprint),
-}
-
-impl Delivery {
-    fn is(&self, message: &Message) -> bool {
-        match (self, message) {
-            (Self::Tensor(granted), Message::Kept(KeptMessage::Keep { tensor })) => tensor == granted,
-            (Self::Session(granted), Message::Session(SessionMessage::Open { fingerprint, .. })) => {
-                fingerprint == granted
-            }
-            _ => false,
-        }
-    }
-}
-
-/// 32 bytes from the system's random source, in hex.
-fn random_grant() -> std::io::Result<String> {
-    let mut bytes = [0u8; 32];
-    // SAFETY: a writable buffer of the length given.
-    let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
-    if n != bytes.len() as isize {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
-}
-
 /// What a backend does in a turn of its loop besides moving the bytes its events announce
 /// ([`Core::begin_turn`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -327,8 +279,6 @@ pub(crate) struct Core<S> {
     hello: Hello,
     replier: Replier,
     replies: Receiver<(ReplyTo, Reply)>,
-    /// Tenants' request quotas, when clients need tokens.
-    admission: Option<Admission>,
     /// Connections without a good hello yet, by source address (where clients need tokens).
     unauthenticated: HashMap<IpAddr, usize>,
     /// The time, as the backend last said ([`Self::set_now`]).
@@ -341,8 +291,6 @@ pub(crate) struct Core<S> {
     /// Connections closed since the allocator last gave free memory back, and when it did.
     closed_since_trim: usize,
     last_trim: Instant,
-    /// Push grants given and not used yet, by their secret.
-    grants: HashMap<String, Grant>,
     /// The node's own requests (see `local.rs`): the way in, handed out to the node's threads;
     /// the poller's end; those answered later, by number; the last number given.
     local: LocalNode,
@@ -361,7 +309,6 @@ const LOCAL_CONNECTION: u64 = u64::MAX;
 /// quotas let the request in.
 struct Alloc<'a, S> {
     service: &'a mut S,
-    admission: Option<&'a mut Admission>,
     tenant: Option<TenantId>,
     /// See [`Conn::granted`].
     granted: Option<&'a (Delivery, bool)>,
@@ -377,9 +324,7 @@ impl<S: Service> PayloadAlloc for Alloc<'_, S> {
         {
             return Err(granted_only());
         }
-        if let Some(admission) = self.admission.as_deref_mut() {
-            admission.admit(tenant, self.now).inspect_err(|_| self.counters.quota_refusals += 1)?;
-        }
+        self.service.admit(tenant, self.now).inspect_err(|_| self.counters.quota_refusals += 1)?;
         self.service.alloc(message, len, tenant)
     }
 }
@@ -415,7 +360,6 @@ impl<S: Service> Core<S> {
         let hello = Hello { memory_path: config.memory_path.clone(), ..Hello::new(&config.limits, offered, agent) };
         let (local, local_requests) = LocalNode::new(Arc::clone(&wake));
         let (replier, replies) = Replier::new(wake);
-        let admission = config.auth.clone().map(Admission::new);
         Self {
             service,
             config,
@@ -426,7 +370,6 @@ impl<S: Service> Core<S> {
             hello,
             replier,
             replies,
-            admission,
             unauthenticated: HashMap::new(),
             now,
             paused: false,
@@ -434,7 +377,6 @@ impl<S: Service> Core<S> {
             last_work: now,
             closed_since_trim: 0,
             last_trim: now,
-            grants: HashMap::new(),
             local,
             local_requests,
             local_waiting: HashMap::new(),
@@ -527,31 +469,6 @@ impl<S: Service> Core<S> {
     /// deadline check.
     pub fn next_deadline_check(&self) -> Instant {
         self.next_deadline_check
-    }
-
-    /// Gives `tenant` a grant to receive one delivery from another node.
-    fn grant(&mut self, tenant: TenantId, delivery: Delivery) -> Reply {
-        let now = self.now;
-        self.grants.retain(|_, g| g.expires > now);
-        if self.grants.values().filter(|g| g.tenant == tenant).count() >= MAX_GRANTS_PER_TENANT {
-            return Reply::error(
-                ErrorCode::QuotaExceeded,
-                format!("{MAX_GRANTS_PER_TENANT} push grants of this tenant are outstanding already"),
-            );
-        }
-        let secret = match random_grant() {
-            Ok(secret) => secret,
-            Err(e) => return Reply::error(ErrorCode::Internal, format!("no randomness for a grant: {e}")),
-        };
-        let name = self.config.auth.as_ref().and_then(|a| a.name(tenant)).map_or_else(String::new, |n| n.to_string());
-        self.grants.insert(secret.clone(), Grant { tenant, name, delivery, expires: now + GRANT_TTL });
-        Reply::message(KeptMessage::PushGranted { grant: secret })
-    }
-
-    /// Takes the grant `secret` for the tenant named `name`, when it is one, unexpired.
-    fn redeem(&mut self, secret: &str, name: &str) -> Option<Grant> {
-        let grant = self.grants.remove(secret)?;
-        (grant.expires > self.now && grant.name == name).then_some(grant)
     }
 
     /// Gives the memory of closed connections back to the system: once a second while they
@@ -740,9 +657,7 @@ impl<S: Service> Core<S> {
                 }
                 continue;
             }
-            if let Some(admission) = &mut self.admission {
-                admission.finished(to.tenant);
-            }
+            self.service.finished(to.tenant);
             return Some((to.slot, to, reply));
         }
     }
@@ -796,7 +711,6 @@ impl<S: Service> Core<S> {
         while self.wants_read(conn) {
             let mut alloc = Alloc {
                 service: &mut self.service,
-                admission: self.admission.as_mut(),
                 tenant: conn.tenant,
                 granted: conn.granted.as_ref(),
                 counters: &mut self.counters,
@@ -856,8 +770,7 @@ impl<S: Service> Core<S> {
                     // A request with a payload was admitted when its memory was allocated.
                     if frame.payload.is_none()
                         && !matches!(frame.message, Message::Data(DataMessage::Ping))
-                        && let Some(admission) = &mut self.admission
-                        && let Err(Refusal { code, message }) = admission.admit(to.tenant, self.now)
+                        && let Err(Refusal { code, message }) = self.service.admit(to.tenant, self.now)
                     {
                         self.counters.requests_refused += 1;
                         self.counters.quota_refusals += 1;
@@ -869,9 +782,7 @@ impl<S: Service> Core<S> {
                         None => {
                             conn.in_flight += 1;
                             self.deferred += 1;
-                            if let Some(admission) = &mut self.admission {
-                                admission.started(to.tenant);
-                            }
+                            self.service.started(to.tenant);
                         }
                     }
                 }
@@ -894,14 +805,14 @@ impl<S: Service> Core<S> {
             let e = ProtocolError::VersionMismatch { ours: PROTOCOL_VERSION, theirs: peer.protocol_version };
             return Reply::error(e.code(), e.to_string());
         }
-        if let Some(grant) = self.redeem(&peer.token, &peer.tenant) {
-            tracing::debug!(peer = %conn.peer, agent = %Logged(&peer.agent), tenant = %grant.name, "hello on a push grant");
+        if let Some((tenant, delivery)) = self.service.redeem(&peer.token, &peer.tenant, self.now) {
+            tracing::debug!(peer = %conn.peer, agent = %Logged(&peer.agent), tenant = %Logged(&peer.tenant), "hello on a push grant");
             self.authenticated_or_gone(conn);
             conn.reader.set_limits(self.config.limits);
-            conn.tenant = Some(grant.tenant);
+            conn.tenant = Some(tenant);
             conn.operator = false;
             conn.torchscript = false;
-            conn.granted = Some((grant.delivery, false));
+            conn.granted = Some((delivery, false));
             return Reply::message(DataMessage::HelloAck(self.hello.clone()));
         }
         conn.granted = None;
@@ -976,7 +887,6 @@ impl<S: Service> Core<S> {
         let result = completion.map_err(ChannelError::from).and_then(|c| {
             let mut alloc = Alloc {
                 service: &mut self.service,
-                admission: self.admission.as_mut(),
                 tenant: conn.tenant,
                 granted: conn.granted.as_ref(),
                 counters: &mut self.counters,
@@ -1051,10 +961,6 @@ impl<S: Service> Core<S> {
     fn dispatch(&mut self, frame: Frame, to: ReplyTo) -> Option<Reply> {
         let reply = match &frame.message {
             Message::Data(DataMessage::Ping) => Reply::message(DataMessage::Pong),
-            Message::Kept(KeptMessage::PushGrant { tensor }) => self.grant(to.tenant, Delivery::Tensor(tensor.clone())),
-            Message::Session(SessionMessage::ReceiveGrant { fingerprint }) => {
-                self.grant(to.tenant, Delivery::Session(*fingerprint))
-            }
             Message::Data(DataMessage::Stats) => {
                 let c = &self.counters;
                 let mut counters: Vec<(String, u64)> = [
@@ -1091,7 +997,7 @@ impl<S: Service> Core<S> {
                 let e = ProtocolError::Unexpected { kind: message.kind().name() };
                 Reply::error(e.code(), format!("{e}: replies are not requests"))
             }
-            _ => return self.service.handle(frame, to, &self.replier),
+            _ => return self.service.handle(frame, to, &self.replier, self.now),
         };
         Some(reply)
     }

@@ -1,5 +1,6 @@
 //! Each tenant's request quotas on a node: requests being worked on at once, and the request
-//! rate (a token bucket). Bookkeeping only, kept by the poller; the caller passes the time.
+//! rate (a token bucket). Bookkeeping only, kept by the core on the poller's thread; the
+//! caller passes the time.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -10,7 +11,7 @@ use djinn_auth::{Authenticator, Quota, TenantId};
 use djinn_proto::{ErrorCode, Refusal};
 
 #[derive(Debug)]
-pub(crate) struct Admission {
+pub struct Admission {
     auth: Arc<Authenticator>,
     tenants: HashMap<TenantId, Gate>,
 }
