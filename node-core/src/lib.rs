@@ -15,6 +15,8 @@
 //!   (`djinn-node`'s mover): what serves requests opens no connection of its own.
 
 mod admission;
+#[cfg(any(test, feature = "conformance"))]
+pub mod conformance;
 mod grants;
 mod jobs;
 mod local;

@@ -312,3 +312,10 @@ fn the_cores_counters_come_with_the_executors() {
         assert!(out.iter().any(|(k, _)| k == name), "{name} in {out:?}");
     }
 }
+
+#[test]
+fn the_executor_double_passes_the_conformance_suite() {
+    // Any bytes are a model to the double; the real executor's run is in djinn-executor's tests.
+    let identity = b"the identity of its one input";
+    crate::conformance::run(|| (crate::conformance::FakeExecutor::default(), MemoryBudget::new(1 << 20)), identity);
+}
