@@ -129,7 +129,12 @@ impl<E: Executor> NodeCore<E> {
         self.auth.as_ref().and_then(|a| a.name(tenant)).map_or_else(String::new, |n| n.to_string())
     }
 
-    fn register_begin(&mut self, fingerprint: Fingerprint, blocks: Vec<u64>, public: bool, to: ReplyTo) -> Reply {
+    fn register_begin(
+        &mut self,
+        (fingerprint, blocks, public): (Fingerprint, Vec<u64>, bool),
+        to: ReplyTo,
+        now: Instant,
+    ) -> Reply {
         // Whether the blocks are graphs or TorchScript shows in their bytes: a TorchScript
         // block from a principal without the right is refused when it is loaded, and a
         // TorchScript model the node holds already when it is claimed.
@@ -160,21 +165,27 @@ impl<E: Executor> NodeCore<E> {
                 let id = self.next_upload;
                 self.next_upload += 1;
                 tracing::info!(model = %fingerprint, bytes = upload.archives.total(), upload = id, "registration started");
-                self.uploads.insert(id, InProgress { upload, last_chunk: Instant::now(), _bookkeeping: bookkeeping });
+                self.uploads.insert(id, InProgress { upload, last_chunk: now, _bookkeeping: bookkeeping });
                 Reply::message(ModelMessage::RegisterReady { upload: id, registered: false })
             }
             Err(e) => Reply::error(ErrorCode::BadArchive, e.to_string()),
         }
     }
 
-    fn register_chunk(&mut self, id: u64, offset: u64, payload: Option<Payload>, to: ReplyTo) -> Reply {
+    fn register_chunk(
+        &mut self,
+        (id, offset): (u64, u64),
+        payload: Option<Payload>,
+        to: ReplyTo,
+        now: Instant,
+    ) -> Reply {
         let Some(upload) = self.uploads.get_mut(&id).filter(|u| u.upload.connection == to.connection()) else {
             return Reply::error(ErrorCode::NotFound, format!("no upload {id} on this connection"));
         };
         let Some(chunk) = payload else {
             return Reply::error(ErrorCode::BadArchive, "an empty chunk");
         };
-        upload.last_chunk = Instant::now();
+        upload.last_chunk = now;
         let archives = &mut upload.upload.archives;
         let tenths = |a: &Archives| a.received() * 10 / a.total().max(1);
         let before = tenths(archives);
@@ -291,10 +302,10 @@ impl<E: Executor> Service for NodeCore<E> {
                 return Some(self.tensors.handle(tenant, message, payload));
             }
             Message::Model(ModelMessage::RegisterBegin { fingerprint, blocks, public }) => {
-                return Some(self.register_begin(fingerprint, blocks, public, to));
+                return Some(self.register_begin((fingerprint, blocks, public), to, now));
             }
             Message::Model(ModelMessage::RegisterChunk { upload, offset, .. }) => {
-                return Some(self.register_chunk(upload, offset, payload, to));
+                return Some(self.register_chunk((upload, offset), payload, to, now));
             }
             Message::Model(ModelMessage::RegisterCommit { upload: id }) => {
                 return match self.uploads.remove(&id).filter(|u| u.upload.connection == to.connection()) {

@@ -70,6 +70,8 @@ struct Harness {
     pushes: Arc<PushLog>,
     replier: Replier,
     next_request: u64,
+    /// The time the core is told.
+    now: Instant,
 }
 
 const ALICE: TenantId = TenantId(1);
@@ -96,6 +98,7 @@ fn harness(keep_in_place: bool) -> Harness {
         pushes,
         replier,
         next_request: 1,
+        now: Instant::now(),
     }
 }
 
@@ -113,7 +116,7 @@ impl Harness {
         let request_id = self.next_request;
         self.next_request += 1;
         let to = ReplyTo { slot: 0, conn_id: conn, request_id, tenant: ALICE, operator: false, torchscript: false };
-        Ok(self.core.handle(Frame { request_id, message, payload }, to, &self.replier, Instant::now()))
+        Ok(self.core.handle(Frame { request_id, message, payload }, to, &self.replier, self.now))
     }
 
     fn request(&mut self, message: impl Into<Message>, payload: &[u8]) -> Option<Reply> {
@@ -216,9 +219,9 @@ fn a_registration_is_its_connections_and_goes_when_it_closes_or_falls_quiet() {
     assert_eq!(error_of(h.request(ModelMessage::RegisterCommit { upload }, &[])).0, ErrorCode::NotFound);
 
     let upload = begin(&mut h, &[1; 8]);
-    h.core.expire(Instant::now() + TIMEOUT / 2);
+    h.core.expire(h.now + TIMEOUT / 2);
     assert!(h.host.used() > 0, "not quiet long enough yet");
-    h.core.expire(Instant::now() + TIMEOUT * 2);
+    h.core.expire(h.now + TIMEOUT);
     assert_eq!(h.host.used(), 0);
     assert_eq!(error_of(h.request(ModelMessage::RegisterCommit { upload }, &[])).0, ErrorCode::NotFound);
     assert!(h.jobs().is_empty());
