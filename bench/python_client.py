@@ -35,6 +35,13 @@ def timed(fn, iters, warmup, per=1):
     return percentiles([t * 1e6 for t in out])
 
 
+def table_of(rows):
+    """The rows (name, (p50, p99, p999)) as a markdown table (which bench/compare_builds.py reads)."""
+    return ["| what | p50 µs | p99 µs | p999 µs |", "|---|---|---|---|"] + [
+        f"| {name} | {p50:.1f} | {p99:.1f} | {p999:.1f} |" for name, (p50, p99, p999) in rows
+    ]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--results")
@@ -59,9 +66,8 @@ def main():
         rows.append(("TinyMLP through `djinn` (Python), batch 4, f32", remote))
         rows.append(("TinyMLP eager forward in this process", local))
         if args.tinymlp_only:
-            print("\n".join(f"{name}: p50 {p50:.1f} µs, p99 {p99:.1f} µs, p999 {p999:.1f} µs"
-                            for name, (p50, p99, p999) in rows))
-            print(f"TinyMLP: remote p50 / local p50 = {remote[0] / local[0]:.2f}")
+            print("\n".join(table_of(rows)))
+            print(f"\nTinyMLP: remote p50 − local p50 = {remote[0] - local[0]:.1f} µs")
             return
 
         torch.manual_seed(0)
@@ -84,8 +90,7 @@ def main():
         node.terminate()
         node.wait(10)
 
-    table = ["| what | p50 µs | p99 µs | p999 µs |", "|---|---|---|---|"]
-    table += [f"| {name} | {p50:.1f} | {p99:.1f} | {p999:.1f} |" for name, (p50, p99, p999) in rows]
+    table = table_of(rows)
     table.append("")
     table.append(f"TinyMLP: remote p50 − local p50 = **{remote[0] - local[0]:.1f} µs**.  ")
     table.append(f"GPT-2-small-shaped: remote p50 / local p50 = **{gpt_remote[0] / gpt_local[0]:.3f}**; "
