@@ -114,10 +114,6 @@ impl<E: Executor> NodeCore<E> {
         }
     }
 
-    pub fn executor(&self) -> &E {
-        &self.executor
-    }
-
     /// A receive buffer charged to `tenant`'s part of the host budget (`charge` bytes of it).
     fn host_alloc(&self, tenant: TenantId, len: usize, charge: u64) -> Result<Payload, Refusal> {
         let reservation = self.host_budget.try_reserve_for(tenant, charge)?;

@@ -124,7 +124,7 @@ impl Harness {
     }
 
     fn jobs(&self) -> &[(Job, ReplyTo)] {
-        &self.core.executor().jobs
+        &self.core.executor.jobs
     }
 }
 
