@@ -164,7 +164,9 @@ impl TorchExecutor {
     fn push(
         &self,
         handle: Handle,
-        (to, grant, name): (String, String, String),
+        to: String,
+        grant: String,
+        name: String,
         reply_to: ReplyTo,
         replier: &Replier,
     ) -> Option<Reply> {
@@ -259,7 +261,7 @@ impl Executor for TorchExecutor {
                 return Some(Reply::message(KeptMessage::Released { released }));
             }
             Job::Push { handle, to: peer, grant, tenant: name } => {
-                return self.push(handle, (peer, grant, name), to, replier);
+                return self.push(handle, peer, grant, name, to, replier);
             }
             Job::OpenSession { fingerprint, state, payload, reserve } => {
                 match self.models().get(tenant, &fingerprint) {

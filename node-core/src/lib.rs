@@ -7,7 +7,7 @@
 //! - [`Reply`], [`ReplyTo`], [`Replier`]: an answer, the request it answers, and the way to send
 //!   one from another thread (an executor worker) back to the poller.
 //! - [`NodeCore`]: the [`Service`] of a node. It routes each request once, by what it asks:
-//!   named tensors ([`TensorStore`]) and registrations in progress are its own; the rest goes to
+//!   named tensors (`store.rs`) and registrations in progress are its own; the rest goes to
 //!   the [`Executor`] as a typed [`Job`] of plain data and the payload it arrived in.
 //! - [`LocalNode`]: the node's own requests (its membership agent, /metrics, drain), served by
 //!   the poller in process, with no socket and no frame.
@@ -28,14 +28,13 @@ mod store;
 mod upload;
 
 pub use admission::Admission;
-pub use grants::{Delivery, GRANT_TTL, Grants, MAX_GRANTS_PER_TENANT};
+pub use grants::Delivery;
 pub use jobs::{CallInputs, Executor, Job};
 pub use local::{LocalError, LocalNode, LocalRequest};
 pub use node::{CoreOptions, MAX_ARCHIVE_READ, NodeCore, tenant_budget};
 pub use peers::{PeerError, Peers, PushSource};
 pub use reply::{Replier, Reply, ReplyTo};
 pub use service::Service;
-pub use store::TensorStore;
 pub use upload::{Scope, Upload};
 
 /// What a named or kept tensor is charged besides its bytes, and what a parked request is

@@ -13,9 +13,10 @@ use djinn_proto::{
     Payload, Refusal, SessionMessage, TensorSource,
 };
 
+use crate::grants::Grants;
 use crate::jobs::{CallInputs, Executor, Job};
 use crate::store::TensorStore;
-use crate::{Admission, Delivery, Grants};
+use crate::{Admission, Delivery};
 use crate::{Peers, PushSource, Replier, Reply, ReplyTo, Service, Upload};
 
 #[cfg(test)]
@@ -127,7 +128,9 @@ impl<E: Executor> NodeCore<E> {
 
     fn register_begin(
         &mut self,
-        (fingerprint, blocks, public): (Fingerprint, Vec<u64>, bool),
+        fingerprint: Fingerprint,
+        blocks: Vec<u64>,
+        public: bool,
         to: ReplyTo,
         now: Instant,
     ) -> Reply {
@@ -168,13 +171,7 @@ impl<E: Executor> NodeCore<E> {
         }
     }
 
-    fn register_chunk(
-        &mut self,
-        (id, offset): (u64, u64),
-        payload: Option<Payload>,
-        to: ReplyTo,
-        now: Instant,
-    ) -> Reply {
+    fn register_chunk(&mut self, id: u64, offset: u64, payload: Option<Payload>, to: ReplyTo, now: Instant) -> Reply {
         let Some(upload) = self.uploads.get_mut(&id).filter(|u| u.upload.connection == to.connection()) else {
             return Reply::error(ErrorCode::NotFound, format!("no upload {id} on this connection"));
         };
@@ -298,10 +295,10 @@ impl<E: Executor> Service for NodeCore<E> {
                 return Some(self.tensors.handle(tenant, message, payload));
             }
             Message::Model(ModelMessage::RegisterBegin { fingerprint, blocks, public }) => {
-                return Some(self.register_begin((fingerprint, blocks, public), to, now));
+                return Some(self.register_begin(fingerprint, blocks, public, to, now));
             }
             Message::Model(ModelMessage::RegisterChunk { upload, offset, .. }) => {
-                return Some(self.register_chunk((upload, offset), payload, to, now));
+                return Some(self.register_chunk(upload, offset, payload, to, now));
             }
             Message::Model(ModelMessage::RegisterCommit { upload: id }) => {
                 return match self.uploads.remove(&id).filter(|u| u.upload.connection == to.connection()) {

@@ -1,6 +1,6 @@
 //! What every server backend shares: per-connection protocol state, request dispatch, the
-//! built-in kinds (hello, ping, stats), authentication, quotas, back-pressure, deadlines and
-//! counters. It reads no clock: the backend passes the time ([`Core::set_now`], once per turn
+//! built-in kinds (hello, ping, stats), authentication, back-pressure, deadlines and counters;
+//! tenants' quotas and push grants are the service's (the node core's), asked here. It reads no clock: the backend passes the time ([`Core::set_now`], once per turn
 //! of its loop), so the unit tests (`core_tests.rs`) drive it with a clock of their own and no
 //! socket. Backends only move bytes and wake.
 
