@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use djinn_client::{Breakpoint, Client, ClientError, ClientOptions, DType, ErrorCode, TensorRef, TensorSource, Value};
 use djinn_proto::{
-    DataKind, DataMessage, FrameHeader, Hello, KeptMessage, Kind, Limits, Message, ModelMessage, TensorDesc,
+    DataKind, DataMessage, FrameHeader, Hello, Kind, Limits, Message, ModelMessage, SessionMessage, TensorDesc,
     encode_head, transports,
 };
 use support::{Node, archive, f32_bytes, read_reply, register, spawn_listening};
@@ -258,8 +258,8 @@ fn quotas_hold_each_tenant_to_its_own() {
     assert_eq!(code(carol.put("d", DType::U8, &[4], &[1, 2, 3, 4])), ErrorCode::QuotaExceeded);
     bob.list().expect("another tenant's rate is its own");
 
-    // Requests at once: three fetches written together; the first goes to a worker, the two
-    // others find dave's one request in flight.
+    // Requests at once: three lists of sessions written together; the first goes to a worker,
+    // the two others find dave's one request in flight.
     let mut raw = TcpStream::connect(node.addr).unwrap();
     let frame = |id, message: &Message| {
         let mut wire = Vec::new();
@@ -269,8 +269,8 @@ fn quotas_hold_each_tenant_to_its_own() {
     let hello = Hello { token: DAVE.into(), ..Hello::new(&Limits::default(), transports::TCP, "raw") };
     raw.write_all(&frame(1, &Message::Data(DataMessage::Hello(hello)))).unwrap();
     assert!(matches!(read_reply(&mut raw).1, Message::Data(DataMessage::HelloAck(_))));
-    let fetch = Message::Kept(KeptMessage::Fetch { handle: djinn_proto::Handle { id: 1, epoch: 1 } });
-    raw.write_all(&[frame(2, &fetch), frame(3, &fetch), frame(4, &fetch)].concat()).unwrap();
+    let list = Message::Session(SessionMessage::List { after: 0 });
+    raw.write_all(&[frame(2, &list), frame(3, &list), frame(4, &list)].concat()).unwrap();
     let mut replies: Vec<(u64, Message)> = (0..3)
         .map(|_| {
             let (header, reply, _) = read_reply(&mut raw);
@@ -278,14 +278,11 @@ fn quotas_hold_each_tenant_to_its_own() {
         })
         .collect();
     replies.sort_by_key(|r| r.0);
-    assert!(matches!(
-        replies[0].1,
-        Message::Data(DataMessage::Error { code: ErrorCode::StaleHandle | ErrorCode::NotFound, .. })
-    ));
+    assert!(matches!(replies[0].1, Message::Session(SessionMessage::SessionList { .. })), "{:?}", replies[0]);
     for (_, reply) in &replies[1..] {
         assert!(matches!(reply, Message::Data(DataMessage::Error { code: ErrorCode::QuotaExceeded, .. })), "{reply:?}");
     }
-    raw.write_all(&frame(5, &fetch)).unwrap();
+    raw.write_all(&frame(5, &list)).unwrap();
     assert!(
         !matches!(read_reply(&mut raw).1, Message::Data(DataMessage::Error { code: ErrorCode::QuotaExceeded, .. })),
         "answered: the next one is let in"

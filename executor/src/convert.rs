@@ -5,12 +5,11 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use djinn_auth::TenantId;
 use djinn_proto::{DType, Handle, HandleInfo, Payload, TensorDesc, Value, payload_layout};
 use tch::{Device, Kind, Tensor};
 
 use crate::error::ExecError;
-use crate::handles::HandleTable;
+use crate::kept::KeptTensors;
 use crate::tensors::{held_bytes, owned_view, tensor_bytes};
 use crate::value::ModelValue;
 use djinn_sync::Locked;
@@ -60,22 +59,18 @@ pub fn input_tensors(
         .collect()
 }
 
-/// The tensors an execute's inputs name by handle (`tenant`'s handles), looked up once.
-pub fn kept_inputs(
-    tenant: TenantId,
-    inputs: &[Value],
-    table: &Mutex<HandleTable>,
-) -> Result<HashMap<Handle, Tensor>, ExecError> {
+/// The tensors an execute's inputs name by handle (checked by the core), looked up once.
+pub fn kept_inputs(inputs: &[Value], table: &Mutex<KeptTensors>) -> Result<HashMap<Handle, Tensor>, ExecError> {
     let mut found = HashMap::new();
     let mut handles = Vec::new();
     inputs.iter().for_each(|v| v.for_each_handle(&mut |h| handles.push(*h)));
     if handles.is_empty() {
         return Ok(found);
     }
-    let mut table = table.locked();
+    let table = table.locked();
     for h in handles {
         if let std::collections::hash_map::Entry::Vacant(slot) = found.entry(h) {
-            slot.insert(table.get(tenant, h)?.0);
+            slot.insert(table.get(h)?);
         }
     }
     Ok(found)
@@ -148,20 +143,21 @@ pub struct Outputs<'a> {
     pub tensors: Vec<OutputTensor>,
     pub kept: Vec<HandleInfo>,
     inputs: Option<Arc<Payload>>,
-    /// Where output tensors are kept, and for whom; `None`: they are sent.
-    keep: Option<(&'a Mutex<HandleTable>, TenantId)>,
+    /// Where output tensors are kept (the core records whose they are from the reply); `None`:
+    /// they are sent.
+    keep: Option<&'a Mutex<KeptTensors>>,
 }
 
 impl<'a> Outputs<'a> {
-    pub fn new(inputs: Option<Arc<Payload>>, keep: Option<(&'a Mutex<HandleTable>, TenantId)>) -> Self {
+    pub fn new(inputs: Option<Arc<Payload>>, keep: Option<&'a Mutex<KeptTensors>>) -> Self {
         Self { descs: Vec::new(), tensors: Vec::new(), kept: Vec::new(), inputs, keep }
     }
 
     /// Frees what was kept so far (the output could not be built whole).
     pub fn release_kept(&mut self) {
-        if let Some((table, tenant)) = self.keep {
-            let handles: Vec<Handle> = self.kept.drain(..).map(|k| k.handle).collect();
-            table.locked().release(tenant, &handles);
+        if let Some(table) = self.keep {
+            let ids: Vec<u64> = self.kept.drain(..).map(|k| k.handle.id).collect();
+            table.locked().free(&ids);
         }
     }
 
@@ -188,8 +184,8 @@ impl<'a> Outputs<'a> {
     }
 
     fn tensor(&mut self, t: Tensor) -> Result<Value, ExecError> {
-        if let Some((table, tenant)) = self.keep {
-            return self.kept_tensor(t, table, tenant);
+        if let Some(table) = self.keep {
+            return self.kept_tensor(t, table);
         }
         let (bytes, desc) = OutputTensor::new(t, self.inputs.clone())?;
         let index = self.descs.len() as u32;
@@ -201,14 +197,14 @@ impl<'a> Outputs<'a> {
     /// Keeps `t` where it is; a CPU output that is a view of the request's payload (a model
     /// returning its input, see [`aliases`]) or of a storage larger than itself (a slice, kept
     /// by a handle charged for the slice alone) is copied first.
-    fn kept_tensor(&mut self, t: Tensor, table: &Mutex<HandleTable>, tenant: TenantId) -> Result<Value, ExecError> {
+    fn kept_tensor(&mut self, t: Tensor, table: &Mutex<KeptTensors>) -> Result<Value, ExecError> {
         let views_more = held_bytes([&t]) > tensor_bytes(&t);
         let t = match (aliases(&t, self.inputs.as_ref()) || views_more, t.is_contiguous()) {
             (true, _) => t.f_contiguous()?.f_detach_copy()?,
             (false, false) => t.f_contiguous()?,
             (false, true) => t,
         };
-        let info = table.locked().keep(tenant, t)?;
+        let info = table.locked().keep(t)?;
         let value = Value::Handle(info.handle);
         self.kept.push(info);
         Ok(value)

@@ -1,6 +1,7 @@
 use std::time::Duration;
 
-use djinn_proto::{ErrorCode, Handle, HandleInfo};
+use djinn_node_core::HandleError;
+use djinn_proto::{ErrorCode, Handle};
 
 /// Why a model could not be registered or run. Each maps to the error code the client sees.
 #[derive(Debug, thiserror::Error)]
@@ -112,31 +113,6 @@ impl ExecError {
             Self::Breakpoint(e) => e.code(),
             Self::Moving { code, .. } => *code,
             Self::Cuda(_) | Self::Internal(_) => ErrorCode::Internal,
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum HandleError {
-    #[error(
-        "handle {handle} is from an earlier life of this node (its epoch is now {current:016x}): the node restarted and what it kept is gone"
-    )]
-    Stale { handle: Handle, current: u64 },
-    #[error(
-        "no tensor is kept under handle {handle} on this node: it was released, or expired after {idle_ttl:?} unused"
-    )]
-    Unknown { handle: Handle, idle_ttl: Duration },
-    /// Answered with a `kept.Moved` reply, which clients follow.
-    #[error("the tensor under handle {handle} is kept at {to} now, as {}", kept.handle)]
-    Moved { handle: Handle, to: String, kept: HandleInfo },
-}
-
-impl HandleError {
-    pub fn code(&self) -> ErrorCode {
-        match self {
-            Self::Stale { .. } => ErrorCode::StaleHandle,
-            Self::Unknown { .. } | Self::Moved { .. } => ErrorCode::NotFound,
         }
     }
 }

@@ -23,22 +23,10 @@ pub use ::tch;
 mod convert;
 pub mod cost;
 
-pub(crate) use djinn_node_core::{MAX_OBJECTS_PER_TENANT, MIN_CHARGE};
+pub(crate) use djinn_node_core::{MIN_CHARGE, list_page as page};
 /// Most sessions, and most parked requests, one tenant holds on a node.
 pub const MAX_SESSIONS_PER_TENANT: usize = 4096;
 
-/// The most sessions or kept tensors one list answers (its metadata stays well under the
-/// frame's limit); the rest come on later pages.
-pub const LIST_PAGE: usize = 1024;
-
-/// The page of `ids` after `after`, in order (at most [`LIST_PAGE`]), and whether more remain.
-pub(crate) fn page(ids: impl Iterator<Item = u64>, after: u64) -> (Vec<u64>, bool) {
-    let mut ids: Vec<u64> = ids.filter(|&id| id > after).collect();
-    ids.sort_unstable();
-    let more = ids.len() > LIST_PAGE;
-    ids.truncate(LIST_PAGE);
-    (ids, more)
-}
 /// Most models one tenant holds on a node (as the control plane's default cap per tenant).
 pub const MAX_MODELS_PER_TENANT: usize = 4096;
 pub mod allocator;
@@ -46,8 +34,8 @@ mod deadline;
 mod error;
 mod fair;
 pub mod graph;
-mod handles;
 mod index_bounds;
+mod kept;
 pub mod libtorch;
 mod models;
 mod operands;
@@ -60,8 +48,7 @@ mod torchscript;
 mod value;
 mod workers;
 
-pub use error::{BreakpointError, Ended, ExecError, HandleError, SessionError};
-pub use handles::HandleTable;
+pub use error::{BreakpointError, Ended, ExecError, SessionError};
 pub use models::{Model, ModelStore, Unregistered, device_name, load, parse_device};
 pub use sessions::{Policy, SessionOptions, SessionTable};
 pub use tch::Device;

@@ -15,7 +15,7 @@ use djinn_memory::{MemoryBudget, Reservation};
 use djinn_proto::{Handle, TensorDesc, Value};
 
 use crate::error::{BreakpointError, Ended, ExecError};
-use crate::handles::fresh_epoch;
+use crate::kept::fresh_epoch;
 use crate::models::Model;
 use crate::tensors::dtype_of;
 use crate::tensors::held_bytes;

@@ -35,7 +35,7 @@ use djinn_proto::{Breakpoint, Fingerprint, Handle, Signal};
 use tch::{Device, Tensor};
 
 use crate::error::{ExecError, SessionError};
-use crate::handles::fresh_epoch;
+use crate::kept::fresh_epoch;
 use crate::models::Model;
 use crate::tensors::tensor_bytes;
 use djinn_node_core::CallInputs;
@@ -290,7 +290,7 @@ impl SessionTable {
     }
 
     /// The sessions (`tenant`'s only, when given) whose ids come after `after`, in order, a
-    /// page of [`crate::LIST_PAGE`] at most: whose, which, of what model, and their state's
+    /// page of [`djinn_node_core::LIST_PAGE`] at most: whose, which, of what model, and their state's
     /// bytes now; and whether more remain.
     pub fn list(&self, tenant: Option<TenantId>, after: u64) -> (Vec<(TenantId, Handle, Fingerprint, u64)>, bool) {
         let theirs = self.sessions.iter().filter(|(_, s)| tenant.is_none_or(|t| s.tenant == t));

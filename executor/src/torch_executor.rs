@@ -9,20 +9,17 @@ use std::time::{Duration, Instant};
 
 use djinn_auth::{Authenticator, TenantId};
 use djinn_memory::MemoryBudget;
-use djinn_node_core::{Executor, Job, Peers, PushSource, Replier, Reply, ReplyTo, tenant_budget};
-use djinn_proto::{
-    BreakpointMessage, Fingerprint, Handle, KeptEntry, KeptMessage, ModelMessage, Refusal, SessionMessage, SharedBytes,
-};
+use djinn_node_core::{Executor, Job, Peers, Replier, Reply, ReplyTo, tenant_budget};
+use djinn_proto::{BreakpointMessage, Fingerprint, Handle, ModelMessage, Refusal, SessionMessage};
 use tch::Device;
 
-use crate::convert::OutputTensor;
 use crate::cost::{ComputeMeter, ComputeQuota, Limits};
 use crate::error::SessionError;
-use crate::handles::HandleTable;
+use crate::kept::KeptTensors;
 use crate::models::{ModelStore, Unregistered};
 use crate::parked::{Parked, ParkedTable};
 use crate::sessions::{Op, SessionOptions, SessionTable, Sessions};
-use crate::workers::{Tables, Work, WorkQueue, Workers, error_reply};
+use crate::workers::{Tables, Work, WorkQueue, Workers};
 use djinn_sync::Locked;
 
 #[derive(Debug, Clone)]
@@ -31,8 +28,6 @@ pub struct ExecutorOptions {
     pub workers: usize,
     /// Host memory for streamed blocks' weights (shared with the core's uploads and inputs).
     pub host_budget: MemoryBudget,
-    /// A kept tensor unused this long is freed.
-    pub handle_ttl: Duration,
     pub sessions: SessionOptions,
     /// A request parked at a breakpoint is released after this long.
     pub parked_ttl: Duration,
@@ -45,9 +40,9 @@ pub struct ExecutorOptions {
     /// The node's rate of floating-point operations: a step planned to take longer at it than
     /// what is left of `execute_deadline` is refused before it runs. `None`: not weighed.
     pub flops_per_second: Option<f64>,
-    /// The node's principals, when clients need tokens: what a push names the tenant by.
+    /// The node's principals, when clients need tokens: what lists name tenants by.
     pub auth: Option<Arc<Authenticator>>,
-    /// The node's way to other nodes: pushes and session moves go through it.
+    /// The node's way to other nodes: session moves go through it.
     pub peers: Arc<dyn Peers>,
 }
 
@@ -55,10 +50,9 @@ pub struct ExecutorOptions {
 #[derive(Debug)]
 pub struct TorchExecutor {
     models: Arc<Mutex<ModelStore>>,
-    handles: Arc<Mutex<HandleTable>>,
+    kept: Arc<Mutex<KeptTensors>>,
     sessions: Sessions,
     parked: Arc<Mutex<ParkedTable>>,
-    peers: Arc<dyn Peers>,
     auth: Option<Arc<Authenticator>>,
     // Before the workers: the sweeper holds a queue into them, which must go first.
     _sweeper: Sweeper,
@@ -68,7 +62,7 @@ pub struct TorchExecutor {
 impl TorchExecutor {
     pub fn new(budget: MemoryBudget, options: ExecutorOptions) -> std::io::Result<Self> {
         let models = Arc::new(Mutex::new(ModelStore::new(budget.clone(), options.host_budget.clone())));
-        let handles = Arc::new(Mutex::new(HandleTable::new(budget.clone(), options.handle_ttl)));
+        let kept = Arc::new(Mutex::new(KeptTensors::new()));
         let host_pool = tenant_budget(options.sessions.host_pool, options.auth.as_ref(), |q| q.host_swap);
         let sessions =
             Sessions::new(SessionTable::new(options.sessions.clone(), budget.clone(), host_pool, options.device));
@@ -90,14 +84,14 @@ impl TorchExecutor {
         };
         let tables = Tables {
             models: Arc::clone(&models),
-            handles: Arc::clone(&handles),
+            kept: Arc::clone(&kept),
             sessions: sessions.clone(),
             parked: Arc::clone(&parked),
             peers: Arc::clone(&options.peers),
         };
         let workers = Workers::start(options.workers, options.device, tables, limits)?;
         tracing::info!(
-            epoch = format_args!("{:016x}", handles.locked().epoch()),
+            epoch = format_args!("{:016x}", kept.locked().epoch()),
             session_policy = options.sessions.policy.name(),
             session_budget = options.sessions.budget,
             "kept tensors and sessions start a new epoch"
@@ -105,11 +99,10 @@ impl TorchExecutor {
         let queue = workers.queue().ok_or_else(|| std::io::Error::other("no worker queue"))?;
         Ok(Self {
             models,
-            _sweeper: Sweeper::start(Arc::clone(&handles), sessions.clone(), Arc::clone(&parked), queue)?,
-            handles,
+            _sweeper: Sweeper::start(sessions.clone(), Arc::clone(&parked), queue)?,
+            kept,
             sessions,
             parked,
-            peers: options.peers,
             auth: options.auth,
             workers,
         })
@@ -117,10 +110,6 @@ impl TorchExecutor {
 
     fn models(&self) -> MutexGuard<'_, ModelStore> {
         self.models.locked()
-    }
-
-    fn handles(&self) -> MutexGuard<'_, HandleTable> {
-        self.handles.locked()
     }
 
     fn parked(&self) -> MutexGuard<'_, ParkedTable> {
@@ -152,35 +141,6 @@ impl TorchExecutor {
             Err(SessionError::Moved { to, session }) => Some(Reply::message(SessionMessage::Moved { to, session })),
             Err(e) => Some(Reply::error(e.code(), e.to_string())),
         }
-    }
-
-    /// The name of `tenant`, as other nodes know it (empty where nodes need no token).
-    fn tenant_name(&self, tenant: TenantId) -> String {
-        self.auth.as_ref().and_then(|a| a.name(tenant)).map_or_else(String::new, |n| n.to_string())
-    }
-
-    /// Pushes `tenant`'s kept tensor `handle` to the node at `to`, for the tenant named `name`
-    /// there.
-    fn push(
-        &self,
-        handle: Handle,
-        to: String,
-        grant: String,
-        name: String,
-        reply_to: ReplyTo,
-        replier: &Replier,
-    ) -> Option<Reply> {
-        let tensor = match self.handles().get(reply_to.tenant, handle) {
-            Ok((tensor, _)) => tensor,
-            Err(e) => return Some(error_reply(e.into())),
-        };
-        // Read (copied from the device) in the push's turn, off the poller's thread.
-        let read = move || {
-            let (bytes, desc) = OutputTensor::new(tensor, None).map_err(|e| (e.code(), e.to_string()))?;
-            Ok((desc, Arc::new(bytes) as SharedBytes))
-        };
-        self.peers.push(PushSource::Read(Box::new(read)), to, grant, name, reply_to, replier);
-        None
     }
 }
 
@@ -239,30 +199,6 @@ impl Executor for TorchExecutor {
             }
             Job::Keep { tensor, payload } => Work::Keep { tensor, payload },
             Job::Fetch { handle } => Work::Fetch { handle },
-            Job::ListKept { all, after } => {
-                let (listed, more) = self.handles().list((!all).then_some(tenant), after);
-                let tensors = listed
-                    .into_iter()
-                    .map(|(owner, kept)| KeptEntry {
-                        tenant: if all { self.tenant_name(owner) } else { String::new() },
-                        kept,
-                    })
-                    .collect();
-                return Some(Reply::message(KeptMessage::KeptList { tensors, more }));
-            }
-            Job::Forward { handle, to: peer, kept } => {
-                return Some(match self.handles().forward(tenant, handle, peer, kept) {
-                    Ok(()) => Reply::message(KeptMessage::Forwarded),
-                    Err(e) => error_reply(e.into()),
-                });
-            }
-            Job::Release { handles } => {
-                let released = self.handles().release(tenant, &handles);
-                return Some(Reply::message(KeptMessage::Released { released }));
-            }
-            Job::Push { handle, to: peer, grant, tenant: name } => {
-                return self.push(handle, peer, grant, name, to, replier);
-            }
             Job::OpenSession { fingerprint, state, payload, reserve } => {
                 match self.models().get(tenant, &fingerprint) {
                     Some(model) => Work::SessionOpen { model, state, payload, reserve },
@@ -307,9 +243,17 @@ impl Executor for TorchExecutor {
         None
     }
 
+    fn epoch(&self) -> u64 {
+        self.kept.locked().epoch()
+    }
+
+    fn free_kept(&mut self, ids: &[u64]) {
+        self.kept.locked().free(ids);
+    }
+
     fn stats(&self, out: &mut Vec<(String, u64)>) {
         self.models().stats(out);
-        self.handles().stats(out);
+        out.push(("executor_kept_tensors".to_owned(), self.kept.locked().len() as u64));
         self.sessions.stats.append(self.sessions.queues().len(), out);
         self.parked().stats(out);
         let c = &self.workers.counters;
@@ -341,7 +285,7 @@ fn end_parked_step(request: &Parked, sessions: &Sessions) -> Option<u64> {
     sessions.queues().end_parked(s.id).then_some(s.id)
 }
 
-/// Frees kept tensors, parked requests and sessions that lie unused past their time limits
+/// Frees parked requests and sessions that lie unused past their time limits
 /// (checking a few times per limit), and starts the restores of swapped-out sessions when they
 /// are due.
 struct Sweeper {
@@ -356,15 +300,10 @@ impl std::fmt::Debug for Sweeper {
 }
 
 impl Sweeper {
-    fn start(
-        handles: Arc<Mutex<HandleTable>>,
-        sessions: Sessions,
-        parked: Arc<Mutex<ParkedTable>>,
-        queue: WorkQueue,
-    ) -> std::io::Result<Self> {
+    fn start(sessions: Sessions, parked: Arc<Mutex<ParkedTable>>, queue: WorkQueue) -> std::io::Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
         let parked_ttl = parked.locked().ttl();
-        let ttl = handles.locked().idle_ttl().min(sessions.table.locked().options().idle_ttl).min(parked_ttl);
+        let ttl = sessions.table.locked().options().idle_ttl.min(parked_ttl);
         let period = (ttl / 4).clamp(Duration::from_millis(10), Duration::from_secs(10));
         let flag = Arc::clone(&stop);
         let table = sessions.clone();
@@ -373,7 +312,6 @@ impl Sweeper {
             while !flag.load(Ordering::Acquire) {
                 let now = Instant::now();
                 if now >= next_sweep {
-                    handles.locked().expire(now);
                     let expired = parked.locked().expire(now);
                     for request in expired {
                         if let Some(id) = end_parked_step(&request, &table) {

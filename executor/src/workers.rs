@@ -23,9 +23,9 @@ use crate::convert::{OutputTensor, Outputs, aliases, input_tensors, kept_inputs,
 use crate::cost::{self, Account, Limits};
 use crate::deadline;
 use crate::error::ExecError;
-use crate::error::{HandleError, SessionError};
+use crate::error::SessionError;
 use crate::fair::FairQueue;
-use crate::handles::HandleTable;
+use crate::kept::KeptTensors;
 use crate::models::{Model, ModelStore, spread};
 use crate::parked::{Parked, ParkedTable, SessionStep, Stopped, check_breakpoint, check_parkable};
 use crate::sessions::{Op, Sessions};
@@ -140,7 +140,7 @@ struct Shared {
     /// Node-to-node moves (a session's, in its turn).
     peers: Arc<dyn Peers>,
     models: Arc<Mutex<ModelStore>>,
-    handles: Arc<Mutex<HandleTable>>,
+    kept: Arc<Mutex<KeptTensors>>,
     sessions: Sessions,
     parked: Arc<Mutex<ParkedTable>>,
     counters: Arc<WorkerCounters>,
@@ -239,7 +239,7 @@ impl std::fmt::Debug for Workers {
 /// What the workers work on, shared with the node's service.
 pub struct Tables {
     pub models: Arc<Mutex<ModelStore>>,
-    pub handles: Arc<Mutex<HandleTable>>,
+    pub kept: Arc<Mutex<KeptTensors>>,
     pub sessions: Sessions,
     pub parked: Arc<Mutex<ParkedTable>>,
     pub peers: Arc<dyn Peers>,
@@ -247,7 +247,7 @@ pub struct Tables {
 
 impl Workers {
     pub fn start(count: usize, device: Device, tables: Tables, limits: Limits) -> std::io::Result<Self> {
-        let Tables { models, handles, sessions, parked, peers } = tables;
+        let Tables { models, kept, sessions, parked, peers } = tables;
         let scheduler = Arc::new(Scheduler {
             queued: Mutex::new(Queued { jobs: FairQueue::default(), senders: 1 }),
             ready: Condvar::new(),
@@ -257,7 +257,7 @@ impl Workers {
             device,
             peers,
             models,
-            handles,
+            kept,
             sessions,
             parked,
             counters: Arc::clone(&counters),
@@ -332,7 +332,7 @@ fn next_job(scheduler: &Scheduler) -> Option<(TenantId, Envelope)> {
 }
 
 fn work(scheduler: &Scheduler, shared: &Shared) {
-    let Shared { device, models, handles, sessions, counters, .. } = shared;
+    let Shared { device, models, kept, sessions, counters, .. } = shared;
     let device = *device;
     // A session's requests run one per job, the drain queued again in its tenant's turn while
     // the session has more: a tenant's queue of steps waits its turn like any other work.
@@ -371,8 +371,8 @@ fn work(scheduler: &Scheduler, shared: &Shared) {
                 drop(model);
                 Ok(Reply::message(ModelMessage::UnregisterAck))
             }
-            Work::Keep { tensor, payload } => keep(tenant, &tensor, payload, device, handles),
-            Work::Fetch { handle } => fetch(tenant, handle, handles),
+            Work::Keep { tensor, payload } => keep(&tensor, payload, device, kept),
+            Work::Fetch { handle } => fetch(handle, kept),
             Work::SessionOpen { model, state, payload, reserve } => {
                 open_session(tenant, model, &state, payload, reserve, sessions)
             }
@@ -420,7 +420,7 @@ fn work(scheduler: &Scheduler, shared: &Shared) {
         };
         counters.queued.fetch_sub(1, Ordering::Relaxed);
         if let Some((to, replier)) = reply {
-            replier.send(to, result);
+            replier.executed(to, result);
         }
         if let Some(id) = then_drain {
             drain(tenant, id);
@@ -444,13 +444,9 @@ fn reply_of(result: Result<Reply, ExecError>) -> Reply {
     })
 }
 
-/// The answer to a request that failed: where a kept tensor it named went (a `kept.Moved`,
-/// which clients follow), else the error.
+/// The answer to a request that failed.
 pub(crate) fn error_reply(e: ExecError) -> Reply {
-    match e {
-        ExecError::Handle(HandleError::Moved { to, kept, .. }) => Reply::message(KeptMessage::Moved { to, kept }),
-        e => Reply::error(e.code(), e.to_string()),
-    }
+    Reply::error(e.code(), e.to_string())
 }
 
 /// Runs a session's next queued request, in order; true while the drain goes on (false once
@@ -465,12 +461,12 @@ fn session_next(id: u64, shared: &Shared) -> bool {
                 // Whatever failed (a panic included), the session is not stepping any more.
                 let _ = sessions.locked().end_step(id, None);
             }
-            replier.send(to, reply_of(result));
+            replier.executed(to, reply_of(result));
         }
         Op::Signal { signal, ack } => {
             sessions.locked().signal(id, signal);
             if let Some((to, replier)) = ack {
-                replier.send(to, Reply::message(SessionMessage::Signaled));
+                replier.executed(to, Reply::message(SessionMessage::Signaled));
             }
         }
         Op::Restore => sessions.locked().restore_ahead(id),
@@ -480,10 +476,10 @@ fn session_next(id: u64, shared: &Shared) -> bool {
         Op::Close { to, replier } => {
             let after = shared.sessions.queues().close(id);
             sessions.locked().close(id);
-            replier.send(to, Reply::message(SessionMessage::Closed));
+            replier.executed(to, Reply::message(SessionMessage::Closed));
             for (to, replier) in after.into_iter().filter_map(Op::into_reply) {
                 let e = ExecError::Internal(format!("session {id} was closed before this request"));
-                replier.send(to, Reply::error(djinn_proto::ErrorCode::NotFound, e.to_string()));
+                replier.executed(to, Reply::error(djinn_proto::ErrorCode::NotFound, e.to_string()));
             }
             return false;
         }
@@ -495,11 +491,11 @@ fn session_next(id: u64, shared: &Shared) -> bool {
                     let state = sessions.locked().moved_out(id);
                     tracing::info!(session = id, peer = %to, took = ?started.elapsed(), "session moved");
                     let moved = || Reply::message(SessionMessage::Moved { to: to.clone(), session });
-                    replier.send(reply, moved());
+                    replier.executed(reply, moved());
                     // What waited behind the move is answered with where the session went, and
                     // sent there again by its client.
                     for (to, replier) in after.into_iter().filter_map(Op::into_reply) {
-                        replier.send(to, moved());
+                        replier.executed(to, moved());
                     }
                     drop(state);
                     return false;
@@ -508,7 +504,7 @@ fn session_next(id: u64, shared: &Shared) -> bool {
                     sessions.locked().move_failed(id);
                     shared.sessions.queues().move_failed(id);
                     tracing::info!(session = id, peer = %to, error = %e, "session move failed: it stays here");
-                    replier.send(reply, Reply::error(e.code(), e.to_string()));
+                    replier.executed(reply, Reply::error(e.code(), e.to_string()));
                 }
             }
         }
@@ -548,7 +544,7 @@ fn step(
     let session = SessionStep { id, state: state.len() };
     let payload = inputs.payload.map(Arc::new);
     let tensors = input_tensors(&inputs.tensors, payload.as_ref(), model.device)?;
-    let kept = kept_inputs(tenant, &inputs.values, &shared.handles)?;
+    let kept = kept_inputs(&inputs.values, &shared.kept)?;
     let mut args = inputs.values.iter().map(|v| model_value(v, &tensors, &kept)).collect::<Result<Vec<_>, _>>()?;
     args.extend(state.into_iter().map(ModelValue::Tensor));
     let run = Run { tenant, model, first: 0, keep: false, session: Some(session), payload };
@@ -611,7 +607,7 @@ impl Run {
             }
             None => output,
         };
-        let mut outputs = Outputs::new(self.payload, self.keep.then_some((&*shared.handles, self.tenant)));
+        let mut outputs = Outputs::new(self.payload, self.keep.then_some(&*shared.kept));
         let output = outputs.value(output).inspect_err(|_| outputs.release_kept())?;
         Ok(Reply {
             message: Message::Model(ModelMessage::ExecuteReply { tensors: outputs.descs, output, kept: outputs.kept }),
@@ -838,7 +834,7 @@ fn execute(
     }
     let payload = inputs.payload.map(Arc::new);
     let tensors = input_tensors(&inputs.tensors, payload.as_ref(), model.device)?;
-    let kept = kept_inputs(tenant, &inputs.values, &shared.handles)?;
+    let kept = kept_inputs(&inputs.values, &shared.kept)?;
     let args = inputs.values.iter().map(|v| model_value(v, &tensors, &kept)).collect::<Result<Vec<_>, _>>()?;
     let run = Run { tenant, model, first: 0, keep, session: None, payload };
     let ran = run.blocks(args, until)?;
@@ -847,28 +843,24 @@ fn execute(
 
 /// A received tensor kept on `device`: on the CPU a view of the payload it arrived in (no copy),
 /// on a GPU a copy there.
+/// (On the CPU the tensor is a view of the payload, which it holds, and its charge with it: the
+/// core charges its bookkeeping alone.)
 fn keep(
-    tenant: TenantId,
     desc: &TensorDesc,
     payload: Option<Payload>,
     device: Device,
-    handles: &Mutex<HandleTable>,
+    kept: &Mutex<KeptTensors>,
 ) -> Result<Reply, ExecError> {
     let payload = payload.map(Arc::new);
     let tensor = input_tensors(std::slice::from_ref(desc), payload.as_ref(), device)?
         .pop()
         .ok_or_else(|| ExecError::Internal("no tensor".into()))?;
-    let mut table = handles.locked();
-    let kept = match payload {
-        // The tensor is a view of the payload, which it holds, and its charge with it.
-        Some(_) if device == Device::Cpu => table.keep_view(tenant, tensor)?,
-        _ => table.keep(tenant, tensor)?,
-    };
+    let kept = kept.locked().keep(tensor)?;
     Ok(Reply::message(KeptMessage::Kept { kept }))
 }
 
-fn fetch(tenant: TenantId, handle: Handle, handles: &Mutex<HandleTable>) -> Result<Reply, ExecError> {
-    let (tensor, _) = handles.locked().get(tenant, handle)?;
+fn fetch(handle: Handle, kept: &Mutex<KeptTensors>) -> Result<Reply, ExecError> {
+    let tensor = kept.locked().get(handle)?;
     let (bytes, desc) = OutputTensor::new(tensor, None)?;
     Ok(Reply {
         message: Message::Data(DataMessage::GetReply { tensor: desc }),

@@ -27,7 +27,6 @@ fn executor() -> (TorchExecutor, MemoryBudget) {
         device: Device::Cpu,
         workers: 2,
         host_budget: MemoryBudget::new(1 << 30),
-        handle_ttl: Duration::from_secs(60),
         sessions: SessionOptions {
             policy: Policy::Lru,
             budget: 1 << 28,

@@ -1,7 +1,7 @@
 //! What the core asks of the executor, typed once from the request that asked for it.
 
 use djinn_auth::TenantId;
-use djinn_proto::{Breakpoint, Fingerprint, Handle, HandleInfo, Payload, Refusal, Signal, TensorDesc, Value};
+use djinn_proto::{Breakpoint, Fingerprint, Handle, Payload, Refusal, Signal, TensorDesc, Value};
 
 use crate::{Replier, Reply, ReplyTo, Upload};
 
@@ -46,31 +46,9 @@ pub enum Job {
         tensor: TensorDesc,
         payload: Option<Payload>,
     },
-    /// A kept tensor's bytes.
+    /// A kept tensor's bytes (the handle is one the core holds for the request's tenant).
     Fetch {
         handle: Handle,
-    },
-    /// A page of the kept tensors after `after`: the caller's, or every tenant's (`all`).
-    ListKept {
-        all: bool,
-        after: u64,
-    },
-    /// Says where a kept tensor went (a drain moved it to the node at `to`, as `kept`).
-    Forward {
-        handle: Handle,
-        to: String,
-        kept: HandleInfo,
-    },
-    Release {
-        handles: Vec<Handle>,
-    },
-    /// Pushes a kept tensor to the node at `to` on its `grant`, for the tenant named `tenant`
-    /// there.
-    Push {
-        handle: Handle,
-        to: String,
-        grant: String,
-        tenant: String,
     },
     /// Opens a session of a model, from the state given (none: the graph's own initial state).
     OpenSession {
@@ -122,7 +100,11 @@ pub enum Job {
 
 /// What runs models and holds what they keep on the device, behind the node's core. Called on
 /// the poller's thread: it must not block (work goes to its own threads, which answer through
-/// the replier).
+/// the replier with [`Replier::executed`]).
+///
+/// The tensors it keeps (a `Keep`, an execution's outputs kept) are its own, by the ids of the
+/// handles it answers with; whose each is, what it is charged and how long it stays is the
+/// core's record, which tells the executor when to free them.
 pub trait Executor {
     /// Answers `job`, a request of `to`'s, now (`Some`) or later through `replier` (`None`).
     fn run(&mut self, job: Job, to: ReplyTo, replier: &Replier) -> Option<Reply>;
@@ -135,6 +117,12 @@ pub trait Executor {
         public: bool,
         torchscript: bool,
     ) -> Result<bool, Refusal>;
+    /// The life of this executor: what the handles of the tensors it keeps carry as their
+    /// epoch (a handle of another life names nothing here).
+    fn epoch(&self) -> u64;
+    /// Frees the kept tensors of these ids (released, expired, moved away, or refused by the
+    /// core when it recorded them). Ids it does not hold are skipped.
+    fn free_kept(&mut self, ids: &[u64]);
     /// Appends the executor's counters to a stats reply.
     fn stats(&self, out: &mut Vec<(String, u64)>);
 }

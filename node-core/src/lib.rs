@@ -7,8 +7,10 @@
 //! - [`Reply`], [`ReplyTo`], [`Replier`]: an answer, the request it answers, and the way to send
 //!   one from another thread (an executor worker) back to the poller.
 //! - [`NodeCore`]: the [`Service`] of a node. It routes each request once, by what it asks:
-//!   named tensors (`store.rs`) and registrations in progress are its own; the rest goes to
-//!   the [`Executor`] as a typed [`Job`] of plain data and the payload it arrived in.
+//!   named tensors (`store.rs`), registrations in progress and the records of kept tensors
+//!   (`kept.rs`) are its own; the rest goes to the [`Executor`] as a typed [`Job`] of plain
+//!   data and the payload it arrived in. The executor's answers come back through the core
+//!   ([`Answer::Executed`], [`Service::complete`]).
 //! - [`LocalNode`]: the node's own requests (its membership agent, /metrics, drain), served by
 //!   the poller in process, with no socket and no frame.
 //! - [`Peers`]: the node's way to other nodes (pushes, session moves), which the node provides
@@ -19,6 +21,7 @@ mod admission;
 pub mod conformance;
 mod grants;
 mod jobs;
+mod kept;
 mod local;
 mod node;
 mod peers;
@@ -30,10 +33,11 @@ mod upload;
 pub use admission::Admission;
 pub use grants::Delivery;
 pub use jobs::{CallInputs, Executor, Job};
+pub use kept::HandleError;
 pub use local::{LocalError, LocalNode, LocalRequest};
 pub use node::{CoreOptions, MAX_ARCHIVE_READ, NodeCore, tenant_budget};
-pub use peers::{PeerError, Peers, PushSource};
-pub use reply::{Replier, Reply, ReplyTo};
+pub use peers::{PeerError, Peers, PushedTensor};
+pub use reply::{Answer, Replier, Reply, ReplyTo};
 pub use service::Service;
 pub use upload::{Scope, Upload};
 
@@ -45,3 +49,15 @@ pub const MIN_CHARGE: u64 = 4096;
 pub const MAX_OBJECTS_PER_TENANT: usize = 65_536;
 /// Most registrations one tenant has in progress on a node at once.
 pub const MAX_UPLOADS_PER_TENANT: usize = 16;
+/// The most sessions or kept tensors one list answers (its metadata stays well under the
+/// frame's limit); the rest come on later pages.
+pub const LIST_PAGE: usize = 1024;
+
+/// The page of `ids` after `after`, in order (at most [`LIST_PAGE`]), and whether more remain.
+pub fn list_page(ids: impl Iterator<Item = u64>, after: u64) -> (Vec<u64>, bool) {
+    let mut ids: Vec<u64> = ids.filter(|&id| id > after).collect();
+    ids.sort_unstable();
+    let more = ids.len() > LIST_PAGE;
+    ids.truncate(LIST_PAGE);
+    (ids, more)
+}

@@ -9,15 +9,16 @@ use std::time::{Duration, Instant};
 use djinn_auth::{Authenticator, TenantId};
 use djinn_memory::{BufferPool, MemoryBudget, Reservation};
 use djinn_proto::{
-    Archives, BreakpointMessage, DataMessage, ErrorCode, Fingerprint, Frame, KeptMessage, Kind, Message, ModelMessage,
-    Payload, Refusal, SessionMessage, TensorSource,
+    Archives, BreakpointMessage, DataMessage, ErrorCode, Fingerprint, Frame, HandleInfo, KeptEntry, KeptMessage, Kind,
+    Message, ModelMessage, Payload, Refusal, SessionMessage, TensorSource, Value,
 };
 
 use crate::grants::Grants;
 use crate::jobs::{CallInputs, Executor, Job};
+use crate::kept::{HandleError, KeptTable};
 use crate::store::TensorStore;
 use crate::{Admission, Delivery};
-use crate::{Peers, PushSource, Replier, Reply, ReplyTo, Service, Upload};
+use crate::{Peers, PushedTensor, Replier, Reply, ReplyTo, Service, Upload};
 
 #[cfg(test)]
 #[path = "node_tests.rs"]
@@ -48,8 +49,10 @@ pub struct CoreOptions {
     /// The node's principals, when clients need tokens: what tenants are named by to other
     /// nodes.
     pub auth: Option<Arc<Authenticator>>,
-    /// The node's way to other nodes (pushes of named tensors).
+    /// The node's way to other nodes (pushes of named and kept tensors).
     pub peers: Arc<dyn Peers>,
+    /// A kept tensor unused this long is freed.
+    pub handle_ttl: Duration,
 }
 
 /// A budget of `limit` bytes in which each tenant of `auth` holds no more than the part of its
@@ -83,7 +86,22 @@ pub struct NodeCore<E> {
     /// Tenants' request quotas, when clients need tokens.
     admission: Option<Admission>,
     grants: Grants,
+    /// The records of the tensors the executor keeps.
+    kept: KeptTable,
+    /// Requests whose executor's answer the core finishes itself, by connection and request.
+    pending: HashMap<(u64, u64), Pending>,
     executor: E,
+}
+
+/// What the core does with the executor's answer to a request, besides recording what it kept.
+#[derive(Debug)]
+enum Pending {
+    /// A received tensor kept: over its payload (`in_place`), which carries its charge, or a
+    /// copy charged its bytes.
+    Keep { in_place: bool },
+    /// A kept tensor's bytes, read to be pushed to the node at `to` on its `grant`, for the
+    /// tenant named `tenant` there.
+    Push { to: String, grant: String, tenant: String },
 }
 
 /// A registration between its begin and its commit.
@@ -99,6 +117,7 @@ impl<E: Executor> NodeCore<E> {
     /// Named tensors live in `budget` (the device's).
     pub fn new(budget: MemoryBudget, options: CoreOptions, executor: E) -> Self {
         let pool = BufferPool::new(options.pool_bytes, 64 * 1024);
+        let kept = KeptTable::new(executor.epoch(), budget.clone(), options.handle_ttl, Instant::now());
         Self {
             tensors: TensorStore::new(budget, pool.clone(), options.max_meta),
             uploads: HashMap::new(),
@@ -111,6 +130,8 @@ impl<E: Executor> NodeCore<E> {
             auth: options.auth,
             peers: options.peers,
             grants: Grants::default(),
+            kept,
+            pending: HashMap::new(),
             executor,
         }
     }
@@ -200,8 +221,92 @@ impl<E: Executor> NodeCore<E> {
             return Some(Reply::error(ErrorCode::NotFound, format!("no tensor named {name:?}")));
         };
         // On the peer, the tensor is the same tenant's.
-        self.peers.push(PushSource::Bytes { desc, bytes }, to, grant, self.tenant_name(tenant), reply_to, replier);
+        self.peers.push(PushedTensor { desc, bytes }, to, grant, self.tenant_name(tenant), reply_to, replier);
         None
+    }
+
+    /// Answers a request about kept tensors that the core's records answer alone, or hands
+    /// one that needs a tensor's bytes on (a fetch, a push) once its handle is checked.
+    fn kept_request(&mut self, message: KeptMessage, to: ReplyTo, replier: &Replier, now: Instant) -> Option<Reply> {
+        let tenant = to.tenant;
+        let (handle, then) = match message {
+            KeptMessage::List { after } => {
+                let all = to.operator;
+                let (listed, more) = self.kept.list((!all).then_some(tenant), after);
+                let tensors = listed
+                    .into_iter()
+                    .map(|(owner, kept)| KeptEntry {
+                        tenant: if all { self.tenant_name(owner) } else { String::new() },
+                        kept,
+                    })
+                    .collect();
+                return Some(Reply::message(KeptMessage::KeptList { tensors, more }));
+            }
+            KeptMessage::Forward { handle, to: peer, kept } => {
+                return Some(match self.kept.forward(tenant, handle, peer, kept, now) {
+                    Ok(()) => {
+                        self.executor.free_kept(&[handle.id]);
+                        Reply::message(KeptMessage::Forwarded)
+                    }
+                    Err(e) => handle_error_reply(e),
+                });
+            }
+            KeptMessage::Release { handles } => {
+                let released = self.kept.release(tenant, &handles);
+                self.executor.free_kept(&released);
+                return Some(Reply::message(KeptMessage::Released { released: released.len() as u32 }));
+            }
+            KeptMessage::Fetch { handle } => (handle, None),
+            // On the peer, the tensor is the same tenant's.
+            KeptMessage::Push { source: TensorSource::Handle(handle), to: peer, grant } => {
+                (handle, Some(Pending::Push { to: peer, grant, tenant: self.tenant_name(tenant) }))
+            }
+            other => {
+                let kind = Message::Kept(other).kind();
+                return Some(Reply::error(
+                    ErrorCode::Unexpected,
+                    format!("a node does not serve {} requests", kind.name()),
+                ));
+            }
+        };
+        if let Err(e) = self.kept.get(tenant, handle, now) {
+            return Some(handle_error_reply(e));
+        }
+        if let Some(pending) = then {
+            self.pending.insert((to.conn_id, to.request_id), pending);
+        }
+        let reply = self.executor.run(Job::Fetch { handle }, to, replier)?;
+        self.complete(to, reply, replier, now)
+    }
+
+    /// Checks the handles `values` name: each one the tenant's, of this life, still here (a
+    /// tensor forwarded elsewhere is answered with where it went, which clients follow).
+    fn check_handles(&mut self, tenant: TenantId, values: &[Value], now: Instant) -> Result<(), HandleError> {
+        let mut handles = Vec::new();
+        values.iter().for_each(|v| v.for_each_handle(&mut |h| handles.push(*h)));
+        for handle in handles {
+            self.kept.get(tenant, handle, now)?;
+        }
+        Ok(())
+    }
+
+    /// Records the tensors the executor says it kept for `tenant` (`in_place`: over their
+    /// payload) before `reply` goes; when the records are refused the tensors are freed and the
+    /// reply is the refusal.
+    fn record_kept(&mut self, tenant: TenantId, reply: Reply, in_place: bool, now: Instant) -> Reply {
+        let kept: &[HandleInfo] = match &reply.message {
+            Message::Model(ModelMessage::ExecuteReply { kept, .. }) => kept,
+            Message::Kept(KeptMessage::Kept { kept }) => std::slice::from_ref(kept),
+            _ => return reply,
+        };
+        match self.kept.record(tenant, kept, in_place, now) {
+            Ok(()) => reply,
+            Err(refusal) => {
+                let ids: Vec<u64> = kept.iter().map(|k| k.handle.id).collect();
+                self.executor.free_kept(&ids);
+                Reply::error(refusal.code, refusal.message)
+            }
+        }
     }
 
     /// The job a request of the executor's asks for; the request's kind when it is not one.
@@ -217,13 +322,6 @@ impl<E: Executor> NodeCore<E> {
                 Job::ReadArchives { fingerprint, offset, len }
             }
             Message::Kept(KeptMessage::Keep { tensor }) => Job::Keep { tensor, payload },
-            Message::Kept(KeptMessage::Fetch { handle }) => Job::Fetch { handle },
-            Message::Kept(KeptMessage::List { after }) => Job::ListKept { all, after },
-            Message::Kept(KeptMessage::Forward { handle, to: peer, kept }) => Job::Forward { handle, to: peer, kept },
-            Message::Kept(KeptMessage::Release { handles }) => Job::Release { handles },
-            Message::Kept(KeptMessage::Push { source: TensorSource::Handle(handle), to: peer, grant }) => {
-                Job::Push { handle, to: peer, grant, tenant: self.tenant_name(to.tenant) }
-            }
             Message::Session(SessionMessage::Open { fingerprint, state, reserve }) => {
                 Job::OpenSession { fingerprint, state, payload, reserve }
             }
@@ -317,18 +415,61 @@ impl<E: Executor> Service for NodeCore<E> {
             Message::Kept(KeptMessage::Push { source: TensorSource::Named(name), to: peer, grant }) => {
                 return self.push_named(&name, peer, grant, to, replier);
             }
+            Message::Kept(KeptMessage::Keep { .. }) => {
+                let in_place = self.keep_in_place && payload.is_some();
+                self.pending.insert((to.conn_id, to.request_id), Pending::Keep { in_place });
+                message
+            }
+            Message::Kept(
+                message @ (KeptMessage::List { .. }
+                | KeptMessage::Forward { .. }
+                | KeptMessage::Release { .. }
+                | KeptMessage::Fetch { .. }
+                | KeptMessage::Push { .. }),
+            ) => return self.kept_request(message, to, replier, now),
             other => other,
         };
-        match self.job(message, payload, to) {
-            Ok(job) => self.executor.run(job, to, replier),
+        let job = match self.job(message, payload, to) {
+            Ok(job) => job,
             Err(kind) => {
-                Some(Reply::error(ErrorCode::Unexpected, format!("a node does not serve {} requests", kind.name())))
+                let message = format!("a node does not serve {} requests", kind.name());
+                return Some(Reply::error(ErrorCode::Unexpected, message));
             }
+        };
+        let named = match &job {
+            Job::Execute { inputs, .. } | Job::Step { inputs, .. } => Some(inputs.values.as_slice()),
+            _ => None,
+        };
+        if let Some(values) = named
+            && let Err(e) = self.check_handles(tenant, values, now)
+        {
+            return Some(handle_error_reply(e));
         }
+        let reply = self.executor.run(job, to, replier)?;
+        self.complete(to, reply, replier, now)
+    }
+
+    fn complete(&mut self, to: ReplyTo, reply: Reply, replier: &Replier, now: Instant) -> Option<Reply> {
+        let in_place = match self.pending.remove(&(to.conn_id, to.request_id)) {
+            Some(Pending::Push { to: peer, grant, tenant }) => {
+                let Message::Data(DataMessage::GetReply { tensor: desc }) = reply.message else {
+                    return Some(reply);
+                };
+                let Some(bytes) = reply.tensors.into_iter().next() else {
+                    return Some(Reply::error(ErrorCode::Internal, "a kept tensor read back without its bytes"));
+                };
+                self.peers.push(PushedTensor { desc, bytes }, peer, grant, tenant, to, replier);
+                return None;
+            }
+            Some(Pending::Keep { in_place }) => in_place,
+            None => false,
+        };
+        Some(self.record_kept(to.tenant, reply, in_place, now))
     }
 
     fn stats(&self, out: &mut Vec<(String, u64)>) {
         self.tensors.stats(out);
+        self.kept.stats(out);
         self.executor.stats(out);
         out.extend(
             [
@@ -361,6 +502,8 @@ impl<E: Executor> Service for NodeCore<E> {
     }
 
     fn on_disconnect(&mut self, connection: u64) {
+        // Its requests' pending answers stay: each still comes, is completed (what it kept is
+        // recorded, to be released or to expire) and dropped with no one to send it to.
         self.uploads.retain(|id, u| {
             let keep = u.upload.connection != connection;
             if !keep {
@@ -370,7 +513,13 @@ impl<E: Executor> Service for NodeCore<E> {
         });
     }
 
+    fn next_expiry(&self) -> Option<Instant> {
+        Some(self.kept.next_sweep()).filter(|_| !self.kept.is_empty())
+    }
+
     fn expire(&mut self, now: Instant) {
+        let expired = self.kept.expire(now);
+        self.executor.free_kept(&expired);
         let timeout = self.upload_timeout;
         self.uploads.retain(|id, u| {
             let keep = now.saturating_duration_since(u.last_chunk) < timeout;
@@ -379,5 +528,14 @@ impl<E: Executor> Service for NodeCore<E> {
             }
             keep
         });
+    }
+}
+
+/// The answer to a request naming a handle that names nothing it may use: where the tensor went
+/// (a `kept.Moved`, which clients follow), else the error.
+fn handle_error_reply(e: HandleError) -> Reply {
+    match e {
+        HandleError::Moved { to, kept, .. } => Reply::message(KeptMessage::Moved { to, kept }),
+        e => Reply::error(e.code(), e.to_string()),
     }
 }

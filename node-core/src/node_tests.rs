@@ -13,7 +13,7 @@ use djinn_proto::{
 
 use crate::{
     CoreOptions, Executor, Job, MAX_ARCHIVE_READ, MAX_UPLOADS_PER_TENANT, MIN_CHARGE, NodeCore, PeerError, Peers,
-    PushSource, Replier, Reply, ReplyTo, Service,
+    PushedTensor, Replier, Reply, ReplyTo, Service,
 };
 
 /// An executor that answers nothing itself: it keeps each job (with its payload, so that what
@@ -23,7 +23,12 @@ struct Recorder {
     jobs: Vec<(Job, ReplyTo)>,
     /// Models the node holds already, for `claim`.
     held: Vec<Fingerprint>,
+    /// The kept tensors the core told it to free, by id.
+    freed: Vec<u64>,
 }
+
+/// The epoch of the recorder's handles.
+const EPOCH: u64 = 5;
 
 impl Executor for Recorder {
     fn run(&mut self, job: Job, to: ReplyTo, _: &Replier) -> Option<Reply> {
@@ -33,6 +38,14 @@ impl Executor for Recorder {
 
     fn claim(&mut self, _: TenantId, fingerprint: &Fingerprint, _: bool, _: bool) -> Result<bool, Refusal> {
         Ok(self.held.contains(fingerprint))
+    }
+
+    fn epoch(&self) -> u64 {
+        EPOCH
+    }
+
+    fn free_kept(&mut self, ids: &[u64]) {
+        self.freed.extend_from_slice(ids);
     }
 
     fn stats(&self, out: &mut Vec<(String, u64)>) {
@@ -45,8 +58,8 @@ impl Executor for Recorder {
 struct PushLog(Mutex<Vec<(TensorDesc, Vec<u8>, String)>>);
 
 impl Peers for PushLog {
-    fn push(&self, source: PushSource, to: String, _: String, _: String, _: ReplyTo, _: &Replier) {
-        let PushSource::Bytes { desc, bytes } = source else { panic!("a named tensor is pushed from its bytes") };
+    fn push(&self, tensor: PushedTensor, to: String, _: String, _: String, _: ReplyTo, _: &Replier) {
+        let PushedTensor { desc, bytes } = tensor;
         self.0.lock().unwrap().push((desc, bytes.as_ref().as_ref().to_vec(), to));
     }
 
@@ -89,6 +102,7 @@ fn harness(keep_in_place: bool) -> Harness {
         keep_in_place,
         auth: None,
         peers: Arc::clone(&pushes) as Arc<dyn Peers>,
+        handle_ttl: TIMEOUT,
     };
     let (replier, _) = Replier::new(Arc::new(|| {}));
     Harness {
@@ -125,6 +139,12 @@ impl Harness {
 
     fn jobs(&self) -> &[(Job, ReplyTo)] {
         &self.core.executor.jobs
+    }
+
+    /// Answers the executor's oldest job with `reply`, as its worker would: what the core sends.
+    fn answer(&mut self, reply: Reply) -> Option<Reply> {
+        let (_, to) = self.core.executor.jobs.remove(0);
+        self.core.complete(to, reply, &self.replier, self.now)
     }
 }
 
@@ -321,4 +341,79 @@ fn the_executor_double_passes_the_conformance_suite() {
     // Any bytes are a model to the double; the real executor's run is in djinn-executor's tests.
     let identity = b"the identity of its one input";
     crate::conformance::run(|| (crate::conformance::FakeExecutor::default(), MemoryBudget::new(1 << 20)), identity);
+}
+
+fn kept(id: u64, n: u64) -> HandleInfo {
+    HandleInfo { handle: Handle { id, epoch: EPOCH }, tensor: f32s(n) }
+}
+
+#[test]
+fn what_the_executor_keeps_is_recorded_charged_and_freed_by_the_core() {
+    let mut h = harness(false);
+    assert!(h.request(KeptMessage::Keep { tensor: f32s(4) }, &[1; 16]).is_none());
+    let answer = Reply::message(KeptMessage::Kept { kept: kept(1, 4) });
+    assert_eq!(h.answer(answer).unwrap().message, Message::Kept(KeptMessage::Kept { kept: kept(1, 4) }));
+    assert_eq!(h.device.used(), 16 + MIN_CHARGE, "a copy is charged its bytes and a page");
+    // An execution's outputs kept, over the budget: refused, and freed where they are held.
+    let execute = |input: Handle| ModelMessage::Execute {
+        fingerprint: Fingerprint::of_blocks(&[[0u8; 1]]),
+        tensors: Vec::new(),
+        inputs: vec![Value::Handle(input)],
+        keep: true,
+        until: None,
+    };
+    assert!(h.request(execute(kept(1, 4).handle), &[]).is_none(), "its input is the tenant's");
+    let outputs = vec![kept(2, 1), kept(3, 1 << 18)];
+    let message = ModelMessage::ExecuteReply { tensors: Vec::new(), output: Value::None, kept: outputs };
+    assert_eq!(error_of(h.answer(Reply::message(message))).0, ErrorCode::OverBudget);
+    assert_eq!(h.core.executor.freed, [2, 3]);
+    assert_eq!(h.device.used(), 16 + MIN_CHARGE, "nothing of the refused answer is held");
+    // Handles are checked before a job reaches the executor.
+    let stale = Handle { id: 1, epoch: 4 };
+    assert_eq!(error_of(h.request(execute(stale), &[])).0, ErrorCode::StaleHandle);
+    assert_eq!(error_of(h.request(execute(kept(9, 1).handle), &[])).0, ErrorCode::NotFound);
+    assert!(h.jobs().is_empty());
+    // Unused past the idle time limit: its record goes and the executor frees it.
+    assert!(h.core.next_expiry().is_some_and(|at| at <= h.now + TIMEOUT / 4), "swept four times per limit");
+    h.core.expire(h.now + TIMEOUT);
+    assert_eq!(h.core.executor.freed, [2, 3, 1]);
+    assert_eq!((h.device.used(), h.core.next_expiry()), (0, None), "nothing left to expire");
+}
+
+#[test]
+fn a_tensor_kept_over_its_payload_is_charged_once() {
+    let mut h = harness(true);
+    assert!(h.request(KeptMessage::Keep { tensor: f32s(4) }, &[1; 16]).is_none());
+    let payload_charge = h.device.used();
+    // The executor holds the payload under the tensor it keeps.
+    let (job, to) = h.core.executor.jobs.remove(0);
+    let answer = Reply::message(KeptMessage::Kept { kept: kept(1, 4) });
+    assert!(h.core.complete(to, answer, &h.replier, h.now).is_some());
+    assert_eq!(h.device.used(), payload_charge + MIN_CHARGE, "the payload carries its bytes' charge");
+    drop(job);
+    assert_eq!(h.device.used(), MIN_CHARGE, "until the executor frees it");
+}
+
+#[test]
+fn a_kept_tensor_is_read_by_the_executor_and_pushed_by_the_core() {
+    let mut h = harness(false);
+    assert!(h.request(KeptMessage::Keep { tensor: f32s(1) }, &[1; 4]).is_none());
+    h.answer(Reply::message(KeptMessage::Kept { kept: kept(1, 1) })).unwrap();
+    let push =
+        KeptMessage::Push { source: TensorSource::Handle(kept(1, 1).handle), to: "peer:1".into(), grant: "g".into() };
+    assert!(h.request(push, &[]).is_none());
+    assert!(matches!(h.jobs(), [(Job::Fetch { handle }, _)] if *handle == kept(1, 1).handle), "read first");
+    let read = Reply {
+        message: DataMessage::GetReply { tensor: f32s(1) }.into(),
+        tensors: vec![Arc::new(vec![9u8; 4]) as djinn_proto::SharedBytes],
+    };
+    assert!(h.answer(read).is_none(), "the push is answered when it is done");
+    assert_eq!(h.pushes.0.lock().unwrap().as_slice(), &[(f32s(1), vec![9; 4], "peer:1".to_owned())]);
+    // Forwarded there, it is freed here and requests naming it are told where it went.
+    let there = HandleInfo { handle: Handle { id: 7, epoch: 1 }, tensor: f32s(1) };
+    let forward = KeptMessage::Forward { handle: kept(1, 1).handle, to: "peer:1".into(), kept: there.clone() };
+    assert_eq!(h.request(forward, &[]).unwrap().message, Message::Kept(KeptMessage::Forwarded));
+    assert_eq!((h.core.executor.freed.as_slice(), h.device.used()), (&[1][..], 0));
+    let moved = h.request(KeptMessage::Fetch { handle: kept(1, 1).handle }, &[]).unwrap();
+    assert_eq!(moved.message, Message::Kept(KeptMessage::Moved { to: "peer:1".into(), kept: there }));
 }

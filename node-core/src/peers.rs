@@ -9,30 +9,33 @@ use crate::{Replier, ReplyTo};
 /// Why a push or a move to another node failed: the code and message the tenant gets.
 pub type PeerError = (ErrorCode, String);
 
-/// What is pushed: bytes already in host memory (a named tensor), or a tensor whose bytes are
-/// read when the push's turn comes, off the poller's thread (a kept tensor, copied from its
-/// device then).
-pub enum PushSource {
-    Bytes { desc: TensorDesc, bytes: SharedBytes },
-    Read(Box<dyn FnOnce() -> Result<(TensorDesc, SharedBytes), PeerError> + Send>),
+/// A tensor to push: its descriptor and its bytes, in host memory.
+pub struct PushedTensor {
+    pub desc: TensorDesc,
+    pub bytes: SharedBytes,
 }
 
-impl fmt::Debug for PushSource {
+impl fmt::Debug for PushedTensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Bytes { desc, .. } => f.debug_struct("Bytes").field("desc", desc).finish_non_exhaustive(),
-            Self::Read(_) => f.write_str("Read"),
-        }
+        f.debug_struct("PushedTensor").field("desc", &self.desc).finish_non_exhaustive()
     }
 }
 
 /// Pushes and session moves to other nodes, by the address a tenant names. Only the nodes of
 /// this node's cluster are reached; anywhere else is refused with nothing sent.
 pub trait Peers: Send + Sync + fmt::Debug {
-    /// Pushes `source` to the node at `to` on its `grant`, for `tenant` (by name, empty where
+    /// Pushes `tensor` to the node at `to` on its `grant`, for `tenant` (by name, empty where
     /// nodes need no token), in that tenant's turn; the reply (`kept.Pushed` or an error) goes
     /// to `reply_to` through `replier`.
-    fn push(&self, source: PushSource, to: String, grant: String, tenant: String, reply_to: ReplyTo, replier: &Replier);
+    fn push(
+        &self,
+        tensor: PushedTensor,
+        to: String,
+        grant: String,
+        tenant: String,
+        reply_to: ReplyTo,
+        replier: &Replier,
+    );
 
     /// Opens, on the node at `to` and on its `grant`, a session of the model `fingerprint` for
     /// `tenant` (by name) whose state is `state` (each tensor's description and bytes), holding

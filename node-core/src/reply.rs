@@ -56,24 +56,44 @@ impl ReplyTo {
     }
 }
 
-/// Sends replies to the poller from other threads (executor workers) and wakes it.
+/// What another thread sends the poller for a request answered later.
+#[derive(Debug)]
+pub enum Answer {
+    /// The reply, to send as it is (a peer's answer to a push).
+    Reply(Reply),
+    /// The executor's answer to a job, which the core completes before it goes (see
+    /// [`crate::Service::complete`]): it records the tensors the answer says are kept.
+    Executed(Reply),
+}
+
+/// Sends answers to the poller from other threads (executor workers, pushes) and wakes it.
 #[derive(Clone)]
 pub struct Replier {
-    tx: Sender<(ReplyTo, Reply)>,
+    tx: Sender<(ReplyTo, Answer)>,
     wake: Arc<dyn Fn() + Send + Sync>,
 }
 
 impl Replier {
     /// A replier, and the receiving end the poller drains; `wake` makes the poller return from a
     /// blocking wait.
-    pub fn new(wake: Arc<dyn Fn() + Send + Sync>) -> (Self, Receiver<(ReplyTo, Reply)>) {
+    pub fn new(wake: Arc<dyn Fn() + Send + Sync>) -> (Self, Receiver<(ReplyTo, Answer)>) {
         let (tx, rx) = crossbeam_channel::unbounded();
         (Self { tx, wake }, rx)
     }
 
+    /// Sends `reply` to the request `to` as it is.
     pub fn send(&self, to: ReplyTo, reply: Reply) {
+        self.answer(to, Answer::Reply(reply));
+    }
+
+    /// Sends the executor's answer to the request `to`, for the core to complete.
+    pub fn executed(&self, to: ReplyTo, reply: Reply) {
+        self.answer(to, Answer::Executed(reply));
+    }
+
+    fn answer(&self, to: ReplyTo, answer: Answer) {
         // The receiver lives as long as the poller; after it stops, replies have nowhere to go.
-        if self.tx.send((to, reply)).is_ok() {
+        if self.tx.send((to, answer)).is_ok() {
             (self.wake)();
         }
     }

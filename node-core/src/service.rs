@@ -18,6 +18,11 @@ pub trait Service {
     /// Answers a request that is not one of the data plane's own (hello, ping, stats), now
     /// (`Some`) or later from another thread through `replier` (`None`).
     fn handle(&mut self, frame: Frame, to: ReplyTo, replier: &Replier, now: Instant) -> Option<Reply>;
+    /// Completes an answer sent through `replier` as [`crate::Answer::Executed`] for the
+    /// request `to`: the reply to send, or `None` while the request goes on (answered later).
+    fn complete(&mut self, _to: ReplyTo, reply: Reply, _replier: &Replier, _now: Instant) -> Option<Reply> {
+        Some(reply)
+    }
     /// Appends the service's counters to a stats reply.
     fn stats(&self, out: &mut Vec<(String, u64)>);
     /// Lets one request of `tenant` in at `now`, or says which of the tenant's quotas it is
@@ -36,6 +41,11 @@ pub trait Service {
     /// A connection closed: whatever the service kept for it (an upload) can go.
     fn on_disconnect(&mut self, _connection: u64) {}
     /// Called on the poller's timeout tick (a few times a second at most, while connections
-    /// are open): what the service keeps past its time (an upload gone quiet) can go.
+    /// are open) and by [`Self::next_expiry`]: what the service keeps past its time (an upload
+    /// gone quiet, a kept tensor unused) can go.
     fn expire(&mut self, _now: Instant) {}
+    /// When the service next has something to expire, connections open or not.
+    fn next_expiry(&self) -> Option<Instant> {
+        None
+    }
 }

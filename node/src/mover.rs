@@ -29,7 +29,7 @@ use crossbeam_channel::{Receiver, Sender};
 use djinn_dataplane::client::{ClientConn, ClientError, ClientOptions};
 use djinn_dataplane::rdma::RdmaPort;
 use djinn_dataplane::tcp::ClientTls;
-use djinn_node_core::{PeerError, Peers, PushSource, Replier, Reply, ReplyTo};
+use djinn_node_core::{PeerError, Peers, PushedTensor, Replier, Reply, ReplyTo};
 use djinn_proto::rdma::SessionConfig;
 use djinn_proto::{
     DataMessage, ErrorCode, Fingerprint, Handle, Hello, KeptMessage, Limits, Message, PROTOCOL_VERSION, SessionMessage,
@@ -113,7 +113,7 @@ fn same_peer(a: &str, b: &str) -> bool {
 }
 
 struct PushJob {
-    source: PushSource,
+    tensor: PushedTensor,
     to: String,
     grant: String,
     reply_to: ReplyTo,
@@ -185,18 +185,18 @@ impl Mover {
 }
 
 impl Peers for Mover {
-    /// Pushes `source` to the node at `to` on its `grant`, for `tenant` (by name, empty where
+    /// Pushes `tensor` to the node at `to` on its `grant`, for `tenant` (by name, empty where
     /// nodes need no token); the reply goes to `reply_to`.
     fn push(
         &self,
-        source: PushSource,
+        tensor: PushedTensor,
         to: String,
         grant: String,
         tenant: String,
         reply_to: ReplyTo,
         replier: &Replier,
     ) {
-        let job = PushJob { source, to, grant, reply_to, replier: replier.clone() };
+        let job = PushJob { tensor, to, grant, reply_to, replier: replier.clone() };
         let mut workers = self.workers.locked();
         let job = match workers.get(&tenant) {
             Some((tx, _)) => match tx.send(job) {
@@ -285,14 +285,14 @@ fn run(rx: Receiver<PushJob>, tenant: &str, config: &Config) {
     loop {
         let job = rx.recv_timeout(idle);
         peers.retain(|_, (_, used)| used.elapsed() < idle);
-        let PushJob { source, to, grant, reply_to, replier } = match job {
+        let PushJob { tensor, to, grant, reply_to, replier } = match job {
             Ok(job) => job,
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => continue,
             Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
         };
         let started = Instant::now();
         let result = if config.peers.allows(&to) {
-            push(&mut peers, config, source, &to, &grant, tenant)
+            push(&mut peers, config, tensor, &to, &grant, tenant)
         } else {
             Err(not_a_peer(&to))
         };
@@ -311,19 +311,16 @@ fn run(rx: Receiver<PushJob>, tenant: &str, config: &Config) {
     }
 }
 
-/// Pushes `source` to the peer at `to`; the handle the peer gives it and the path it took.
+/// Pushes `tensor` to the peer at `to`; the handle the peer gives it and the path it took.
 fn push(
     peers: &mut OpenConns,
     config: &Config,
-    source: PushSource,
+    tensor: PushedTensor,
     to: &str,
     grant: &str,
     tenant: &str,
 ) -> Result<(djinn_proto::HandleInfo, &'static str), PeerError> {
-    let (desc, bytes): (TensorDesc, SharedBytes) = match source {
-        PushSource::Bytes { desc, bytes } => (desc, bytes),
-        PushSource::Read(read) => read()?,
-    };
+    let PushedTensor { desc, bytes } = tensor;
     let keep = Message::Kept(KeptMessage::Keep { tensor: desc });
     let payload = [bytes.as_ref().as_ref()];
     // A kept connection is opened again by this push's grant: the hello and the tensor go

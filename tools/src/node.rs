@@ -343,7 +343,6 @@ pub fn run(args: NodeArgs, auth: Option<Arc<Authenticator>>) -> Result<()> {
         device,
         workers: args.workers,
         host_budget: host_budget.clone(),
-        handle_ttl: seconds("--handle-ttl", args.handle_ttl)?,
         sessions: SessionOptions {
             policy: args.session_policy,
             budget: args.session_budget.map_or(budget.limit() / 4, |b| b.0),
@@ -369,6 +368,7 @@ pub fn run(args: NodeArgs, auth: Option<Arc<Authenticator>>) -> Result<()> {
         keep_in_place: device == Device::Cpu,
         auth: auth.clone(),
         peers,
+        handle_ttl: seconds("--handle-ttl", args.handle_ttl)?,
     };
     let service = NodeCore::new(budget.clone(), core, executor);
     let tls = match (&args.tls_cert, &args.tls_key) {

@@ -141,11 +141,11 @@ impl<S: Service> MioServer<S> {
                 timeout = Some(std::time::Duration::ZERO);
             }
             // Asleep, it still wakes for the next deadline check while connections are open,
-            // and to accept again after a failure.
+            // to accept again after a failure, and for the service's next expiry.
             if timeout.is_none() && !self.conns.is_empty() {
                 timeout = Some(self.core.next_deadline_check().saturating_duration_since(now));
             }
-            if let Some(at) = self.accept_backoff.retry_at() {
+            for at in [self.accept_backoff.retry_at(), self.core.next_expiry()].into_iter().flatten() {
                 let until = at.saturating_duration_since(now);
                 timeout = Some(timeout.map_or(until, |t| t.min(until)));
             }

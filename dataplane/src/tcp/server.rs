@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
 use djinn_auth::{Authenticator, TenantId};
-use djinn_node_core::{Delivery, LocalNode, LocalRequest, Replier, Reply, ReplyTo, Service};
+use djinn_node_core::{Answer, Delivery, LocalNode, LocalRequest, Replier, Reply, ReplyTo, Service};
 
 use crate::rdma::{ChannelError, Completion, RdmaChannel, RdmaContext, RdmaError};
 use djinn_proto::rdma::SessionConfig;
@@ -278,7 +278,7 @@ pub(crate) struct Core<S> {
     rdma_open: usize,
     hello: Hello,
     replier: Replier,
-    replies: Receiver<(ReplyTo, Reply)>,
+    replies: Receiver<(ReplyTo, Answer)>,
     /// Connections without a good hello yet, by source address (where clients need tokens).
     unauthenticated: HashMap<IpAddr, usize>,
     /// The time, as the backend last said ([`Self::set_now`]).
@@ -450,6 +450,9 @@ impl<S: Service> Core<S> {
         if check_deadlines {
             self.next_deadline_check = self.now + self.timeout_check_every();
         }
+        if self.service.next_expiry().is_some_and(|at| self.now >= at) {
+            self.service.expire(self.now);
+        }
         Turn { resume_reads, check_deadlines }
     }
 
@@ -469,6 +472,12 @@ impl<S: Service> Core<S> {
     /// deadline check.
     pub fn next_deadline_check(&self) -> Instant {
         self.next_deadline_check
+    }
+
+    /// When a blocking wait must end at the latest, connections open or not: the service's
+    /// next expiry (a kept tensor's idle time limit), if it has one.
+    pub fn next_expiry(&self) -> Option<Instant> {
+        self.service.next_expiry()
     }
 
     /// Gives the memory of closed connections back to the system: once a second while they
@@ -649,7 +658,15 @@ impl<S: Service> Core<S> {
     /// (The answers to the node's own requests go straight back to them.)
     pub fn next_deferred(&mut self) -> Option<(usize, ReplyTo, Reply)> {
         loop {
-            let (to, reply) = self.replies.try_recv().ok()?;
+            let (to, answer) = self.replies.try_recv().ok()?;
+            let reply = match answer {
+                Answer::Reply(reply) => reply,
+                Answer::Executed(reply) => match self.service.complete(to, reply, &self.replier, self.now) {
+                    Some(reply) => reply,
+                    // The request goes on: its answer comes later.
+                    None => continue,
+                },
+            };
             self.deferred -= 1;
             if to.slot == LOCAL_SLOT {
                 if let Some(answer) = self.local_waiting.remove(&to.request_id) {

@@ -195,14 +195,11 @@ impl<S: Service> UringServer<S> {
             }
             // Entering without waiting while busy also runs the kernel's pending completion work.
             let busy = self.core.keep_polling(now);
-            // Asleep, it still wakes for the next deadline check while connections are open, and
-            // to accept again after a failure.
-            let next_check = self.core.next_deadline_check();
-            let wake_at = match self.accept_backoff.retry_at() {
-                Some(at) if self.conns.is_empty() => Some(at),
-                Some(at) => Some(at.min(next_check)),
-                None => (!self.conns.is_empty()).then_some(next_check),
-            };
+            // Asleep, it still wakes for the next deadline check while connections are open, to
+            // accept again after a failure, and for the service's next expiry.
+            let next_check = (!self.conns.is_empty()).then(|| self.core.next_deadline_check());
+            let wake_at =
+                [next_check, self.accept_backoff.retry_at(), self.core.next_expiry()].into_iter().flatten().min();
             let entered = if busy {
                 self.ring.submit()
             } else if let Some(at) = wake_at {

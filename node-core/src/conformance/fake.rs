@@ -7,13 +7,13 @@ use std::sync::Arc;
 
 use djinn_auth::TenantId;
 use djinn_proto::{
-    DataMessage, ErrorCode, Fingerprint, Handle, HandleInfo, KeptEntry, KeptMessage, ModelInfo, ModelMessage, Refusal,
+    DataMessage, ErrorCode, Fingerprint, Handle, HandleInfo, KeptMessage, ModelInfo, ModelMessage, Refusal,
     SessionMessage, SharedBytes, TensorDesc, Value, payload_layout,
 };
 
 use crate::{CallInputs, Executor, Job, Replier, Reply, ReplyTo};
 
-/// What the double's handles carry as their epoch (the node's life they belong to).
+/// What the double's handles carry as their epoch (the executor's life they belong to).
 const EPOCH: u64 = 1;
 
 #[derive(Debug, Default)]
@@ -33,21 +33,42 @@ impl FakeExecutor {
         self.kept.get(&handle.id).filter(|_| handle.epoch == EPOCH)
     }
 
-    /// The identity of the call's one tensor input.
-    fn identity(inputs: CallInputs) -> Reply {
-        let (Some(desc), [Value::Tensor(0)]) = (inputs.tensors.first(), inputs.values.as_slice()) else {
-            return Reply::error(ErrorCode::ExecutionFailed, "the double runs models of one tensor input");
-        };
-        let bytes = match (payload_layout(&inputs.tensors), &inputs.payload) {
-            (Ok((offsets, _)), Some(p)) => {
-                let start = offsets[0] as usize;
-                p.buf.as_slice()[start..start + desc.byte_len as usize].to_vec()
+    /// The identity of the call's one tensor input (sent, or kept when `keep`).
+    fn identity(&mut self, inputs: CallInputs, keep: bool) -> Reply {
+        let (desc, bytes) = match (inputs.values.as_slice(), inputs.tensors.first()) {
+            ([Value::Tensor(0)], Some(desc)) => {
+                let bytes = match (payload_layout(&inputs.tensors), &inputs.payload) {
+                    (Ok((offsets, _)), Some(p)) => {
+                        let start = offsets[0] as usize;
+                        p.buf.as_slice()[start..start + desc.byte_len as usize].to_vec()
+                    }
+                    _ => Vec::new(),
+                };
+                (desc.clone(), Arc::new(bytes))
             }
-            _ => Vec::new(),
+            ([Value::Handle(handle)], _) => match self.kept(*handle) {
+                Some((desc, bytes)) => (desc.clone(), Arc::clone(bytes)),
+                None => return Reply::error(ErrorCode::NotFound, format!("no kept tensor {handle}")),
+            },
+            _ => return Reply::error(ErrorCode::ExecutionFailed, "the double runs models of one tensor input"),
         };
-        let message =
-            ModelMessage::ExecuteReply { tensors: vec![desc.clone()], output: Value::Tensor(0), kept: Vec::new() };
-        Reply { message: message.into(), tensors: vec![Arc::new(bytes) as SharedBytes] }
+        if keep {
+            let kept = self.keep(desc, bytes);
+            let message = ModelMessage::ExecuteReply {
+                tensors: Vec::new(),
+                output: Value::Handle(kept.handle),
+                kept: vec![kept],
+            };
+            return Reply::message(message);
+        }
+        let message = ModelMessage::ExecuteReply { tensors: vec![desc], output: Value::Tensor(0), kept: Vec::new() };
+        Reply { message: message.into(), tensors: vec![bytes as SharedBytes] }
+    }
+
+    fn keep(&mut self, tensor: TensorDesc, bytes: Arc<Vec<u8>>) -> HandleInfo {
+        self.last_kept += 1;
+        self.kept.insert(self.last_kept, (tensor.clone(), bytes));
+        HandleInfo { handle: Handle { id: self.last_kept, epoch: EPOCH }, tensor }
     }
 }
 
@@ -70,7 +91,9 @@ impl Executor for FakeExecutor {
                 }
                 Err(e) => Reply::error(ErrorCode::BadArchive, e.to_string()),
             },
-            Job::Execute { fingerprint, inputs, .. } if self.models.contains(&fingerprint) => Self::identity(inputs),
+            Job::Execute { fingerprint, inputs, keep, .. } if self.models.contains(&fingerprint) => {
+                self.identity(inputs, keep)
+            }
             Job::Execute { fingerprint, .. }
             | Job::OpenSession { fingerprint, .. }
             | Job::ReadArchives { fingerprint, .. } => unknown_model(&fingerprint),
@@ -95,10 +118,7 @@ impl Executor for FakeExecutor {
             }
             Job::Keep { tensor, payload } => {
                 let bytes = payload.map_or_else(Vec::new, |p| p.buf.as_slice().to_vec());
-                self.last_kept += 1;
-                self.kept.insert(self.last_kept, (tensor.clone(), Arc::new(bytes)));
-                let handle = Handle { id: self.last_kept, epoch: EPOCH };
-                Reply::message(KeptMessage::Kept { kept: HandleInfo { handle, tensor } })
+                Reply::message(KeptMessage::Kept { kept: self.keep(tensor, Arc::new(bytes)) })
             }
             Job::Fetch { handle } => match self.kept(handle) {
                 Some((desc, bytes)) => Reply {
@@ -107,21 +127,6 @@ impl Executor for FakeExecutor {
                 },
                 None => Reply::error(ErrorCode::NotFound, format!("no kept tensor {handle}")),
             },
-            Job::ListKept { after, .. } => {
-                let tensors = self
-                    .kept
-                    .range(after + 1..)
-                    .map(|(&id, (desc, _))| KeptEntry {
-                        tenant: String::new(),
-                        kept: HandleInfo { handle: Handle { id, epoch: EPOCH }, tensor: desc.clone() },
-                    })
-                    .collect();
-                Reply::message(KeptMessage::KeptList { tensors, more: false })
-            }
-            Job::Release { handles } => {
-                let released = handles.iter().filter(|h| h.epoch == EPOCH && self.kept.remove(&h.id).is_some()).count();
-                Reply::message(KeptMessage::Released { released: released as u32 })
-            }
             Job::ListSessions { .. } => {
                 Reply::message(SessionMessage::SessionList { sessions: Vec::new(), more: false })
             }
@@ -133,7 +138,17 @@ impl Executor for FakeExecutor {
         Ok(self.models.contains(fingerprint))
     }
 
+    fn epoch(&self) -> u64 {
+        EPOCH
+    }
+
+    fn free_kept(&mut self, ids: &[u64]) {
+        for id in ids {
+            self.kept.remove(id);
+        }
+    }
+
     fn stats(&self, out: &mut Vec<(String, u64)>) {
-        out.push(("handles".into(), self.kept.len() as u64));
+        out.push(("executor_kept_tensors".into(), self.kept.len() as u64));
     }
 }

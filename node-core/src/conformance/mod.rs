@@ -18,17 +18,21 @@ use djinn_proto::{
 
 pub use fake::FakeExecutor;
 
-use crate::{CoreOptions, Executor, NodeCore, PeerError, Peers, PushSource, Replier, Reply, ReplyTo, Service};
+use crate::{
+    Answer, CoreOptions, Executor, NodeCore, PeerError, Peers, PushedTensor, Replier, Reply, ReplyTo, Service,
+};
 
 /// How long a reply from the executor's own threads may take in the suite.
 const REPLY_WAIT: Duration = Duration::from_secs(30);
+/// How long a kept tensor lies unused before the core frees it, in the suite's time.
+const HANDLE_TTL: Duration = Duration::from_secs(60);
 
 /// Peers that refuse everything: the suite reaches no other node.
 #[derive(Debug)]
 pub struct NoPeers;
 
 impl Peers for NoPeers {
-    fn push(&self, _: PushSource, to: String, _: String, _: String, reply_to: ReplyTo, replier: &Replier) {
+    fn push(&self, _: PushedTensor, to: String, _: String, _: String, reply_to: ReplyTo, replier: &Replier) {
         replier.send(reply_to, Reply::error(ErrorCode::Forbidden, format!("{to:?} is not a node of this test")));
     }
 
@@ -50,8 +54,10 @@ impl Peers for NoPeers {
 struct Client<E> {
     core: NodeCore<E>,
     replier: Replier,
-    replies: Receiver<(ReplyTo, Reply)>,
+    replies: Receiver<(ReplyTo, Answer)>,
     last_request: u64,
+    /// The time the core is told.
+    now: Instant,
 }
 
 impl<E: Executor> Client<E> {
@@ -64,9 +70,18 @@ impl<E: Executor> Client<E> {
             keep_in_place: false,
             auth: None,
             peers: Arc::new(NoPeers),
+            handle_ttl: HANDLE_TTL,
         };
         let (replier, replies) = Replier::new(Arc::new(|| {}));
-        Self { core: NodeCore::new(budget, options, executor), replier, replies, last_request: 0 }
+        let now = Instant::now();
+        Self { core: NodeCore::new(budget, options, executor), replier, replies, last_request: 0, now }
+    }
+
+    /// The node's counter `name`, from the core's stats and its executor's.
+    fn stat(&self, name: &str) -> u64 {
+        let mut stats = Vec::new();
+        self.core.stats(&mut stats);
+        stats.into_iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("no stat {name}")).1
     }
 
     /// The reply to `message` with `payload` as its bytes: now, or from the executor's threads.
@@ -85,12 +100,21 @@ impl<E: Executor> Client<E> {
         let to =
             ReplyTo { slot: 0, conn_id: 1, request_id, tenant: TenantId::DEFAULT, operator: false, torchscript: true };
         let frame = Frame { request_id, message, payload };
-        if let Some(reply) = self.core.handle(frame, to, &self.replier, Instant::now()) {
+        if let Some(reply) = self.core.handle(frame, to, &self.replier, self.now) {
             return reply;
         }
-        let (to, reply) = self.replies.recv_timeout(REPLY_WAIT).expect("a reply from the executor's threads");
-        assert_eq!(to.request_id, request_id, "the reply answers the request");
-        reply
+        // As the transport does: the executor's answers are completed by the core.
+        loop {
+            let (to, answer) = self.replies.recv_timeout(REPLY_WAIT).expect("a reply from the executor's threads");
+            assert_eq!(to.request_id, request_id, "the reply answers the request");
+            let reply = match answer {
+                Answer::Reply(reply) => Some(reply),
+                Answer::Executed(reply) => self.core.complete(to, reply, &self.replier, self.now),
+            };
+            if let Some(reply) = reply {
+                return reply;
+            }
+        }
     }
 
     /// Registers a model of one block, `archive`: what the node says of it.
@@ -132,6 +156,8 @@ pub fn run<E: Executor>(make: impl Fn() -> (E, MemoryBudget), identity: &[u8]) {
     models_are_registered_run_and_unregistered(&mut Client::new(executor, budget), identity);
     let (executor, budget) = make();
     tensors_are_kept_fetched_listed_and_released(&mut Client::new(executor, budget));
+    let (executor, budget) = make();
+    outputs_are_kept_until_released_or_expired(&mut Client::new(executor, budget), identity);
     let (executor, budget) = make();
     what_the_node_does_not_hold_is_refused_typed(&mut Client::new(executor, budget));
 }
@@ -195,9 +221,63 @@ fn tensors_are_kept_fetched_listed_and_released<E: Executor>(c: &mut Client<E>) 
         }
         other => panic!("{other:?}"),
     }
+    assert_eq!(c.stat("executor_kept_tensors"), 1);
     let released = c.ask(KeptMessage::Release { handles: vec![kept.handle, kept.handle] }, &[]);
     assert_eq!(released.message, Message::Kept(KeptMessage::Released { released: 1 }), "once");
     assert_eq!(error_code(&c.ask(KeptMessage::Fetch { handle: kept.handle }, &[])), Some(ErrorCode::NotFound));
+    assert_eq!((c.stat("handles"), c.stat("executor_kept_tensors")), (0, 0), "freed where it was held");
+}
+
+fn outputs_are_kept_until_released_or_expired<E: Executor>(c: &mut Client<E>, identity: &[u8]) {
+    let fingerprint = Fingerprint::of_blocks(&[identity]);
+    assert!(matches!(c.register(identity), Message::Model(ModelMessage::Registered { .. })));
+    let (desc, input) = f32s(&[4.0, 5.0]);
+    let mut execute_kept = || {
+        let execute = ModelMessage::Execute {
+            fingerprint,
+            tensors: vec![desc.clone()],
+            inputs: vec![Value::Tensor(0)],
+            keep: true,
+            until: None,
+        };
+        match c.ask(execute, &input).message {
+            Message::Model(ModelMessage::ExecuteReply { tensors, output: Value::Handle(handle), kept }) => {
+                assert!(tensors.is_empty(), "nothing is sent");
+                assert_eq!(kept.iter().map(|k| k.handle).collect::<Vec<_>>(), [handle]);
+                handle
+            }
+            other => panic!("{other:?}"),
+        }
+    };
+    let first = execute_kept();
+    let second = execute_kept();
+    assert_eq!(c.stat("handles"), 2, "the core records what the executor kept");
+    assert_eq!(bytes(&c.ask(KeptMessage::Fetch { handle: first }, &[]), 0), input);
+    // A kept output is an input of the next call by its handle.
+    let again = ModelMessage::Execute {
+        fingerprint,
+        tensors: Vec::new(),
+        inputs: vec![Value::Handle(second)],
+        keep: false,
+        until: None,
+    };
+    let reply = c.ask(again, &[]);
+    assert!(matches!(reply.message, Message::Model(ModelMessage::ExecuteReply { .. })), "{reply:?}");
+    assert_eq!(bytes(&reply, 0), input);
+    let stale = Handle { epoch: first.epoch.wrapping_add(1), ..first };
+    assert_eq!(error_code(&c.ask(KeptMessage::Fetch { handle: stale }, &[])), Some(ErrorCode::StaleHandle));
+
+    // The first was used last: past the idle time limit after the second's use, only it stays.
+    c.now += HANDLE_TTL / 2;
+    assert_eq!(bytes(&c.ask(KeptMessage::Fetch { handle: first }, &[]), 0), input);
+    c.now += HANDLE_TTL / 2 + HANDLE_TTL / 4;
+    c.core.expire(c.now);
+    assert_eq!((c.stat("handles"), c.stat("handles_expired"), c.stat("executor_kept_tensors")), (1, 1, 1));
+    let gone = c.ask(KeptMessage::Fetch { handle: second }, &[]);
+    assert_eq!(error_code(&gone), Some(ErrorCode::NotFound));
+    let released = c.ask(KeptMessage::Release { handles: vec![first, second] }, &[]);
+    assert_eq!(released.message, Message::Kept(KeptMessage::Released { released: 1 }));
+    assert_eq!((c.stat("handles"), c.stat("executor_kept_tensors")), (0, 0));
 }
 
 fn what_the_node_does_not_hold_is_refused_typed<E: Executor>(c: &mut Client<E>) {
