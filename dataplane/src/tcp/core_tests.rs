@@ -26,6 +26,11 @@ struct Answers {
     taken: Taken,
     disconnected: Vec<u64>,
     admission: Option<Admission>,
+    /// Requests whose executed answers it completed; an answer of `Pong` goes on (`None`).
+    completed: Vec<u64>,
+    /// When it has something to expire next, and the times it was told to.
+    expiry: Option<Instant>,
+    expired: Vec<Instant>,
 }
 
 impl Service for Answers {
@@ -65,6 +70,20 @@ impl Service for Answers {
 
     fn on_disconnect(&mut self, connection: u64) {
         self.disconnected.push(connection);
+    }
+
+    fn complete(&mut self, to: ReplyTo, reply: Reply, _: &Replier, _: Instant) -> Option<Reply> {
+        self.completed.push(to.request_id);
+        (reply.message != Message::Data(DataMessage::Pong)).then_some(reply)
+    }
+
+    fn expire(&mut self, now: Instant) {
+        self.expired.push(now);
+        self.expiry = None;
+    }
+
+    fn next_expiry(&self) -> Option<Instant> {
+        self.expiry
     }
 }
 
@@ -471,4 +490,35 @@ fn the_nodes_own_requests_are_served_in_process_as_the_node_or_as_a_tenant() {
     assert_eq!(h.core.counters.frames_in, 0, "nothing went through a connection");
     drop(h);
     assert!(matches!(local.request("", list(), wait), Err(LocalError::Stopped)), "a stopped poller answers nothing");
+}
+
+#[test]
+fn an_executed_answer_is_completed_by_the_service_and_may_go_on() {
+    let mut h = Harness::new(ServerConfig::default());
+    let mut conn = h.accept();
+    h.request(&mut conn, 3, &Message::Data(DataMessage::Get { name: "a".into() }));
+    let (to, replier) = h.taken.lock().unwrap().pop().unwrap();
+    // The service says the request goes on: still in flight, nothing delivered.
+    replier.executed(to, Reply::message(DataMessage::Pong));
+    assert!(h.core.next_deferred().is_none());
+    assert!(h.core.awaiting_replies(), "the request is still in flight");
+    replier.executed(to, Reply::message(DataMessage::DeleteAck));
+    let (_, to, reply) = h.core.next_deferred().unwrap();
+    assert_eq!(h.core.service.completed, [3, 3]);
+    h.core.deliver(&mut conn, to, reply);
+    assert!(matches!(h.replies(&mut conn)[..], [(3, Message::Data(DataMessage::DeleteAck))]));
+    assert!(!h.core.awaiting_replies());
+}
+
+#[test]
+fn the_services_expiry_runs_when_due_connections_or_not() {
+    let mut h = Harness::new(ServerConfig::default());
+    let due = h.now + Duration::from_millis(30);
+    h.core.service.expiry = Some(due);
+    assert_eq!(h.core.next_expiry(), Some(due), "a blocking wait ends then");
+    h.core.begin_turn(due - Duration::from_millis(1));
+    assert!(h.core.service.expired.is_empty(), "not yet");
+    h.core.begin_turn(due);
+    assert_eq!(h.core.service.expired, [due]);
+    assert_eq!(h.core.next_expiry(), None);
 }
