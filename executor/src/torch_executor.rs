@@ -1,6 +1,6 @@
 //! The executor behind the node's core: the jobs it is given (models, kept tensors, sessions,
-//! parked runs), answered on the poller thread when they only read or change its tables, and
-//! by its workers otherwise (loading and execution).
+//! parked runs), answered through the replier: at once, from the poller's thread, when they
+//! only read or change its tables, and by its workers otherwise (loading and execution).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use djinn_auth::{Authenticator, TenantId};
 use djinn_memory::MemoryBudget;
 use djinn_node_core::{Executor, Job, Peers, Replier, Reply, ReplyTo, tenant_budget};
-use djinn_proto::{BreakpointMessage, Fingerprint, Handle, ModelMessage, Refusal, SessionMessage};
+use djinn_proto::{BreakpointMessage, Fingerprint, Handle, ModelMessage, SessionMessage};
 use tch::Device;
 
 use crate::cost::{ComputeMeter, ComputeQuota, Limits};
@@ -116,55 +116,17 @@ impl TorchExecutor {
         self.parked.locked()
     }
 
-    /// Drops a parked request; a session step parked ends with the state it had before it.
-    fn abort(&self, tenant: TenantId, parked: Handle) -> Reply {
-        match self.parked().abort(tenant, parked) {
-            Ok(request) => {
-                if let Some(id) = end_parked_step(&request, &self.sessions) {
-                    self.workers.drain_session(id, request.tenant);
-                }
-                Reply::message(BreakpointMessage::Aborted)
-            }
-            Err(e) => Reply::error(e.code(), e.to_string()),
-        }
-    }
-
-    /// Queues a request on its session (drained by one worker at a time, in order).
-    fn enqueue(&self, tenant: TenantId, session: Handle, op: Op) -> Option<Reply> {
-        match self.sessions.queues().enqueue(tenant, session, op) {
-            Ok(start) => {
-                if start {
-                    self.workers.drain_session(session.id, tenant);
-                }
-                None
-            }
-            Err(SessionError::Moved { to, session }) => Some(Reply::message(SessionMessage::Moved { to, session })),
-            Err(e) => Some(Reply::error(e.code(), e.to_string())),
-        }
-    }
-}
-
-/// The answer to a request for a model the tenant does not have here.
-fn unknown_model(fingerprint: &Fingerprint) -> Reply {
-    Reply::error(djinn_proto::ErrorCode::UnknownModel, format!("no model {fingerprint} on this node"))
-}
-
-impl Executor for TorchExecutor {
-    fn claim(
-        &mut self,
-        tenant: TenantId,
-        fingerprint: &Fingerprint,
-        public: bool,
-        torchscript: bool,
-    ) -> Result<bool, Refusal> {
-        self.models()
-            .claim(tenant, fingerprint, public, torchscript)
-            .map_err(|e| Refusal { code: e.code(), message: e.to_string() })
-    }
-
-    fn run(&mut self, job: Job, to: ReplyTo, replier: &Replier) -> Option<Reply> {
+    /// Takes `job`: its answer now, when the executor's tables give it (or refuse it), else
+    /// `None` and its answer later from a worker.
+    fn take(&mut self, job: Job, to: ReplyTo, replier: &Replier) -> Option<Reply> {
         let tenant = to.tenant;
         let work = match job {
+            Job::Claim { fingerprint, public } => {
+                return Some(match self.models().claim(tenant, &fingerprint, public, to.torchscript) {
+                    Ok(registered) => Reply::message(ModelMessage::RegisterReady { upload: 0, registered }),
+                    Err(e) => Reply::error(e.code(), e.to_string()),
+                });
+            }
             Job::Load { upload } => Work::Load { upload },
             Job::Execute { fingerprint, inputs, keep, until } => match self.models().get(tenant, &fingerprint) {
                 Some(model) => Work::Execute { model, inputs, keep, until },
@@ -241,6 +203,46 @@ impl Executor for TorchExecutor {
         };
         self.workers.submit(work, to, replier);
         None
+    }
+
+    /// Drops a parked request; a session step parked ends with the state it had before it.
+    fn abort(&self, tenant: TenantId, parked: Handle) -> Reply {
+        match self.parked().abort(tenant, parked) {
+            Ok(request) => {
+                if let Some(id) = end_parked_step(&request, &self.sessions) {
+                    self.workers.drain_session(id, request.tenant);
+                }
+                Reply::message(BreakpointMessage::Aborted)
+            }
+            Err(e) => Reply::error(e.code(), e.to_string()),
+        }
+    }
+
+    /// Queues a request on its session (drained by one worker at a time, in order).
+    fn enqueue(&self, tenant: TenantId, session: Handle, op: Op) -> Option<Reply> {
+        match self.sessions.queues().enqueue(tenant, session, op) {
+            Ok(start) => {
+                if start {
+                    self.workers.drain_session(session.id, tenant);
+                }
+                None
+            }
+            Err(SessionError::Moved { to, session }) => Some(Reply::message(SessionMessage::Moved { to, session })),
+            Err(e) => Some(Reply::error(e.code(), e.to_string())),
+        }
+    }
+}
+
+/// The answer to a request for a model the tenant does not have here.
+fn unknown_model(fingerprint: &Fingerprint) -> Reply {
+    Reply::error(djinn_proto::ErrorCode::UnknownModel, format!("no model {fingerprint} on this node"))
+}
+
+impl Executor for TorchExecutor {
+    fn run(&mut self, job: Job, to: ReplyTo, replier: &Replier) {
+        if let Some(reply) = self.take(job, to, replier) {
+            replier.executed(to, reply);
+        }
     }
 
     fn epoch(&self) -> u64 {

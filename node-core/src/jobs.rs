@@ -1,9 +1,8 @@
 //! What the core asks of the executor, typed once from the request that asked for it.
 
-use djinn_auth::TenantId;
-use djinn_proto::{Breakpoint, Fingerprint, Handle, Payload, Refusal, Signal, TensorDesc, Value};
+use djinn_proto::{Breakpoint, Fingerprint, Handle, Payload, Signal, TensorDesc, Value};
 
-use crate::{Replier, Reply, ReplyTo, Upload};
+use crate::{Replier, ReplyTo, Upload};
 
 /// A call's inputs as they came: the argument values, the tensors they name (descriptors, in
 /// the order of their bytes) and the payload those bytes arrived in.
@@ -18,6 +17,14 @@ pub struct CallInputs {
 /// and the payload the request arrived in; whose request it is comes beside it ([`ReplyTo`]).
 #[derive(Debug)]
 pub enum Job {
+    /// Claims a model for the tenant ahead of its upload: answered `RegisterReady` with
+    /// `registered` when the node holds it already (now the tenant's too, `public` as asked),
+    /// without when its archives must come (the core then opens the upload), or why it is
+    /// refused (a TorchScript model for a principal without the right).
+    Claim {
+        fingerprint: Fingerprint,
+        public: bool,
+    },
     /// Loads a model whose archives arrived whole.
     Load {
         upload: Upload,
@@ -99,26 +106,19 @@ pub enum Job {
 }
 
 /// What runs models and holds what they keep on the device, behind the node's core. Called on
-/// the poller's thread: it must not block (work goes to its own threads, which answer through
-/// the replier with [`Replier::executed`]).
+/// the poller's thread: it must not block. Every job is answered later, once, with
+/// [`Replier::executed`] (from the executor's own threads, or at once from the caller's): the
+/// core and the executor share no object and call each other back for nothing, so the two
+/// could sit on either side of a process boundary.
 ///
 /// The tensors it keeps (a `Keep`, an execution's outputs kept) are its own, by the ids of the
 /// handles it answers with; whose each is, what it is charged and how long it stays is the
 /// core's record, which tells the executor when to free them.
 pub trait Executor {
-    /// Answers `job`, a request of `to`'s, now (`Some`) or later through `replier` (`None`).
-    fn run(&mut self, job: Job, to: ReplyTo, replier: &Replier) -> Option<Reply>;
-    /// Claims a model for `tenant` ahead of its upload: `true` when the node holds it already
-    /// (now the tenant's too), `false` when its archives must come, or why it is refused.
-    fn claim(
-        &mut self,
-        tenant: TenantId,
-        fingerprint: &Fingerprint,
-        public: bool,
-        torchscript: bool,
-    ) -> Result<bool, Refusal>;
+    /// Takes `job`, a request of `to`'s, to answer through `replier`.
+    fn run(&mut self, job: Job, to: ReplyTo, replier: &Replier);
     /// The life of this executor: what the handles of the tensors it keeps carry as their
-    /// epoch (a handle of another life names nothing here).
+    /// epoch (a handle of another life names nothing here). Read once, when the core starts.
     fn epoch(&self) -> u64;
     /// Frees the kept tensors of these ids (released, expired, moved away, or refused by the
     /// core when it recorded them). Ids it does not hold are skipped.

@@ -96,6 +96,9 @@ pub struct NodeCore<E> {
 /// What the core does with the executor's answer to a request, besides recording what it kept.
 #[derive(Debug)]
 enum Pending {
+    /// A model claimed ahead of its registration: when the executor does not hold it, the
+    /// core opens its upload (of blocks of these lengths).
+    Claim { fingerprint: Fingerprint, blocks: Vec<u64>, public: bool },
     /// A received tensor kept: over its payload (`in_place`), which carries its charge, or a
     /// copy charged its bytes.
     Keep { in_place: bool },
@@ -147,7 +150,8 @@ impl<E: Executor> NodeCore<E> {
         self.auth.as_ref().and_then(|a| a.name(tenant)).map_or_else(String::new, |n| n.to_string())
     }
 
-    fn register_begin(
+    /// Opens the upload of a model the executor does not hold (its claim said so).
+    fn open_upload(
         &mut self,
         fingerprint: Fingerprint,
         blocks: Vec<u64>,
@@ -155,16 +159,6 @@ impl<E: Executor> NodeCore<E> {
         to: ReplyTo,
         now: Instant,
     ) -> Reply {
-        // Whether the blocks are graphs or TorchScript shows in their bytes: a TorchScript
-        // block from a principal without the right is refused when it is loaded, and a
-        // TorchScript model the node holds already when it is claimed.
-        match self.executor.claim(to.tenant, &fingerprint, public, to.torchscript) {
-            Ok(true) => {
-                return Reply::message(ModelMessage::RegisterReady { upload: 0, registered: true });
-            }
-            Ok(false) => {}
-            Err(refusal) => return Reply::error(refusal.code, refusal.message),
-        }
         let held = self.uploads.values().filter(|u| u.upload.tenant == to.tenant).count();
         if held >= crate::MAX_UPLOADS_PER_TENANT {
             let message = format!("{held} registrations are in progress already: the most one tenant has on a node");
@@ -275,8 +269,8 @@ impl<E: Executor> NodeCore<E> {
         if let Some(pending) = then {
             self.pending.insert((to.conn_id, to.request_id), pending);
         }
-        let reply = self.executor.run(Job::Fetch { handle }, to, replier)?;
-        self.complete(to, reply, replier, now)
+        self.executor.run(Job::Fetch { handle }, to, replier);
+        None
     }
 
     /// Checks the handles `values` name: each one the tenant's, of this life, still here (a
@@ -392,15 +386,23 @@ impl<E: Executor> Service for NodeCore<E> {
             | Message::Data(DataMessage::List { .. })) => {
                 return Some(self.tensors.handle(tenant, message, payload));
             }
+            // Whether the blocks are graphs or TorchScript shows in their bytes: a TorchScript
+            // block from a principal without the right is refused when it is loaded, and a
+            // TorchScript model the node holds already when it is claimed.
             Message::Model(ModelMessage::RegisterBegin { fingerprint, blocks, public }) => {
-                return Some(self.register_begin(fingerprint, blocks, public, to, now));
+                self.pending.insert((to.conn_id, to.request_id), Pending::Claim { fingerprint, blocks, public });
+                self.executor.run(Job::Claim { fingerprint, public }, to, replier);
+                return None;
             }
             Message::Model(ModelMessage::RegisterChunk { upload, offset, .. }) => {
                 return Some(self.register_chunk(upload, offset, payload, to, now));
             }
             Message::Model(ModelMessage::RegisterCommit { upload: id }) => {
                 return match self.uploads.remove(&id).filter(|u| u.upload.connection == to.connection()) {
-                    Some(InProgress { upload, .. }) => self.executor.run(Job::Load { upload }, to, replier),
+                    Some(InProgress { upload, .. }) => {
+                        self.executor.run(Job::Load { upload }, to, replier);
+                        None
+                    }
                     None => Some(Reply::error(ErrorCode::NotFound, format!("no upload {id} on this connection"))),
                 };
             }
@@ -445,8 +447,8 @@ impl<E: Executor> Service for NodeCore<E> {
         {
             return Some(handle_error_reply(e));
         }
-        let reply = self.executor.run(job, to, replier)?;
-        self.complete(to, reply, replier, now)
+        self.executor.run(job, to, replier);
+        None
     }
 
     fn complete(&mut self, to: ReplyTo, reply: Reply, replier: &Replier, now: Instant) -> Option<Reply> {
@@ -460,6 +462,14 @@ impl<E: Executor> Service for NodeCore<E> {
                 };
                 self.peers.push(PushedTensor { desc, bytes }, peer, grant, tenant, to, replier);
                 return None;
+            }
+            Some(Pending::Claim { fingerprint, blocks, public }) => {
+                return Some(match reply.message {
+                    Message::Model(ModelMessage::RegisterReady { registered: false, .. }) => {
+                        self.open_upload(fingerprint, blocks, public, to, now)
+                    }
+                    _ => reply,
+                });
             }
             Some(Pending::Keep { in_place }) => in_place,
             None => false,

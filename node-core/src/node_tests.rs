@@ -21,7 +21,7 @@ use crate::{
 #[derive(Debug, Default)]
 struct Recorder {
     jobs: Vec<(Job, ReplyTo)>,
-    /// Models the node holds already, for `claim`.
+    /// Models the node holds already: claims of them are answered at once.
     held: Vec<Fingerprint>,
     /// The kept tensors the core told it to free, by id.
     freed: Vec<u64>,
@@ -31,13 +31,8 @@ struct Recorder {
 const EPOCH: u64 = 5;
 
 impl Executor for Recorder {
-    fn run(&mut self, job: Job, to: ReplyTo, _: &Replier) -> Option<Reply> {
+    fn run(&mut self, job: Job, to: ReplyTo, _: &Replier) {
         self.jobs.push((job, to));
-        None
-    }
-
-    fn claim(&mut self, _: TenantId, fingerprint: &Fingerprint, _: bool, _: bool) -> Result<bool, Refusal> {
-        Ok(self.held.contains(fingerprint))
     }
 
     fn epoch(&self) -> u64 {
@@ -141,6 +136,18 @@ impl Harness {
         &self.core.executor.jobs
     }
 
+    /// Begins a registration: the core asks the executor's claim first, which the recorder
+    /// answers as its `held` says. What the core sends.
+    fn register_begin(&mut self, begin: ModelMessage) -> Reply {
+        assert!(self.request(begin, &[]).is_none(), "a claim is the executor's to answer");
+        let (Job::Claim { fingerprint, .. }, to) = self.core.executor.jobs.pop().expect("a claim") else {
+            panic!("not a claim");
+        };
+        let registered = self.core.executor.held.contains(&fingerprint);
+        let answer = Reply::message(ModelMessage::RegisterReady { upload: 0, registered });
+        self.core.complete(to, answer, &self.replier, self.now).expect("the core's answer")
+    }
+
     /// Answers the executor's oldest job with `reply`, as its worker would: what the core sends.
     fn answer(&mut self, reply: Reply) -> Option<Reply> {
         let (_, to) = self.core.executor.jobs.remove(0);
@@ -189,8 +196,8 @@ fn named_tensors_are_the_cores_own_and_charged_to_the_device_budget() {
 fn begin(h: &mut Harness, block: &[u8]) -> u64 {
     let fingerprint = Fingerprint::of_blocks(&[block]);
     let begin = ModelMessage::RegisterBegin { fingerprint, blocks: vec![block.len() as u64], public: false };
-    match h.request(begin, &[]).map(|r| r.message) {
-        Some(Message::Model(ModelMessage::RegisterReady { upload, registered: false })) => upload,
+    match h.register_begin(begin).message {
+        Message::Model(ModelMessage::RegisterReady { upload, registered: false }) => upload,
         other => panic!("{other:?}"),
     }
 }
@@ -254,7 +261,7 @@ fn a_model_the_node_holds_is_claimed_and_registrations_in_progress_are_bounded()
     h.core.executor.held.push(Fingerprint::of_blocks(&[&block]));
     let begin_held =
         ModelMessage::RegisterBegin { fingerprint: Fingerprint::of_blocks(&[&block]), blocks: vec![4], public: false };
-    let reply = h.request(begin_held, &[]).unwrap();
+    let reply = h.register_begin(begin_held);
     assert_eq!(reply.message, Message::Model(ModelMessage::RegisterReady { upload: 0, registered: true }));
     for i in 0..MAX_UPLOADS_PER_TENANT {
         begin(&mut h, &[100 + i as u8; 4]);
@@ -264,7 +271,7 @@ fn a_model_the_node_holds_is_claimed_and_registrations_in_progress_are_bounded()
         blocks: vec![4],
         public: false,
     };
-    assert_eq!(error_of(h.request(over, &[])).0, ErrorCode::QuotaExceeded);
+    assert_eq!(error_of(Some(h.register_begin(over))).0, ErrorCode::QuotaExceeded);
 }
 
 #[test]

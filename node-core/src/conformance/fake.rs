@@ -5,10 +5,9 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
-use djinn_auth::TenantId;
 use djinn_proto::{
-    DataMessage, ErrorCode, Fingerprint, Handle, HandleInfo, KeptMessage, ModelInfo, ModelMessage, Refusal,
-    SessionMessage, SharedBytes, TensorDesc, Value, payload_layout,
+    DataMessage, ErrorCode, Fingerprint, Handle, HandleInfo, KeptMessage, ModelInfo, ModelMessage, SessionMessage,
+    SharedBytes, TensorDesc, Value, payload_layout,
 };
 
 use crate::{CallInputs, Executor, Job, Replier, Reply, ReplyTo};
@@ -73,8 +72,12 @@ impl FakeExecutor {
 }
 
 impl Executor for FakeExecutor {
-    fn run(&mut self, job: Job, _: ReplyTo, _: &Replier) -> Option<Reply> {
-        Some(match job {
+    fn run(&mut self, job: Job, to: ReplyTo, replier: &Replier) {
+        let reply = match job {
+            Job::Claim { fingerprint, .. } => {
+                let registered = self.models.contains(&fingerprint);
+                Reply::message(ModelMessage::RegisterReady { upload: 0, registered })
+            }
             Job::Load { upload } => match upload.archives.verify() {
                 Ok(()) => {
                     let fingerprint = upload.archives.fingerprint();
@@ -131,11 +134,8 @@ impl Executor for FakeExecutor {
                 Reply::message(SessionMessage::SessionList { sessions: Vec::new(), more: false })
             }
             other => Reply::error(ErrorCode::Unexpected, format!("the executor double does not serve {other:?}")),
-        })
-    }
-
-    fn claim(&mut self, _: TenantId, fingerprint: &Fingerprint, _: bool, _: bool) -> Result<bool, Refusal> {
-        Ok(self.models.contains(fingerprint))
+        };
+        replier.executed(to, reply);
     }
 
     fn epoch(&self) -> u64 {
