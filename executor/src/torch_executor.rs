@@ -26,6 +26,8 @@ use djinn_sync::Locked;
 pub struct ExecutorOptions {
     pub device: Device,
     pub workers: usize,
+    /// libtorch's threads inside one operation, on each worker.
+    pub intra_op_threads: usize,
     /// Host memory for streamed blocks' weights (shared with the core's uploads and inputs).
     pub host_budget: MemoryBudget,
     pub sessions: SessionOptions,
@@ -89,7 +91,7 @@ impl TorchExecutor {
             parked: Arc::clone(&parked),
             peers: Arc::clone(&options.peers),
         };
-        let workers = Workers::start(options.workers, options.device, tables, limits)?;
+        let workers = Workers::start(options.workers, options.intra_op_threads, options.device, tables, limits)?;
         tracing::info!(
             epoch = format_args!("{:016x}", kept.locked().epoch()),
             session_policy = options.sessions.policy.name(),

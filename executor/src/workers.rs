@@ -246,7 +246,13 @@ pub struct Tables {
 }
 
 impl Workers {
-    pub fn start(count: usize, device: Device, tables: Tables, limits: Limits) -> std::io::Result<Self> {
+    pub fn start(
+        count: usize,
+        intra_op_threads: usize,
+        device: Device,
+        tables: Tables,
+        limits: Limits,
+    ) -> std::io::Result<Self> {
         let Tables { models, kept, sessions, parked, peers } = tables;
         let scheduler = Arc::new(Scheduler {
             queued: Mutex::new(Queued { jobs: FairQueue::default(), senders: 1 }),
@@ -267,7 +273,13 @@ impl Workers {
             .map(|i| {
                 let scheduler = Arc::clone(&scheduler);
                 let shared = Arc::clone(&shared);
-                std::thread::Builder::new().name(format!("djinn-worker-{i}")).spawn(move || work(&scheduler, &shared))
+                std::thread::Builder::new().name(format!("djinn-worker-{i}")).spawn(move || {
+                    // OpenMP's and MKL's thread counts are each thread's own: set on the node's
+                    // main thread, they leave a worker's matrix products on every core, each
+                    // waiting on the others (and on the poller) at every operation.
+                    tch::set_num_threads(intra_op_threads.clamp(1, i32::MAX as usize) as i32);
+                    work(&scheduler, &shared)
+                })
             })
             .collect::<Result<_, _>>()?;
         Ok(Self { queue: Some(WorkQueue { scheduler, counters: Arc::clone(&counters) }), threads, counters, limits })

@@ -26,6 +26,7 @@ fn executor() -> (TorchExecutor, MemoryBudget) {
     let options = ExecutorOptions {
         device: Device::Cpu,
         workers: 2,
+        intra_op_threads: 1,
         host_budget: MemoryBudget::new(1 << 30),
         sessions: SessionOptions {
             policy: Policy::Lru,

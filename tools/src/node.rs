@@ -342,6 +342,7 @@ pub fn run(args: NodeArgs, auth: Option<Arc<Authenticator>>) -> Result<()> {
     let options = ExecutorOptions {
         device,
         workers: args.workers,
+        intra_op_threads: args.intra_op_threads.max(1) as usize,
         host_budget: host_budget.clone(),
         sessions: SessionOptions {
             policy: args.session_policy,
