@@ -512,8 +512,10 @@ impl<E: Executor> Service for NodeCore<E> {
     }
 
     fn on_disconnect(&mut self, connection: u64) {
-        // Its requests' pending answers stay: each still comes, is completed (what it kept is
-        // recorded, to be released or to expire) and dropped with no one to send it to.
+        // A claim's answer opens no upload for it; its other requests' answers still come, are
+        // completed (what they kept is recorded, to be released or to expire) and dropped with
+        // no one to send them to.
+        self.pending.retain(|&(conn, _), p| conn != connection || !matches!(p, Pending::Claim { .. }));
         self.uploads.retain(|id, u| {
             let keep = u.upload.connection != connection;
             if !keep {

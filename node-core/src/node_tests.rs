@@ -255,6 +255,18 @@ fn a_registration_is_its_connections_and_goes_when_it_closes_or_falls_quiet() {
 }
 
 #[test]
+fn a_claim_answered_after_its_connection_closed_opens_no_upload() {
+    let mut h = harness(false);
+    let fingerprint = Fingerprint::of_blocks(&[[1u8; 8]]);
+    let begin = ModelMessage::RegisterBegin { fingerprint, blocks: vec![8], public: false };
+    assert!(h.request(begin, &[]).is_none());
+    h.core.on_disconnect(1);
+    let answer = Reply::message(ModelMessage::RegisterReady { upload: 0, registered: false });
+    assert!(h.answer(answer).is_some(), "answered, to no one");
+    assert_eq!((h.core.uploads.len(), h.host.used()), (0, 0));
+}
+
+#[test]
 fn a_model_the_node_holds_is_claimed_and_registrations_in_progress_are_bounded() {
     let mut h = harness(false);
     let block = [9u8; 4];
