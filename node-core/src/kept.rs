@@ -481,4 +481,150 @@ mod tests {
         assert_eq!(e.code, ErrorCode::QuotaExceeded, "{}", e.message);
         assert!(t.record(TenantId(2), &[one_more], false, now).is_ok(), "another tenant's count is its own");
     }
+
+    /// What a sequence of requests does to the table, as the test reads it.
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// The executor kept tensors of these element counts for the tenant.
+        Record {
+            tenant: u32,
+            sizes: Vec<u64>,
+            in_place: bool,
+        },
+        Release {
+            tenant: u32,
+            pick: usize,
+        },
+        Forward {
+            tenant: u32,
+            pick: usize,
+        },
+        Use {
+            tenant: u32,
+            pick: usize,
+        },
+        /// Time passes (ms), then the table is swept when a sweep is due.
+        Wait {
+            ms: u64,
+        },
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            (0u32..3, prop::collection::vec(0u64..2048, 0..4), any::<bool>())
+                .prop_map(|(tenant, sizes, in_place)| Op::Record { tenant, sizes, in_place }),
+            (0u32..3, any::<usize>()).prop_map(|(tenant, pick)| Op::Release { tenant, pick }),
+            (0u32..3, any::<usize>()).prop_map(|(tenant, pick)| Op::Forward { tenant, pick }),
+            (0u32..3, any::<usize>()).prop_map(|(tenant, pick)| Op::Use { tenant, pick }),
+            (0u64..80).prop_map(|ms| Op::Wait { ms }),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Whatever the executor keeps and the tenants release, forward, use or leave idle: the
+        /// budget holds exactly what the live records are charged (a page each, their bytes
+        /// unless in place), each tenant's count is its records and forwards, and every id the
+        /// table gives back to free was recorded, is freed once, and names no record after.
+        #[test]
+        fn the_budget_and_the_counts_follow_the_live_records(ops in proptest::collection::vec(op(), 1..80)) {
+            let ttl = Duration::from_millis(100);
+            let (mut t, mut now) = table(64 * 1024, ttl);
+            // id -> (tenant, bytes, in place, last used); forwards: id -> tenant.
+            let mut live: HashMap<u64, (TenantId, u64, bool, Instant)> = HashMap::new();
+            let mut forwards: HashMap<u64, (TenantId, Instant)> = HashMap::new();
+            let mut freed = std::collections::HashSet::new();
+            let mut next_id = 1;
+            let pick = |live: &HashMap<u64, (TenantId, u64, bool, Instant)>, pick: usize| {
+                let mut ids: Vec<u64> = live.keys().copied().collect();
+                ids.sort_unstable();
+                (!ids.is_empty()).then(|| ids[pick % ids.len()])
+            };
+            for op in ops {
+                let mut given_back = Vec::new();
+                match op {
+                    Op::Record { tenant, sizes, in_place } => {
+                        let tenant = TenantId(tenant);
+                        let kept: Vec<HandleInfo> = sizes.iter().map(|&n| { next_id += 1; kept(next_id, n) }).collect();
+                        let before = (t.budget.used(), t.records.len(), t.bytes);
+                        match t.record(tenant, &kept, in_place, now) {
+                            Ok(()) => {
+                                for k in &kept {
+                                    live.insert(k.handle.id, (tenant, k.tensor.byte_len, in_place, now));
+                                }
+                            }
+                            Err(e) => {
+                                proptest::prop_assert_eq!(e.code, ErrorCode::OverBudget);
+                                proptest::prop_assert_eq!(before, (t.budget.used(), t.records.len(), t.bytes));
+                            }
+                        }
+                    }
+                    Op::Release { tenant, pick: p } => {
+                        if let Some(id) = pick(&live, p) {
+                            let handle = Handle { id, epoch: EPOCH };
+                            given_back = t.release(TenantId(tenant), &[handle]);
+                            if live[&id].0 == TenantId(tenant) {
+                                proptest::prop_assert_eq!(&given_back, &vec![id]);
+                                live.remove(&id);
+                            } else {
+                                proptest::prop_assert!(given_back.is_empty(), "another tenant's");
+                            }
+                        }
+                    }
+                    Op::Forward { tenant, pick: p } => {
+                        if let Some(id) = pick(&live, p) {
+                            let handle = Handle { id, epoch: EPOCH };
+                            let there = kept(id, 1);
+                            let owner = live[&id].0;
+                            let forwarded = t.forward(TenantId(tenant), handle, "b:1".into(), there, now);
+                            proptest::prop_assert_eq!(forwarded.is_ok(), owner == TenantId(tenant));
+                            if forwarded.is_ok() {
+                                live.remove(&id);
+                                forwards.insert(id, (owner, now));
+                                given_back.push(id);
+                            }
+                        }
+                    }
+                    Op::Use { tenant, pick: p } => {
+                        if let Some(id) = pick(&live, p) {
+                            let used = t.get(TenantId(tenant), Handle { id, epoch: EPOCH }, now).is_ok();
+                            let entry = live.get_mut(&id).expect("picked from the live ones");
+                            proptest::prop_assert_eq!(used, entry.0 == TenantId(tenant));
+                            if used {
+                                entry.3 = now;
+                            }
+                        }
+                    }
+                    Op::Wait { ms } => {
+                        now += Duration::from_millis(ms);
+                        if now >= t.next_sweep() {
+                            let idle = |last: Instant| now.saturating_duration_since(last) >= ttl;
+                            let mut due: Vec<u64> = live.iter().filter(|(_, r)| idle(r.3)).map(|(&id, _)| id).collect();
+                            due.sort_unstable();
+                            let mut expired = t.expire(now);
+                            expired.sort_unstable();
+                            proptest::prop_assert_eq!(&expired, &due);
+                            live.retain(|_, r| !idle(r.3));
+                            forwards.retain(|_, f| !idle(f.1));
+                            given_back = expired;
+                        } else {
+                            proptest::prop_assert!(t.expire(now).is_empty(), "no sweep is due");
+                        }
+                    }
+                }
+                for id in given_back {
+                    proptest::prop_assert!(freed.insert(id), "{} is freed once", id);
+                    proptest::prop_assert!(!t.records.contains_key(&id));
+                }
+                let charged: u64 = live.values().map(|&(_, bytes, in_place, _)| MIN_CHARGE + if in_place { 0 } else { bytes }).sum();
+                proptest::prop_assert_eq!(t.budget.used(), charged);
+                proptest::prop_assert_eq!(t.bytes, live.values().map(|r| r.1).sum::<u64>());
+                for tenant in (0..3).map(TenantId) {
+                    let count = live.values().filter(|r| r.0 == tenant).count()
+                        + forwards.values().filter(|f| f.0 == tenant).count();
+                    proptest::prop_assert_eq!(t.held.get(&tenant).copied().unwrap_or(0), count);
+                }
+            }
+        }
+    }
 }
