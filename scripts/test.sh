@@ -38,22 +38,26 @@ step() {
     # timeout runs the step in a process group of its own and signals all of it.
     timeout --kill-after=30 "$limit" bash -c "$fn" || rc=$?
   fi
-  local took=$((SECONDS - start))
+  local took=$((SECONDS - start)) free
+  free=$(free_gib)
   case $rc in
     0) result=passed ;;
     124 | 137) result="FAILED: timed out" ;;
     *) result="FAILED (exit $rc)" ;;
   esac
   [ $rc -eq 0 ] || failed=$((failed + 1))
-  printf '== [%d] %s: %s in %d s\n' "$index" "$name" "$result" "$took" >&2
-  results+=("| $index | $name | $result | $took |")
+  printf '== [%d] %s: %s in %d s (%s GiB free after it)\n' "$index" "$name" "$result" "$took" "$free" >&2
+  results+=("| $index | $name | $result | $took | $free |")
 }
+
+# The disk left where the build goes: a full disk fails steps in ways that look like bugs.
+free_gib() { df -Pk "$ROOT" | awk 'NR == 2 { printf "%.1f", $4 / 1048576 }'; }
 
 summary() {
   {
     printf '\n== scripts/test.sh: %d of %d steps failed, %d s in all\n\n' "$failed" "$index" "$SECONDS"
-    echo "| # | step | result | seconds |"
-    echo "|---|---|---|---|"
+    echo "| # | step | result | seconds | GiB free after |"
+    echo "|---|---|---|---|---|"
     printf '%s\n' "${results[@]}"
   } >&2
 }
@@ -72,7 +76,7 @@ if [ "${1:-}" = "--self-test" ]; then
   check 'grep -q "^== \[1\] .*: FAILED (exit 1)" "$record.log"' "the failed step is reported as failed"
   check 'grep -q "^== \[2\] .*: FAILED: timed out" "$record.log"' "a hung step is cut by its timeout and reported"
   check 'grep -q "^== scripts/test.sh: 2 of $steps steps failed" "$record.log"' "the summary counts both"
-  check 'grep -qE "^\| $steps \| .* \| passed \| [0-9]+ \|$" "$record.log"' "the last step ran and passed, with its duration"
+  check 'grep -qE "^\| $steps \| .* \| passed \| [0-9]+ \| [0-9.]+ \|$" "$record.log"' "the last step ran and passed, with its duration and the disk left"
   rm -f "$record.log"
   ((fails == 0)) || exit 1
   echo "scripts/test.sh --self-test: the runner runs every step, times out a hang and fails the run"
@@ -83,6 +87,11 @@ fi
 # Each is a function run by `bash -c`, so it is exported with the variables it uses.
 export ROOT
 export CARGO_TERM_COLOR=never
+# Each build here is made once: no incremental state (gigabytes), and line tables only for
+# debug info (a panic's backtrace keeps its files and lines). Together they halve target/.
+export CARGO_INCREMENTAL=0
+export CARGO_PROFILE_DEV_DEBUG=line-tables-only
+printf '== %s GiB free at the start\n' "$(free_gib)" >&2
 
 setup() { bash scripts/setup.sh --no-build; }
 

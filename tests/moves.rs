@@ -11,6 +11,7 @@ use djinn_client::{
 };
 use djinn_dataplane::client::ClientConn;
 use djinn_proto::{Hello, Limits, Message, SessionMessage, transports};
+use std::time::Duration;
 use support::{Counter, Node, archive};
 
 fn f32_bytes(values: &[f32]) -> Vec<u8> {
@@ -247,4 +248,32 @@ fn a_session_with_a_parked_step_moves_once_the_step_ends() {
     let (_, moved) = on_a.session_move(session, &b.addr.to_string(), &grant).expect("move");
     let out = on_b.session_step(moved, &[Value::Tensor(0)], &t).expect("step at B");
     assert_eq!(f32s(out.tensor_bytes(0)), [4.0; 4], "the resumed step's state moved");
+}
+
+/// A move whose client went away before its answer still ends: one whose peer never answers
+/// fails at the node's push timeout, and the request that waited behind it (on another
+/// connection) then runs here, on the session as it was.
+#[test]
+fn a_move_ends_after_its_client_went_away_and_what_waited_then_runs() {
+    // Accepts nothing: the mover's hello is never answered.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let to = silent.local_addr().unwrap().to_string();
+    let a = Node::start("mio", &["--push-peers", &to, "--push-timeout", "2"]);
+    let mut on_a = a.client();
+    let model = register(&mut on_a, &["counter"]);
+    let session = open_counter(&mut on_a, &model);
+    let mut counter = Counter::new();
+    step(&mut counter, &mut on_a, session);
+
+    let options = ClientOptions { timeout: Some(Duration::from_millis(300)), ..ClientOptions::default() };
+    let mut conn = ClientConn::connect(a.addr, options).expect("connect");
+    conn.hello(Hello::new(&Limits::default(), transports::TCP, "test")).expect("hello");
+    let go = Message::Session(SessionMessage::Move { session, to, grant: "g".into() });
+    let unanswered = conn.request(&go, &[]);
+    assert!(unanswered.is_err(), "the move was answered before its peer could: {unanswered:?}");
+    drop(conn);
+
+    step(&mut counter, &mut on_a, session);
+    assert_eq!(a.stat(&mut on_a, "session_moves_failed"), 1);
+    assert_eq!(a.stat(&mut on_a, "sessions"), 1);
 }

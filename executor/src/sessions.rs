@@ -16,9 +16,11 @@
 //! least recently used; under LRU only recency counts and signals move nothing. State is never
 //! dropped: a swap the host pool cannot take leaves the state where it is.
 //!
-//! A session moves to another node in its turn ([`Op::Move`]): the worker sends the state there
-//! as that node's own session (opened on a grant the tenant got from it) and frees it here only
-//! once the other node holds it. Requests that came during the move waited behind it; after it
+//! A session moves to another node in its turn ([`Op::Move`]): the worker reads the state into
+//! host memory and answers with it, and the node's core opens it on the other node as a session
+//! of that node's own (on a grant the tenant got from it). The session's queue waits meanwhile;
+//! the core's `EndMove` says how it went, and the state here is freed only once the other node
+//! holds it. Requests that came during the move waited behind it; after it
 //! they, and any later request for the session here, are answered with where it went
 //! ([`SessionError::Moved`]), which the client follows. A move that fails leaves the session
 //! here as it was, and its queue goes on.
@@ -109,11 +111,9 @@ pub enum Op {
     /// The step parked at a breakpoint was aborted: the session is not stepping any more and
     /// its state stays as before the step (no reply).
     EndStep,
-    /// Moves the session to the node at `to` on `grant`, for the tenant named `tenant`.
+    /// Readies the session's move: its state goes back as the `Open` the core sends the peer,
+    /// and its queue waits for the move's end ([`SessionQueues::end_move`]).
     Move {
-        to: String,
-        grant: String,
-        tenant: String,
         reply: ReplyTo,
         replier: Replier,
     },
@@ -127,7 +127,7 @@ impl std::fmt::Debug for Op {
             Self::Close { .. } => f.write_str("Close"),
             Self::Restore => f.write_str("Restore"),
             Self::EndStep => f.write_str("EndStep"),
-            Self::Move { to, .. } => f.debug_struct("Move").field("to", to).finish(),
+            Self::Move { reply, .. } => f.debug_struct("Move").field("request_id", &reply.request_id).finish(),
         }
     }
 }
@@ -739,10 +739,11 @@ impl SessionQueues {
             if q.paused || q.moving {
                 return Err(SessionError::CannotMove {
                     session,
-                    why: if q.paused {
-                        "a step of it is parked at a breakpoint: resume or abort it first"
-                    } else {
+                    // A move under way pauses the queue too.
+                    why: if q.moving {
                         "it is moving already"
+                    } else {
+                        "a step of it is parked at a breakpoint: resume or abort it first"
                     },
                 });
             }
@@ -777,11 +778,22 @@ impl SessionQueues {
         q.ops
     }
 
-    /// The move failed: the session's queue goes on.
-    pub fn move_failed(&mut self, id: u64) {
-        if let Some(q) = self.queues.get_mut(&id) {
-            q.moving = false;
+    /// The session whose move the core ends: `tenant`'s, and moving.
+    pub fn moving(&self, tenant: TenantId, session: Handle) -> Result<u64, SessionError> {
+        let id = self.id_of(tenant, session)?;
+        match self.queues.get(&id) {
+            Some(q) if q.moving => Ok(id),
+            _ => Err(SessionError::CannotMove { session, why: "it is not moving" }),
         }
+    }
+
+    /// The move failed: the session's queue goes on. True when requests wait and the caller
+    /// must start a drain.
+    pub fn move_failed(&mut self, id: u64) -> bool {
+        let Some(q) = self.queues.get_mut(&id) else { return false };
+        q.moving = false;
+        q.paused = false;
+        !q.ops.is_empty() && q.start_drain()
     }
 
     /// Forgets where sessions went that moved longer than an idle timeout ago.
@@ -841,9 +853,9 @@ impl SessionQueues {
 
     /// True when nothing waits on the session and no request came for `ttl`.
     fn idle(&self, id: u64, now: Instant, ttl: Duration) -> bool {
-        self.queues
-            .get(&id)
-            .is_none_or(|q| !q.draining && q.ops.is_empty() && now.saturating_duration_since(q.last_used) >= ttl)
+        self.queues.get(&id).is_none_or(|q| {
+            !q.draining && !q.moving && q.ops.is_empty() && now.saturating_duration_since(q.last_used) >= ttl
+        })
     }
 }
 

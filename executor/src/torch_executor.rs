@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use djinn_auth::{Authenticator, TenantId};
 use djinn_memory::MemoryBudget;
-use djinn_node_core::{Executor, Job, Peers, Replier, Reply, ReplyTo, tenant_budget};
+use djinn_node_core::{Executor, Job, Replier, Reply, ReplyTo, tenant_budget};
 use djinn_proto::{BreakpointMessage, Fingerprint, Handle, ModelMessage, SessionMessage};
 use tch::Device;
 
@@ -44,8 +44,6 @@ pub struct ExecutorOptions {
     pub flops_per_second: Option<f64>,
     /// The node's principals, when clients need tokens: what lists name tenants by.
     pub auth: Option<Arc<Authenticator>>,
-    /// The node's way to other nodes: session moves go through it.
-    pub peers: Arc<dyn Peers>,
 }
 
 /// The node's executor: libtorch on the node's device, with worker threads.
@@ -89,7 +87,6 @@ impl TorchExecutor {
             kept: Arc::clone(&kept),
             sessions: sessions.clone(),
             parked: Arc::clone(&parked),
-            peers: Arc::clone(&options.peers),
         };
         let workers = Workers::start(options.workers, options.intra_op_threads, options.device, tables, limits)?;
         tracing::info!(
@@ -184,10 +181,13 @@ impl TorchExecutor {
                     Some(refused) => Some(refused),
                 };
             }
-            Job::Move { session, to: peer, grant, tenant: name } => {
-                let op = Op::Move { to: peer, grant, tenant: name, reply: to, replier: replier.clone() };
-                return self.enqueue(tenant, session, op);
+            Job::Move { session } => {
+                return self.enqueue(tenant, session, Op::Move { reply: to, replier: replier.clone() });
             }
+            Job::EndMove { session, moved } => match self.sessions.queues().moving(tenant, session) {
+                Ok(id) => Work::EndMove { id, moved },
+                Err(e) => return Some(Reply::error(e.code(), e.to_string())),
+            },
             Job::Close { session } => return self.enqueue(tenant, session, Op::Close { to, replier: replier.clone() }),
             // The activation a resume replaces is checked here, before anything runs: a
             // mismatch leaves the request parked.

@@ -11,7 +11,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use djinn_auth::TenantId;
-use djinn_node_core::{Peers, Replier, Reply, ReplyTo};
+use djinn_node_core::{PeerError, Replier, Reply, ReplyTo};
 use djinn_proto::{
     Breakpoint, BreakpointMessage, DType, DataMessage, Handle, KeptMessage, Message, ModelMessage, Payload,
     SessionEntry, SessionMessage, SharedBytes, TensorDesc, Value,
@@ -70,6 +70,12 @@ pub enum Work {
     /// itself has no reply).
     Session {
         id: u64,
+    },
+    /// Ends a session's move as the peer answered: the session is there now (its state here
+    /// is freed, on this worker), or it stays here.
+    EndMove {
+        id: u64,
+        moved: Result<(String, Handle), PeerError>,
     },
     /// Runs a parked request on from its breakpoint (taken out of the table by the poller).
     Resume {
@@ -137,8 +143,6 @@ impl Scheduler {
 /// What the worker threads share.
 struct Shared {
     device: Device,
-    /// Node-to-node moves (a session's, in its turn).
-    peers: Arc<dyn Peers>,
     models: Arc<Mutex<ModelStore>>,
     kept: Arc<Mutex<KeptTensors>>,
     sessions: Sessions,
@@ -242,7 +246,6 @@ pub struct Tables {
     pub kept: Arc<Mutex<KeptTensors>>,
     pub sessions: Sessions,
     pub parked: Arc<Mutex<ParkedTable>>,
-    pub peers: Arc<dyn Peers>,
 }
 
 impl Workers {
@@ -253,7 +256,7 @@ impl Workers {
         tables: Tables,
         limits: Limits,
     ) -> std::io::Result<Self> {
-        let Tables { models, kept, sessions, parked, peers } = tables;
+        let Tables { models, kept, sessions, parked } = tables;
         let scheduler = Arc::new(Scheduler {
             queued: Mutex::new(Queued { jobs: FairQueue::default(), senders: 1 }),
             ready: Condvar::new(),
@@ -261,7 +264,6 @@ impl Workers {
         let counters = Arc::new(WorkerCounters::default());
         let shared = Arc::new(Shared {
             device,
-            peers,
             models,
             kept,
             sessions,
@@ -357,6 +359,16 @@ fn work(scheduler: &Scheduler, shared: &Shared) {
             counters.queued.fetch_sub(1, Ordering::Relaxed);
             continue;
         }
+        let job = match (job, &reply) {
+            (Work::EndMove { id, moved }, Some((to, replier))) => {
+                if end_move(id, moved, *to, replier, shared) {
+                    drain(tenant, id);
+                }
+                counters.queued.fetch_sub(1, Ordering::Relaxed);
+                continue;
+            }
+            (job, _) => job,
+        };
         // What the node's stats count, by kind of job: (done, failed).
         let counted = match job {
             Work::Execute { .. } | Work::Resume { .. } => Some((&counters.executions, &counters.execution_errors)),
@@ -410,6 +422,7 @@ fn work(scheduler: &Scheduler, shared: &Shared) {
                     .collect();
                 Ok(Reply::message(SessionMessage::SessionList { sessions, more }))
             }
+            Work::EndMove { .. } => Err(ExecError::Internal("a move's end among the jobs that reply".into())),
             Work::Session { .. } => Err(ExecError::Internal("a session drain with a reply".into())),
         });
         if timed {
@@ -495,52 +508,72 @@ fn session_next(id: u64, shared: &Shared) -> bool {
             }
             return false;
         }
-        Op::Move { to, grant, tenant, reply, replier } => {
-            let started = Instant::now();
-            match caught(|| move_session(id, &to, &grant, &tenant, shared)) {
-                Ok(session) => {
-                    let after = shared.sessions.queues().moved_out(id, to.clone(), session);
-                    let state = sessions.locked().moved_out(id);
-                    tracing::info!(session = id, peer = %to, took = ?started.elapsed(), "session moved");
-                    let moved = || Reply::message(SessionMessage::Moved { to: to.clone(), session });
-                    replier.executed(reply, moved());
-                    // What waited behind the move is answered with where the session went, and
-                    // sent there again by its client.
-                    for (to, replier) in after.into_iter().filter_map(Op::into_reply) {
-                        replier.executed(to, moved());
-                    }
-                    drop(state);
-                    return false;
-                }
-                Err(e) => {
-                    sessions.locked().move_failed(id);
-                    shared.sessions.queues().move_failed(id);
-                    tracing::info!(session = id, peer = %to, error = %e, "session move failed: it stays here");
-                    replier.executed(reply, Reply::error(e.code(), e.to_string()));
-                }
+        Op::Move { reply, replier } => match caught(|| session_state(id, shared)) {
+            Ok(open) => {
+                // Its later requests wait for the move's end, which may come before this
+                // worker is back: the queue pauses before the state goes.
+                shared.sessions.queues().pause(id);
+                replier.executed(reply, open);
             }
-        }
+            Err(e) => {
+                sessions.locked().move_failed(id);
+                shared.sessions.queues().move_failed(id);
+                tracing::info!(session = id, error = %e, "session move failed: it stays here");
+                replier.executed(reply, error_reply(e));
+            }
+        },
     }
     true
 }
 
-/// Sends a session's state to the node at `to` as a session of its own there (see
-/// [`Peers::open_session`]); the session's handle there. The state stays here, unchanged,
-/// until the caller frees it.
-fn move_session(id: u64, to: &str, grant: &str, tenant: &str, shared: &Shared) -> Result<Handle, ExecError> {
-    let (model, state, charge) = shared.sessions.table.locked().begin_move(id)?;
-    let state = state
-        .into_iter()
-        .map(|t| OutputTensor::new(t, None).map(|(bytes, desc)| (desc, Arc::new(bytes) as SharedBytes)))
-        .collect::<Result<Vec<_>, _>>()?;
-    let bytes: u64 = state.iter().map(|(desc, _)| desc.byte_len).sum();
-    let started = Instant::now();
-    let (session, path) = shared
-        .peers
-        .open_session(to, grant, tenant, model.fingerprint, &state, charge)
-        .map_err(|(code, message)| ExecError::Moving { code, message })?;
-    tracing::debug!(session = id, peer = %to, bytes, path, seconds = started.elapsed().as_secs_f64(), "session state sent");
-    Ok(session)
+/// A moving session's state, read into host memory, as the `Open` that makes it a session on
+/// the peer. The state stays here, unchanged, until the move ends.
+fn session_state(id: u64, shared: &Shared) -> Result<Reply, ExecError> {
+    let (model, state, reserve) = shared.sessions.table.locked().begin_move(id)?;
+    let mut descs = Vec::with_capacity(state.len());
+    let mut tensors = Vec::with_capacity(state.len());
+    for t in state {
+        let (bytes, desc) = OutputTensor::new(t, None)?;
+        descs.push(desc);
+        tensors.push(Arc::new(bytes) as SharedBytes);
+    }
+    let open = SessionMessage::Open { fingerprint: model.fingerprint, state: descs, reserve };
+    Ok(Reply { message: open.into(), tensors })
+}
+
+/// Ends session `id`'s move as the peer answered, answering the move (`to`). Once the session
+/// is on the peer, the requests that waited behind the move are answered next with where it
+/// went (their clients send them there again); when it stays, they run: true when the caller
+/// must start the session's drain.
+fn end_move(
+    id: u64,
+    moved: Result<(String, Handle), PeerError>,
+    to: ReplyTo,
+    replier: &Replier,
+    shared: &Shared,
+) -> bool {
+    let sessions = &shared.sessions.table;
+    match moved {
+        Ok((peer, session)) => {
+            let after = shared.sessions.queues().moved_out(id, peer.clone(), session);
+            let state = sessions.locked().moved_out(id);
+            tracing::info!(session = id, peer = %peer, "session moved");
+            let moved = || Reply::message(SessionMessage::Moved { to: peer.clone(), session });
+            replier.executed(to, moved());
+            for (to, replier) in after.into_iter().filter_map(Op::into_reply) {
+                replier.executed(to, moved());
+            }
+            drop(state);
+            false
+        }
+        Err((code, message)) => {
+            sessions.locked().move_failed(id);
+            let drain = shared.sessions.queues().move_failed(id);
+            tracing::info!(session = id, error = %message, "session move failed: it stays here");
+            replier.executed(to, Reply::error(code, message));
+            drain
+        }
+    }
 }
 
 /// One step: the model runs on the inputs followed by the state; the last outputs become the

@@ -2,13 +2,12 @@
 //! (`djinn_node_core::conformance`): the same requests, through the same core, get the same
 //! replies.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use djinn_executor::tch::{CModule, Device, Kind, Tensor};
 use djinn_executor::{ExecutorOptions, Policy, SessionOptions, TorchExecutor};
 use djinn_memory::MemoryBudget;
-use djinn_node_core::conformance::{self, NoPeers};
+use djinn_node_core::conformance;
 
 /// A TorchScript module whose forward returns its one input, as the archive a client uploads.
 fn identity_archive() -> Vec<u8> {
@@ -39,7 +38,6 @@ fn executor() -> (TorchExecutor, MemoryBudget) {
         max_run_memory: None,
         flops_per_second: None,
         auth: None,
-        peers: Arc::new(NoPeers),
     };
     (TorchExecutor::new(budget.clone(), options).expect("the executor starts"), budget)
 }

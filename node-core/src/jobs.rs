@@ -2,7 +2,7 @@
 
 use djinn_proto::{Breakpoint, Fingerprint, Handle, Payload, Signal, TensorDesc, Value};
 
-use crate::{Replier, ReplyTo, Upload};
+use crate::{PeerError, Replier, ReplyTo, Upload};
 
 /// A call's inputs as they came: the argument values, the tensors they name (descriptors, in
 /// the order of their bytes) and the payload those bytes arrived in.
@@ -73,12 +73,20 @@ pub enum Job {
         session: Handle,
         signal: Signal,
     },
-    /// Moves a session to the node at `to` on its `grant`, for the tenant named `tenant` there.
+    /// Readies a session's move to another node, in the session's turn: answered with its
+    /// state as the `session.Open` that makes it a session there (the tensors' bytes beside
+    /// it), which the core sends through [`crate::Peers`]. The session's later requests wait
+    /// for [`Job::EndMove`].
     Move {
         session: Handle,
-        to: String,
-        grant: String,
-        tenant: String,
+    },
+    /// Ends a session's move: it is at the node and handle `moved` names now (its state here is
+    /// freed, and its waiting requests are answered with where it went), or the peer refused it
+    /// (it stays here, as it was, and its requests go on). Answered `session.Moved`, or the
+    /// peer's refusal.
+    EndMove {
+        session: Handle,
+        moved: Result<(String, Handle), PeerError>,
     },
     Close {
         session: Handle,

@@ -36,7 +36,7 @@ pub use jobs::{CallInputs, Executor, Job};
 pub use kept::HandleError;
 pub use local::{LocalError, LocalNode, LocalRequest};
 pub use node::{CoreOptions, MAX_ARCHIVE_READ, NodeCore, tenant_budget};
-pub use peers::{PeerError, Peers, PushedTensor};
+pub use peers::{MovedSession, PeerError, Peers, PushedTensor};
 pub use reply::{Answer, Replier, Reply, ReplyTo};
 pub use service::Service;
 pub use upload::{Scope, Upload};

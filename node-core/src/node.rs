@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use djinn_auth::{Authenticator, TenantId};
 use djinn_memory::{BufferPool, MemoryBudget, Reservation};
 use djinn_proto::{
-    Archives, BreakpointMessage, DataMessage, ErrorCode, Fingerprint, Frame, HandleInfo, KeptEntry, KeptMessage, Kind,
-    Message, ModelMessage, Payload, Refusal, SessionMessage, TensorSource, Value,
+    Archives, BreakpointMessage, DataMessage, ErrorCode, Fingerprint, Frame, Handle, HandleInfo, KeptEntry,
+    KeptMessage, Kind, Message, ModelMessage, Payload, Refusal, SessionMessage, TensorSource, Value,
 };
 
 use crate::grants::Grants;
@@ -18,7 +18,7 @@ use crate::jobs::{CallInputs, Executor, Job};
 use crate::kept::{HandleError, KeptTable};
 use crate::store::TensorStore;
 use crate::{Admission, Delivery};
-use crate::{Peers, PushedTensor, Replier, Reply, ReplyTo, Service, Upload};
+use crate::{MovedSession, Peers, PushedTensor, Replier, Reply, ReplyTo, Service, Upload};
 
 #[cfg(test)]
 #[path = "node_tests.rs"]
@@ -105,6 +105,11 @@ enum Pending {
     /// A kept tensor's bytes, read to be pushed to the node at `to` on its `grant`, for the
     /// tenant named `tenant` there.
     Push { to: String, grant: String, tenant: String },
+    /// A session's state, readied to be opened as a session on the node at `to` on its
+    /// `grant`, for the tenant named `tenant` there.
+    Move { session: Handle, to: String, grant: String, tenant: String },
+    /// The peer at `to` is opening the session: its answer ends the move here.
+    Moving { session: Handle, to: String },
 }
 
 /// A registration between its begin and its commit.
@@ -323,9 +328,6 @@ impl<E: Executor> NodeCore<E> {
                 Job::Step { session, inputs: CallInputs { values: inputs, tensors, payload }, until }
             }
             Message::Session(SessionMessage::Signal { session, signal }) => Job::Signal { session, signal },
-            Message::Session(SessionMessage::Move { session, to: peer, grant }) => {
-                Job::Move { session, to: peer, grant, tenant: self.tenant_name(to.tenant) }
-            }
             Message::Session(SessionMessage::Close { session }) => Job::Close { session },
             Message::Session(SessionMessage::List { after }) => Job::ListSessions { all, after },
             Message::Breakpoint(BreakpointMessage::Resume { parked, tensors, activation, until }) => {
@@ -372,6 +374,13 @@ impl<E: Executor> Service for NodeCore<E> {
     fn handle(&mut self, frame: Frame, to: ReplyTo, replier: &Replier, now: Instant) -> Option<Reply> {
         let Frame { message, payload, .. } = frame;
         let tenant = to.tenant;
+        // The core finishes some answers itself, by the request they answer: a second request
+        // of the same number on the connection before the first is answered would take the
+        // first one's place (a session moving would never end).
+        if self.pending.contains_key(&(to.conn_id, to.request_id)) {
+            let message = format!("request {} is still under way on this connection: number each anew", to.request_id);
+            return Some(Reply::error(ErrorCode::Unexpected, message));
+        }
         let message = match message {
             Message::Kept(KeptMessage::PushGrant { tensor }) => {
                 return Some(self.grants.give(tenant, self.tenant_name(tenant), Delivery::Tensor(tensor), now));
@@ -417,6 +426,12 @@ impl<E: Executor> Service for NodeCore<E> {
             Message::Kept(KeptMessage::Push { source: TensorSource::Named(name), to: peer, grant }) => {
                 return self.push_named(&name, peer, grant, to, replier);
             }
+            Message::Session(SessionMessage::Move { session, to: peer, grant }) => {
+                let tenant = self.tenant_name(tenant);
+                self.pending.insert((to.conn_id, to.request_id), Pending::Move { session, to: peer, grant, tenant });
+                self.executor.run(Job::Move { session }, to, replier);
+                return None;
+            }
             Message::Kept(KeptMessage::Keep { .. }) => {
                 let in_place = self.keep_in_place && payload.is_some();
                 self.pending.insert((to.conn_id, to.request_id), Pending::Keep { in_place });
@@ -452,7 +467,28 @@ impl<E: Executor> Service for NodeCore<E> {
     }
 
     fn complete(&mut self, to: ReplyTo, reply: Reply, replier: &Replier, now: Instant) -> Option<Reply> {
-        let in_place = match self.pending.remove(&(to.conn_id, to.request_id)) {
+        let key = (to.conn_id, to.request_id);
+        let in_place = match self.pending.remove(&key) {
+            Some(Pending::Move { session, to: peer, grant, tenant }) => {
+                let Message::Session(SessionMessage::Open { fingerprint, state, reserve }) = reply.message else {
+                    return Some(reply);
+                };
+                let moved = MovedSession { fingerprint, state, bytes: reply.tensors, reserve };
+                self.pending.insert(key, Pending::Moving { session, to: peer.clone() });
+                self.peers.open_session(moved, peer, grant, tenant, to, replier);
+                return None;
+            }
+            Some(Pending::Moving { session, to: peer }) => {
+                let moved = match reply.message {
+                    Message::Session(SessionMessage::Opened { session: there }) => Ok((peer, there)),
+                    Message::Data(DataMessage::Error { code, message }) => Err((code, message)),
+                    other => {
+                        Err((ErrorCode::Internal, format!("the peer at {peer} answered a {}", other.kind().name())))
+                    }
+                };
+                self.executor.run(Job::EndMove { session, moved }, to, replier);
+                return None;
+            }
             Some(Pending::Push { to: peer, grant, tenant }) => {
                 let Message::Data(DataMessage::GetReply { tensor: desc }) = reply.message else {
                     return Some(reply);
@@ -513,8 +549,8 @@ impl<E: Executor> Service for NodeCore<E> {
 
     fn on_disconnect(&mut self, connection: u64) {
         // A claim's answer opens no upload for it; its other requests' answers still come, are
-        // completed (what they kept is recorded, to be released or to expire) and dropped with
-        // no one to send them to.
+        // completed (what they kept is recorded, to be released or to expire; a session's move
+        // ends) and dropped with no one to send them to.
         self.pending.retain(|&(conn, _), p| conn != connection || !matches!(p, Pending::Claim { .. }));
         self.uploads.retain(|id, u| {
             let keep = u.upload.connection != connection;

@@ -8,11 +8,11 @@ use djinn_auth::TenantId;
 use djinn_memory::MemoryBudget;
 use djinn_proto::{
     DType, DataMessage, ErrorCode, Fingerprint, Frame, Handle, HandleInfo, KeptMessage, Message, ModelMessage, Refusal,
-    TensorDesc, TensorSource, Value,
+    SessionMessage, SharedBytes, TensorDesc, TensorSource, Value,
 };
 
 use crate::{
-    CoreOptions, Executor, Job, MAX_ARCHIVE_READ, MAX_UPLOADS_PER_TENANT, MIN_CHARGE, NodeCore, PeerError, Peers,
+    CoreOptions, Executor, Job, MAX_ARCHIVE_READ, MAX_UPLOADS_PER_TENANT, MIN_CHARGE, MovedSession, NodeCore, Peers,
     PushedTensor, Replier, Reply, ReplyTo, Service,
 };
 
@@ -48,9 +48,10 @@ impl Executor for Recorder {
     }
 }
 
-/// Pushes recorded: (tensor, peer, tenant name).
+/// Pushes recorded: (tensor, peer, tenant name); and sessions' moves: (state, peer, tenant
+/// name), answered by the test.
 #[derive(Debug, Default)]
-struct PushLog(Mutex<Vec<(TensorDesc, Vec<u8>, String)>>);
+struct PushLog(Mutex<Vec<(TensorDesc, Vec<u8>, String)>>, Mutex<Vec<(MovedSession, String, String, ReplyTo)>>);
 
 impl Peers for PushLog {
     fn push(&self, tensor: PushedTensor, to: String, _: String, _: String, _: ReplyTo, _: &Replier) {
@@ -60,14 +61,14 @@ impl Peers for PushLog {
 
     fn open_session(
         &self,
-        _: &str,
-        _: &str,
-        _: &str,
-        _: Fingerprint,
-        _: &[(TensorDesc, djinn_proto::SharedBytes)],
-        _: u64,
-    ) -> Result<(Handle, &'static str), PeerError> {
-        Err((ErrorCode::Internal, "no sessions move in these tests".into()))
+        session: MovedSession,
+        to: String,
+        _: String,
+        tenant: String,
+        reply_to: ReplyTo,
+        _: &Replier,
+    ) {
+        self.1.lock().unwrap().push((session, to, tenant, reply_to));
     }
 }
 
@@ -435,4 +436,69 @@ fn a_kept_tensor_is_read_by_the_executor_and_pushed_by_the_core() {
     assert_eq!((h.core.executor.freed.as_slice(), h.device.used()), (&[1][..], 0));
     let moved = h.request(KeptMessage::Fetch { handle: kept(1, 1).handle }, &[]).unwrap();
     assert_eq!(moved.message, Message::Kept(KeptMessage::Moved { to: "peer:1".into(), kept: there }));
+}
+
+/// The executor's answer to a move: the session's state as the `Open` for the peer.
+fn session_open(fingerprint: Fingerprint) -> Reply {
+    let open = SessionMessage::Open { fingerprint, state: vec![f32s(2)], reserve: 64 };
+    Reply { message: open.into(), tensors: vec![Arc::new(vec![1u8; 8]) as SharedBytes] }
+}
+
+#[test]
+fn a_session_moves_through_the_core_and_the_executor_ends_the_move_as_the_peer_answered() {
+    let mut h = harness(false);
+    let fingerprint = Fingerprint::of_blocks(&[b"m"]);
+    let session = Handle { epoch: EPOCH, id: 3 };
+    let moves = |to: &str| SessionMessage::Move { session, to: to.into(), grant: "g".into() };
+
+    // Opened there: the executor is told where the session went.
+    assert!(h.request(moves("peer:1"), &[]).is_none());
+    assert!(matches!(h.jobs(), [(Job::Move { session: s }, _)] if *s == session));
+    assert!(h.answer(session_open(fingerprint)).is_none(), "the state goes to the peer, not the client");
+    let (moved, peer, _, to) = h.pushes.1.lock().unwrap().pop().expect("the session opened on the peer");
+    assert_eq!(
+        (peer.as_str(), moved.fingerprint, moved.state, moved.reserve),
+        ("peer:1", fingerprint, vec![f32s(2)], 64)
+    );
+    assert_eq!(moved.bytes[0].as_ref().as_ref(), &[1u8; 8]);
+    let there = Handle { epoch: 9, id: 1 };
+    let opened = Reply::message(SessionMessage::Opened { session: there });
+    assert!(h.core.complete(to, opened, &h.replier, h.now).is_none(), "the executor answers the move");
+    let (Job::EndMove { session: s, moved }, _) = &h.jobs()[0] else { panic!("not the move's end") };
+    assert_eq!((*s, moved.clone()), (session, Ok(("peer:1".to_owned(), there))));
+    h.core.executor.jobs.clear();
+
+    // Refused there: the executor is told why, for the client.
+    assert!(h.request(moves("peer:2"), &[]).is_none());
+    assert!(h.answer(session_open(fingerprint)).is_none());
+    let (_, _, _, to) = h.pushes.1.lock().unwrap().pop().expect("the session sent to the peer");
+    let refused = Reply::error(ErrorCode::Forbidden, "no grant");
+    assert!(h.core.complete(to, refused, &h.replier, h.now).is_none());
+    let (Job::EndMove { moved, .. }, _) = &h.jobs()[0] else { panic!("not the move's end") };
+    assert_eq!(moved.clone(), Err((ErrorCode::Forbidden, "no grant".to_owned())));
+    h.core.executor.jobs.clear();
+
+    // The executor could not ready it: its refusal is the answer, and nothing reaches a peer.
+    assert!(h.request(moves("peer:3"), &[]).is_none());
+    let busy = h.answer(Reply::error(ErrorCode::Busy, "it is moving already"));
+    assert_eq!(error_of(busy).0, ErrorCode::Busy);
+    assert!(h.pushes.1.lock().unwrap().is_empty());
+}
+
+#[test]
+fn a_request_numbered_as_one_still_under_way_is_refused_and_takes_nothing_over() {
+    let mut h = harness(false);
+    let session = Handle { epoch: EPOCH, id: 3 };
+    let to = ReplyTo { slot: 0, conn_id: 1, request_id: 7, tenant: ALICE, operator: false, torchscript: false };
+    let frame = |message: Message| Frame { request_id: 7, message, payload: None };
+    let moving = SessionMessage::Move { session, to: "peer:1".into(), grant: "g".into() };
+    assert!(h.core.handle(frame(moving.into()), to, &h.replier, h.now).is_none());
+    let again = h.core.handle(frame(SessionMessage::List { after: 0 }.into()), to, &h.replier, h.now);
+    assert_eq!(error_of(again).0, ErrorCode::Unexpected);
+    assert_eq!(h.jobs().len(), 1, "the second request reached no executor");
+    // The first still completes as a move, and once it is answered the number is free again.
+    assert!(h.answer(session_open(Fingerprint::of_blocks(&[b"m"]))).is_none());
+    assert_eq!(h.pushes.1.lock().unwrap().len(), 1);
+    let on_another = ReplyTo { conn_id: 2, ..to };
+    assert!(h.core.handle(frame(SessionMessage::List { after: 0 }.into()), on_another, &h.replier, h.now).is_none());
 }

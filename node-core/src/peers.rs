@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use djinn_proto::{ErrorCode, Fingerprint, Handle, SharedBytes, TensorDesc};
+use djinn_proto::{ErrorCode, Fingerprint, SharedBytes, TensorDesc};
 
 use crate::{Replier, ReplyTo};
 
@@ -13,6 +13,25 @@ pub type PeerError = (ErrorCode, String);
 pub struct PushedTensor {
     pub desc: TensorDesc,
     pub bytes: SharedBytes,
+}
+
+/// A session on its way to another node: its model, its state (each tensor's description and
+/// bytes, in host memory) and the device memory to reserve for it there.
+pub struct MovedSession {
+    pub fingerprint: Fingerprint,
+    pub state: Vec<TensorDesc>,
+    pub bytes: Vec<SharedBytes>,
+    pub reserve: u64,
+}
+
+impl fmt::Debug for MovedSession {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MovedSession")
+            .field("fingerprint", &self.fingerprint)
+            .field("state", &self.state.len())
+            .field("reserve", &self.reserve)
+            .finish_non_exhaustive()
+    }
 }
 
 impl fmt::Debug for PushedTensor {
@@ -37,17 +56,17 @@ pub trait Peers: Send + Sync + fmt::Debug {
         replier: &Replier,
     );
 
-    /// Opens, on the node at `to` and on its `grant`, a session of the model `fingerprint` for
-    /// `tenant` (by name) whose state is `state` (each tensor's description and bytes), holding
-    /// `reserve` bytes for it there. Blocks the caller: the handle the peer gives the session,
-    /// and the path the state took.
+    /// Opens, on the node at `to` and on its `grant`, a session for `tenant` (by name) from
+    /// `session`'s state, in that tenant's turn. The peer's answer (`session.Opened` with the
+    /// session's handle there, or an error) goes to `reply_to` through
+    /// [`Replier::executed`]: the core completes it, ending the move here.
     fn open_session(
         &self,
-        to: &str,
-        grant: &str,
-        tenant: &str,
-        fingerprint: Fingerprint,
-        state: &[(TensorDesc, SharedBytes)],
-        reserve: u64,
-    ) -> Result<(Handle, &'static str), PeerError>;
+        session: MovedSession,
+        to: String,
+        grant: String,
+        tenant: String,
+        reply_to: ReplyTo,
+        replier: &Replier,
+    );
 }

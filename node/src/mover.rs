@@ -29,11 +29,10 @@ use crossbeam_channel::{Receiver, Sender};
 use djinn_dataplane::client::{ClientConn, ClientError, ClientOptions};
 use djinn_dataplane::rdma::RdmaPort;
 use djinn_dataplane::tcp::ClientTls;
-use djinn_node_core::{PeerError, Peers, PushedTensor, Replier, Reply, ReplyTo};
+use djinn_node_core::{MovedSession, PeerError, Peers, PushedTensor, Replier, Reply, ReplyTo};
 use djinn_proto::rdma::SessionConfig;
 use djinn_proto::{
-    DataMessage, ErrorCode, Fingerprint, Handle, Hello, KeptMessage, Limits, Message, PROTOCOL_VERSION, SessionMessage,
-    SharedBytes, TensorDesc, transports,
+    DataMessage, ErrorCode, Handle, Hello, KeptMessage, Limits, Message, PROTOCOL_VERSION, SessionMessage, transports,
 };
 use djinn_sync::Locked;
 
@@ -112,8 +111,14 @@ fn same_peer(a: &str, b: &str) -> bool {
     a == b || matches!((a.parse::<SocketAddr>(), b.parse::<SocketAddr>()), (Ok(x), Ok(y)) if x == y)
 }
 
+/// What a tenant's thread sends a peer: a tensor to keep, or a session to open.
+enum Sent {
+    Tensor(PushedTensor),
+    Session(MovedSession),
+}
+
 struct PushJob {
-    tensor: PushedTensor,
+    sent: Sent,
     to: String,
     grant: String,
     reply_to: ReplyTo,
@@ -184,19 +189,9 @@ impl Mover {
     }
 }
 
-impl Peers for Mover {
-    /// Pushes `tensor` to the node at `to` on its `grant`, for `tenant` (by name, empty where
-    /// nodes need no token); the reply goes to `reply_to`.
-    fn push(
-        &self,
-        tensor: PushedTensor,
-        to: String,
-        grant: String,
-        tenant: String,
-        reply_to: ReplyTo,
-        replier: &Replier,
-    ) {
-        let job = PushJob { tensor, to, grant, reply_to, replier: replier.clone() };
+impl Mover {
+    /// Queues `job` on `tenant`'s thread (started on its first job).
+    fn queue(&self, job: PushJob, tenant: String) {
         let mut workers = self.workers.locked();
         let job = match workers.get(&tenant) {
             Some((tx, _)) => match tx.send(job) {
@@ -214,44 +209,77 @@ impl Peers for Mover {
                 let _ = tx.send(job);
                 workers.insert(tenant, (tx, thread));
             }
-            Err(e) => job.replier.send(job.reply_to, Reply::error(ErrorCode::Internal, format!("no push thread: {e}"))),
+            Err(e) => {
+                let reply = Reply::error(ErrorCode::Internal, format!("no push thread: {e}"));
+                answer(&job.sent, &job.replier, job.reply_to, reply);
+            }
         }
     }
+}
 
-    /// Opens, on the node at `to` and on its `grant`, a session of the model `fingerprint` for
-    /// `tenant` (by name) whose state is `state` (each tensor's description and bytes), holding
-    /// `reserve` bytes for it there. Runs on the caller's thread, on a connection of its own:
-    /// the handle the peer gives the session, and the path the state took.
+impl Peers for Mover {
+    /// Pushes `tensor` to the node at `to` on its `grant`, for `tenant` (by name, empty where
+    /// nodes need no token); the reply goes to `reply_to`.
+    fn push(
+        &self,
+        tensor: PushedTensor,
+        to: String,
+        grant: String,
+        tenant: String,
+        reply_to: ReplyTo,
+        replier: &Replier,
+    ) {
+        self.queue(PushJob { sent: Sent::Tensor(tensor), to, grant, reply_to, replier: replier.clone() }, tenant);
+    }
+
+    /// Opens, on the node at `to` and on its `grant`, a session for `tenant` (by name) from
+    /// `session`'s state, on the tenant's thread and a connection of its own; the peer's answer
+    /// goes to the core, which ends the move.
     fn open_session(
         &self,
-        to: &str,
-        grant: &str,
-        tenant: &str,
-        fingerprint: Fingerprint,
-        state: &[(TensorDesc, SharedBytes)],
-        reserve: u64,
-    ) -> Result<(Handle, &'static str), PeerError> {
-        if !self.config.peers.allows(to) {
-            return Err(not_a_peer(to));
+        session: MovedSession,
+        to: String,
+        grant: String,
+        tenant: String,
+        reply_to: ReplyTo,
+        replier: &Replier,
+    ) {
+        self.queue(PushJob { sent: Sent::Session(session), to, grant, reply_to, replier: replier.clone() }, tenant);
+    }
+}
+
+/// Sends the answer to what was sent: a push's to its client, a session's to the core.
+fn answer(sent: &Sent, replier: &Replier, reply_to: ReplyTo, reply: Reply) {
+    match sent {
+        Sent::Tensor(_) => replier.send(reply_to, reply),
+        Sent::Session(_) => replier.executed(reply_to, reply),
+    }
+}
+
+/// Opens a session from `session`'s state on the peer at `to`: the handle the peer gives it,
+/// and the path the state took.
+fn open_session(
+    config: &Config,
+    session: &MovedSession,
+    to: &str,
+    grant: &str,
+    tenant: &str,
+) -> Result<(Handle, &'static str), PeerError> {
+    let mut conn = connect(to, grant, tenant, &config.options, config.rdma.as_ref())?;
+    let MovedSession { fingerprint, state, bytes, reserve } = session;
+    let open =
+        Message::Session(SessionMessage::Open { fingerprint: *fingerprint, state: state.clone(), reserve: *reserve });
+    let payload: Vec<&[u8]> = bytes.iter().map(|b| b.as_ref().as_ref()).collect();
+    let path = staging_path(conn.transport());
+    match conn.request(&open, &payload) {
+        Ok(reply) => match reply.message {
+            Message::Session(SessionMessage::Opened { session }) => Ok((session, path)),
+            other => Err((ErrorCode::Internal, format!("the peer at {to} answered a {}", other.kind().name()))),
+        },
+        Err(ClientError::Remote { code, message, .. }) => {
+            Err((code, format!("the peer at {to} refused the session: {message}")))
         }
-        let mut conn = connect(to, grant, tenant, &self.config.options, self.config.rdma.as_ref())?;
-        let open = Message::Session(SessionMessage::Open {
-            fingerprint,
-            state: state.iter().map(|(desc, _)| desc.clone()).collect(),
-            reserve,
-        });
-        let payload: Vec<&[u8]> = state.iter().map(|(_, bytes)| bytes.as_ref().as_ref()).collect();
-        let path = staging_path(conn.transport());
-        match conn.request(&open, &payload) {
-            Ok(reply) => match reply.message {
-                Message::Session(SessionMessage::Opened { session }) => Ok((session, path)),
-                other => Err((ErrorCode::Internal, format!("the peer at {to} answered a {}", other.kind().name()))),
-            },
-            Err(ClientError::Remote { code, message, .. }) => {
-                Err((code, format!("the peer at {to} refused the session: {message}")))
-            }
-            Err(e) => Err((ErrorCode::PeerUnreachable, format!("moving the session to {to} failed: {e}"))),
-        }
+        Err(e) => Err((ErrorCode::PeerUnreachable, format!("moving the session to {to} failed: {e}"))),
     }
 }
 
@@ -285,29 +313,31 @@ fn run(rx: Receiver<PushJob>, tenant: &str, config: &Config) {
     loop {
         let job = rx.recv_timeout(idle);
         peers.retain(|_, (_, used)| used.elapsed() < idle);
-        let PushJob { tensor, to, grant, reply_to, replier } = match job {
+        let PushJob { sent, to, grant, reply_to, replier } = match job {
             Ok(job) => job,
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => continue,
             Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
         };
         let started = Instant::now();
-        let result = if config.peers.allows(&to) {
-            push(&mut peers, config, tensor, &to, &grant, tenant)
-        } else {
-            Err(not_a_peer(&to))
-        };
-        let reply = match result {
-            Ok((kept, path)) => {
+        let reply = match &sent {
+            _ if !config.peers.allows(&to) => Err(not_a_peer(&to)),
+            Sent::Tensor(tensor) => push(&mut peers, config, tensor, &to, &grant, tenant).map(|(kept, path)| {
                 let seconds = started.elapsed().as_secs_f64();
                 tracing::debug!(peer = %to, bytes = kept.tensor.byte_len, seconds, path, "pushed");
                 Reply::message(KeptMessage::Pushed { kept, path: path.into() })
-            }
-            Err((code, message)) => {
-                tracing::info!(peer = %to, %message, "push failed");
-                Reply::error(code, message)
-            }
+            }),
+            Sent::Session(session) => open_session(config, session, &to, &grant, tenant).map(|(session, path)| {
+                let seconds = started.elapsed().as_secs_f64();
+                tracing::debug!(peer = %to, seconds, path, "session state sent");
+                Reply::message(SessionMessage::Opened { session })
+            }),
         };
-        replier.send(reply_to, reply);
+        let reply = reply.unwrap_or_else(|(code, message)| {
+            let what = if matches!(sent, Sent::Tensor(_)) { "push" } else { "session move" };
+            tracing::info!(peer = %to, %message, "{what} failed");
+            Reply::error(code, message)
+        });
+        answer(&sent, &replier, reply_to, reply);
     }
 }
 
@@ -315,13 +345,13 @@ fn run(rx: Receiver<PushJob>, tenant: &str, config: &Config) {
 fn push(
     peers: &mut OpenConns,
     config: &Config,
-    tensor: PushedTensor,
+    tensor: &PushedTensor,
     to: &str,
     grant: &str,
     tenant: &str,
 ) -> Result<(djinn_proto::HandleInfo, &'static str), PeerError> {
     let PushedTensor { desc, bytes } = tensor;
-    let keep = Message::Kept(KeptMessage::Keep { tensor: desc });
+    let keep = Message::Kept(KeptMessage::Keep { tensor: desc.clone() });
     let payload = [bytes.as_ref().as_ref()];
     // A kept connection is opened again by this push's grant: the hello and the tensor go
     // together, one round trip. One found broken (the peer restarted since the last push) is

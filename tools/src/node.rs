@@ -358,7 +358,6 @@ pub fn run(args: NodeArgs, auth: Option<Arc<Authenticator>>) -> Result<()> {
         max_run_memory: args.max_run_memory.map(|b| b.0),
         flops_per_second: Some(flops),
         auth: auth.clone(),
-        peers: Arc::clone(&peers),
     };
     let executor = TorchExecutor::new(budget.clone(), options).context("cannot start the executor")?;
     let core = CoreOptions {

@@ -236,10 +236,21 @@ impl EmbeddedStore {
         std::thread::Builder::new()
             .name("djinn-store-leases".into())
             .spawn(move || {
+                // A store that cannot write fails every sweep: said once, not every 50 ms.
+                let mut failing = false;
                 while let Some(inner) = weak.upgrade() {
                     let now = now_ms();
-                    if let Err(e) = inner.end_leases(|_, deadline| deadline <= now) {
-                        tracing::warn!(error = %e, "cannot end lapsed leases");
+                    match inner.end_leases(|_, deadline| deadline <= now) {
+                        Err(e) if !failing => {
+                            failing = true;
+                            tracing::warn!(error = %e, "cannot end lapsed leases (said once until they can be ended again)");
+                        }
+                        Err(_) => {}
+                        Ok(()) if failing => {
+                            failing = false;
+                            tracing::info!("lapsed leases can be ended again");
+                        }
+                        Ok(()) => {}
                     }
                     drop(inner);
                     std::thread::sleep(SWEEP_EVERY);

@@ -13,13 +13,13 @@ use djinn_auth::TenantId;
 use djinn_memory::MemoryBudget;
 use djinn_proto::{
     DType, DataMessage, ErrorCode, Fingerprint, Frame, Handle, HandleInfo, KeptMessage, Message, ModelMessage,
-    SessionMessage, SharedBytes, TensorDesc, Value,
+    SessionMessage, TensorDesc, Value,
 };
 
 pub use fake::FakeExecutor;
 
 use crate::{
-    Answer, CoreOptions, Executor, NodeCore, PeerError, Peers, PushedTensor, Replier, Reply, ReplyTo, Service,
+    Answer, CoreOptions, Executor, MovedSession, NodeCore, Peers, PushedTensor, Replier, Reply, ReplyTo, Service,
 };
 
 /// How long a reply from the executor's own threads may take in the suite.
@@ -36,16 +36,8 @@ impl Peers for NoPeers {
         replier.send(reply_to, Reply::error(ErrorCode::Forbidden, format!("{to:?} is not a node of this test")));
     }
 
-    fn open_session(
-        &self,
-        to: &str,
-        _: &str,
-        _: &str,
-        _: Fingerprint,
-        _: &[(TensorDesc, SharedBytes)],
-        _: u64,
-    ) -> Result<(Handle, &'static str), PeerError> {
-        Err((ErrorCode::Forbidden, format!("{to:?} is not a node of this test")))
+    fn open_session(&self, _: MovedSession, to: String, _: String, _: String, reply_to: ReplyTo, replier: &Replier) {
+        replier.executed(reply_to, Reply::error(ErrorCode::Forbidden, format!("{to:?} is not a node of this test")));
     }
 }
 
