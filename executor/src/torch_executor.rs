@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use djinn_auth::{Authenticator, TenantId};
 use djinn_memory::MemoryBudget;
 use djinn_node_core::{Executor, Job, Replier, Reply, ReplyTo, tenant_budget};
-use djinn_proto::{BreakpointMessage, Fingerprint, Handle, ModelMessage, SessionMessage};
+use djinn_proto::{BreakpointMessage, DataMessage, Fingerprint, Handle, ModelMessage, SessionMessage};
 use tch::Device;
 
 use crate::cost::{ComputeMeter, ComputeQuota, Limits};
@@ -202,9 +202,38 @@ impl TorchExecutor {
                 Err(e) => return Some(Reply::error(e.code(), e.to_string())),
             },
             Job::Abort { parked } => return Some(self.abort(tenant, parked)),
+            Job::Stats => return Some(Reply::message(DataMessage::StatsReply { counters: self.stats() })),
         };
         self.workers.submit(work, to, replier);
         None
+    }
+
+    /// The executor's counters, read from its tables.
+    fn stats(&self) -> Vec<(String, u64)> {
+        let mut out = Vec::new();
+        self.models().stats(&mut out);
+        out.push(("executor_kept_tensors".to_owned(), self.kept.locked().len() as u64));
+        self.sessions.stats.append(self.sessions.queues().len(), &mut out);
+        self.parked().stats(&mut out);
+        let c = &self.workers.counters;
+        let plans = &self.workers.limits.counters;
+        out.extend(
+            [
+                ("executions", c.executions.load(Ordering::Relaxed)),
+                ("execution_errors", c.execution_errors.load(Ordering::Relaxed)),
+                ("execution_us", c.execution_ns.load(Ordering::Relaxed) / 1000),
+                ("model_loads", c.loads.load(Ordering::Relaxed)),
+                ("model_load_errors", c.load_errors.load(Ordering::Relaxed)),
+                ("jobs_queued", c.queued.load(Ordering::Relaxed)),
+                ("planned_flops", plans.planned_flops.load(Ordering::Relaxed)),
+                ("largest_planned_run_bytes", plans.largest_peak_bytes.load(Ordering::Relaxed)),
+                ("partly_planned_runs", plans.partly_planned.load(Ordering::Relaxed)),
+                ("runs_refused_by_plan", plans.refused.load(Ordering::Relaxed)),
+                ("allocations_refused", plans.allocations_refused.load(Ordering::Relaxed)),
+            ]
+            .map(|(k, v)| (k.to_owned(), v)),
+        );
+        out
     }
 
     /// Drops a parked request; a session step parked ends with the state it had before it.
@@ -253,31 +282,6 @@ impl Executor for TorchExecutor {
 
     fn free_kept(&mut self, ids: &[u64]) {
         self.kept.locked().free(ids);
-    }
-
-    fn stats(&self, out: &mut Vec<(String, u64)>) {
-        self.models().stats(out);
-        out.push(("executor_kept_tensors".to_owned(), self.kept.locked().len() as u64));
-        self.sessions.stats.append(self.sessions.queues().len(), out);
-        self.parked().stats(out);
-        let c = &self.workers.counters;
-        let plans = &self.workers.limits.counters;
-        out.extend(
-            [
-                ("executions", c.executions.load(Ordering::Relaxed)),
-                ("execution_errors", c.execution_errors.load(Ordering::Relaxed)),
-                ("execution_us", c.execution_ns.load(Ordering::Relaxed) / 1000),
-                ("model_loads", c.loads.load(Ordering::Relaxed)),
-                ("model_load_errors", c.load_errors.load(Ordering::Relaxed)),
-                ("jobs_queued", c.queued.load(Ordering::Relaxed)),
-                ("planned_flops", plans.planned_flops.load(Ordering::Relaxed)),
-                ("largest_planned_run_bytes", plans.largest_peak_bytes.load(Ordering::Relaxed)),
-                ("partly_planned_runs", plans.partly_planned.load(Ordering::Relaxed)),
-                ("runs_refused_by_plan", plans.refused.load(Ordering::Relaxed)),
-                ("allocations_refused", plans.allocations_refused.load(Ordering::Relaxed)),
-            ]
-            .map(|(k, v)| (k.to_owned(), v)),
-        );
     }
 }
 

@@ -111,6 +111,8 @@ pub enum Job {
     Abort {
         parked: Handle,
     },
+    /// The executor's counters: answered `StatsReply`.
+    Stats,
 }
 
 /// What runs models and holds what they keep on the device, behind the node's core. Called on
@@ -131,6 +133,4 @@ pub trait Executor {
     /// Frees the kept tensors of these ids (released, expired, moved away, or refused by the
     /// core when it recorded them). Ids it does not hold are skipped.
     fn free_kept(&mut self, ids: &[u64]);
-    /// Appends the executor's counters to a stats reply.
-    fn stats(&self, out: &mut Vec<(String, u64)>);
 }

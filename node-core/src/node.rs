@@ -110,6 +110,9 @@ enum Pending {
     Move { session: Handle, to: String, grant: String, tenant: String },
     /// The peer at `to` is opening the session: its answer ends the move here.
     Moving { session: Handle, to: String },
+    /// A stats request: the transport's counters and the core's, to which the executor's are
+    /// added.
+    Stats { counters: Vec<(String, u64)> },
 }
 
 /// A registration between its begin and its commit.
@@ -308,6 +311,16 @@ impl<E: Executor> NodeCore<E> {
         }
     }
 
+    /// The refusal of a request numbered as one still under way on its connection. The core
+    /// finishes some answers itself, by the request they answer: a second request of the same
+    /// number would take the first one's place (a session moving would never end).
+    fn in_use(&self, to: ReplyTo) -> Option<Reply> {
+        self.pending.contains_key(&(to.conn_id, to.request_id)).then(|| {
+            let message = format!("request {} is still under way on this connection: number each anew", to.request_id);
+            Reply::error(ErrorCode::Unexpected, message)
+        })
+    }
+
     /// The job a request of the executor's asks for; the request's kind when it is not one.
     fn job(&self, message: Message, payload: Option<Payload>, to: ReplyTo) -> Result<Job, Kind> {
         let all = to.operator;
@@ -374,12 +387,8 @@ impl<E: Executor> Service for NodeCore<E> {
     fn handle(&mut self, frame: Frame, to: ReplyTo, replier: &Replier, now: Instant) -> Option<Reply> {
         let Frame { message, payload, .. } = frame;
         let tenant = to.tenant;
-        // The core finishes some answers itself, by the request they answer: a second request
-        // of the same number on the connection before the first is answered would take the
-        // first one's place (a session moving would never end).
-        if self.pending.contains_key(&(to.conn_id, to.request_id)) {
-            let message = format!("request {} is still under way on this connection: number each anew", to.request_id);
-            return Some(Reply::error(ErrorCode::Unexpected, message));
+        if let Some(refused) = self.in_use(to) {
+            return Some(refused);
         }
         let message = match message {
             Message::Kept(KeptMessage::PushGrant { tensor }) => {
@@ -507,16 +516,26 @@ impl<E: Executor> Service for NodeCore<E> {
                     _ => reply,
                 });
             }
+            Some(Pending::Stats { mut counters }) => {
+                if let Message::Data(DataMessage::StatsReply { counters: executor }) = reply.message {
+                    counters.extend(executor);
+                    return Some(Reply::message(DataMessage::StatsReply { counters }));
+                }
+                return Some(reply);
+            }
             Some(Pending::Keep { in_place }) => in_place,
             None => false,
         };
         Some(self.record_kept(to.tenant, reply, in_place, now))
     }
 
-    fn stats(&self, out: &mut Vec<(String, u64)>) {
+    fn stats(&mut self, mut counters: Vec<(String, u64)>, to: ReplyTo, replier: &Replier) -> Option<Reply> {
+        if let Some(refused) = self.in_use(to) {
+            return Some(refused);
+        }
+        let out = &mut counters;
         self.tensors.stats(out);
         self.kept.stats(out);
-        self.executor.stats(out);
         out.extend(
             [
                 ("uploads", self.uploads.len() as u64),
@@ -525,6 +544,9 @@ impl<E: Executor> Service for NodeCore<E> {
             ]
             .map(|(k, v)| (k.to_owned(), v)),
         );
+        self.pending.insert((to.conn_id, to.request_id), Pending::Stats { counters });
+        self.executor.run(Job::Stats, to, replier);
+        None
     }
 
     fn admit(&mut self, tenant: TenantId, now: Instant) -> Result<(), Refusal> {

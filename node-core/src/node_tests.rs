@@ -42,10 +42,6 @@ impl Executor for Recorder {
     fn free_kept(&mut self, ids: &[u64]) {
         self.freed.extend_from_slice(ids);
     }
-
-    fn stats(&self, out: &mut Vec<(String, u64)>) {
-        out.push(("jobs_recorded".into(), self.jobs.len() as u64));
-    }
 }
 
 /// Pushes recorded: (tensor, peer, tenant name); and sessions' moves: (state, peer, tenant
@@ -347,12 +343,20 @@ fn requests_refused_by_the_core_never_reach_the_executor() {
 }
 
 #[test]
-fn the_cores_counters_come_with_the_executors() {
-    let h = harness(false);
-    let mut out = Vec::new();
-    h.core.stats(&mut out);
-    for name in ["store_tensors", "uploads", "host_budget_used_bytes", "jobs_recorded"] {
-        assert!(out.iter().any(|(k, _)| k == name), "{name} in {out:?}");
+fn the_cores_counters_come_after_the_transports_and_before_the_executors() {
+    let mut h = harness(false);
+    let to = ReplyTo { slot: 0, conn_id: 1, request_id: 1, tenant: ALICE, operator: false, torchscript: false };
+    let transport = vec![("frames_in".to_owned(), 3)];
+    assert!(h.core.stats(transport, to, &h.replier).is_none(), "the executor's counters come later");
+    assert!(matches!(h.jobs(), [(Job::Stats, _)]));
+    let executor = vec![("executions".to_owned(), 2)];
+    let reply = h.answer(Reply::message(DataMessage::StatsReply { counters: executor })).expect("the stats");
+    let Message::Data(DataMessage::StatsReply { counters }) = reply.message else { panic!("{:?}", reply.message) };
+    let names: Vec<&str> = counters.iter().map(|(k, _)| k.as_str()).collect();
+    let at = |name: &str| names.iter().position(|n| *n == name).unwrap_or_else(|| panic!("{name} in {names:?}"));
+    assert_eq!((at("frames_in"), at("executions")), (0, names.len() - 1));
+    for name in ["store_tensors", "uploads", "host_budget_used_bytes", "handles"] {
+        assert!((1..names.len() - 1).contains(&at(name)), "{name} in {names:?}");
     }
 }
 

@@ -23,8 +23,9 @@ pub trait Service {
     fn complete(&mut self, _to: ReplyTo, reply: Reply, _replier: &Replier, _now: Instant) -> Option<Reply> {
         Some(reply)
     }
-    /// Appends the service's counters to a stats reply.
-    fn stats(&self, out: &mut Vec<(String, u64)>);
+    /// Answers a stats request: `counters` (the transport's own) with the service's after them,
+    /// now (`Some`) or later through `replier` (`None`).
+    fn stats(&mut self, counters: Vec<(String, u64)>, to: ReplyTo, replier: &Replier) -> Option<Reply>;
     /// Lets one request of `tenant` in at `now`, or says which of the tenant's quotas it is
     /// over. A request admitted and answered later is [`Self::started`] when it is handed on and
     /// [`Self::finished`] when its answer comes back. No quotas: everything is let in.

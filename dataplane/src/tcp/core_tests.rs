@@ -50,7 +50,9 @@ impl Service for Answers {
         }
     }
 
-    fn stats(&self, _out: &mut Vec<(String, u64)>) {}
+    fn stats(&mut self, counters: Vec<(String, u64)>, _: ReplyTo, _: &Replier) -> Option<Reply> {
+        Some(Reply::message(DataMessage::StatsReply { counters }))
+    }
 
     fn admit(&mut self, tenant: TenantId, now: Instant) -> Result<(), Refusal> {
         self.admission.as_mut().map_or(Ok(()), |a| a.admit(tenant, now))

@@ -980,7 +980,7 @@ impl<S: Service> Core<S> {
             Message::Data(DataMessage::Ping) => Reply::message(DataMessage::Pong),
             Message::Data(DataMessage::Stats) => {
                 let c = &self.counters;
-                let mut counters: Vec<(String, u64)> = [
+                let counters: Vec<(String, u64)> = [
                     ("connections_accepted", c.connections_accepted),
                     ("connections_open", c.connections_open),
                     ("connections_refused", c.connections_refused),
@@ -1007,8 +1007,7 @@ impl<S: Service> Core<S> {
                 .into_iter()
                 .map(|(k, v)| (k.to_owned(), v))
                 .collect();
-                self.service.stats(&mut counters);
-                Reply::message(DataMessage::StatsReply { counters })
+                return self.service.stats(counters, to, &self.replier);
             }
             message if message.is_reply() => {
                 let e = ProtocolError::Unexpected { kind: message.kind().name() };

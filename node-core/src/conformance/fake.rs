@@ -130,6 +130,10 @@ impl Executor for FakeExecutor {
                 },
                 None => Reply::error(ErrorCode::NotFound, format!("no kept tensor {handle}")),
             },
+            Job::Stats => {
+                let counters = vec![("executor_kept_tensors".into(), self.kept.len() as u64)];
+                Reply::message(DataMessage::StatsReply { counters })
+            }
             Job::ListSessions { .. } => {
                 Reply::message(SessionMessage::SessionList { sessions: Vec::new(), more: false })
             }
@@ -146,9 +150,5 @@ impl Executor for FakeExecutor {
         for id in ids {
             self.kept.remove(id);
         }
-    }
-
-    fn stats(&self, out: &mut Vec<(String, u64)>) {
-        out.push(("executor_kept_tensors".into(), self.kept.len() as u64));
     }
 }

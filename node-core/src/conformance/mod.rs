@@ -70,10 +70,40 @@ impl<E: Executor> Client<E> {
     }
 
     /// The node's counter `name`, from the core's stats and its executor's.
-    fn stat(&self, name: &str) -> u64 {
-        let mut stats = Vec::new();
-        self.core.stats(&mut stats);
+    fn stat(&mut self, name: &str) -> u64 {
+        let to = self.next_request();
+        let reply = self.core.stats(Vec::new(), to, &self.replier);
+        let stats = match self.answer(to, reply).message {
+            Message::Data(DataMessage::StatsReply { counters }) => counters,
+            other => panic!("stats answered {other:?}"),
+        };
         stats.into_iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("no stat {name}")).1
+    }
+
+    fn next_request(&mut self) -> ReplyTo {
+        self.last_request += 1;
+        let request_id = self.last_request;
+        ReplyTo { slot: 0, conn_id: 1, request_id, tenant: TenantId::DEFAULT, operator: false, torchscript: true }
+    }
+
+    /// The answer to the request `to`: `now`, or as the transport has it, from the executor's
+    /// threads and completed by the core.
+    fn answer(&mut self, to: ReplyTo, now: Option<Reply>) -> Reply {
+        if let Some(reply) = now {
+            return reply;
+        }
+        loop {
+            let (answered, answer) =
+                self.replies.recv_timeout(REPLY_WAIT).expect("a reply from the executor's threads");
+            assert_eq!(answered.request_id, to.request_id, "the reply answers the request");
+            let reply = match answer {
+                Answer::Reply(reply) => Some(reply),
+                Answer::Executed(reply) => self.core.complete(answered, reply, &self.replier, self.now),
+            };
+            if let Some(reply) = reply {
+                return reply;
+            }
+        }
     }
 
     /// The reply to `message` with `payload` as its bytes: now, or from the executor's threads.
@@ -87,26 +117,10 @@ impl<E: Executor> Client<E> {
             p.buf.as_mut_slice().copy_from_slice(payload);
             p
         });
-        self.last_request += 1;
-        let request_id = self.last_request;
-        let to =
-            ReplyTo { slot: 0, conn_id: 1, request_id, tenant: TenantId::DEFAULT, operator: false, torchscript: true };
-        let frame = Frame { request_id, message, payload };
-        if let Some(reply) = self.core.handle(frame, to, &self.replier, self.now) {
-            return reply;
-        }
-        // As the transport does: the executor's answers are completed by the core.
-        loop {
-            let (to, answer) = self.replies.recv_timeout(REPLY_WAIT).expect("a reply from the executor's threads");
-            assert_eq!(to.request_id, request_id, "the reply answers the request");
-            let reply = match answer {
-                Answer::Reply(reply) => Some(reply),
-                Answer::Executed(reply) => self.core.complete(to, reply, &self.replier, self.now),
-            };
-            if let Some(reply) = reply {
-                return reply;
-            }
-        }
+        let to = self.next_request();
+        let frame = Frame { request_id: to.request_id, message, payload };
+        let now = self.core.handle(frame, to, &self.replier, self.now);
+        self.answer(to, now)
     }
 
     /// Registers a model of one block, `archive`: what the node says of it.
