@@ -466,6 +466,12 @@ impl Authenticator {
         self.failed_reloads.load(Ordering::Acquire)
     }
 
+    /// Every tenant named so far, with its name (also those that left the file).
+    pub fn names(&self) -> Vec<(TenantId, Arc<str>)> {
+        let names = self.names.locked();
+        (1..).map(TenantId).zip(names.names.iter().cloned()).collect()
+    }
+
     /// A tenant's name (for logs, and for a node acting for it), also after it left the file.
     pub fn name(&self, tenant: TenantId) -> Option<Arc<str>> {
         let names = self.names.locked();
@@ -540,6 +546,8 @@ mod tests {
         assert_eq!(auth.verify("alice-secret-0003"), Err(AuthError::Invalid));
         assert_eq!(auth.verify(""), Err(AuthError::Missing));
         assert_eq!(auth.name(b.tenant).as_deref(), Some("bob"));
+        let names = auth.names();
+        assert!(names.contains(&(a1.tenant, "alice".into())) && names.contains(&(b.tenant, "bob".into())), "{names:?}");
     }
 
     #[test]

@@ -42,7 +42,8 @@ pub struct ExecutorOptions {
     /// The node's rate of floating-point operations: a step planned to take longer at it than
     /// what is left of `execute_deadline` is refused before it runs. `None`: not weighed.
     pub flops_per_second: Option<f64>,
-    /// The node's principals, when clients need tokens: what lists name tenants by.
+    /// The node's principals, when clients need tokens: each tenant's compute quota and its
+    /// part of the sessions' host pool.
     pub auth: Option<Arc<Authenticator>>,
 }
 
@@ -53,7 +54,6 @@ pub struct TorchExecutor {
     kept: Arc<Mutex<KeptTensors>>,
     sessions: Sessions,
     parked: Arc<Mutex<ParkedTable>>,
-    auth: Option<Arc<Authenticator>>,
     // Before the workers: the sweeper holds a queue into them, which must go first.
     _sweeper: Sweeper,
     workers: Workers,
@@ -102,7 +102,6 @@ impl TorchExecutor {
             kept,
             sessions,
             parked,
-            auth: options.auth,
             workers,
         })
     }
@@ -138,11 +137,11 @@ impl TorchExecutor {
                 Unregistered::StillShared => return Some(Reply::message(ModelMessage::UnregisterAck)),
                 Unregistered::Unknown => return Some(unknown_model(&fingerprint)),
             },
-            Job::ListModels { all: true } => {
-                let name = |t| self.auth.as_ref().and_then(|a| a.name(t)).map(|n| n.to_string());
-                return Some(Reply::message(ModelMessage::ModelList { models: self.models().list_all(name) }));
+            Job::ListModels { all: Some(names) } => {
+                let models = self.models().list_all(|t| names.get(&t).cloned());
+                return Some(Reply::message(ModelMessage::ModelList { models }));
             }
-            Job::ListModels { all: false } => {
+            Job::ListModels { all: None } => {
                 return Some(Reply::message(ModelMessage::ModelList { models: self.models().list(tenant) }));
             }
             Job::ReadArchives { fingerprint, offset, len } => {
@@ -153,11 +152,7 @@ impl TorchExecutor {
                     None => return Some(unknown_model(&fingerprint)),
                 }
             }
-            Job::ListSessions { all, after } => {
-                let auth = self.auth.clone();
-                let name = move |t| auth.as_ref().and_then(|a| a.name(t)).map_or_else(String::new, |n| n.to_string());
-                Work::ListSessions { all, after, name: Box::new(name) }
-            }
+            Job::ListSessions { all, after } => Work::ListSessions { all, after },
             Job::Keep { tensor, payload } => Work::Keep { tensor, payload },
             Job::Fetch { handle } => Work::Fetch { handle },
             Job::OpenSession { fingerprint, state, payload, reserve } => {

@@ -11,7 +11,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use djinn_auth::TenantId;
-use djinn_node_core::{PeerError, Replier, Reply, ReplyTo};
+use djinn_node_core::{PeerError, Replier, Reply, ReplyTo, TenantNames};
 use djinn_proto::{
     Breakpoint, BreakpointMessage, DType, DataMessage, Handle, KeptMessage, Message, ModelMessage, Payload,
     SessionEntry, SessionMessage, SharedBytes, TensorDesc, Value,
@@ -100,12 +100,11 @@ pub enum Work {
         offset: u64,
         len: u64,
     },
-    /// Lists a page of the sessions after `after`: the caller's, or every tenant's (`all`),
-    /// each named by `name`.
+    /// Lists a page of the sessions after `after`: the caller's, or every tenant's, each named
+    /// as `all` names it.
     ListSessions {
-        all: bool,
+        all: Option<TenantNames>,
         after: u64,
-        name: Box<dyn Fn(TenantId) -> String + Send>,
     },
 }
 
@@ -409,12 +408,12 @@ fn work(scheduler: &Scheduler, shared: &Shared) {
                     tensors: vec![Arc::new(bytes) as SharedBytes],
                 })
             }
-            Work::ListSessions { all, after, name } => {
-                let (listed, more) = sessions.table.locked().list((!all).then_some(tenant), after);
+            Work::ListSessions { all, after } => {
+                let (listed, more) = sessions.table.locked().list(all.is_none().then_some(tenant), after);
                 let sessions = listed
                     .into_iter()
                     .map(|(owner, session, fingerprint, state_bytes)| SessionEntry {
-                        tenant: if all { name(owner) } else { String::new() },
+                        tenant: all.as_ref().and_then(|names| names.get(&owner).cloned()).unwrap_or_default(),
                         session,
                         fingerprint,
                         state_bytes,

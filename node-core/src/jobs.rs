@@ -1,8 +1,14 @@
 //! What the core asks of the executor, typed once from the request that asked for it.
 
+use std::collections::BTreeMap;
+
+use djinn_auth::TenantId;
 use djinn_proto::{Breakpoint, Fingerprint, Handle, Payload, Signal, TensorDesc, Value};
 
 use crate::{PeerError, Replier, ReplyTo, Upload};
+
+/// The node's tenants' names, by tenant: what an operator's lists name holders by.
+pub type TenantNames = BTreeMap<TenantId, String>;
 
 /// A call's inputs as they came: the argument values, the tensors they name (descriptors, in
 /// the order of their bytes) and the payload those bytes arrived in.
@@ -32,9 +38,10 @@ pub enum Job {
     Unregister {
         fingerprint: Fingerprint,
     },
-    /// The caller's models, or every tenant's (`all`).
+    /// The caller's models (`all` none), or every tenant's, each holder named as `all` names it
+    /// (one it does not name is left out).
     ListModels {
-        all: bool,
+        all: Option<TenantNames>,
     },
     /// Bytes of a model's archives, read back (at most [`crate::MAX_ARCHIVE_READ`]).
     ReadArchives {
@@ -91,9 +98,10 @@ pub enum Job {
     Close {
         session: Handle,
     },
-    /// A page of the sessions after `after`: the caller's, or every tenant's (`all`).
+    /// A page of the sessions after `after`: the caller's (`all` none), or every tenant's, each
+    /// session's tenant named as `all` names it (empty where it names none).
     ListSessions {
-        all: bool,
+        all: Option<TenantNames>,
         after: u64,
     },
     /// Runs a parked request on, from the activation given (none: the parked one).

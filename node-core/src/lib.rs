@@ -32,7 +32,7 @@ mod upload;
 
 pub use admission::Admission;
 pub use grants::Delivery;
-pub use jobs::{CallInputs, Executor, Job};
+pub use jobs::{CallInputs, Executor, Job, TenantNames};
 pub use kept::HandleError;
 pub use local::{LocalError, LocalNode, LocalRequest};
 pub use node::{CoreOptions, MAX_ARCHIVE_READ, NodeCore, tenant_budget};

@@ -14,7 +14,7 @@ use djinn_proto::{
 };
 
 use crate::grants::Grants;
-use crate::jobs::{CallInputs, Executor, Job};
+use crate::jobs::{CallInputs, Executor, Job, TenantNames};
 use crate::kept::{HandleError, KeptTable};
 use crate::store::TensorStore;
 use crate::{Admission, Delivery};
@@ -156,6 +156,12 @@ impl<E: Executor> NodeCore<E> {
     /// The name of `tenant`, as other nodes know it (empty where nodes need no token).
     fn tenant_name(&self, tenant: TenantId) -> String {
         self.auth.as_ref().and_then(|a| a.name(tenant)).map_or_else(String::new, |n| n.to_string())
+    }
+
+    /// Every tenant's name (none where nodes need no token).
+    fn tenant_names(&self) -> TenantNames {
+        let names = self.auth.as_ref().map(|a| a.names()).unwrap_or_default();
+        names.into_iter().map(|(tenant, name)| (tenant, name.to_string())).collect()
     }
 
     /// Opens the upload of a model the executor does not hold (its claim said so).
@@ -323,13 +329,13 @@ impl<E: Executor> NodeCore<E> {
 
     /// The job a request of the executor's asks for; the request's kind when it is not one.
     fn job(&self, message: Message, payload: Option<Payload>, to: ReplyTo) -> Result<Job, Kind> {
-        let all = to.operator;
+        let all = || to.operator.then(|| self.tenant_names());
         Ok(match message {
             Message::Model(ModelMessage::Execute { fingerprint, tensors, inputs, keep, until }) => {
                 Job::Execute { fingerprint, inputs: CallInputs { values: inputs, tensors, payload }, keep, until }
             }
             Message::Model(ModelMessage::Unregister { fingerprint }) => Job::Unregister { fingerprint },
-            Message::Model(ModelMessage::ListModels) => Job::ListModels { all },
+            Message::Model(ModelMessage::ListModels) => Job::ListModels { all: all() },
             Message::Model(ModelMessage::ReadArchives { fingerprint, offset, len }) => {
                 Job::ReadArchives { fingerprint, offset, len }
             }
@@ -342,7 +348,7 @@ impl<E: Executor> NodeCore<E> {
             }
             Message::Session(SessionMessage::Signal { session, signal }) => Job::Signal { session, signal },
             Message::Session(SessionMessage::Close { session }) => Job::Close { session },
-            Message::Session(SessionMessage::List { after }) => Job::ListSessions { all, after },
+            Message::Session(SessionMessage::List { after }) => Job::ListSessions { all: all(), after },
             Message::Breakpoint(BreakpointMessage::Resume { parked, tensors, activation, until }) => {
                 Job::Resume { parked, tensors, activation, payload, until }
             }

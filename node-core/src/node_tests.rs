@@ -83,6 +83,10 @@ const ALICE: TenantId = TenantId(1);
 const TIMEOUT: Duration = Duration::from_secs(30);
 
 fn harness(keep_in_place: bool) -> Harness {
+    harness_with(keep_in_place, None)
+}
+
+fn harness_with(keep_in_place: bool, auth: Option<Arc<djinn_auth::Authenticator>>) -> Harness {
     let device = MemoryBudget::new(1 << 20);
     let host = MemoryBudget::new(1 << 20);
     let pushes = Arc::new(PushLog::default());
@@ -92,7 +96,7 @@ fn harness(keep_in_place: bool) -> Harness {
         host_budget: host.clone(),
         upload_timeout: TIMEOUT,
         keep_in_place,
-        auth: None,
+        auth,
         peers: Arc::clone(&pushes) as Arc<dyn Peers>,
         handle_ttl: TIMEOUT,
     };
@@ -505,4 +509,37 @@ fn a_request_numbered_as_one_still_under_way_is_refused_and_takes_nothing_over()
     assert_eq!(h.pushes.1.lock().unwrap().len(), 1);
     let on_another = ReplyTo { conn_id: 2, ..to };
     assert!(h.core.handle(frame(SessionMessage::List { after: 0 }.into()), on_another, &h.replier, h.now).is_none());
+}
+
+#[test]
+fn an_operators_lists_name_every_tenant_and_a_tenants_name_none() {
+    let tokens = tempfile::NamedTempFile::new().unwrap();
+    let document = r#"{"principals": [{"name": "alice", "tokens": ["alice-secret-0001"]},
+                                      {"name": "bob", "tokens": ["bob-secret-000001"]}]}"#;
+    std::fs::write(tokens.path(), document).unwrap();
+    let auth = djinn_auth::Authenticator::load(tokens.path()).unwrap();
+    let (alice, bob) =
+        (auth.verify("alice-secret-0001").unwrap().tenant, auth.verify("bob-secret-000001").unwrap().tenant);
+    let mut h = harness_with(false, Some(auth));
+    let ask = |h: &mut Harness, message: Message, operator: bool| {
+        let request_id = h.next_request;
+        h.next_request += 1;
+        let to = ReplyTo { slot: 0, conn_id: 1, request_id, tenant: alice, operator, torchscript: false };
+        assert!(h.core.handle(Frame { request_id, message, payload: None }, to, &h.replier, h.now).is_none());
+    };
+    ask(&mut h, ModelMessage::ListModels.into(), true);
+    ask(&mut h, SessionMessage::List { after: 0 }.into(), true);
+    ask(&mut h, ModelMessage::ListModels.into(), false);
+    ask(&mut h, SessionMessage::List { after: 0 }.into(), false);
+    let named = |names: &crate::TenantNames| (names.get(&alice).cloned(), names.get(&bob).cloned());
+    let both = (Some("alice".to_owned()), Some("bob".to_owned()));
+    match h.jobs() {
+        [
+            (Job::ListModels { all: Some(models) }, _),
+            (Job::ListSessions { all: Some(sessions), after: 0 }, _),
+            (Job::ListModels { all: None }, _),
+            (Job::ListSessions { all: None, after: 0 }, _),
+        ] => assert_eq!((named(models), named(sessions)), (both.clone(), both)),
+        jobs => panic!("{jobs:?}"),
+    }
 }
