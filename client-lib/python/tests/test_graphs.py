@@ -4,6 +4,8 @@ BERT from tiny configs with random weights, torchvision's ResNet-18, and a small
 equal the local ones: bit for bit where the node runs the same kernels on the same memory
 layout, else within torch.testing's float32 tolerance (rtol 1.3e-6, atol 1e-5); sizes that
 export left dynamic change between calls without registering again."""
+import gc
+
 import pytest
 import torch
 from torch import nn
@@ -87,6 +89,48 @@ def test_a_small_mlp_is_bit_for_bit_and_its_batch_is_dynamic(tenant):
     # A kept output feeds the next call without crossing the network.
     kept = rm(torch.randn(4, 16), keep=True)
     assert kept.shape == (4, 4)
+
+
+def test_kept_outputs_of_users_models_feed_the_next_model_on_the_node(tenant):
+    """BERT's hidden states and ResNet-18's pooled features, kept on the node (keep=True), are
+    the inputs of heads registered apart: the results equal the local pipelines', the kept
+    bytes never come back to the client, and released handles are freed on the node."""
+    import torchvision
+
+    torch.manual_seed(2)
+    bert = tiny_bert().eval()
+    backbone = torchvision.models.resnet18(weights=None, num_classes=10).eval()
+    backbone.fc = nn.Identity()
+    text_head = nn.Sequential(nn.Linear(32, 5), nn.Tanh()).eval()
+    image_head = nn.Linear(512, 3).eval()
+    ids = torch.randint(1, 97, (2, 16))
+    images = torch.randn(2, 3, 64, 64)
+    rm_bert = djinn.register(bert, {"input_ids": ids})
+    rm_backbone = djinn.register(backbone, images)
+    rm_text_head = djinn.register(text_head, torch.randn(2, 16, 32))
+    rm_image_head = djinn.register(image_head, torch.randn(2, 512))
+    gc.collect()  # tensors earlier tests dropped are released with the next call, before counting
+    handles = tenant.node_stats()["handles"]
+
+    # BERT keeps both its outputs (the hidden states and the pooled one).
+    bert_out = rm_bert(input_ids=ids, keep=True)
+    hidden, features = bert_out.last_hidden_state, rm_backbone(images, keep=True)
+    assert isinstance(hidden, djinn.RemoteTensor) and isinstance(features, djinn.RemoteTensor)
+    assert (hidden.shape, features.shape) == ((2, 16, 32), (2, 512))
+    assert tenant.node_stats()["handles"] == handles + 3
+    received = tenant.stats()["bytes_received"]
+    text, image = rm_text_head(hidden), rm_image_head(features)
+    assert tenant.stats()["bytes_received"] - received < hidden.nbytes, "the kept bytes came back to the client"
+    with torch.no_grad():
+        same(text, text_head(bert(input_ids=ids).last_hidden_state), "BERT's kept hidden states through a head")
+        same(image, image_head(backbone(images)), "ResNet-18's kept features through a head")
+        same(features.cpu(), backbone(images), "ResNet-18's kept features, fetched")
+
+    hidden.release()
+    features.release()
+    assert tenant.node_stats()["handles"] == handles + 1
+    del bert_out  # the pooled output, dropped: released with the next call
+    assert tenant.node_stats()["handles"] == handles
 
 
 def test_a_tenant_without_the_right_cannot_register_torchscript_and_is_told_how_to_move(tenant):
