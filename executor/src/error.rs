@@ -159,14 +159,6 @@ impl SessionError {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum BreakpointError {
-    #[error(
-        "parked request {parked} is from an earlier life of this node (its epoch is now {current:016x}): the node restarted and the request is gone"
-    )]
-    Stale { parked: Handle, current: u64 },
-    #[error("no parked request {parked} on this node (parked requests are released after {ttl:?})")]
-    Unknown { parked: Handle, ttl: Duration },
-    #[error("parked request {parked} was already {how}: a parked request is resumed or aborted once")]
-    Ended { parked: Handle, how: Ended },
     #[error("the replacement activation does not match the parked one: {0}")]
     Mismatch(String),
     #[error("cannot stop after block {block}: {why}")]
@@ -176,27 +168,7 @@ pub enum BreakpointError {
 impl BreakpointError {
     pub fn code(&self) -> ErrorCode {
         match self {
-            Self::Stale { .. } => ErrorCode::StaleHandle,
-            Self::Unknown { .. } | Self::Ended { .. } => ErrorCode::NotFound,
             Self::Mismatch(_) | Self::BadBlock { .. } => ErrorCode::BadBreakpoint,
         }
-    }
-}
-
-/// How a parked request ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ended {
-    Resumed,
-    Aborted,
-    Expired,
-}
-
-impl std::fmt::Display for Ended {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Resumed => "resumed",
-            Self::Aborted => "aborted",
-            Self::Expired => "released after its time limit",
-        })
     }
 }

@@ -48,7 +48,7 @@ mod torchscript;
 mod value;
 mod workers;
 
-pub use error::{BreakpointError, Ended, ExecError, SessionError};
+pub use error::{BreakpointError, ExecError, SessionError};
 pub use models::{Model, ModelStore, Unregistered, device_name, load, parse_device};
 pub use sessions::{Policy, SessionOptions, SessionTable};
 pub use tch::Device;

@@ -2,20 +2,18 @@
 //! output) kept in device memory until the client resumes it, possibly with a replacement, or
 //! aborts it. The table holds no worker: other requests are served while any number are parked.
 //!
-//! Each parked request is charged to the node's device budget for its activation and released
-//! after a time limit. A handle is used once: a resume or an abort ends it, and a handle that
-//! ended is told apart from one that never existed.
+//! Each parked request is charged to the node's device budget for its activation. Whose it is,
+//! whether it ended and when it lapses is the node core's record, checked before a job names
+//! it here: the core says when to free one.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use djinn_auth::TenantId;
 use djinn_memory::{MemoryBudget, Reservation};
 use djinn_proto::{Handle, TensorDesc, Value};
 
-use crate::error::{BreakpointError, Ended, ExecError};
-use crate::kept::fresh_epoch;
+use crate::error::{BreakpointError, ExecError};
 use crate::models::Model;
 use crate::tensors::dtype_of;
 use crate::tensors::held_bytes;
@@ -47,7 +45,7 @@ pub struct SessionStep {
 
 /// What a stopped run leaves on the node.
 pub struct Parked {
-    /// Whose run it is: only that tenant may resume, inspect or abort it.
+    /// Whose run it is (its session's turn, and its charge).
     pub tenant: TenantId,
     pub model: Arc<Model>,
     /// The block that ran last; a resume starts at the next one.
@@ -57,7 +55,6 @@ pub struct Parked {
     pub keep: bool,
     pub session: Option<SessionStep>,
     charge: Reservation,
-    expires: Instant,
 }
 
 impl std::fmt::Debug for Parked {
@@ -79,26 +76,12 @@ pub struct Stopped {
     pub charged: Vec<usize>,
 }
 
-#[derive(Debug, Default, Clone, Copy)]
-struct Counters {
-    parked: u64,
-    resumed: u64,
-    aborted: u64,
-    expired: u64,
-}
-
-/// Ended handles remembered, so that a second resume is told "already resumed".
-const ENDED_REMEMBERED: usize = 4096;
-
+/// The parked requests of one life of the executor (its epoch), by the ids of their handles.
 pub struct ParkedTable {
     epoch: u64,
     next_id: u64,
     parked: HashMap<u64, Parked>,
-    ended: HashMap<u64, (Ended, TenantId)>,
-    ended_order: VecDeque<u64>,
     budget: MemoryBudget,
-    ttl: Duration,
-    counters: Counters,
 }
 
 impl std::fmt::Debug for ParkedTable {
@@ -108,22 +91,10 @@ impl std::fmt::Debug for ParkedTable {
 }
 
 impl ParkedTable {
-    /// `budget`: the node's device budget, which activations are charged to.
-    pub fn new(budget: MemoryBudget, ttl: Duration) -> Self {
-        Self {
-            epoch: fresh_epoch(),
-            next_id: 1,
-            parked: HashMap::new(),
-            ended: HashMap::new(),
-            ended_order: VecDeque::new(),
-            budget,
-            ttl,
-            counters: Counters::default(),
-        }
-    }
-
-    pub fn ttl(&self) -> Duration {
-        self.ttl
+    /// `budget`: the node's device budget, which activations are charged to; `epoch`: the
+    /// executor's life, which its handles carry.
+    pub fn new(budget: MemoryBudget, epoch: u64) -> Self {
+        Self { epoch, next_id: 1, parked: HashMap::new(), budget }
     }
 
     /// Parks a stopped run, charging its activation to the device budget.
@@ -147,107 +118,60 @@ impl ParkedTable {
         let id = self.next_id;
         self.next_id += 1;
         let Stopped { tenant, model, block, activation, keep, session, .. } = stopped;
-        let expires = Instant::now() + self.ttl;
-        self.parked.insert(id, Parked { tenant, model, block, activation, keep, session, charge, expires });
-        self.counters.parked += 1;
+        self.parked.insert(id, Parked { tenant, model, block, activation, keep, session, charge });
         Ok(Handle { id, epoch: self.epoch })
-    }
-
-    /// The id of `tenant`'s parked request; another tenant's is unknown to it.
-    fn id_of(&self, tenant: TenantId, parked: Handle) -> Result<u64, BreakpointError> {
-        if parked.epoch != self.epoch {
-            return Err(BreakpointError::Stale { parked, current: self.epoch });
-        }
-        if self.parked.get(&parked.id).is_some_and(|p| p.tenant == tenant) {
-            return Ok(parked.id);
-        }
-        match self.ended.get(&parked.id) {
-            Some(&(how, owner)) if owner == tenant => Err(BreakpointError::Ended { parked, how }),
-            _ => Err(BreakpointError::Unknown { parked, ttl: self.ttl }),
-        }
     }
 
     /// Takes a parked request out to resume it, after checking that `activation` (its tensors
     /// described by `tensors`), when given, matches the parked one; a mismatch leaves it parked.
     pub fn take_for_resume(
         &mut self,
-        tenant: TenantId,
-        parked: Handle,
+        id: u64,
         activation: Option<&Value>,
         tensors: &[TensorDesc],
-    ) -> Result<Parked, BreakpointError> {
-        let id = self.id_of(tenant, parked)?;
-        if let (Some(value), Some(p)) = (activation, self.parked.get(&id)) {
-            p.activation.check(value, tensors, &mut String::from("activation"))?;
+    ) -> Result<Parked, ExecError> {
+        let parked = self.parked.get(&id).ok_or_else(|| missing(id))?;
+        if let Some(value) = activation {
+            parked.activation.check(value, tensors, &mut String::from("activation"))?;
         }
-        self.end(id, Ended::Resumed).ok_or(BreakpointError::Unknown { parked, ttl: self.ttl })
+        self.parked.remove(&id).ok_or_else(|| missing(id))
     }
 
-    /// Parks again, under its old handle, a request whose resume failed.
-    pub fn put_back(&mut self, parked: Handle, request: Parked) {
-        if self.ended.remove(&parked.id).is_some() {
-            self.ended_order.retain(|&id| id != parked.id);
-        }
-        self.counters.resumed = self.counters.resumed.saturating_sub(1);
-        self.parked.insert(parked.id, request);
+    /// Parks again, under its old id, a request whose resume failed before its blocks ran.
+    pub fn put_back(&mut self, id: u64, request: Parked) {
+        self.parked.insert(id, request);
     }
 
-    pub fn abort(&mut self, tenant: TenantId, parked: Handle) -> Result<Parked, BreakpointError> {
-        let id = self.id_of(tenant, parked)?;
-        self.end(id, Ended::Aborted).ok_or(BreakpointError::Unknown { parked, ttl: self.ttl })
+    /// Whether the request `id` is parked here.
+    pub fn holds(&self, id: u64) -> bool {
+        self.parked.contains_key(&id)
+    }
+
+    pub fn abort(&mut self, id: u64) -> Result<Parked, ExecError> {
+        self.parked.remove(&id).ok_or_else(|| missing(id))
     }
 
     /// A copy of the parked activation, and the block it is the output of.
-    pub fn activation(&self, tenant: TenantId, parked: Handle) -> Result<(ModelValue, usize), ExecError> {
-        let id = self.id_of(tenant, parked)?;
-        let p = self.parked.get(&id).ok_or(BreakpointError::Unknown { parked, ttl: self.ttl })?;
+    pub fn activation(&self, id: u64) -> Result<(ModelValue, usize), ExecError> {
+        let p = self.parked.get(&id).ok_or_else(|| missing(id))?;
         Ok((p.activation.shallow_clone(), p.block))
     }
 
-    /// Releases the requests parked past the time limit and returns them (a session's step
-    /// must end).
-    pub fn expire(&mut self, now: Instant) -> Vec<Parked> {
-        let ids: Vec<u64> = self.parked.iter().filter(|(_, p)| p.expires <= now).map(|(&id, _)| id).collect();
-        let expired: Vec<Parked> = ids.into_iter().filter_map(|id| self.end(id, Ended::Expired)).collect();
-        if !expired.is_empty() {
-            tracing::info!(expired = expired.len(), "parked requests released after {:?}", self.ttl);
-        }
-        expired
-    }
-
-    fn end(&mut self, id: u64, how: Ended) -> Option<Parked> {
-        let parked = self.parked.remove(&id)?;
-        let tenant = parked.tenant;
-        match how {
-            Ended::Resumed => self.counters.resumed += 1,
-            Ended::Aborted => self.counters.aborted += 1,
-            Ended::Expired => self.counters.expired += 1,
-        }
-        self.ended.insert(id, (how, tenant));
-        self.ended_order.push_back(id);
-        while self.ended_order.len() > ENDED_REMEMBERED {
-            if let Some(old) = self.ended_order.pop_front() {
-                self.ended.remove(&old);
-            }
-        }
-        Some(parked)
+    /// Takes out the requests of these ids (a session's step must end); ids not here are
+    /// skipped.
+    pub fn free(&mut self, ids: &[u64]) -> Vec<Parked> {
+        ids.iter().filter_map(|id| self.parked.remove(id)).collect()
     }
 
     pub fn stats(&self, out: &mut Vec<(String, u64)>) {
-        let c = &self.counters;
         let bytes = self.parked.values().map(|p| p.charge.bytes()).sum();
-        out.extend(
-            [
-                ("parked", self.parked.len() as u64),
-                ("parked_bytes", bytes),
-                ("parked_total", c.parked),
-                ("parked_resumed", c.resumed),
-                ("parked_aborted", c.aborted),
-                ("parked_expired", c.expired),
-            ]
-            .map(|(k, v)| (k.to_owned(), v)),
-        );
+        out.push(("parked_bytes".to_owned(), bytes));
     }
+}
+
+/// A request the core's records hold and this table does not: a bug, said as one.
+fn missing(id: u64) -> ExecError {
+    ExecError::Internal(format!("parked request {id} is recorded but not parked in the executor"))
 }
 
 /// Refuses a block output that holds a dict: a replacement could not be checked against it.

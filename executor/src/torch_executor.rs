@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use djinn_auth::{Authenticator, TenantId};
 use djinn_memory::MemoryBudget;
-use djinn_node_core::{Executor, Job, Replier, Reply, ReplyTo, tenant_budget};
+use djinn_node_core::{Executed, Executor, Job, Replier, Reply, ReplyTo, tenant_budget};
 use djinn_proto::{BreakpointMessage, DataMessage, Fingerprint, Handle, ModelMessage, SessionMessage};
 use tch::Device;
 
@@ -19,7 +19,7 @@ use crate::kept::KeptTensors;
 use crate::models::{ModelStore, Unregistered};
 use crate::parked::{Parked, ParkedTable};
 use crate::sessions::{Op, SessionOptions, SessionTable, Sessions};
-use crate::workers::{Tables, Work, WorkQueue, Workers};
+use crate::workers::{Tables, Work, WorkQueue, Workers, error_reply};
 use djinn_sync::Locked;
 
 #[derive(Debug, Clone)]
@@ -31,8 +31,6 @@ pub struct ExecutorOptions {
     /// Host memory for streamed blocks' weights (shared with the core's uploads and inputs).
     pub host_budget: MemoryBudget,
     pub sessions: SessionOptions,
-    /// A request parked at a breakpoint is released after this long.
-    pub parked_ttl: Duration,
     /// The longest one execution (an execute, a session step, a resume) may run: checked
     /// between operators and blocks; `None` for no limit.
     pub execute_deadline: Option<Duration>,
@@ -66,7 +64,7 @@ impl TorchExecutor {
         let host_pool = tenant_budget(options.sessions.host_pool, options.auth.as_ref(), |q| q.host_swap);
         let sessions =
             Sessions::new(SessionTable::new(options.sessions.clone(), budget.clone(), host_pool, options.device));
-        let parked = Arc::new(Mutex::new(ParkedTable::new(budget.clone(), options.parked_ttl)));
+        let parked = Arc::new(Mutex::new(ParkedTable::new(budget.clone(), kept.locked().epoch())));
         let meter = match &options.auth {
             Some(auth) => {
                 let auth = Arc::clone(auth);
@@ -96,14 +94,7 @@ impl TorchExecutor {
             "kept tensors and sessions start a new epoch"
         );
         let queue = workers.queue().ok_or_else(|| std::io::Error::other("no worker queue"))?;
-        Ok(Self {
-            models,
-            _sweeper: Sweeper::start(sessions.clone(), Arc::clone(&parked), queue)?,
-            kept,
-            sessions,
-            parked,
-            workers,
-        })
+        Ok(Self { models, _sweeper: Sweeper::start(sessions.clone(), queue)?, kept, sessions, parked, workers })
     }
 
     fn models(&self) -> MutexGuard<'_, ModelStore> {
@@ -187,16 +178,21 @@ impl TorchExecutor {
             // The activation a resume replaces is checked here, before anything runs: a
             // mismatch leaves the request parked.
             Job::Resume { parked: handle, tensors, activation, payload, until } => {
-                match self.parked().take_for_resume(tenant, handle, activation.as_ref(), &tensors) {
+                let taken = self.parked().take_for_resume(handle.id, activation.as_ref(), &tensors);
+                match taken {
                     Ok(parked) => Work::Resume { handle, parked, activation, tensors, payload, until },
-                    Err(e) => return Some(Reply::error(e.code(), e.to_string())),
+                    Err(e) => {
+                        let still_parked = self.parked().holds(handle.id);
+                        replier.executed(to, Executed { reply: error_reply(e), still_parked });
+                        return None;
+                    }
                 }
             }
-            Job::Inspect { parked: handle } => match self.parked().activation(tenant, handle) {
+            Job::Inspect { parked: handle } => match self.parked().activation(handle.id) {
                 Ok((activation, block)) => Work::Inspect { activation, handle, block },
-                Err(e) => return Some(Reply::error(e.code(), e.to_string())),
+                Err(e) => return Some(error_reply(e)),
             },
-            Job::Abort { parked } => return Some(self.abort(tenant, parked)),
+            Job::Abort { parked } => return Some(self.abort(parked)),
             Job::Stats => return Some(Reply::message(DataMessage::StatsReply { counters: self.stats() })),
         };
         self.workers.submit(work, to, replier);
@@ -232,15 +228,22 @@ impl TorchExecutor {
     }
 
     /// Drops a parked request; a session step parked ends with the state it had before it.
-    fn abort(&self, tenant: TenantId, parked: Handle) -> Reply {
-        match self.parked().abort(tenant, parked) {
+    fn abort(&self, parked: Handle) -> Reply {
+        let aborted = self.parked().abort(parked.id);
+        match aborted {
             Ok(request) => {
-                if let Some(id) = end_parked_step(&request, &self.sessions) {
-                    self.workers.drain_session(id, request.tenant);
-                }
+                self.unpark(request);
                 Reply::message(BreakpointMessage::Aborted)
             }
-            Err(e) => Reply::error(e.code(), e.to_string()),
+            Err(e) => error_reply(e),
+        }
+    }
+
+    /// A parked request is over: its session step, if it was one, ends (its later requests
+    /// run), and its activation is freed.
+    fn unpark(&self, request: Parked) {
+        if let Some(id) = end_parked_step(&request, &self.sessions) {
+            self.workers.drain_session(id, request.tenant);
         }
     }
 
@@ -278,6 +281,13 @@ impl Executor for TorchExecutor {
     fn free_kept(&mut self, ids: &[u64]) {
         self.kept.locked().free(ids);
     }
+
+    fn free_parked(&mut self, ids: &[u64]) {
+        let lapsed = self.parked().free(ids);
+        for request in lapsed {
+            self.unpark(request);
+        }
+    }
 }
 
 /// Ends the session step a parked request stopped (its state stays as before the step, and a
@@ -288,9 +298,8 @@ fn end_parked_step(request: &Parked, sessions: &Sessions) -> Option<u64> {
     sessions.queues().end_parked(s.id).then_some(s.id)
 }
 
-/// Frees parked requests and sessions that lie unused past their time limits
-/// (checking a few times per limit), and starts the restores of swapped-out sessions when they
-/// are due.
+/// Closes sessions that lie unused past their time limit (checking a few times per limit), and
+/// starts the restores of swapped-out sessions when they are due.
 struct Sweeper {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
@@ -303,10 +312,9 @@ impl std::fmt::Debug for Sweeper {
 }
 
 impl Sweeper {
-    fn start(sessions: Sessions, parked: Arc<Mutex<ParkedTable>>, queue: WorkQueue) -> std::io::Result<Self> {
+    fn start(sessions: Sessions, queue: WorkQueue) -> std::io::Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
-        let parked_ttl = parked.locked().ttl();
-        let ttl = sessions.table.locked().options().idle_ttl.min(parked_ttl);
+        let ttl = sessions.table.locked().options().idle_ttl;
         let period = (ttl / 4).clamp(Duration::from_millis(10), Duration::from_secs(10));
         let flag = Arc::clone(&stop);
         let table = sessions.clone();
@@ -315,12 +323,6 @@ impl Sweeper {
             while !flag.load(Ordering::Acquire) {
                 let now = Instant::now();
                 if now >= next_sweep {
-                    let expired = parked.locked().expire(now);
-                    for request in expired {
-                        if let Some(id) = end_parked_step(&request, &table) {
-                            queue.drain_session(id, request.tenant);
-                        }
-                    }
                     table.table.locked().expire(now, &mut table.queues());
                     next_sweep = now + period;
                 }

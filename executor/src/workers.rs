@@ -11,7 +11,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use djinn_auth::TenantId;
-use djinn_node_core::{PeerError, Replier, Reply, ReplyTo, TenantNames};
+use djinn_node_core::{Executed, PeerError, Replier, Reply, ReplyTo, TenantNames};
 use djinn_proto::{
     Breakpoint, BreakpointMessage, DType, DataMessage, Handle, KeptMessage, Message, ModelMessage, Payload,
     SessionEntry, SessionMessage, SharedBytes, TensorDesc, Value,
@@ -376,6 +376,10 @@ fn work(scheduler: &Scheduler, shared: &Shared) {
         };
         // A resumed session step that ended lets the session's waiting requests run.
         let mut then_drain = None;
+        let resumed = match &job {
+            Work::Resume { handle, .. } => Some(handle.id),
+            _ => None,
+        };
         let started = Instant::now();
         let timed = matches!(job, Work::Execute { .. } | Work::Resume { .. });
         let result = caught(|| match job {
@@ -444,7 +448,9 @@ fn work(scheduler: &Scheduler, shared: &Shared) {
         };
         counters.queued.fetch_sub(1, Ordering::Relaxed);
         if let Some((to, replier)) = reply {
-            replier.executed(to, result);
+            // A resume whose blocks failed before they ran left its request parked.
+            let still_parked = resumed.is_some_and(|id| shared.parked.locked().holds(id));
+            replier.executed(to, Executed { reply: result, still_parked });
         }
         if let Some(id) = then_drain {
             drain(tenant, id);
@@ -761,7 +767,7 @@ fn resume(
     let ran = match ran {
         Ok(ran) => ran,
         Err(e) => {
-            shared.parked.locked().put_back(handle, parked);
+            shared.parked.locked().put_back(handle.id, parked);
             return Err(e);
         }
     };

@@ -33,7 +33,6 @@ fn executor() -> (TorchExecutor, MemoryBudget) {
             host_pool: 1 << 28,
             idle_ttl: Duration::from_secs(60),
         },
-        parked_ttl: Duration::from_secs(60),
         execute_deadline: None,
         max_run_memory: None,
         flops_per_second: None,

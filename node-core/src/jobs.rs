@@ -104,7 +104,9 @@ pub enum Job {
         all: Option<TenantNames>,
         after: u64,
     },
-    /// Runs a parked request on, from the activation given (none: the parked one).
+    /// Runs a parked request on, from the activation given (none: the parked one). The core
+    /// has ended its record; the answer says when the request is parked still
+    /// ([`crate::Executed::still_parked`]).
     Resume {
         parked: Handle,
         tensors: Vec<TensorDesc>,
@@ -129,16 +131,21 @@ pub enum Job {
 /// core and the executor share no object and call each other back for nothing, so the two
 /// could sit on either side of a process boundary.
 ///
-/// The tensors it keeps (a `Keep`, an execution's outputs kept) are its own, by the ids of the
-/// handles it answers with; whose each is, what it is charged and how long it stays is the
-/// core's record, which tells the executor when to free them.
+/// The tensors it keeps (a `Keep`, an execution's outputs kept) and the requests it parks at
+/// breakpoints are its own, by the ids of the handles it answers with; whose each is and how
+/// long it stays is the core's record, which tells the executor when to free them (and, for
+/// kept tensors, what they are charged).
 pub trait Executor {
     /// Takes `job`, a request of `to`'s, to answer through `replier`.
     fn run(&mut self, job: Job, to: ReplyTo, replier: &Replier);
-    /// The life of this executor: what the handles of the tensors it keeps carry as their
-    /// epoch (a handle of another life names nothing here). Read once, when the core starts.
+    /// The life of this executor: what the handles of the tensors it keeps and of the requests
+    /// it parks carry as their epoch (a handle of another life names nothing here). Read once,
+    /// when the core starts.
     fn epoch(&self) -> u64;
     /// Frees the kept tensors of these ids (released, expired, moved away, or refused by the
     /// core when it recorded them). Ids it does not hold are skipped.
     fn free_kept(&mut self, ids: &[u64]);
+    /// Frees the parked requests of these ids, released after the core's time limit (a session
+    /// step parked ends, its state as before the step). Ids it does not hold are skipped.
+    fn free_parked(&mut self, ids: &[u64]);
 }

@@ -24,6 +24,7 @@ mod jobs;
 mod kept;
 mod local;
 mod node;
+mod parked;
 mod peers;
 mod reply;
 mod service;
@@ -36,8 +37,9 @@ pub use jobs::{CallInputs, Executor, Job, TenantNames};
 pub use kept::HandleError;
 pub use local::{LocalError, LocalNode, LocalRequest};
 pub use node::{CoreOptions, MAX_ARCHIVE_READ, NodeCore, tenant_budget};
+pub use parked::{Ended, ParkedError};
 pub use peers::{MovedSession, PeerError, Peers, PushedTensor};
-pub use reply::{Answer, Replier, Reply, ReplyTo};
+pub use reply::{Answer, Executed, Replier, Reply, ReplyTo};
 pub use service::Service;
 pub use upload::{Scope, Upload};
 

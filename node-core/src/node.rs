@@ -16,9 +16,10 @@ use djinn_proto::{
 use crate::grants::Grants;
 use crate::jobs::{CallInputs, Executor, Job, TenantNames};
 use crate::kept::{HandleError, KeptTable};
+use crate::parked::{Ended, ParkedRecords};
 use crate::store::TensorStore;
 use crate::{Admission, Delivery};
-use crate::{MovedSession, Peers, PushedTensor, Replier, Reply, ReplyTo, Service, Upload};
+use crate::{Executed, MovedSession, Peers, PushedTensor, Replier, Reply, ReplyTo, Service, Upload};
 
 #[cfg(test)]
 #[path = "node_tests.rs"]
@@ -53,6 +54,8 @@ pub struct CoreOptions {
     pub peers: Arc<dyn Peers>,
     /// A kept tensor unused this long is freed.
     pub handle_ttl: Duration,
+    /// A request parked at a breakpoint is released this long after it parked.
+    pub parked_ttl: Duration,
 }
 
 /// A budget of `limit` bytes in which each tenant of `auth` holds no more than the part of its
@@ -88,6 +91,8 @@ pub struct NodeCore<E> {
     grants: Grants,
     /// The records of the tensors the executor keeps.
     kept: KeptTable,
+    /// The records of the requests the executor has parked at breakpoints.
+    parked: ParkedRecords,
     /// Requests whose executor's answer the core finishes itself, by connection and request.
     pending: HashMap<(u64, u64), Pending>,
     executor: E,
@@ -113,6 +118,11 @@ enum Pending {
     /// A stats request: the transport's counters and the core's, to which the executor's are
     /// added.
     Stats { counters: Vec<(String, u64)> },
+    /// A parked request being resumed (its record ended, parked at `parked_at`): put back when
+    /// the executor says it is parked still.
+    Resume { parked: Handle, parked_at: Instant },
+    /// A parked request's activation read back: its `Paused` answer parks nothing new.
+    Inspect,
 }
 
 /// A registration between its begin and its commit.
@@ -128,7 +138,9 @@ impl<E: Executor> NodeCore<E> {
     /// Named tensors live in `budget` (the device's).
     pub fn new(budget: MemoryBudget, options: CoreOptions, executor: E) -> Self {
         let pool = BufferPool::new(options.pool_bytes, 64 * 1024);
-        let kept = KeptTable::new(executor.epoch(), budget.clone(), options.handle_ttl, Instant::now());
+        let now = Instant::now();
+        let kept = KeptTable::new(executor.epoch(), budget.clone(), options.handle_ttl, now);
+        let parked = ParkedRecords::new(executor.epoch(), options.parked_ttl, now);
         Self {
             tensors: TensorStore::new(budget, pool.clone(), options.max_meta),
             uploads: HashMap::new(),
@@ -142,6 +154,7 @@ impl<E: Executor> NodeCore<E> {
             peers: options.peers,
             grants: Grants::default(),
             kept,
+            parked,
             pending: HashMap::new(),
             executor,
         }
@@ -287,6 +300,48 @@ impl<E: Executor> NodeCore<E> {
         None
     }
 
+    /// Resumes, inspects or aborts a parked request, once the core's record says it is the
+    /// tenant's and not ended (a resume or an abort ends it here and now).
+    fn parked_request(
+        &mut self,
+        message: BreakpointMessage,
+        payload: Option<Payload>,
+        to: ReplyTo,
+        replier: &Replier,
+        now: Instant,
+    ) -> Option<Reply> {
+        let tenant = to.tenant;
+        let key = (to.conn_id, to.request_id);
+        let checked = match message {
+            BreakpointMessage::Resume { parked, tensors, activation, until } => {
+                let parked_at = self.parked.parked_at(parked).unwrap_or(now);
+                self.parked.end(tenant, parked, Ended::Resumed).map(|_| {
+                    self.pending.insert(key, Pending::Resume { parked, parked_at });
+                    Job::Resume { parked, tensors, activation, payload, until }
+                })
+            }
+            BreakpointMessage::Inspect { parked } => self.parked.check(tenant, parked).map(|_| {
+                self.pending.insert(key, Pending::Inspect);
+                Job::Inspect { parked }
+            }),
+            BreakpointMessage::Abort { parked } => {
+                self.parked.end(tenant, parked, Ended::Aborted).map(|_| Job::Abort { parked })
+            }
+            other => {
+                let kind = Message::Breakpoint(other).kind();
+                let message = format!("a node does not serve {} requests", kind.name());
+                return Some(Reply::error(ErrorCode::Unexpected, message));
+            }
+        };
+        match checked {
+            Ok(job) => {
+                self.executor.run(job, to, replier);
+                None
+            }
+            Err(e) => Some(Reply::error(e.code(), e.to_string())),
+        }
+    }
+
     /// Checks the handles `values` name: each one the tenant's, of this life, still here (a
     /// tensor forwarded elsewhere is answered with where it went, which clients follow).
     fn check_handles(&mut self, tenant: TenantId, values: &[Value], now: Instant) -> Result<(), HandleError> {
@@ -349,11 +404,6 @@ impl<E: Executor> NodeCore<E> {
             Message::Session(SessionMessage::Signal { session, signal }) => Job::Signal { session, signal },
             Message::Session(SessionMessage::Close { session }) => Job::Close { session },
             Message::Session(SessionMessage::List { after }) => Job::ListSessions { all: all(), after },
-            Message::Breakpoint(BreakpointMessage::Resume { parked, tensors, activation, until }) => {
-                Job::Resume { parked, tensors, activation, payload, until }
-            }
-            Message::Breakpoint(BreakpointMessage::Inspect { parked }) => Job::Inspect { parked },
-            Message::Breakpoint(BreakpointMessage::Abort { parked }) => Job::Abort { parked },
             other => return Err(other.kind()),
         })
     }
@@ -447,6 +497,7 @@ impl<E: Executor> Service for NodeCore<E> {
                 self.executor.run(Job::Move { session }, to, replier);
                 return None;
             }
+            Message::Breakpoint(message) => return self.parked_request(message, payload, to, replier, now),
             Message::Kept(KeptMessage::Keep { .. }) => {
                 let in_place = self.keep_in_place && payload.is_some();
                 self.pending.insert((to.conn_id, to.request_id), Pending::Keep { in_place });
@@ -481,9 +532,17 @@ impl<E: Executor> Service for NodeCore<E> {
         None
     }
 
-    fn complete(&mut self, to: ReplyTo, reply: Reply, replier: &Replier, now: Instant) -> Option<Reply> {
+    fn complete(&mut self, to: ReplyTo, answer: Executed, replier: &Replier, now: Instant) -> Option<Reply> {
         let key = (to.conn_id, to.request_id);
+        let Executed { reply, still_parked } = answer;
         let in_place = match self.pending.remove(&key) {
+            Some(Pending::Resume { parked, parked_at }) => {
+                if still_parked {
+                    self.parked.put_back(to.tenant, parked, parked_at);
+                }
+                false
+            }
+            Some(Pending::Inspect) => return Some(reply),
             Some(Pending::Move { session, to: peer, grant, tenant }) => {
                 let Message::Session(SessionMessage::Open { fingerprint, state, reserve }) = reply.message else {
                     return Some(reply);
@@ -532,6 +591,9 @@ impl<E: Executor> Service for NodeCore<E> {
             Some(Pending::Keep { in_place }) => in_place,
             None => false,
         };
+        if let Message::Breakpoint(BreakpointMessage::Paused { parked, .. }) = &reply.message {
+            self.parked.record(to.tenant, *parked, now);
+        }
         Some(self.record_kept(to.tenant, reply, in_place, now))
     }
 
@@ -542,6 +604,7 @@ impl<E: Executor> Service for NodeCore<E> {
         let out = &mut counters;
         self.tensors.stats(out);
         self.kept.stats(out);
+        self.parked.stats(out);
         out.extend(
             [
                 ("uploads", self.uploads.len() as u64),
@@ -590,12 +653,17 @@ impl<E: Executor> Service for NodeCore<E> {
     }
 
     fn next_expiry(&self) -> Option<Instant> {
-        Some(self.kept.next_sweep()).filter(|_| !self.kept.is_empty())
+        let kept = Some(self.kept.next_sweep()).filter(|_| !self.kept.is_empty());
+        [kept, self.parked.next_sweep()].into_iter().flatten().min()
     }
 
     fn expire(&mut self, now: Instant) {
         let expired = self.kept.expire(now);
         self.executor.free_kept(&expired);
+        let lapsed = self.parked.expire(now);
+        if !lapsed.is_empty() {
+            self.executor.free_parked(&lapsed);
+        }
         let timeout = self.upload_timeout;
         self.uploads.retain(|id, u| {
             let keep = now.saturating_duration_since(u.last_chunk) < timeout;

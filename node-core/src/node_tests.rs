@@ -7,13 +7,13 @@ use std::time::{Duration, Instant};
 use djinn_auth::TenantId;
 use djinn_memory::MemoryBudget;
 use djinn_proto::{
-    DType, DataMessage, ErrorCode, Fingerprint, Frame, Handle, HandleInfo, KeptMessage, Message, ModelMessage, Refusal,
-    SessionMessage, SharedBytes, TensorDesc, TensorSource, Value,
+    Breakpoint, BreakpointMessage, DType, DataMessage, ErrorCode, Fingerprint, Frame, Handle, HandleInfo, KeptMessage,
+    Message, ModelMessage, Refusal, SessionMessage, SharedBytes, TensorDesc, TensorSource, Value,
 };
 
 use crate::{
-    CoreOptions, Executor, Job, MAX_ARCHIVE_READ, MAX_UPLOADS_PER_TENANT, MIN_CHARGE, MovedSession, NodeCore, Peers,
-    PushedTensor, Replier, Reply, ReplyTo, Service,
+    CoreOptions, Executed, Executor, Job, MAX_ARCHIVE_READ, MAX_UPLOADS_PER_TENANT, MIN_CHARGE, MovedSession, NodeCore,
+    Peers, PushedTensor, Replier, Reply, ReplyTo, Service,
 };
 
 /// An executor that answers nothing itself: it keeps each job (with its payload, so that what
@@ -25,6 +25,8 @@ struct Recorder {
     held: Vec<Fingerprint>,
     /// The kept tensors the core told it to free, by id.
     freed: Vec<u64>,
+    /// The parked requests the core told it to free, by id.
+    unparked: Vec<u64>,
 }
 
 /// The epoch of the recorder's handles.
@@ -41,6 +43,10 @@ impl Executor for Recorder {
 
     fn free_kept(&mut self, ids: &[u64]) {
         self.freed.extend_from_slice(ids);
+    }
+
+    fn free_parked(&mut self, ids: &[u64]) {
+        self.unparked.extend_from_slice(ids);
     }
 }
 
@@ -99,6 +105,7 @@ fn harness_with(keep_in_place: bool, auth: Option<Arc<djinn_auth::Authenticator>
         auth,
         peers: Arc::clone(&pushes) as Arc<dyn Peers>,
         handle_ttl: TIMEOUT,
+        parked_ttl: TIMEOUT,
     };
     let (replier, _) = Replier::new(Arc::new(|| {}));
     Harness {
@@ -146,13 +153,13 @@ impl Harness {
         };
         let registered = self.core.executor.held.contains(&fingerprint);
         let answer = Reply::message(ModelMessage::RegisterReady { upload: 0, registered });
-        self.core.complete(to, answer, &self.replier, self.now).expect("the core's answer")
+        self.core.complete(to, answer.into(), &self.replier, self.now).expect("the core's answer")
     }
 
     /// Answers the executor's oldest job with `reply`, as its worker would: what the core sends.
     fn answer(&mut self, reply: Reply) -> Option<Reply> {
         let (_, to) = self.core.executor.jobs.remove(0);
-        self.core.complete(to, reply, &self.replier, self.now)
+        self.core.complete(to, reply.into(), &self.replier, self.now)
     }
 }
 
@@ -416,7 +423,7 @@ fn a_tensor_kept_over_its_payload_is_charged_once() {
     // The executor holds the payload under the tensor it keeps.
     let (job, to) = h.core.executor.jobs.remove(0);
     let answer = Reply::message(KeptMessage::Kept { kept: kept(1, 4) });
-    assert!(h.core.complete(to, answer, &h.replier, h.now).is_some());
+    assert!(h.core.complete(to, answer.into(), &h.replier, h.now).is_some());
     assert_eq!(h.device.used(), payload_charge + MIN_CHARGE, "the payload carries its bytes' charge");
     drop(job);
     assert_eq!(h.device.used(), MIN_CHARGE, "until the executor frees it");
@@ -471,7 +478,7 @@ fn a_session_moves_through_the_core_and_the_executor_ends_the_move_as_the_peer_a
     assert_eq!(moved.bytes[0].as_ref().as_ref(), &[1u8; 8]);
     let there = Handle { epoch: 9, id: 1 };
     let opened = Reply::message(SessionMessage::Opened { session: there });
-    assert!(h.core.complete(to, opened, &h.replier, h.now).is_none(), "the executor answers the move");
+    assert!(h.core.complete(to, opened.into(), &h.replier, h.now).is_none(), "the executor answers the move");
     let (Job::EndMove { session: s, moved }, _) = &h.jobs()[0] else { panic!("not the move's end") };
     assert_eq!((*s, moved.clone()), (session, Ok(("peer:1".to_owned(), there))));
     h.core.executor.jobs.clear();
@@ -481,7 +488,7 @@ fn a_session_moves_through_the_core_and_the_executor_ends_the_move_as_the_peer_a
     assert!(h.answer(session_open(fingerprint)).is_none());
     let (_, _, _, to) = h.pushes.1.lock().unwrap().pop().expect("the session sent to the peer");
     let refused = Reply::error(ErrorCode::Forbidden, "no grant");
-    assert!(h.core.complete(to, refused, &h.replier, h.now).is_none());
+    assert!(h.core.complete(to, refused.into(), &h.replier, h.now).is_none());
     let (Job::EndMove { moved, .. }, _) = &h.jobs()[0] else { panic!("not the move's end") };
     assert_eq!(moved.clone(), Err((ErrorCode::Forbidden, "no grant".to_owned())));
     h.core.executor.jobs.clear();
@@ -542,4 +549,70 @@ fn an_operators_lists_name_every_tenant_and_a_tenants_name_none() {
         ] => assert_eq!((named(models), named(sessions)), (both.clone(), both)),
         jobs => panic!("{jobs:?}"),
     }
+}
+
+#[test]
+fn parked_requests_are_checked_by_the_core_before_the_executor_and_freed_when_they_lapse() {
+    let mut h = harness(false);
+    let fingerprint = Fingerprint::of_blocks(&[b"m"]);
+    let until = Some(Breakpoint { block: 0, send_activation: false });
+    let execute = ModelMessage::Execute { fingerprint, tensors: vec![], inputs: vec![], keep: false, until };
+    let paused = |id| {
+        let parked = Handle { epoch: EPOCH, id };
+        (parked, Reply::message(BreakpointMessage::Paused { parked, block: 0, tensors: vec![], activation: None }))
+    };
+    let bob = |h: &mut Harness, message: BreakpointMessage| {
+        let request_id = h.next_request;
+        h.next_request += 1;
+        let to = ReplyTo { slot: 0, conn_id: 2, request_id, tenant: TenantId(2), operator: false, torchscript: false };
+        h.core.handle(Frame { request_id, message: message.into(), payload: None }, to, &h.replier, h.now)
+    };
+    let jobs = |h: &Harness| h.jobs().len();
+
+    // An execution parks: its answer is recorded as the tenant's.
+    assert!(h.request(execute.clone(), &[]).is_none());
+    let (parked, answer) = paused(4);
+    assert!(h.answer(answer).is_some());
+    // Another tenant's inspection, resume or abort of it reaches no executor.
+    for message in [
+        BreakpointMessage::Inspect { parked },
+        BreakpointMessage::Resume { parked, tensors: vec![], activation: None, until: None },
+        BreakpointMessage::Abort { parked },
+    ] {
+        assert_eq!(error_of(bob(&mut h, message)).0, ErrorCode::NotFound);
+    }
+    assert_eq!(jobs(&h), 0);
+    // The tenant's own inspection is answered by a `Paused` that parks nothing new.
+    assert!(h.request(BreakpointMessage::Inspect { parked }, &[]).is_none());
+    assert!(h.answer(paused(4).1).is_some());
+
+    // A resume ends the handle at once: a second one, or an abort, is told so.
+    let resume = BreakpointMessage::Resume { parked, tensors: vec![], activation: None, until: None };
+    assert!(h.request(resume.clone(), &[]).is_none());
+    let (code, message) = error_of(h.request(BreakpointMessage::Abort { parked }, &[]));
+    assert!(code == ErrorCode::NotFound && message.contains("already resumed"), "{message}");
+    // Refused by the executor and parked still: it may be resumed again.
+    let (_, to) = h.core.executor.jobs.remove(0);
+    let refused = Executed { reply: Reply::error(ErrorCode::BadBreakpoint, "no match"), still_parked: true };
+    assert_eq!(error_of(h.core.complete(to, refused, &h.replier, h.now)).0, ErrorCode::BadBreakpoint);
+    assert!(h.request(resume.clone(), &[]).is_none());
+    assert!(matches!(h.jobs(), [(Job::Resume { .. }, _)]));
+    assert!(
+        h.answer(Reply::message(ModelMessage::ExecuteReply { tensors: vec![], output: Value::None, kept: vec![] }))
+            .is_some()
+    );
+    assert_eq!(error_of(h.request(resume, &[])).0, ErrorCode::NotFound);
+
+    // One left parked lapses a time limit later: the executor is told to free it.
+    assert!(h.request(execute, &[]).is_none());
+    let (lapsing, answer) = paused(5);
+    assert!(h.answer(answer).is_some());
+    let due = h.core.next_expiry().expect("a sweep due for what is parked");
+    assert!(due <= h.now + TIMEOUT / 4, "swept four times per limit");
+    h.core.expire(h.now + TIMEOUT / 2);
+    assert!(h.core.executor.unparked.is_empty(), "not yet");
+    h.core.expire(h.now + TIMEOUT + TIMEOUT / 4);
+    assert_eq!(h.core.executor.unparked, vec![5]);
+    let (_, message) = error_of(h.request(BreakpointMessage::Abort { parked: lapsing }, &[]));
+    assert!(message.contains("released after its time limit"), "{message}");
 }

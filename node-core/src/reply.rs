@@ -62,8 +62,23 @@ pub enum Answer {
     /// The reply, to send as it is (a peer's answer to a push).
     Reply(Reply),
     /// The executor's answer to a job, which the core completes before it goes (see
-    /// [`crate::Service::complete`]): it records the tensors the answer says are kept.
-    Executed(Reply),
+    /// [`crate::Service::complete`]): it records what the answer says is kept or parked.
+    Executed(Executed),
+}
+
+/// The executor's answer to a job: the reply, and what the reply alone does not tell the core.
+#[derive(Debug)]
+pub struct Executed {
+    pub reply: Reply,
+    /// A resume's parked request is parked still: its activation was refused, or its blocks
+    /// failed before they ran, and it may be resumed again.
+    pub still_parked: bool,
+}
+
+impl From<Reply> for Executed {
+    fn from(reply: Reply) -> Self {
+        Self { reply, still_parked: false }
+    }
 }
 
 /// Sends answers to the poller from other threads (executor workers, pushes) and wakes it.
@@ -87,8 +102,8 @@ impl Replier {
     }
 
     /// Sends the executor's answer to the request `to`, for the core to complete.
-    pub fn executed(&self, to: ReplyTo, reply: Reply) {
-        self.answer(to, Answer::Executed(reply));
+    pub fn executed(&self, to: ReplyTo, answer: impl Into<Executed>) {
+        self.answer(to, Answer::Executed(answer.into()));
     }
 
     fn answer(&self, to: ReplyTo, answer: Answer) {

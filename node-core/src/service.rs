@@ -5,7 +5,7 @@ use std::time::Instant;
 use djinn_auth::TenantId;
 use djinn_proto::{Frame, Message, Payload, Refusal};
 
-use crate::{Delivery, Replier, Reply, ReplyTo};
+use crate::{Delivery, Executed, Replier, Reply, ReplyTo};
 
 /// What a node does with requests: the transport moves bytes, keeps connections and says who
 /// is on each; the service decides what each may do and answers. Called on the poller thread:
@@ -20,8 +20,8 @@ pub trait Service {
     fn handle(&mut self, frame: Frame, to: ReplyTo, replier: &Replier, now: Instant) -> Option<Reply>;
     /// Completes an answer sent through `replier` as [`crate::Answer::Executed`] for the
     /// request `to`: the reply to send, or `None` while the request goes on (answered later).
-    fn complete(&mut self, _to: ReplyTo, reply: Reply, _replier: &Replier, _now: Instant) -> Option<Reply> {
-        Some(reply)
+    fn complete(&mut self, _to: ReplyTo, answer: Executed, _replier: &Replier, _now: Instant) -> Option<Reply> {
+        Some(answer.reply)
     }
     /// Answers a stats request: `counters` (the transport's own) with the service's after them,
     /// now (`Some`) or later through `replier` (`None`).

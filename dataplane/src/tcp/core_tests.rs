@@ -14,7 +14,7 @@ use djinn_proto::{
 };
 
 use super::server::{Conn, Core, MIN_PROGRESS, ServerConfig};
-use djinn_node_core::{Admission, LocalError, Replier, Reply, ReplyTo, Service};
+use djinn_node_core::{Admission, Executed, LocalError, Replier, Reply, ReplyTo, Service};
 
 /// Requests the service took and answers later, as a worker thread would.
 type Taken = Arc<Mutex<Vec<(ReplyTo, Replier)>>>;
@@ -74,9 +74,9 @@ impl Service for Answers {
         self.disconnected.push(connection);
     }
 
-    fn complete(&mut self, to: ReplyTo, reply: Reply, _: &Replier, _: Instant) -> Option<Reply> {
+    fn complete(&mut self, to: ReplyTo, answer: Executed, _: &Replier, _: Instant) -> Option<Reply> {
         self.completed.push(to.request_id);
-        (reply.message != Message::Data(DataMessage::Pong)).then_some(reply)
+        (answer.reply.message != Message::Data(DataMessage::Pong)).then_some(answer.reply)
     }
 
     fn expire(&mut self, now: Instant) {

@@ -661,7 +661,7 @@ impl<S: Service> Core<S> {
             let (to, answer) = self.replies.try_recv().ok()?;
             let reply = match answer {
                 Answer::Reply(reply) => reply,
-                Answer::Executed(reply) => match self.service.complete(to, reply, &self.replier, self.now) {
+                Answer::Executed(answer) => match self.service.complete(to, answer, &self.replier, self.now) {
                     Some(reply) => reply,
                     // The request goes on: its answer comes later.
                     None => continue,

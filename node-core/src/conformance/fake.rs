@@ -151,4 +151,7 @@ impl Executor for FakeExecutor {
             self.kept.remove(id);
         }
     }
+
+    /// It parks nothing: it runs no breakpoints.
+    fn free_parked(&mut self, _: &[u64]) {}
 }

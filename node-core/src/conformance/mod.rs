@@ -63,6 +63,7 @@ impl<E: Executor> Client<E> {
             auth: None,
             peers: Arc::new(NoPeers),
             handle_ttl: HANDLE_TTL,
+            parked_ttl: HANDLE_TTL,
         };
         let (replier, replies) = Replier::new(Arc::new(|| {}));
         let now = Instant::now();
@@ -98,7 +99,7 @@ impl<E: Executor> Client<E> {
             assert_eq!(answered.request_id, to.request_id, "the reply answers the request");
             let reply = match answer {
                 Answer::Reply(reply) => Some(reply),
-                Answer::Executed(reply) => self.core.complete(answered, reply, &self.replier, self.now),
+                Answer::Executed(answer) => self.core.complete(answered, answer, &self.replier, self.now),
             };
             if let Some(reply) = reply {
                 return reply;
