@@ -112,13 +112,8 @@ impl KeptTable {
             counters: Counters::default(),
             moved: HashMap::new(),
             held: HashMap::new(),
-            next_sweep: now + Self::sweep_every(idle_ttl),
+            next_sweep: now + crate::sweep_every(idle_ttl),
         }
-    }
-
-    /// A few sweeps per idle time limit: a tensor lies unused past it by a quarter at most.
-    fn sweep_every(idle_ttl: Duration) -> Duration {
-        (idle_ttl / 4).clamp(Duration::from_millis(10), Duration::from_secs(10))
     }
 
     /// Records the tensors the executor now keeps for `tenant` (`kept`), each charged to the
@@ -274,7 +269,7 @@ impl KeptTable {
         if now < self.next_sweep {
             return Vec::new();
         }
-        self.next_sweep = now + Self::sweep_every(self.idle_ttl);
+        self.next_sweep = now + crate::sweep_every(self.idle_ttl);
         let ttl = self.idle_ttl;
         let mut expired = Vec::new();
         let mut freed = 0;

@@ -55,6 +55,13 @@ pub const MAX_UPLOADS_PER_TENANT: usize = 16;
 /// frame's limit); the rest come on later pages.
 pub const LIST_PAGE: usize = 1024;
 
+/// How often the core sweeps for what lapses after `ttl` (kept tensors unused, requests
+/// parked): a few times per limit, so nothing outlives it by more than a quarter.
+fn sweep_every(ttl: std::time::Duration) -> std::time::Duration {
+    use std::time::Duration;
+    (ttl / 4).clamp(Duration::from_millis(10), Duration::from_secs(10))
+}
+
 /// The page of `ids` after `after`, in order (at most [`LIST_PAGE`]), and whether more remain.
 pub fn list_page(ids: impl Iterator<Item = u64>, after: u64) -> (Vec<u64>, bool) {
     let mut ids: Vec<u64> = ids.filter(|&id| id > after).collect();

@@ -443,9 +443,7 @@ impl<E: Executor> Service for NodeCore<E> {
     fn handle(&mut self, frame: Frame, to: ReplyTo, replier: &Replier, now: Instant) -> Option<Reply> {
         let Frame { message, payload, .. } = frame;
         let tenant = to.tenant;
-        if let Some(refused) = self.in_use(to) {
-            return Some(refused);
-        }
+        // Answered here and now: nothing of theirs is finished later.
         let message = match message {
             Message::Kept(KeptMessage::PushGrant { tensor }) => {
                 return Some(self.grants.give(tenant, self.tenant_name(tenant), Delivery::Tensor(tensor), now));
@@ -460,6 +458,12 @@ impl<E: Executor> Service for NodeCore<E> {
             | Message::Data(DataMessage::List { .. })) => {
                 return Some(self.tensors.handle(tenant, message, payload));
             }
+            other => other,
+        };
+        if let Some(refused) = self.in_use(to) {
+            return Some(refused);
+        }
+        let message = match message {
             // Whether the blocks are graphs or TorchScript shows in their bytes: a TorchScript
             // block from a principal without the right is refused when it is loaded, and a
             // TorchScript model the node holds already when it is claimed.

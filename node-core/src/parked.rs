@@ -97,13 +97,8 @@ impl ParkedRecords {
             ended: HashMap::new(),
             ended_order: VecDeque::new(),
             counters: Counters::default(),
-            next_sweep: now + Self::sweep_every(ttl),
+            next_sweep: now + crate::sweep_every(ttl),
         }
-    }
-
-    /// A few sweeps per time limit: a request waits past it by a quarter at most.
-    fn sweep_every(ttl: Duration) -> Duration {
-        (ttl / 4).clamp(Duration::from_millis(10), Duration::from_secs(10))
     }
 
     /// Records a request the executor parked for `tenant` (a `Paused` answer to an execution,
@@ -164,7 +159,7 @@ impl ParkedRecords {
         if now < self.next_sweep {
             return Vec::new();
         }
-        self.next_sweep = now + Self::sweep_every(self.ttl);
+        self.next_sweep = now + crate::sweep_every(self.ttl);
         let ttl = self.ttl;
         let lapsed: Vec<u64> = self
             .records
