@@ -1,7 +1,5 @@
-use std::time::Duration;
-
 use djinn_node_core::HandleError;
-use djinn_proto::{ErrorCode, Handle};
+use djinn_proto::ErrorCode;
 
 /// Why a model could not be registered or run. Each maps to the error code the client sees.
 #[derive(Debug, thiserror::Error)]
@@ -117,41 +115,24 @@ impl ExecError {
     }
 }
 
+/// Why a session's state could not be placed or replaced (whose each session is, and what
+/// waits on it, is the node core's: `djinn_node_core::SessionError`).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SessionError {
-    #[error(
-        "session {session} is from an earlier life of this node (its epoch is now {current:016x}): the node restarted and the session's state is gone"
-    )]
-    Stale { session: Handle, current: u64 },
-    #[error("no session {session} on this node: it was closed, or expired after {idle_ttl:?} idle")]
-    Unknown { session: Handle, idle_ttl: Duration },
     #[error("no room for session state: {0}")]
     Full(String),
     #[error(
         "a step of a session with {state} state tensors must return a tuple of its outputs then its new state: {got}"
     )]
     BadStep { state: usize, got: String },
-    #[error(
-        "session {session} has {queued} requests waiting (its step parked, or still running): send more once they are done"
-    )]
-    Busy { session: Handle, queued: usize },
-    /// Not an error to the client: the answer is `sessions.Moved`, which it follows.
-    #[error("session moved to the node at {to}, where it is {session}")]
-    Moved { to: String, session: Handle },
-    #[error("session {session} cannot move now: {why}")]
-    CannotMove { session: Handle, why: &'static str },
 }
 
 impl SessionError {
     pub fn code(&self) -> ErrorCode {
         match self {
-            Self::Stale { .. } => ErrorCode::StaleHandle,
-            Self::Unknown { .. } => ErrorCode::NotFound,
             Self::Full(_) => ErrorCode::OverBudget,
             Self::BadStep { .. } => ErrorCode::ExecutionFailed,
-            Self::Busy { .. } | Self::CannotMove { .. } => ErrorCode::Busy,
-            Self::Moved { .. } => ErrorCode::NotFound,
         }
     }
 }

@@ -23,9 +23,8 @@ pub use ::tch;
 mod convert;
 pub mod cost;
 
+pub use djinn_node_core::MAX_SESSIONS_PER_TENANT;
 pub(crate) use djinn_node_core::{MIN_CHARGE, list_page as page};
-/// Most sessions, and most parked requests, one tenant holds on a node.
-pub const MAX_SESSIONS_PER_TENANT: usize = 4096;
 
 /// Most models one tenant holds on a node (as the control plane's default cap per tenant).
 pub const MAX_MODELS_PER_TENANT: usize = 4096;

@@ -3,11 +3,9 @@
 //! computes again.
 //!
 //! The table decides where each session's state lives; it runs no model. A session's requests
-//! are queued in arrival order and drained by one worker at a time ([`SessionQueues::enqueue`],
-//! [`SessionQueues::next_op`]), so its steps and signals take effect in the order they were sent.
-//! The queues are kept apart from the table: workers hold the table while they move a state
-//! between device and host memory, and the poller, which only queues requests, must never wait
-//! on such a copy. Lock order: the table, then the queues.
+//! come from the node's core one at a time, in the order they were sent (the core keeps whose
+//! each session is and what waits), and run on workers: they hold the table while they move a
+//! state between device and host memory, which the poller must never wait on.
 //!
 //! Device memory for state is bounded twice: by the session budget (so the policies can be
 //! compared at a fixed number of resident sessions) and by the node's device budget (which every
@@ -16,32 +14,25 @@
 //! least recently used; under LRU only recency counts and signals move nothing. State is never
 //! dropped: a swap the host pool cannot take leaves the state where it is.
 //!
-//! A session moves to another node in its turn ([`Op::Move`]): the worker reads the state into
-//! host memory and answers with it, and the node's core opens it on the other node as a session
-//! of that node's own (on a grant the tenant got from it). The session's queue waits meanwhile;
-//! the core's `EndMove` says how it went, and the state here is freed only once the other node
-//! holds it. Requests that came during the move waited behind it; after it
-//! they, and any later request for the session here, are answered with where it went
-//! ([`SessionError::Moved`]), which the client follows. A move that fails leaves the session
-//! here as it was, and its queue goes on.
+//! A session moves to another node in its turn: the worker reads the state into host memory and
+//! answers with it, and the node's core opens it on the other node as a session of that node's
+//! own (on a grant the tenant got from it). The core's `EndMove` says how it went, and the state
+//! here is freed only once the other node holds it. A move that fails leaves the session here
+//! as it was.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use djinn_auth::TenantId;
 use djinn_memory::{MemoryBudget, Reservation};
-use djinn_node_core::{Replier, ReplyTo};
-use djinn_proto::{Breakpoint, Fingerprint, Handle, Signal};
+use djinn_proto::{Fingerprint, Handle, Signal};
 use tch::{Device, Tensor};
 
 use crate::error::{ExecError, SessionError};
-use crate::kept::fresh_epoch;
 use crate::models::Model;
 use crate::tensors::tensor_bytes;
-use djinn_node_core::CallInputs;
-use djinn_sync::Locked;
 
 /// Which resident session makes room for another.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,80 +71,6 @@ pub struct SessionOptions {
     pub budget: u64,
     /// Host bytes that swapped-out state may take.
     pub host_pool: u64,
-    /// A session untouched this long is closed (its client is presumed gone).
-    pub idle_ttl: Duration,
-}
-
-/// Requests (steps, signals, a close) one session may have waiting: past it, more are refused
-/// with `Busy` until the session catches up, so a parked step cannot make a queue of them grow.
-pub const MAX_QUEUED_OPS: usize = 256;
-
-/// A session's request, waiting its turn.
-pub enum Op {
-    Step {
-        inputs: CallInputs,
-        until: Option<Breakpoint>,
-        to: ReplyTo,
-        replier: Replier,
-    },
-    /// `ack`: answered when applied, for a signal that came during a move (else it was
-    /// answered when it came).
-    Signal {
-        signal: Signal,
-        ack: Option<(ReplyTo, Replier)>,
-    },
-    Close {
-        to: ReplyTo,
-        replier: Replier,
-    },
-    /// Brings swapped-out state back ahead of its agent's expected resume (no reply).
-    Restore,
-    /// The step parked at a breakpoint was aborted: the session is not stepping any more and
-    /// its state stays as before the step (no reply).
-    EndStep,
-    /// Readies the session's move: its state goes back as the `Open` the core sends the peer,
-    /// and its queue waits for the move's end ([`SessionQueues::end_move`]).
-    Move {
-        reply: ReplyTo,
-        replier: Replier,
-    },
-}
-
-impl std::fmt::Debug for Op {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Step { to, .. } => f.debug_struct("Step").field("request_id", &to.request_id).finish(),
-            Self::Signal { signal, .. } => f.debug_tuple("Signal").field(signal).finish(),
-            Self::Close { .. } => f.write_str("Close"),
-            Self::Restore => f.write_str("Restore"),
-            Self::EndStep => f.write_str("EndStep"),
-            Self::Move { reply, .. } => f.debug_struct("Move").field("request_id", &reply.request_id).finish(),
-        }
-    }
-}
-
-impl Op {
-    /// Where the request's answer goes, for those that wait for one.
-    pub fn into_reply(self) -> Option<(ReplyTo, Replier)> {
-        match self {
-            Self::Step { to, replier, .. } | Self::Close { to, replier } => Some((to, replier)),
-            Self::Move { reply, replier, .. } => Some((reply, replier)),
-            Self::Signal { ack, .. } => ack,
-            Self::Restore | Self::EndStep => None,
-        }
-    }
-}
-
-impl Queue {
-    /// Marks the queue as drained by a worker; true when none was (the caller starts one).
-    /// A session whose step is parked is not drained.
-    fn start_drain(&mut self) -> bool {
-        let start = !self.draining && !self.paused;
-        if start {
-            self.draining = true;
-        }
-        start
-    }
 }
 
 enum Place {
@@ -181,20 +98,6 @@ struct Session {
     /// The session's own charge (`MIN_CHARGE`) against the device budget and the tenant's
     /// quota, whatever its state: a session of no state still counts.
     _bookkeeping: Reservation,
-}
-
-/// A session's requests waiting their turn.
-struct Queue {
-    tenant: TenantId,
-    ops: VecDeque<Op>,
-    /// A worker is draining `ops`.
-    draining: bool,
-    /// The running step is parked at a breakpoint: later requests wait until it ends.
-    paused: bool,
-    /// A move is queued or under way: signals wait for it too (see [`Op::Signal`]).
-    moving: bool,
-    /// When a request last came.
-    last_used: Instant,
 }
 
 /// What the sessions counted, read by stats replies without the table's lock.
@@ -250,10 +153,17 @@ impl std::fmt::Debug for SessionTable {
 const RESTORE_MARGIN: Duration = Duration::from_millis(5);
 
 impl SessionTable {
-    /// `host_pool` holds swapped-out state (`options.host_pool` bytes, with tenants' quotas).
-    pub fn new(options: SessionOptions, device_budget: MemoryBudget, host_pool: MemoryBudget, device: Device) -> Self {
+    /// The sessions of the executor's life `epoch`; `host_pool` holds swapped-out state
+    /// (`options.host_pool` bytes, with tenants' quotas).
+    pub fn new(
+        options: SessionOptions,
+        epoch: u64,
+        device_budget: MemoryBudget,
+        host_pool: MemoryBudget,
+        device: Device,
+    ) -> Self {
         Self {
-            epoch: fresh_epoch(),
+            epoch,
             next_id: 1,
             sessions: HashMap::new(),
             budget: MemoryBudget::new(options.budget),
@@ -269,10 +179,6 @@ impl SessionTable {
 
     pub fn epoch(&self) -> u64 {
         self.epoch
-    }
-
-    pub fn options(&self) -> &SessionOptions {
-        &self.options
     }
 
     /// The sessions' counters and budgets as stats replies read them, without this table's lock.
@@ -447,11 +353,12 @@ impl SessionTable {
         }
     }
 
-    /// Closes the session (its queue is closed by [`SessionQueues::close`]).
-    pub fn close(&mut self, id: u64) {
-        if self.remove(id) {
-            add(&self.counters.closed, 1);
-        }
+    /// Closes the session; its state's memory goes with what this returns, for the caller to
+    /// drop outside the table's lock.
+    pub fn close(&mut self, id: u64) -> Option<Vec<Tensor>> {
+        let s = self.take(id)?;
+        add(&self.counters.closed, 1);
+        Some(s.state)
     }
 
     /// Readies a move: hands out the model, the state (sharing its memory, on the device or in
@@ -480,10 +387,6 @@ impl SessionTable {
         add(&self.counters.moves_failed, 1);
     }
 
-    fn remove(&mut self, id: u64) -> bool {
-        self.take(id).is_some()
-    }
-
     fn take(&mut self, id: u64) -> Option<Session> {
         let s = self.sessions.remove(&id)?;
         if matches!(s.place, Place::Device(_)) {
@@ -492,27 +395,12 @@ impl SessionTable {
         Some(s)
     }
 
-    /// Closes sessions idle past the time limit (none with work queued or running), their
-    /// queues with them.
-    pub fn expire(&mut self, now: Instant, queues: &mut SessionQueues) -> usize {
-        let ttl = self.options.idle_ttl;
-        let idle = |s: &Session| now.saturating_duration_since(s.last_used) >= ttl;
-        let gone: Vec<u64> = self
-            .sessions
-            .iter()
-            .filter(|&(&id, s)| !s.stepping && idle(s) && queues.idle(id, now, ttl))
-            .map(|(&id, _)| id)
-            .collect();
-        for &id in &gone {
-            queues.queues.remove(&id);
-            self.remove(id);
-        }
-        queues.forget_moved(now);
-        add(&self.counters.expired, gone.len() as u64);
-        if !gone.is_empty() {
-            tracing::info!(expired = gone.len(), "sessions closed after {ttl:?} idle");
-        }
-        gone.len()
+    /// Frees sessions the core found idle past its time limit; their states' memory goes with
+    /// what this returns, for the caller to drop outside the table's lock.
+    pub fn expire(&mut self, ids: &[u64]) -> Vec<Vec<Tensor>> {
+        let states: Vec<Vec<Tensor>> = ids.iter().filter_map(|&id| self.take(id)).map(|s| s.state).collect();
+        add(&self.counters.expired, states.len() as u64);
+        states
     }
 
     /// Sessions whose restore is due (each is returned once, with its tenant), and when the
@@ -663,202 +551,6 @@ impl SessionTable {
     }
 }
 
-/// The sessions' request queues (see the module's comment): the poller's side of sessions.
-pub struct SessionQueues {
-    epoch: u64,
-    idle_ttl: Duration,
-    queues: HashMap<u64, Queue>,
-    /// Sessions that moved to other nodes, kept for an idle timeout so that their requests
-    /// here are answered with where they went.
-    moved: HashMap<u64, MovedTo>,
-}
-
-/// Where a session went.
-struct MovedTo {
-    tenant: TenantId,
-    to: String,
-    session: Handle,
-    at: Instant,
-}
-
-impl std::fmt::Debug for SessionQueues {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SessionQueues").field("sessions", &self.queues.len()).finish()
-    }
-}
-
-impl SessionQueues {
-    /// The queues of `table`'s sessions (none yet).
-    pub fn of(table: &SessionTable) -> Self {
-        Self { epoch: table.epoch, idle_ttl: table.options.idle_ttl, queues: HashMap::new(), moved: HashMap::new() }
-    }
-
-    /// Sessions open.
-    pub fn len(&self) -> usize {
-        self.queues.len()
-    }
-
-    /// A session [`SessionTable::open`] just opened.
-    pub fn insert(&mut self, session: Handle, tenant: TenantId) {
-        let queue = Queue {
-            tenant,
-            ops: VecDeque::new(),
-            draining: false,
-            paused: false,
-            moving: false,
-            last_used: Instant::now(),
-        };
-        self.queues.insert(session.id, queue);
-    }
-
-    /// The id of `tenant`'s session; another tenant's is unknown to it.
-    fn id_of(&self, tenant: TenantId, session: Handle) -> Result<u64, SessionError> {
-        if session.epoch != self.epoch {
-            return Err(SessionError::Stale { session, current: self.epoch });
-        }
-        if self.queues.get(&session.id).is_some_and(|q| q.tenant == tenant) {
-            return Ok(session.id);
-        }
-        match self.moved.get(&session.id) {
-            Some(m) if m.tenant == tenant => Err(SessionError::Moved { to: m.to.clone(), session: m.session }),
-            _ => Err(SessionError::Unknown { session, idle_ttl: self.idle_ttl }),
-        }
-    }
-
-    /// Queues `op` on the session; true when no worker drains its queue yet (the caller starts
-    /// one, which calls [`Self::next_op`] until it returns `None`).
-    pub fn enqueue(&mut self, tenant: TenantId, session: Handle, op: Op) -> Result<bool, SessionError> {
-        let id = self.id_of(tenant, session)?;
-        let q = self.queues.get_mut(&id).ok_or(SessionError::Unknown { session, idle_ttl: self.idle_ttl })?;
-        if q.ops.len() >= MAX_QUEUED_OPS {
-            return Err(SessionError::Busy { session, queued: q.ops.len() });
-        }
-        if let Op::Move { .. } = op {
-            // A move waits for no parked step (its client could not resume it while waiting)
-            // and for no other move.
-            if q.paused || q.moving {
-                return Err(SessionError::CannotMove {
-                    session,
-                    // A move under way pauses the queue too.
-                    why: if q.moving {
-                        "it is moving already"
-                    } else {
-                        "a step of it is parked at a breakpoint: resume or abort it first"
-                    },
-                });
-            }
-            q.moving = true;
-        }
-        q.last_used = Instant::now();
-        q.ops.push_back(op);
-        Ok(q.start_drain())
-    }
-
-    /// Whether a move of `tenant`'s session is queued or under way.
-    pub fn is_moving(&self, tenant: TenantId, session: Handle) -> bool {
-        self.id_of(tenant, session).ok().and_then(|id| self.queues.get(&id)).is_some_and(|q| q.moving)
-    }
-
-    /// The session is on the node at `to` now, as `session`: its queue here is closed, and its
-    /// requests are answered with where it went until it idles out. Returns the requests that
-    /// waited behind the move.
-    pub fn moved_out(&mut self, id: u64, to: String, session: Handle) -> VecDeque<Op> {
-        let Some(q) = self.queues.remove(&id) else { return VecDeque::new() };
-        let tenant = q.tenant;
-        // Each tenant keeps as many forwarding entries as it may have sessions: the oldest go.
-        let mut theirs: Vec<(u64, Instant)> =
-            self.moved.iter().filter(|(_, m)| m.tenant == tenant).map(|(&id, m)| (id, m.at)).collect();
-        if theirs.len() >= crate::MAX_SESSIONS_PER_TENANT {
-            theirs.sort_by_key(|&(_, at)| at);
-            for (old, _) in &theirs[..=theirs.len() - crate::MAX_SESSIONS_PER_TENANT] {
-                self.moved.remove(old);
-            }
-        }
-        self.moved.insert(id, MovedTo { tenant, to, session, at: Instant::now() });
-        q.ops
-    }
-
-    /// The session whose move the core ends: `tenant`'s, and moving.
-    pub fn moving(&self, tenant: TenantId, session: Handle) -> Result<u64, SessionError> {
-        let id = self.id_of(tenant, session)?;
-        match self.queues.get(&id) {
-            Some(q) if q.moving => Ok(id),
-            _ => Err(SessionError::CannotMove { session, why: "it is not moving" }),
-        }
-    }
-
-    /// The move failed: the session's queue goes on. True when requests wait and the caller
-    /// must start a drain.
-    pub fn move_failed(&mut self, id: u64) -> bool {
-        let Some(q) = self.queues.get_mut(&id) else { return false };
-        q.moving = false;
-        q.paused = false;
-        !q.ops.is_empty() && q.start_drain()
-    }
-
-    /// Forgets where sessions went that moved longer than an idle timeout ago.
-    fn forget_moved(&mut self, now: Instant) {
-        let ttl = self.idle_ttl;
-        self.moved.retain(|_, m| now.saturating_duration_since(m.at) < ttl);
-    }
-
-    /// Queues a restore ahead of a resume; true when the caller must start a drain.
-    pub fn enqueue_restore(&mut self, id: u64) -> bool {
-        let Some(q) = self.queues.get_mut(&id) else { return false };
-        q.ops.push_back(Op::Restore);
-        q.start_drain()
-    }
-
-    /// The session's next request, or `None` (the drain ends) when its queue is empty, its
-    /// step is parked at a breakpoint, or the session is gone.
-    pub fn next_op(&mut self, id: u64) -> Option<Op> {
-        let q = self.queues.get_mut(&id)?;
-        let op = if q.paused { None } else { q.ops.pop_front() };
-        if op.is_none() {
-            q.draining = false;
-        }
-        op
-    }
-
-    /// The running step stopped at a breakpoint: the session's later requests wait until
-    /// [`Self::unpause`] or [`Self::end_parked`].
-    pub fn pause(&mut self, id: u64) {
-        if let Some(q) = self.queues.get_mut(&id) {
-            q.paused = true;
-        }
-    }
-
-    /// The parked step ended (after [`SessionTable::end_step`]); true when requests wait and
-    /// the caller must start a drain.
-    pub fn unpause(&mut self, id: u64) -> bool {
-        let Some(q) = self.queues.get_mut(&id) else { return false };
-        q.paused = false;
-        !q.ops.is_empty() && q.start_drain()
-    }
-
-    /// The parked step was aborted: the step's end ([`Op::EndStep`]) goes first, then the
-    /// requests that waited. True when the caller must start a drain.
-    pub fn end_parked(&mut self, id: u64) -> bool {
-        let Some(q) = self.queues.get_mut(&id) else { return false };
-        q.paused = false;
-        q.ops.push_front(Op::EndStep);
-        q.start_drain()
-    }
-
-    /// Closes the session's queue; returns the requests queued after the close (to be
-    /// refused).
-    pub fn close(&mut self, id: u64) -> VecDeque<Op> {
-        self.queues.remove(&id).map(|q| q.ops).unwrap_or_default()
-    }
-
-    /// True when nothing waits on the session and no request came for `ttl`.
-    fn idle(&self, id: u64, now: Instant, ttl: Duration) -> bool {
-        self.queues.get(&id).is_none_or(|q| {
-            !q.draining && !q.moving && q.ops.is_empty() && now.saturating_duration_since(q.last_used) >= ttl
-        })
-    }
-}
-
 /// The sessions' part of a stats reply, read without the table's lock.
 #[derive(Clone)]
 pub struct SessionStats {
@@ -874,15 +566,15 @@ impl std::fmt::Debug for SessionStats {
 }
 
 impl SessionStats {
-    /// Appends the counters, with `open` sessions (from their queues).
-    pub fn append(&self, open: usize, out: &mut Vec<(String, u64)>) {
+    /// Appends the counters (the core counts the sessions open).
+    pub fn append(&self, out: &mut Vec<(String, u64)>) {
         let c = &self.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let open = open as u64;
+        let gone = get(&c.closed) + get(&c.expired) + get(&c.moved_out);
+        let open = get(&c.opened).saturating_sub(gone);
         let on_device = get(&c.on_device).min(open);
         out.extend(
             [
-                ("sessions", open),
                 ("sessions_on_device", on_device),
                 ("sessions_on_host", open - on_device),
                 ("session_device_bytes", self.budget.used()),
@@ -890,7 +582,6 @@ impl SessionStats {
                 ("session_host_bytes", self.host_pool.used()),
                 ("sessions_opened", get(&c.opened)),
                 ("sessions_closed", get(&c.closed)),
-                ("sessions_expired", get(&c.expired)),
                 ("sessions_moved_out", get(&c.moved_out)),
                 ("session_moves_failed", get(&c.moves_failed)),
                 ("session_steps", get(&c.steps)),
@@ -906,25 +597,17 @@ impl SessionStats {
     }
 }
 
-/// A node's sessions: the table of their states and their request queues, each under its own
-/// lock, and their counters for stats.
+/// A node's sessions: the table of their states, and their counters for stats.
 #[derive(Debug, Clone)]
 pub struct Sessions {
     pub table: Arc<std::sync::Mutex<SessionTable>>,
-    pub queues: Arc<std::sync::Mutex<SessionQueues>>,
     pub stats: SessionStats,
 }
 
 impl Sessions {
     pub fn new(table: SessionTable) -> Self {
-        let queues = SessionQueues::of(&table);
         let stats = table.stats_view();
-        Self { table: Arc::new(std::sync::Mutex::new(table)), queues: Arc::new(std::sync::Mutex::new(queues)), stats }
-    }
-
-    /// The queues, whoever panicked while holding them.
-    pub fn queues(&self) -> std::sync::MutexGuard<'_, SessionQueues> {
-        self.queues.locked()
+        Self { table: Arc::new(std::sync::Mutex::new(table)), stats }
     }
 }
 
@@ -948,91 +631,4 @@ fn move_to(t: &Tensor, device: Device) -> Result<Tensor, ExecError> {
         (_, device) => t.f_to_device(device)?,
     };
     Ok(copy)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn queues() -> SessionQueues {
-        let options = SessionOptions {
-            policy: Policy::Semantic,
-            budget: 1 << 20,
-            host_pool: 1 << 20,
-            idle_ttl: Duration::from_secs(60),
-        };
-        let table = SessionTable::new(options, MemoryBudget::new(1 << 20), MemoryBudget::new(1 << 20), Device::Cpu);
-        SessionQueues::of(&table)
-    }
-
-    fn kinds(q: &mut SessionQueues, id: u64) -> Vec<String> {
-        std::iter::from_fn(|| q.next_op(id)).map(|op| format!("{op:?}")).collect()
-    }
-
-    #[test]
-    fn a_sessions_requests_are_its_tenants_bounded_and_drained_by_one_worker_in_order() {
-        let mut q = queues();
-        let (ann, ben) = (TenantId(1), TenantId(2));
-        let session = Handle { id: 7, epoch: q.epoch };
-        q.insert(session, ann);
-        assert!(matches!(q.enqueue(ben, session, Op::Restore), Err(SessionError::Unknown { .. })));
-        let stale = Handle { id: 7, epoch: q.epoch ^ 1 };
-        assert!(matches!(q.enqueue(ann, stale, Op::Restore), Err(SessionError::Stale { .. })));
-        // The first request starts a drain; the ones after it join that drain.
-        assert!(q.enqueue(ann, session, Op::Signal { signal: Signal::Compute, ack: None }).unwrap());
-        for _ in 1..MAX_QUEUED_OPS {
-            assert!(!q.enqueue(ann, session, Op::Restore).unwrap());
-        }
-        assert!(matches!(q.enqueue(ann, session, Op::Restore), Err(SessionError::Busy { .. })));
-        assert_eq!(kinds(&mut q, 7).len(), MAX_QUEUED_OPS);
-        // Drained: the next request starts a drain again.
-        assert!(q.enqueue(ann, session, Op::Restore).unwrap());
-    }
-
-    #[test]
-    fn an_aborted_parked_step_ends_before_the_requests_that_waited_for_it() {
-        let mut q = queues();
-        let (tenant, session) = (TenantId(1), Handle { id: 3, epoch: q.epoch });
-        q.insert(session, tenant);
-        assert!(q.enqueue(tenant, session, Op::Restore).unwrap());
-        assert!(q.next_op(3).is_some());
-        // The step the drain ran parked: the next request waits, and the drain ends.
-        q.pause(3);
-        assert!(
-            !q.enqueue(tenant, session, Op::Signal { signal: Signal::IoWait { resume_in_ms: None }, ack: None })
-                .unwrap()
-        );
-        assert!(q.next_op(3).is_none());
-        // Aborted: a drain starts, with the step's end first.
-        assert!(q.end_parked(3));
-        assert_eq!(kinds(&mut q, 3), ["EndStep", "Signal(IoWait { resume_in_ms: None })"]);
-        // Closed: what waited comes back (to be refused), and the session is unknown.
-        assert!(q.enqueue(tenant, session, Op::Restore).unwrap());
-        assert_eq!(q.close(3).len(), 1);
-        assert!(matches!(q.enqueue(tenant, session, Op::Restore), Err(SessionError::Unknown { .. })));
-        assert_eq!(q.len(), 0);
-    }
-    /// Where moved sessions went is kept per tenant up to the number of sessions a tenant may
-    /// have (the oldest go first), for an idle timeout, and told to that tenant alone.
-    #[test]
-    fn where_moved_sessions_went_is_bounded_per_tenant_and_forgotten() {
-        let mut q = queues();
-        let (ann, ben) = (TenantId(1), TenantId(2));
-        let epoch = q.epoch;
-        let there = |id| Handle { id, epoch: 7 };
-        let total = crate::MAX_SESSIONS_PER_TENANT as u64 + 10;
-        for id in 0..total {
-            q.insert(Handle { id, epoch }, ann);
-            assert!(q.moved_out(id, "b:1".into(), there(id)).is_empty());
-        }
-        q.insert(Handle { id: total, epoch }, ben);
-        q.moved_out(total, "b:1".into(), there(total));
-        assert_eq!(q.moved.len(), crate::MAX_SESSIONS_PER_TENANT + 1);
-        assert!(matches!(q.id_of(ann, Handle { id: 0, epoch }), Err(SessionError::Unknown { .. })), "the oldest went");
-        let last = Handle { id: total - 1, epoch };
-        assert!(matches!(q.id_of(ann, last), Err(SessionError::Moved { session, .. }) if session == there(total - 1)));
-        assert!(matches!(q.id_of(ben, last), Err(SessionError::Unknown { .. })), "another tenant's");
-        q.forget_moved(Instant::now() + Duration::from_secs(61));
-        assert!(q.moved.is_empty());
-    }
 }

@@ -10,15 +10,14 @@ use std::time::{Duration, Instant};
 use djinn_auth::{Authenticator, TenantId};
 use djinn_memory::MemoryBudget;
 use djinn_node_core::{Executed, Executor, Job, Replier, Reply, ReplyTo, tenant_budget};
-use djinn_proto::{BreakpointMessage, DataMessage, Fingerprint, Handle, ModelMessage, SessionMessage};
+use djinn_proto::{BreakpointMessage, DataMessage, Fingerprint, ModelMessage};
 use tch::Device;
 
 use crate::cost::{ComputeMeter, ComputeQuota, Limits};
-use crate::error::SessionError;
 use crate::kept::KeptTensors;
 use crate::models::{ModelStore, Unregistered};
 use crate::parked::{Parked, ParkedTable};
-use crate::sessions::{Op, SessionOptions, SessionTable, Sessions};
+use crate::sessions::{SessionOptions, SessionTable, Sessions};
 use crate::workers::{Tables, Work, WorkQueue, Workers, error_reply};
 use djinn_sync::Locked;
 
@@ -52,8 +51,8 @@ pub struct TorchExecutor {
     kept: Arc<Mutex<KeptTensors>>,
     sessions: Sessions,
     parked: Arc<Mutex<ParkedTable>>,
-    // Before the workers: the sweeper holds a queue into them, which must go first.
-    _sweeper: Sweeper,
+    // Before the workers: the clock holds a queue into them, which must go first.
+    _restores: RestoreClock,
     workers: Workers,
 }
 
@@ -62,9 +61,12 @@ impl TorchExecutor {
         let models = Arc::new(Mutex::new(ModelStore::new(budget.clone(), options.host_budget.clone())));
         let kept = Arc::new(Mutex::new(KeptTensors::new()));
         let host_pool = tenant_budget(options.sessions.host_pool, options.auth.as_ref(), |q| q.host_swap);
-        let sessions =
-            Sessions::new(SessionTable::new(options.sessions.clone(), budget.clone(), host_pool, options.device));
-        let parked = Arc::new(Mutex::new(ParkedTable::new(budget.clone(), kept.locked().epoch())));
+        // Kept tensors, sessions and parked requests are of one life: their handles carry its
+        // epoch, which the core checks.
+        let epoch = kept.locked().epoch();
+        let table = SessionTable::new(options.sessions.clone(), epoch, budget.clone(), host_pool, options.device);
+        let sessions = Sessions::new(table);
+        let parked = Arc::new(Mutex::new(ParkedTable::new(budget.clone(), epoch)));
         let meter = match &options.auth {
             Some(auth) => {
                 let auth = Arc::clone(auth);
@@ -88,13 +90,13 @@ impl TorchExecutor {
         };
         let workers = Workers::start(options.workers, options.intra_op_threads, options.device, tables, limits)?;
         tracing::info!(
-            epoch = format_args!("{:016x}", kept.locked().epoch()),
+            epoch = format_args!("{epoch:016x}"),
             session_policy = options.sessions.policy.name(),
             session_budget = options.sessions.budget,
             "kept tensors and sessions start a new epoch"
         );
         let queue = workers.queue().ok_or_else(|| std::io::Error::other("no worker queue"))?;
-        Ok(Self { models, _sweeper: Sweeper::start(sessions.clone(), queue)?, kept, sessions, parked, workers })
+        Ok(Self { models, _restores: RestoreClock::start(sessions.clone(), queue)?, kept, sessions, parked, workers })
     }
 
     fn models(&self) -> MutexGuard<'_, ModelStore> {
@@ -152,29 +154,13 @@ impl TorchExecutor {
                     None => return Some(unknown_model(&fingerprint)),
                 }
             }
-            Job::Step { session, inputs, until } => {
-                let op = Op::Step { inputs, until, to, replier: replier.clone() };
-                return self.enqueue(tenant, session, op);
-            }
-            // Acknowledged at once (the signal takes effect in its turn, in the background),
-            // unless a move is under way: then it waits for the move like a step.
-            Job::Signal { session, signal } => {
-                let ack = self.sessions.queues().is_moving(tenant, session).then(|| (to, replier.clone()));
-                let acked_now = ack.is_none();
-                return match self.enqueue(tenant, session, Op::Signal { signal, ack }) {
-                    None if acked_now => Some(Reply::message(SessionMessage::Signaled)),
-                    None => None,
-                    Some(refused) => Some(refused),
-                };
-            }
-            Job::Move { session } => {
-                return self.enqueue(tenant, session, Op::Move { reply: to, replier: replier.clone() });
-            }
-            Job::EndMove { session, moved } => match self.sessions.queues().moving(tenant, session) {
-                Ok(id) => Work::EndMove { id, moved },
-                Err(e) => return Some(Reply::error(e.code(), e.to_string())),
-            },
-            Job::Close { session } => return self.enqueue(tenant, session, Op::Close { to, replier: replier.clone() }),
+            // A session's requests come one at a time, the core having checked they are the
+            // tenant's: each runs on a worker, as the state may move between host and device.
+            Job::Step { session, inputs, until } => Work::Step { id: session.id, inputs, until },
+            Job::Signal { session, signal } => Work::Signal { id: session.id, signal },
+            Job::Move { session } => Work::Move { id: session.id },
+            Job::EndMove { session, moved } => Work::EndMove { id: session.id, moved },
+            Job::Close { session } => Work::Close { id: session.id },
             // The activation a resume replaces is checked here, before anything runs: a
             // mismatch leaves the request parked.
             Job::Resume { parked: handle, tensors, activation, payload, until } => {
@@ -192,7 +178,12 @@ impl TorchExecutor {
                 Ok((activation, block)) => Work::Inspect { activation, handle, block },
                 Err(e) => return Some(error_reply(e)),
             },
-            Job::Abort { parked } => return Some(self.abort(parked)),
+            Job::Abort { parked } => match self.parked().abort(parked.id) {
+                // A session's step ends on a worker, its state as before the step.
+                Ok(Parked { session: Some(s), .. }) => Work::EndStep { id: s.id },
+                Ok(_) => return Some(Reply::message(BreakpointMessage::Aborted)),
+                Err(e) => return Some(error_reply(e)),
+            },
             Job::Stats => return Some(Reply::message(DataMessage::StatsReply { counters: self.stats() })),
         };
         self.workers.submit(work, to, replier);
@@ -204,7 +195,7 @@ impl TorchExecutor {
         let mut out = Vec::new();
         self.models().stats(&mut out);
         out.push(("executor_kept_tensors".to_owned(), self.kept.locked().len() as u64));
-        self.sessions.stats.append(self.sessions.queues().len(), &mut out);
+        self.sessions.stats.append(&mut out);
         self.parked().stats(&mut out);
         let c = &self.workers.counters;
         let plans = &self.workers.limits.counters;
@@ -225,40 +216,6 @@ impl TorchExecutor {
             .map(|(k, v)| (k.to_owned(), v)),
         );
         out
-    }
-
-    /// Drops a parked request; a session step parked ends with the state it had before it.
-    fn abort(&self, parked: Handle) -> Reply {
-        let aborted = self.parked().abort(parked.id);
-        match aborted {
-            Ok(request) => {
-                self.unpark(request);
-                Reply::message(BreakpointMessage::Aborted)
-            }
-            Err(e) => error_reply(e),
-        }
-    }
-
-    /// A parked request is over: its session step, if it was one, ends (its later requests
-    /// run), and its activation is freed.
-    fn unpark(&self, request: Parked) {
-        if let Some(id) = end_parked_step(&request, &self.sessions) {
-            self.workers.drain_session(id, request.tenant);
-        }
-    }
-
-    /// Queues a request on its session (drained by one worker at a time, in order).
-    fn enqueue(&self, tenant: TenantId, session: Handle, op: Op) -> Option<Reply> {
-        match self.sessions.queues().enqueue(tenant, session, op) {
-            Ok(start) => {
-                if start {
-                    self.workers.drain_session(session.id, tenant);
-                }
-                None
-            }
-            Err(SessionError::Moved { to, session }) => Some(Reply::message(SessionMessage::Moved { to, session })),
-            Err(e) => Some(Reply::error(e.code(), e.to_string())),
-        }
     }
 }
 
@@ -285,55 +242,49 @@ impl Executor for TorchExecutor {
     fn free_parked(&mut self, ids: &[u64]) {
         let lapsed = self.parked().free(ids);
         for request in lapsed {
-            self.unpark(request);
+            // The core aborts a session's step instead, in the session's turn; were one freed
+            // here, its step would still end on a worker.
+            if let Some(s) = request.session {
+                self.workers.quiet(request.tenant, Work::EndStep { id: s.id });
+            }
         }
+    }
+
+    fn free_sessions(&mut self, ids: &[u64]) {
+        // Freeing their state (a large one takes a while) is a worker's job, not the poller's.
+        self.workers.quiet(TenantId::DEFAULT, Work::FreeSessions { ids: ids.to_vec() });
     }
 }
 
-/// Ends the session step a parked request stopped (its state stays as before the step, and a
-/// worker ends the step first in the session's turn); returns the session when its requests
-/// must be drained.
-fn end_parked_step(request: &Parked, sessions: &Sessions) -> Option<u64> {
-    let s = request.session?;
-    sessions.queues().end_parked(s.id).then_some(s.id)
-}
-
-/// Closes sessions that lie unused past their time limit (checking a few times per limit), and
-/// starts the restores of swapped-out sessions when they are due.
-struct Sweeper {
+/// Starts the restores of swapped-out sessions when they are due (ahead of their agents'
+/// expected resumes).
+struct RestoreClock {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
-impl std::fmt::Debug for Sweeper {
+impl std::fmt::Debug for RestoreClock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Sweeper").finish_non_exhaustive()
+        f.debug_struct("RestoreClock").finish_non_exhaustive()
     }
 }
 
-impl Sweeper {
+impl RestoreClock {
     fn start(sessions: Sessions, queue: WorkQueue) -> std::io::Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
-        let ttl = sessions.table.locked().options().idle_ttl;
-        let period = (ttl / 4).clamp(Duration::from_millis(10), Duration::from_secs(10));
         let flag = Arc::clone(&stop);
-        let table = sessions.clone();
-        let thread = std::thread::Builder::new().name("djinn-sweeper".into()).spawn(move || {
-            let mut next_sweep = Instant::now() + period;
+        let table = Arc::clone(&sessions.table);
+        let thread = std::thread::Builder::new().name("djinn-restores".into()).spawn(move || {
             while !flag.load(Ordering::Acquire) {
-                let now = Instant::now();
-                if now >= next_sweep {
-                    table.table.locked().expire(now, &mut table.queues());
-                    next_sweep = now + period;
-                }
-                let (due, next_restore) = table.table.locked().due_restores(now);
+                let (due, next) = table.locked().due_restores(Instant::now());
                 for (id, tenant) in due {
-                    if table.queues().enqueue_restore(id) {
-                        queue.drain_session(id, tenant);
-                    }
+                    queue.quiet(tenant, Work::Restore { id });
                 }
-                let wake = next_restore.map_or(next_sweep, |at| at.min(next_sweep));
-                std::thread::park_timeout(wake.saturating_duration_since(Instant::now()));
+                // Woken early when a restore is scheduled, and to stop.
+                match next {
+                    Some(at) => std::thread::park_timeout(at.saturating_duration_since(Instant::now())),
+                    None => std::thread::park(),
+                }
             }
         })?;
         sessions.table.locked().set_clock(thread.thread().clone());
@@ -341,7 +292,7 @@ impl Sweeper {
     }
 }
 
-impl Drop for Sweeper {
+impl Drop for RestoreClock {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
         if let Some(t) = self.thread.take() {

@@ -14,7 +14,7 @@ use djinn_auth::TenantId;
 use djinn_node_core::{Executed, PeerError, Replier, Reply, ReplyTo, TenantNames};
 use djinn_proto::{
     Breakpoint, BreakpointMessage, DType, DataMessage, Handle, KeptMessage, Message, ModelMessage, Payload,
-    SessionEntry, SessionMessage, SharedBytes, TensorDesc, Value,
+    SessionEntry, SessionMessage, SharedBytes, Signal, TensorDesc, Value,
 };
 use tch::{Device, Tensor};
 
@@ -28,7 +28,7 @@ use crate::fair::FairQueue;
 use crate::kept::KeptTensors;
 use crate::models::{Model, ModelStore, spread};
 use crate::parked::{Parked, ParkedTable, SessionStep, Stopped, check_breakpoint, check_parkable};
-use crate::sessions::{Op, Sessions};
+use crate::sessions::Sessions;
 use crate::value::ModelValue;
 use djinn_node_core::CallInputs;
 use djinn_node_core::Upload;
@@ -66,9 +66,22 @@ pub enum Work {
         payload: Option<Payload>,
         reserve: u64,
     },
-    /// Runs a session's queued requests in order, each answered as it completes (the job
-    /// itself has no reply).
-    Session {
+    /// A session's step (the core hands the executor a session's requests one at a time).
+    Step {
+        id: u64,
+        inputs: CallInputs,
+        until: Option<Breakpoint>,
+    },
+    Signal {
+        id: u64,
+        signal: Signal,
+    },
+    Close {
+        id: u64,
+    },
+    /// Reads a session's state into host memory, as the `Open` that makes it a session on the
+    /// node it moves to.
+    Move {
         id: u64,
     },
     /// Ends a session's move as the peer answered: the session is there now (its state here
@@ -76,6 +89,19 @@ pub enum Work {
     EndMove {
         id: u64,
         moved: Result<(String, Handle), PeerError>,
+    },
+    /// Ends a session's step that parked and was aborted: the state stays as before it.
+    EndStep {
+        id: u64,
+    },
+    /// Brings a swapped-out session's state back ahead of its agent's expected resume (no
+    /// reply).
+    Restore {
+        id: u64,
+    },
+    /// Frees sessions the core found idle (no reply).
+    FreeSessions {
+        ids: Vec<u64>,
     },
     /// Runs a parked request on from its breakpoint (taken out of the table by the poller).
     Resume {
@@ -215,9 +241,9 @@ impl Drop for WorkQueue {
 }
 
 impl WorkQueue {
-    /// Starts draining `tenant`'s session `id` ([`SessionTable::enqueue`] said none was).
-    pub fn drain_session(&self, id: u64, tenant: TenantId) {
-        self.send(tenant, Envelope { job: Work::Session { id }, reply: None });
+    /// Queues `job`, which answers no request, in `tenant`'s turn.
+    pub fn quiet(&self, tenant: TenantId, job: Work) {
+        self.send(tenant, Envelope { job, reply: None });
     }
 
     fn send(&self, tenant: TenantId, envelope: Envelope) {
@@ -293,9 +319,10 @@ impl Workers {
         }
     }
 
-    pub fn drain_session(&self, id: u64, tenant: TenantId) {
+    /// Queues `job`, which answers no request, in `tenant`'s turn.
+    pub fn quiet(&self, tenant: TenantId, job: Work) {
         if let Some(queue) = &self.queue {
-            queue.drain_session(id, tenant);
+            queue.quiet(tenant, job);
         }
     }
 
@@ -347,26 +374,20 @@ fn next_job(scheduler: &Scheduler) -> Option<(TenantId, Envelope)> {
 fn work(scheduler: &Scheduler, shared: &Shared) {
     let Shared { device, models, kept, sessions, counters, .. } = shared;
     let device = *device;
-    // A session's requests run one per job, the drain queued again in its tenant's turn while
-    // the session has more: a tenant's queue of steps waits its turn like any other work.
-    let drain = |tenant, id| scheduler.push(counters, tenant, Envelope { job: Work::Session { id }, reply: None });
     while let Some((tenant, Envelope { job, reply })) = next_job(scheduler) {
-        if let Work::Session { id } = job {
-            if session_next(id, shared) {
-                drain(tenant, id);
-            }
-            counters.queued.fetch_sub(1, Ordering::Relaxed);
-            continue;
-        }
-        let job = match (job, &reply) {
-            (Work::EndMove { id, moved }, Some((to, replier))) => {
-                if end_move(id, moved, *to, replier, shared) {
-                    drain(tenant, id);
-                }
+        let job = match job {
+            Work::Restore { id } => {
+                sessions.table.locked().restore_ahead(id);
                 counters.queued.fetch_sub(1, Ordering::Relaxed);
                 continue;
             }
-            (job, _) => job,
+            Work::FreeSessions { ids } => {
+                let states = sessions.table.locked().expire(&ids);
+                drop(states);
+                counters.queued.fetch_sub(1, Ordering::Relaxed);
+                continue;
+            }
+            job => job,
         };
         // What the node's stats count, by kind of job: (done, failed).
         let counted = match job {
@@ -374,8 +395,8 @@ fn work(scheduler: &Scheduler, shared: &Shared) {
             Work::Load { .. } => Some((&counters.loads, &counters.load_errors)),
             _ => None,
         };
-        // A resumed session step that ended lets the session's waiting requests run.
-        let mut then_drain = None;
+        // A session's state that left, freed once the answer has gone (a large one takes a while).
+        let mut free_after = Vec::new();
         let resumed = match &job {
             Work::Resume { handle, .. } => Some(handle.id),
             _ => None,
@@ -388,8 +409,33 @@ fn work(scheduler: &Scheduler, shared: &Shared) {
             }
             Work::Resume { handle, parked, activation, tensors, payload, until } => shared.limited(tenant, || {
                 let replacement = Replacement { activation, tensors, payload };
-                resume(handle, parked, replacement, until, shared, &mut then_drain)
+                resume(handle, parked, replacement, until, shared)
             }),
+            Work::Step { id, inputs, until } => {
+                let stepped = shared.limited(tenant, || step(tenant, id, inputs, until, shared));
+                if stepped.is_err() {
+                    // Whatever failed (a panic included), the session is not stepping any more.
+                    let _ = sessions.table.locked().end_step(id, None);
+                }
+                stepped
+            }
+            Work::Signal { id, signal } => {
+                sessions.table.locked().signal(id, signal);
+                Ok(Reply::message(SessionMessage::Signaled))
+            }
+            Work::Close { id } => {
+                free_after.extend(sessions.table.locked().close(id).into_iter().flatten());
+                Ok(Reply::message(SessionMessage::Closed))
+            }
+            Work::Move { id } => caught(|| session_state(id, shared)).inspect_err(|e| {
+                sessions.table.locked().move_failed(id);
+                tracing::info!(session = id, error = %e, "session move failed: it stays here");
+            }),
+            Work::EndMove { id, moved } => end_move(id, moved, shared, &mut free_after),
+            Work::EndStep { id } => {
+                let _ = sessions.table.locked().end_step(id, None);
+                Ok(Reply::message(BreakpointMessage::Aborted))
+            }
             Work::Inspect { activation, handle, block } => {
                 Ok(paused(handle, block, Sent::activation(Some(&activation))?))
             }
@@ -425,8 +471,9 @@ fn work(scheduler: &Scheduler, shared: &Shared) {
                     .collect();
                 Ok(Reply::message(SessionMessage::SessionList { sessions, more }))
             }
-            Work::EndMove { .. } => Err(ExecError::Internal("a move's end among the jobs that reply".into())),
-            Work::Session { .. } => Err(ExecError::Internal("a session drain with a reply".into())),
+            Work::Restore { .. } | Work::FreeSessions { .. } => {
+                Err(ExecError::Internal("a job that answers no request among those that do".into()))
+            }
         });
         if timed {
             counters.execution_ns.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -452,9 +499,7 @@ fn work(scheduler: &Scheduler, shared: &Shared) {
             let still_parked = resumed.is_some_and(|id| shared.parked.locked().holds(id));
             replier.executed(to, Executed { reply: result, still_parked });
         }
-        if let Some(id) = then_drain {
-            drain(tenant, id);
-        }
+        drop(free_after);
     }
 }
 
@@ -467,68 +512,9 @@ fn caught<T>(f: impl FnOnce() -> Result<T, ExecError>) -> Result<T, ExecError> {
     })
 }
 
-fn reply_of(result: Result<Reply, ExecError>) -> Reply {
-    result.unwrap_or_else(|e| {
-        tracing::debug!(error = %e, "request failed");
-        error_reply(e)
-    })
-}
-
 /// The answer to a request that failed.
 pub(crate) fn error_reply(e: ExecError) -> Reply {
     Reply::error(e.code(), e.to_string())
-}
-
-/// Runs a session's next queued request, in order; true while the drain goes on (false once
-/// its queue is empty, a step parks, or it closed).
-fn session_next(id: u64, shared: &Shared) -> bool {
-    let sessions = &shared.sessions.table;
-    let Some(op) = shared.sessions.queues().next_op(id) else { return false };
-    match op {
-        Op::Step { inputs, until, to, replier } => {
-            let result = caught(|| shared.limited(to.tenant, || step(to.tenant, id, inputs, until, shared)));
-            if result.is_err() {
-                // Whatever failed (a panic included), the session is not stepping any more.
-                let _ = sessions.locked().end_step(id, None);
-            }
-            replier.executed(to, reply_of(result));
-        }
-        Op::Signal { signal, ack } => {
-            sessions.locked().signal(id, signal);
-            if let Some((to, replier)) = ack {
-                replier.executed(to, Reply::message(SessionMessage::Signaled));
-            }
-        }
-        Op::Restore => sessions.locked().restore_ahead(id),
-        Op::EndStep => {
-            let _ = sessions.locked().end_step(id, None);
-        }
-        Op::Close { to, replier } => {
-            let after = shared.sessions.queues().close(id);
-            sessions.locked().close(id);
-            replier.executed(to, Reply::message(SessionMessage::Closed));
-            for (to, replier) in after.into_iter().filter_map(Op::into_reply) {
-                let e = ExecError::Internal(format!("session {id} was closed before this request"));
-                replier.executed(to, Reply::error(djinn_proto::ErrorCode::NotFound, e.to_string()));
-            }
-            return false;
-        }
-        Op::Move { reply, replier } => match caught(|| session_state(id, shared)) {
-            Ok(open) => {
-                // Its later requests wait for the move's end, which may come before this
-                // worker is back: the queue pauses before the state goes.
-                shared.sessions.queues().pause(id);
-                replier.executed(reply, open);
-            }
-            Err(e) => {
-                sessions.locked().move_failed(id);
-                shared.sessions.queues().move_failed(id);
-                tracing::info!(session = id, error = %e, "session move failed: it stays here");
-                replier.executed(reply, error_reply(e));
-            }
-        },
-    }
-    true
 }
 
 /// A moving session's state, read into host memory, as the `Open` that makes it a session on
@@ -546,37 +532,25 @@ fn session_state(id: u64, shared: &Shared) -> Result<Reply, ExecError> {
     Ok(Reply { message: open.into(), tensors })
 }
 
-/// Ends session `id`'s move as the peer answered, answering the move (`to`). Once the session
-/// is on the peer, the requests that waited behind the move are answered next with where it
-/// went (their clients send them there again); when it stays, they run: true when the caller
-/// must start the session's drain.
+/// Ends session `id`'s move as the peer answered: on the peer, its state here leaves the table
+/// (into `free_after`); refused, it stays here as it was.
 fn end_move(
     id: u64,
     moved: Result<(String, Handle), PeerError>,
-    to: ReplyTo,
-    replier: &Replier,
     shared: &Shared,
-) -> bool {
+    free_after: &mut Vec<Tensor>,
+) -> Result<Reply, ExecError> {
     let sessions = &shared.sessions.table;
     match moved {
         Ok((peer, session)) => {
-            let after = shared.sessions.queues().moved_out(id, peer.clone(), session);
-            let state = sessions.locked().moved_out(id);
+            free_after.extend(sessions.locked().moved_out(id));
             tracing::info!(session = id, peer = %peer, "session moved");
-            let moved = || Reply::message(SessionMessage::Moved { to: peer.clone(), session });
-            replier.executed(to, moved());
-            for (to, replier) in after.into_iter().filter_map(Op::into_reply) {
-                replier.executed(to, moved());
-            }
-            drop(state);
-            false
+            Ok(Reply::message(SessionMessage::Moved { to: peer, session }))
         }
         Err((code, message)) => {
             sessions.locked().move_failed(id);
-            let drain = shared.sessions.queues().move_failed(id);
             tracing::info!(session = id, error = %message, "session move failed: it stays here");
-            replier.executed(to, Reply::error(code, message));
-            drain
+            Err(ExecError::Moving { code, message })
         }
     }
 }
@@ -684,9 +658,6 @@ impl Run {
             charged,
         };
         let handle = shared.parked.locked().park(stopped)?;
-        if let Some(s) = self.session {
-            shared.sessions.queues().pause(s.id);
-        }
         Ok(paused(handle, block, sent))
     }
 }
@@ -737,15 +708,13 @@ struct Replacement {
 }
 
 /// Runs a parked request on from its breakpoint. When its blocks fail it is parked again as it
-/// was, so the client may try another activation; once they ran, it is over (a session step
-/// that ended sets `then_drain`).
+/// was, so the client may try another activation; once they ran, it is over.
 fn resume(
     handle: Handle,
     parked: Parked,
     given: Replacement,
     until: Option<Breakpoint>,
     shared: &Shared,
-    then_drain: &mut Option<u64>,
 ) -> Result<Reply, ExecError> {
     let Replacement { activation, tensors, payload } = given;
     let payload = payload.map(Arc::new);
@@ -772,17 +741,11 @@ fn resume(
         }
     };
     let session = run.session;
-    let stopped = matches!(ran, Ran::Stopped { .. });
     let result = run.reply(ran, shared);
     if let Some(s) = session
-        && (!stopped || result.is_err())
+        && result.is_err()
     {
-        if result.is_err() {
-            let _ = shared.sessions.table.locked().end_step(s.id, None);
-        }
-        if shared.sessions.queues().unpause(s.id) {
-            *then_drain = Some(s.id);
-        }
+        let _ = shared.sessions.table.locked().end_step(s.id, None);
     }
     result
 }
@@ -865,7 +828,6 @@ fn open_session(
         }
     }
     let session = sessions.table.locked().open(tenant, model, state, reserve)?;
-    sessions.queues().insert(session, tenant);
     Ok(Reply::message(SessionMessage::Opened { session }))
 }
 

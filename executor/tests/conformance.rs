@@ -2,8 +2,6 @@
 //! (`djinn_node_core::conformance`): the same requests, through the same core, get the same
 //! replies.
 
-use std::time::Duration;
-
 use djinn_executor::tch::{CModule, Device, Kind, Tensor};
 use djinn_executor::{ExecutorOptions, Policy, SessionOptions, TorchExecutor};
 use djinn_memory::MemoryBudget;
@@ -27,12 +25,7 @@ fn executor() -> (TorchExecutor, MemoryBudget) {
         workers: 2,
         intra_op_threads: 1,
         host_budget: MemoryBudget::new(1 << 30),
-        sessions: SessionOptions {
-            policy: Policy::Lru,
-            budget: 1 << 28,
-            host_pool: 1 << 28,
-            idle_ttl: Duration::from_secs(60),
-        },
+        sessions: SessionOptions { policy: Policy::Lru, budget: 1 << 28, host_pool: 1 << 28 },
         execute_deadline: None,
         max_run_memory: None,
         flops_per_second: None,

@@ -71,6 +71,8 @@ pub enum Job {
         payload: Option<Payload>,
         reserve: u64,
     },
+    /// A session's requests (a step, a signal, a move, its end, a close) come one at a time, in
+    /// the order they were sent; the core has checked that the session is the tenant's.
     Step {
         session: Handle,
         inputs: CallInputs,
@@ -82,15 +84,14 @@ pub enum Job {
     },
     /// Readies a session's move to another node, in the session's turn: answered with its
     /// state as the `session.Open` that makes it a session there (the tensors' bytes beside
-    /// it), which the core sends through [`crate::Peers`]. The session's later requests wait
-    /// for [`Job::EndMove`].
+    /// it), which the core sends through [`crate::Peers`]. The state stays here, unchanged,
+    /// until [`Job::EndMove`].
     Move {
         session: Handle,
     },
     /// Ends a session's move: it is at the node and handle `moved` names now (its state here is
-    /// freed, and its waiting requests are answered with where it went), or the peer refused it
-    /// (it stays here, as it was, and its requests go on). Answered `session.Moved`, or the
-    /// peer's refusal.
+    /// freed), or the peer refused it (it stays here, as it was). Answered `session.Moved`, or
+    /// the peer's refusal.
     EndMove {
         session: Handle,
         moved: Result<(String, Handle), PeerError>,
@@ -118,6 +119,8 @@ pub enum Job {
     Inspect {
         parked: Handle,
     },
+    /// Drops a parked request: answered `Aborted` once a session step it stopped has ended (its
+    /// state as before the step), so that the session's next request comes after.
     Abort {
         parked: Handle,
     },
@@ -131,21 +134,26 @@ pub enum Job {
 /// core and the executor share no object and call each other back for nothing, so the two
 /// could sit on either side of a process boundary.
 ///
-/// The tensors it keeps (a `Keep`, an execution's outputs kept) and the requests it parks at
-/// breakpoints are its own, by the ids of the handles it answers with; whose each is and how
-/// long it stays is the core's record, which tells the executor when to free them (and, for
-/// kept tensors, what they are charged).
+/// The tensors it keeps (a `Keep`, an execution's outputs kept), the sessions it opens and the
+/// requests it parks at breakpoints are its own, by the ids of the handles it answers with
+/// (all of one epoch, [`Executor::epoch`]); whose each is and how long it stays is the core's
+/// record, which tells the executor when to free them (and, for kept tensors, what they are
+/// charged).
 pub trait Executor {
     /// Takes `job`, a request of `to`'s, to answer through `replier`.
     fn run(&mut self, job: Job, to: ReplyTo, replier: &Replier);
-    /// The life of this executor: what the handles of the tensors it keeps and of the requests
-    /// it parks carry as their epoch (a handle of another life names nothing here). Read once,
-    /// when the core starts.
+    /// The life of this executor: what the handles of the tensors it keeps, the sessions it
+    /// opens and the requests it parks carry as their epoch (a handle of another life names
+    /// nothing here). Read once, when the core starts.
     fn epoch(&self) -> u64;
     /// Frees the kept tensors of these ids (released, expired, moved away, or refused by the
     /// core when it recorded them). Ids it does not hold are skipped.
     fn free_kept(&mut self, ids: &[u64]);
-    /// Frees the parked requests of these ids, released after the core's time limit (a session
-    /// step parked ends, its state as before the step). Ids it does not hold are skipped.
+    /// Frees the parked requests of these ids, released after the core's time limit (none is a
+    /// session's step: those the core aborts, in the session's turn). Ids it does not hold are
+    /// skipped.
     fn free_parked(&mut self, ids: &[u64]);
+    /// Frees the sessions of these ids, idle past the core's time limit (nothing of theirs runs
+    /// or waits). Ids it does not hold are skipped.
+    fn free_sessions(&mut self, ids: &[u64]);
 }

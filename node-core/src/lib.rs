@@ -9,7 +9,9 @@
 //! - [`NodeCore`]: the [`Service`] of a node. It routes each request once, by what it asks:
 //!   named tensors (`store.rs`), registrations in progress and the records of kept tensors
 //!   (`kept.rs`) are its own; the rest goes to the [`Executor`] as a typed [`Job`] of plain
-//!   data and the payload it arrived in. The executor's answers come back through the core
+//!   data and the payload it arrived in, a session's one at a time in the order they came
+//!   (`sessions.rs`), with parked requests checked against its records (`parked.rs`). The
+//!   executor's answers come back through the core
 //!   ([`Answer::Executed`], [`Service::complete`]).
 //! - [`LocalNode`]: the node's own requests (its membership agent, /metrics, drain), served by
 //!   the poller in process, with no socket and no frame.
@@ -28,6 +30,7 @@ mod parked;
 mod peers;
 mod reply;
 mod service;
+mod sessions;
 mod store;
 mod upload;
 
@@ -41,6 +44,7 @@ pub use parked::{Ended, ParkedError};
 pub use peers::{MovedSession, PeerError, Peers, PushedTensor};
 pub use reply::{Answer, Executed, Replier, Reply, ReplyTo};
 pub use service::Service;
+pub use sessions::{MAX_QUEUED_OPS, SessionError};
 pub use upload::{Scope, Upload};
 
 /// What a named or kept tensor is charged besides its bytes, and what a parked request is
@@ -49,6 +53,8 @@ pub use upload::{Scope, Upload};
 pub const MIN_CHARGE: u64 = 4096;
 /// Most named tensors, and most kept tensors, one tenant holds on a node.
 pub const MAX_OBJECTS_PER_TENANT: usize = 65_536;
+/// Most sessions, and most parked requests, one tenant holds on a node.
+pub const MAX_SESSIONS_PER_TENANT: usize = 4096;
 /// Most registrations one tenant has in progress on a node at once.
 pub const MAX_UPLOADS_PER_TENANT: usize = 16;
 /// The most sessions or kept tensors one list answers (its metadata stays well under the

@@ -2,7 +2,7 @@
 //! are answered here; the rest is a typed [`Job`] for the executor. No socket and no libtorch
 //! in it: the transports call it through [`Service`], and its tests run it with no network.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,7 +16,8 @@ use djinn_proto::{
 use crate::grants::Grants;
 use crate::jobs::{CallInputs, Executor, Job, TenantNames};
 use crate::kept::{HandleError, KeptTable};
-use crate::parked::{Ended, ParkedRecords};
+use crate::parked::{Ended, ParkedRecords, Taken};
+use crate::sessions::{Queued, SessionError, SessionRecords};
 use crate::store::TensorStore;
 use crate::{Admission, Delivery};
 use crate::{Executed, MovedSession, Peers, PushedTensor, Replier, Reply, ReplyTo, Service, Upload};
@@ -31,6 +32,11 @@ pub const MAX_ARCHIVE_READ: u64 = 8 << 20;
 
 /// The longest node address a forwarded handle keeps.
 const MAX_ADDRESS_LEN: usize = 256;
+
+/// The connection of the core's own requests to the executor (a signal acknowledged when it
+/// came, an abort of a session's step that lapsed): their answers go to no one. No transport
+/// numbers a connection so.
+const INTERNAL_CONN: u64 = u64::MAX;
 
 /// What the core is built with, besides its executor.
 #[derive(Debug, Clone)]
@@ -56,6 +62,8 @@ pub struct CoreOptions {
     pub handle_ttl: Duration,
     /// A request parked at a breakpoint is released this long after it parked.
     pub parked_ttl: Duration,
+    /// A session untouched this long is closed (its client is presumed gone).
+    pub session_idle_ttl: Duration,
 }
 
 /// A budget of `limit` bytes in which each tenant of `auth` holds no more than the part of its
@@ -93,6 +101,10 @@ pub struct NodeCore<E> {
     kept: KeptTable,
     /// The records of the requests the executor has parked at breakpoints.
     parked: ParkedRecords,
+    /// The records of the sessions the executor holds, and their requests waiting their turn.
+    sessions: SessionRecords,
+    /// The request number of the core's next request of its own.
+    next_internal: u64,
     /// Requests whose executor's answer the core finishes itself, by connection and request.
     pending: HashMap<(u64, u64), Pending>,
     executor: E,
@@ -118,11 +130,19 @@ enum Pending {
     /// A stats request: the transport's counters and the core's, to which the executor's are
     /// added.
     Stats { counters: Vec<(String, u64)> },
-    /// A parked request being resumed (its record ended, parked at `parked_at`): put back when
-    /// the executor says it is parked still.
-    Resume { parked: Handle, parked_at: Instant },
+    /// A parked request being resumed (its record ended, as `taken`): put back when the
+    /// executor says it is parked still.
+    Resume { parked: Handle, taken: Taken },
     /// A parked request's activation read back: its `Paused` answer parks nothing new.
     Inspect,
+    /// A request of session `id` (a step, a signal, a close): the session's next goes once it
+    /// is answered, or once it ends when it parks.
+    Session { id: u64 },
+    /// The end of session `id`'s move.
+    EndMove { id: u64 },
+    /// An abort of a step of session `session` parked: the session's next request goes once
+    /// the step has ended.
+    Abort { session: u64 },
 }
 
 /// A registration between its begin and its commit.
@@ -141,6 +161,7 @@ impl<E: Executor> NodeCore<E> {
         let now = Instant::now();
         let kept = KeptTable::new(executor.epoch(), budget.clone(), options.handle_ttl, now);
         let parked = ParkedRecords::new(executor.epoch(), options.parked_ttl, now);
+        let sessions = SessionRecords::new(executor.epoch(), options.session_idle_ttl, now);
         Self {
             tensors: TensorStore::new(budget, pool.clone(), options.max_meta),
             uploads: HashMap::new(),
@@ -155,6 +176,8 @@ impl<E: Executor> NodeCore<E> {
             grants: Grants::default(),
             kept,
             parked,
+            sessions,
+            next_internal: 1,
             pending: HashMap::new(),
             executor,
         }
@@ -308,15 +331,13 @@ impl<E: Executor> NodeCore<E> {
         payload: Option<Payload>,
         to: ReplyTo,
         replier: &Replier,
-        now: Instant,
     ) -> Option<Reply> {
         let tenant = to.tenant;
         let key = (to.conn_id, to.request_id);
         let checked = match message {
             BreakpointMessage::Resume { parked, tensors, activation, until } => {
-                let parked_at = self.parked.parked_at(parked).unwrap_or(now);
-                self.parked.end(tenant, parked, Ended::Resumed).map(|_| {
-                    self.pending.insert(key, Pending::Resume { parked, parked_at });
+                self.parked.end(tenant, parked, Ended::Resumed).map(|taken| {
+                    self.pending.insert(key, Pending::Resume { parked, taken });
                     Job::Resume { parked, tensors, activation, payload, until }
                 })
             }
@@ -324,9 +345,12 @@ impl<E: Executor> NodeCore<E> {
                 self.pending.insert(key, Pending::Inspect);
                 Job::Inspect { parked }
             }),
-            BreakpointMessage::Abort { parked } => {
-                self.parked.end(tenant, parked, Ended::Aborted).map(|_| Job::Abort { parked })
-            }
+            BreakpointMessage::Abort { parked } => self.parked.end(tenant, parked, Ended::Aborted).map(|taken| {
+                if let Some(session) = taken.session {
+                    self.pending.insert(key, Pending::Abort { session });
+                }
+                Job::Abort { parked }
+            }),
             other => {
                 let kind = Message::Breakpoint(other).kind();
                 let message = format!("a node does not serve {} requests", kind.name());
@@ -339,6 +363,78 @@ impl<E: Executor> NodeCore<E> {
                 None
             }
             Err(e) => Some(Reply::error(e.code(), e.to_string())),
+        }
+    }
+
+    /// Queues `to`'s request `job` on its session, handed to the executor in its turn
+    /// (`pending`: what the core does with its answer).
+    fn session_request(
+        &mut self,
+        session: Handle,
+        job: Job,
+        pending: Pending,
+        to: ReplyTo,
+        replier: &Replier,
+        now: Instant,
+    ) -> Option<Reply> {
+        // A signal is acknowledged when it comes and takes effect in its turn, unless a move is
+        // under way: then it waits for the move like a step (and may be told where it went).
+        let ack_now = matches!(job, Job::Signal { .. }) && !self.sessions.is_moving(to.tenant, session);
+        let runs_as = if ack_now { self.internal(to.tenant) } else { to };
+        match self.sessions.submit(to.tenant, session, job, runs_as, now) {
+            Ok(next) => {
+                self.pending.insert((runs_as.conn_id, runs_as.request_id), pending);
+                self.run(next, replier);
+                ack_now.then(|| Reply::message(SessionMessage::Signaled))
+            }
+            Err(SessionError::Moved { to, session }) => Some(Reply::message(SessionMessage::Moved { to, session })),
+            Err(e) => Some(Reply::error(e.code(), e.to_string())),
+        }
+    }
+
+    /// Where the answer to a request of the core's own goes: to no one.
+    fn internal(&mut self, tenant: TenantId) -> ReplyTo {
+        let request_id = self.next_internal;
+        self.next_internal += 1;
+        ReplyTo { slot: usize::MAX, conn_id: INTERNAL_CONN, request_id, tenant, operator: false, torchscript: false }
+    }
+
+    /// Hands the executor a session's next request, if one is due.
+    fn run(&mut self, next: Option<Queued>, replier: &Replier) {
+        if let Some((job, to)) = next {
+            self.executor.run(job, to, replier);
+        }
+    }
+
+    /// Answers the requests that waited for a session that is gone (closed, or moved) with
+    /// `reply`; the core's own go to no one.
+    fn answer_waiting(&mut self, waiting: VecDeque<Queued>, reply: impl Fn() -> Reply, replier: &Replier) {
+        for (_, to) in waiting {
+            self.pending.remove(&(to.conn_id, to.request_id));
+            if to.conn_id != INTERNAL_CONN {
+                replier.send(to, reply());
+            }
+        }
+    }
+
+    /// The executor answered session `id`'s request: a step that parked holds the session's
+    /// next requests, a close refuses them, and anything else lets the next go.
+    fn session_answered(&mut self, id: u64, to: ReplyTo, reply: &Reply, replier: &Replier, now: Instant) {
+        match &reply.message {
+            Message::Breakpoint(BreakpointMessage::Paused { parked, .. }) => {
+                self.sessions.pause(id, now);
+                self.parked.record(to.tenant, *parked, Some(id), now);
+            }
+            Message::Session(SessionMessage::Closed) => {
+                let waiting = self.sessions.closed(id);
+                let closed =
+                    || Reply::error(ErrorCode::NotFound, format!("session {id} was closed before this request"));
+                self.answer_waiting(waiting, closed, replier);
+            }
+            _ => {
+                let next = self.sessions.answered(id, now);
+                self.run(next, replier);
+            }
         }
     }
 
@@ -496,12 +592,10 @@ impl<E: Executor> Service for NodeCore<E> {
                 return self.push_named(&name, peer, grant, to, replier);
             }
             Message::Session(SessionMessage::Move { session, to: peer, grant }) => {
-                let tenant = self.tenant_name(tenant);
-                self.pending.insert((to.conn_id, to.request_id), Pending::Move { session, to: peer, grant, tenant });
-                self.executor.run(Job::Move { session }, to, replier);
-                return None;
+                let pending = Pending::Move { session, to: peer, grant, tenant: self.tenant_name(tenant) };
+                return self.session_request(session, Job::Move { session }, pending, to, replier, now);
             }
-            Message::Breakpoint(message) => return self.parked_request(message, payload, to, replier, now),
+            Message::Breakpoint(message) => return self.parked_request(message, payload, to, replier),
             Message::Kept(KeptMessage::Keep { .. }) => {
                 let in_place = self.keep_in_place && payload.is_some();
                 self.pending.insert((to.conn_id, to.request_id), Pending::Keep { in_place });
@@ -532,6 +626,9 @@ impl<E: Executor> Service for NodeCore<E> {
         {
             return Some(handle_error_reply(e));
         }
+        if let Job::Step { session, .. } | Job::Signal { session, .. } | Job::Close { session } = job {
+            return self.session_request(session, job, Pending::Session { id: session.id }, to, replier, now);
+        }
         self.executor.run(job, to, replier);
         None
     }
@@ -539,16 +636,39 @@ impl<E: Executor> Service for NodeCore<E> {
     fn complete(&mut self, to: ReplyTo, answer: Executed, replier: &Replier, now: Instant) -> Option<Reply> {
         let key = (to.conn_id, to.request_id);
         let Executed { reply, still_parked } = answer;
+        // The core's own requests' answers go to no one.
+        let answer_to = to.conn_id != INTERNAL_CONN;
+        let paused = matches!(reply.message, Message::Breakpoint(BreakpointMessage::Paused { .. }));
+        // The session whose parked step a resume runs on.
+        let mut resumed = None;
         let in_place = match self.pending.remove(&key) {
-            Some(Pending::Resume { parked, parked_at }) => {
+            Some(Pending::Resume { parked, taken }) => {
                 if still_parked {
-                    self.parked.put_back(to.tenant, parked, parked_at);
+                    self.parked.put_back(to.tenant, parked, taken);
+                } else if let Some(id) = taken.session {
+                    // Parked again, it holds the session still; else the step has ended.
+                    resumed = Some(id);
+                    if !paused {
+                        let next = self.sessions.unpause(id, now);
+                        self.run(next, replier);
+                    }
                 }
                 false
             }
             Some(Pending::Inspect) => return Some(reply),
+            Some(Pending::Session { id }) => {
+                self.session_answered(id, to, &reply, replier, now);
+                return answer_to.then_some(reply);
+            }
+            Some(Pending::Abort { session }) => {
+                let next = self.sessions.unpause(session, now);
+                self.run(next, replier);
+                return answer_to.then_some(reply);
+            }
             Some(Pending::Move { session, to: peer, grant, tenant }) => {
                 let Message::Session(SessionMessage::Open { fingerprint, state, reserve }) = reply.message else {
+                    let next = self.sessions.move_failed(session.id, now);
+                    self.run(next, replier);
                     return Some(reply);
                 };
                 let moved = MovedSession { fingerprint, state, bytes: reply.tensors, reserve };
@@ -564,8 +684,21 @@ impl<E: Executor> Service for NodeCore<E> {
                         Err((ErrorCode::Internal, format!("the peer at {peer} answered a {}", other.kind().name())))
                     }
                 };
+                self.pending.insert(key, Pending::EndMove { id: session.id });
                 self.executor.run(Job::EndMove { session, moved }, to, replier);
                 return None;
+            }
+            Some(Pending::EndMove { id }) => {
+                if let Message::Session(SessionMessage::Moved { to: peer, session: there }) = &reply.message {
+                    // What waited behind the move is told where the session went.
+                    let waiting = self.sessions.moved_out(id, peer.clone(), *there, now);
+                    let moved = || Reply::message(SessionMessage::Moved { to: peer.clone(), session: *there });
+                    self.answer_waiting(waiting, moved, replier);
+                } else {
+                    let next = self.sessions.move_failed(id, now);
+                    self.run(next, replier);
+                }
+                return Some(reply);
             }
             Some(Pending::Push { to: peer, grant, tenant }) => {
                 let Message::Data(DataMessage::GetReply { tensor: desc }) = reply.message else {
@@ -595,8 +728,12 @@ impl<E: Executor> Service for NodeCore<E> {
             Some(Pending::Keep { in_place }) => in_place,
             None => false,
         };
-        if let Message::Breakpoint(BreakpointMessage::Paused { parked, .. }) = &reply.message {
-            self.parked.record(to.tenant, *parked, now);
+        match &reply.message {
+            Message::Breakpoint(BreakpointMessage::Paused { parked, .. }) => {
+                self.parked.record(to.tenant, *parked, resumed, now);
+            }
+            Message::Session(SessionMessage::Opened { session }) => self.sessions.opened(to.tenant, *session, now),
+            _ => {}
         }
         Some(self.record_kept(to.tenant, reply, in_place, now))
     }
@@ -609,6 +746,7 @@ impl<E: Executor> Service for NodeCore<E> {
         self.tensors.stats(out);
         self.kept.stats(out);
         self.parked.stats(out);
+        self.sessions.stats(out);
         out.extend(
             [
                 ("uploads", self.uploads.len() as u64),
@@ -658,15 +796,31 @@ impl<E: Executor> Service for NodeCore<E> {
 
     fn next_expiry(&self) -> Option<Instant> {
         let kept = Some(self.kept.next_sweep()).filter(|_| !self.kept.is_empty());
-        [kept, self.parked.next_sweep()].into_iter().flatten().min()
+        [kept, self.parked.next_sweep(), self.sessions.next_sweep()].into_iter().flatten().min()
     }
 
-    fn expire(&mut self, now: Instant) {
+    fn expire(&mut self, now: Instant, replier: &Replier) {
         let expired = self.kept.expire(now);
         self.executor.free_kept(&expired);
-        let lapsed = self.parked.expire(now);
-        if !lapsed.is_empty() {
-            self.executor.free_parked(&lapsed);
+        let mut free = Vec::new();
+        for (id, session) in self.parked.expire(now) {
+            // A session's step is aborted in the session's turn: its next request comes after.
+            match session.and_then(|s| Some((s, self.sessions.tenant(s)?))) {
+                Some((session, tenant)) => {
+                    let to = self.internal(tenant);
+                    self.pending.insert((to.conn_id, to.request_id), Pending::Abort { session });
+                    let parked = Handle { id, epoch: self.parked.epoch() };
+                    self.executor.run(Job::Abort { parked }, to, replier);
+                }
+                None => free.push(id),
+            }
+        }
+        if !free.is_empty() {
+            self.executor.free_parked(&free);
+        }
+        let idle = self.sessions.expire(now);
+        if !idle.is_empty() {
+            self.executor.free_sessions(&idle);
         }
         let timeout = self.upload_timeout;
         self.uploads.retain(|id, u| {

@@ -12,8 +12,8 @@ use djinn_proto::{
 };
 
 use crate::{
-    CoreOptions, Executed, Executor, Job, MAX_ARCHIVE_READ, MAX_UPLOADS_PER_TENANT, MIN_CHARGE, MovedSession, NodeCore,
-    Peers, PushedTensor, Replier, Reply, ReplyTo, Service,
+    Answer, CoreOptions, Executed, Executor, Job, MAX_ARCHIVE_READ, MAX_UPLOADS_PER_TENANT, MIN_CHARGE, MovedSession,
+    NodeCore, Peers, PushedTensor, Replier, Reply, ReplyTo, Service,
 };
 
 /// An executor that answers nothing itself: it keeps each job (with its payload, so that what
@@ -27,6 +27,8 @@ struct Recorder {
     freed: Vec<u64>,
     /// The parked requests the core told it to free, by id.
     unparked: Vec<u64>,
+    /// The sessions the core told it to free, by id.
+    closed: Vec<u64>,
 }
 
 /// The epoch of the recorder's handles.
@@ -47,6 +49,10 @@ impl Executor for Recorder {
 
     fn free_parked(&mut self, ids: &[u64]) {
         self.unparked.extend_from_slice(ids);
+    }
+
+    fn free_sessions(&mut self, ids: &[u64]) {
+        self.closed.extend_from_slice(ids);
     }
 }
 
@@ -80,6 +86,8 @@ struct Harness {
     host: MemoryBudget,
     pushes: Arc<PushLog>,
     replier: Replier,
+    /// What the core sent through `replier` (answers to requests that waited on a session).
+    sent: crossbeam_channel::Receiver<(ReplyTo, Answer)>,
     next_request: u64,
     /// The time the core is told.
     now: Instant,
@@ -106,14 +114,16 @@ fn harness_with(keep_in_place: bool, auth: Option<Arc<djinn_auth::Authenticator>
         peers: Arc::clone(&pushes) as Arc<dyn Peers>,
         handle_ttl: TIMEOUT,
         parked_ttl: TIMEOUT,
+        session_idle_ttl: TIMEOUT,
     };
-    let (replier, _) = Replier::new(Arc::new(|| {}));
+    let (replier, sent) = Replier::new(Arc::new(|| {}));
     Harness {
         core: NodeCore::new(device.clone(), options, Recorder::default()),
         device,
         host,
         pushes,
         replier,
+        sent,
         next_request: 1,
         now: Instant::now(),
     }
@@ -254,9 +264,9 @@ fn a_registration_is_its_connections_and_goes_when_it_closes_or_falls_quiet() {
     assert_eq!(error_of(h.request(ModelMessage::RegisterCommit { upload }, &[])).0, ErrorCode::NotFound);
 
     let upload = begin(&mut h, &[1; 8]);
-    h.core.expire(h.now + TIMEOUT / 2);
+    h.core.expire(h.now + TIMEOUT / 2, &h.replier);
     assert!(h.host.used() > 0, "not quiet long enough yet");
-    h.core.expire(h.now + TIMEOUT);
+    h.core.expire(h.now + TIMEOUT, &h.replier);
     assert_eq!(h.host.used(), 0);
     assert_eq!(error_of(h.request(ModelMessage::RegisterCommit { upload }, &[])).0, ErrorCode::NotFound);
     assert!(h.jobs().is_empty());
@@ -410,7 +420,7 @@ fn what_the_executor_keeps_is_recorded_charged_and_freed_by_the_core() {
     assert!(h.jobs().is_empty());
     // Unused past the idle time limit: its record goes and the executor frees it.
     assert!(h.core.next_expiry().is_some_and(|at| at <= h.now + TIMEOUT / 4), "swept four times per limit");
-    h.core.expire(h.now + TIMEOUT);
+    h.core.expire(h.now + TIMEOUT, &h.replier);
     assert_eq!(h.core.executor.freed, [2, 3, 1]);
     assert_eq!((h.device.used(), h.core.next_expiry()), (0, None), "nothing left to expire");
 }
@@ -459,11 +469,111 @@ fn session_open(fingerprint: Fingerprint) -> Reply {
     Reply { message: open.into(), tensors: vec![Arc::new(vec![1u8; 8]) as SharedBytes] }
 }
 
+/// Opens session `id` of a model, as the executor answers: what the core then knows of it.
+fn open_session(h: &mut Harness, id: u64) -> Handle {
+    let open = SessionMessage::Open { fingerprint: Fingerprint::of_blocks(&[b"m"]), state: vec![], reserve: 0 };
+    assert!(h.request(open, &[]).is_none());
+    let session = Handle { epoch: EPOCH, id };
+    let opened = h.answer(Reply::message(SessionMessage::Opened { session })).expect("the answer goes");
+    assert_eq!(opened.message, Message::Session(SessionMessage::Opened { session }));
+    session
+}
+
+fn step(session: Handle) -> SessionMessage {
+    SessionMessage::Step { session, tensors: vec![], inputs: vec![], until: None }
+}
+
+fn stepped() -> Reply {
+    Reply::message(ModelMessage::ExecuteReply { tensors: vec![], output: Value::None, kept: vec![] })
+}
+
+/// The requests the core answered through its replier, in order, with the answers.
+fn sent(h: &Harness) -> Vec<(u64, Message)> {
+    h.sent
+        .try_iter()
+        .map(|(to, answer)| match answer {
+            Answer::Reply(reply) => (to.request_id, reply.message),
+            Answer::Executed(e) => panic!("the core sent an executor's answer: {e:?}"),
+        })
+        .collect()
+}
+
+#[test]
+fn a_sessions_requests_reach_the_executor_one_at_a_time_and_a_parked_step_holds_the_rest() {
+    let mut h = harness(false);
+    let session = open_session(&mut h, 3);
+    let other =
+        ReplyTo { slot: 0, conn_id: 2, request_id: 1, tenant: TenantId(2), operator: false, torchscript: false };
+    let refused =
+        h.core.handle(Frame { request_id: 1, message: step(session).into(), payload: None }, other, &h.replier, h.now);
+    assert_eq!(error_of(refused).0, ErrorCode::NotFound, "another tenant's session is unknown to it");
+    let stale = Handle { epoch: EPOCH + 1, id: 3 };
+    assert_eq!(error_of(h.request(step(stale), &[])).0, ErrorCode::StaleHandle);
+
+    // The first step goes; the second waits for it, and a signal is acknowledged at once.
+    assert!(h.request(step(session), &[]).is_none());
+    assert!(h.request(step(session), &[]).is_none());
+    let signal = SessionMessage::Signal { session, signal: djinn_proto::Signal::Compute };
+    let acked = h.request(signal, &[]).expect("a signal is acknowledged when it comes");
+    assert_eq!(acked.message, Message::Session(SessionMessage::Signaled));
+    assert!(matches!(h.jobs(), [(Job::Step { .. }, _)]), "{:?}", h.jobs());
+
+    // The first parks: the second waits on until the parked step ends.
+    let parked = Handle { epoch: EPOCH, id: 4 };
+    let paused = BreakpointMessage::Paused { parked, block: 0, tensors: vec![], activation: None };
+    assert!(h.answer(Reply::message(paused)).is_some());
+    assert!(h.jobs().is_empty());
+    let resume = BreakpointMessage::Resume { parked, tensors: vec![], activation: None, until: None };
+    assert!(h.request(resume, &[]).is_none());
+    assert!(matches!(h.jobs(), [(Job::Resume { .. }, _)]));
+    assert!(h.answer(stepped()).is_some());
+    assert!(matches!(h.jobs(), [(Job::Step { .. }, _)]), "the step ended: the next goes");
+    assert!(h.answer(stepped()).is_some());
+    // The signal runs in its turn; its answer goes to no one.
+    assert!(matches!(h.jobs(), [(Job::Signal { .. }, _)]));
+    assert!(h.answer(Reply::message(SessionMessage::Signaled)).is_none());
+
+    // A close refuses what came after it once it is done.
+    assert!(h.request(SessionMessage::Close { session }, &[]).is_none());
+    assert!(h.request(step(session), &[]).is_none());
+    let queued = h.next_request - 1;
+    let closed = h.answer(Reply::message(SessionMessage::Closed)).expect("the close is answered");
+    assert_eq!(closed.message, Message::Session(SessionMessage::Closed));
+    assert!(h.jobs().is_empty(), "what waited reached no executor");
+    assert!(
+        matches!(sent(&h).as_slice(), [(id, Message::Data(DataMessage::Error { code: ErrorCode::NotFound, .. }))] if *id == queued)
+    );
+    assert_eq!(error_of(h.request(step(session), &[])).0, ErrorCode::NotFound);
+}
+
+#[test]
+fn a_sessions_parked_step_that_lapses_is_aborted_in_its_turn_and_idle_sessions_are_freed() {
+    let mut h = harness(false);
+    let session = open_session(&mut h, 3);
+    let idle = open_session(&mut h, 8);
+    let until = Some(Breakpoint { block: 0, send_activation: false });
+    let parks = SessionMessage::Step { session, tensors: vec![], inputs: vec![], until };
+    assert!(h.request(parks, &[]).is_none());
+    let parked = Handle { epoch: EPOCH, id: 4 };
+    let paused = BreakpointMessage::Paused { parked, block: 0, tensors: vec![], activation: None };
+    assert!(h.answer(Reply::message(paused)).is_some());
+    assert!(h.request(step(session), &[]).is_none());
+    assert!(h.jobs().is_empty(), "the step waits for the parked one");
+
+    h.core.expire(h.now + TIMEOUT + TIMEOUT / 4, &h.replier);
+    assert!(h.core.executor.unparked.is_empty(), "a session's step is not freed out of its turn");
+    assert!(matches!(h.jobs(), [(Job::Abort { parked: p }, _)] if *p == parked));
+    assert_eq!(h.core.executor.closed, vec![8], "the idle session is freed, the parked one is not");
+    assert!(h.answer(Reply::message(BreakpointMessage::Aborted)).is_none(), "the core's abort answers no one");
+    assert!(matches!(h.jobs(), [(Job::Step { .. }, _)]), "the step that waited goes");
+    assert_eq!(error_of(h.request(step(idle), &[])).0, ErrorCode::NotFound);
+}
+
 #[test]
 fn a_session_moves_through_the_core_and_the_executor_ends_the_move_as_the_peer_answered() {
     let mut h = harness(false);
     let fingerprint = Fingerprint::of_blocks(&[b"m"]);
-    let session = Handle { epoch: EPOCH, id: 3 };
+    let session = open_session(&mut h, 3);
     let moves = |to: &str| SessionMessage::Move { session, to: to.into(), grant: "g".into() };
 
     // Opened there: the executor is told where the session went.
@@ -481,9 +591,18 @@ fn a_session_moves_through_the_core_and_the_executor_ends_the_move_as_the_peer_a
     assert!(h.core.complete(to, opened.into(), &h.replier, h.now).is_none(), "the executor answers the move");
     let (Job::EndMove { session: s, moved }, _) = &h.jobs()[0] else { panic!("not the move's end") };
     assert_eq!((*s, moved.clone()), (session, Ok(("peer:1".to_owned(), there))));
-    h.core.executor.jobs.clear();
+    // What came meanwhile waits, a signal too, and is told where the session went.
+    assert!(h.request(step(session), &[]).is_none());
+    assert!(h.request(SessionMessage::Signal { session, signal: djinn_proto::Signal::Compute }, &[]).is_none());
+    let went = Message::Session(SessionMessage::Moved { to: "peer:1".into(), session: there });
+    assert_eq!(h.answer(Reply::message(went.clone())).map(|r| r.message), Some(went.clone()));
+    assert_eq!(sent(&h).into_iter().map(|(_, m)| m).collect::<Vec<_>>(), [went.clone(), went.clone()]);
+    assert_eq!(h.request(step(session), &[]).map(|r| r.message), Some(went), "and so is what comes later");
+    assert!(h.jobs().is_empty());
 
-    // Refused there: the executor is told why, for the client.
+    // Refused there: the executor is told why, for the client, and the session goes on.
+    let session = open_session(&mut h, 5);
+    let moves = |to: &str| SessionMessage::Move { session, to: to.into(), grant: "g".into() };
     assert!(h.request(moves("peer:2"), &[]).is_none());
     assert!(h.answer(session_open(fingerprint)).is_none());
     let (_, _, _, to) = h.pushes.1.lock().unwrap().pop().expect("the session sent to the peer");
@@ -491,7 +610,10 @@ fn a_session_moves_through_the_core_and_the_executor_ends_the_move_as_the_peer_a
     assert!(h.core.complete(to, refused.into(), &h.replier, h.now).is_none());
     let (Job::EndMove { moved, .. }, _) = &h.jobs()[0] else { panic!("not the move's end") };
     assert_eq!(moved.clone(), Err((ErrorCode::Forbidden, "no grant".to_owned())));
-    h.core.executor.jobs.clear();
+    assert!(h.request(step(session), &[]).is_none());
+    assert_eq!(error_of(h.answer(Reply::error(ErrorCode::Forbidden, "no grant"))).0, ErrorCode::Forbidden);
+    assert!(matches!(h.jobs(), [(Job::Step { .. }, _)]), "the step that waited goes");
+    assert!(h.answer(stepped()).is_some());
 
     // The executor could not ready it: its refusal is the answer, and nothing reaches a peer.
     assert!(h.request(moves("peer:3"), &[]).is_none());
@@ -503,9 +625,9 @@ fn a_session_moves_through_the_core_and_the_executor_ends_the_move_as_the_peer_a
 #[test]
 fn a_request_numbered_as_one_still_under_way_is_refused_and_takes_nothing_over() {
     let mut h = harness(false);
-    let session = Handle { epoch: EPOCH, id: 3 };
-    let to = ReplyTo { slot: 0, conn_id: 1, request_id: 7, tenant: ALICE, operator: false, torchscript: false };
-    let frame = |message: Message| Frame { request_id: 7, message, payload: None };
+    let session = open_session(&mut h, 3);
+    let to = ReplyTo { slot: 0, conn_id: 1, request_id: 70, tenant: ALICE, operator: false, torchscript: false };
+    let frame = |message: Message| Frame { request_id: 70, message, payload: None };
     let moving = SessionMessage::Move { session, to: "peer:1".into(), grant: "g".into() };
     assert!(h.core.handle(frame(moving.into()), to, &h.replier, h.now).is_none());
     let again = h.core.handle(frame(SessionMessage::List { after: 0 }.into()), to, &h.replier, h.now);
@@ -609,9 +731,9 @@ fn parked_requests_are_checked_by_the_core_before_the_executor_and_freed_when_th
     assert!(h.answer(answer).is_some());
     let due = h.core.next_expiry().expect("a sweep due for what is parked");
     assert!(due <= h.now + TIMEOUT / 4, "swept four times per limit");
-    h.core.expire(h.now + TIMEOUT / 2);
+    h.core.expire(h.now + TIMEOUT / 2, &h.replier);
     assert!(h.core.executor.unparked.is_empty(), "not yet");
-    h.core.expire(h.now + TIMEOUT + TIMEOUT / 4);
+    h.core.expire(h.now + TIMEOUT + TIMEOUT / 4, &h.replier);
     assert_eq!(h.core.executor.unparked, vec![5]);
     let (_, message) = error_of(h.request(BreakpointMessage::Abort { parked: lapsing }, &[]));
     assert!(message.contains("released after its time limit"), "{message}");

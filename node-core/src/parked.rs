@@ -60,6 +60,16 @@ struct Record {
     tenant: TenantId,
     /// When it was parked: it is released a time limit later.
     parked_at: Instant,
+    /// The session whose step it is, if it is one (the session's later requests wait for it).
+    session: Option<u64>,
+}
+
+/// A parked request's record as a resume takes it: put back as it was when the request is
+/// parked still.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Taken {
+    pub parked_at: Instant,
+    pub session: Option<u64>,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -102,12 +112,13 @@ impl ParkedRecords {
     }
 
     /// Records a request the executor parked for `tenant` (a `Paused` answer to an execution,
-    /// a step or a resume). A handle of another life, or one recorded already, changes nothing.
-    pub fn record(&mut self, tenant: TenantId, parked: Handle, now: Instant) {
+    /// a step of `session` or a resume). A handle of another life, or one recorded already,
+    /// changes nothing.
+    pub fn record(&mut self, tenant: TenantId, parked: Handle, session: Option<u64>, now: Instant) {
         if parked.epoch != self.epoch || self.records.contains_key(&parked.id) {
             return;
         }
-        self.records.insert(parked.id, Record { tenant, parked_at: now });
+        self.records.insert(parked.id, Record { tenant, parked_at: now, session });
         self.counters.parked += 1;
     }
 
@@ -126,26 +137,28 @@ impl ParkedRecords {
     }
 
     /// Ends `tenant`'s parked request as it is resumed or aborted: a second resume or abort is
-    /// told how it ended. Its id.
-    pub fn end(&mut self, tenant: TenantId, parked: Handle, how: Ended) -> Result<u64, ParkedError> {
+    /// told how it ended. What its record was.
+    pub fn end(&mut self, tenant: TenantId, parked: Handle, how: Ended) -> Result<Taken, ParkedError> {
         let id = self.check(tenant, parked)?;
+        let taken = self.records.get(&id).map(|r| Taken { parked_at: r.parked_at, session: r.session });
         self.forget(id, how);
-        Ok(id)
+        taken.ok_or(ParkedError::Unknown { parked, ttl: self.ttl })
     }
 
     /// A resume left the request parked (its activation was refused, or its blocks failed
     /// before they ran): it may be resumed again, within the time limit it had.
-    pub fn put_back(&mut self, tenant: TenantId, parked: Handle, parked_at: Instant) {
+    pub fn put_back(&mut self, tenant: TenantId, parked: Handle, taken: Taken) {
         if self.ended.remove(&parked.id).is_some() {
             self.ended_order.retain(|&id| id != parked.id);
             self.counters.resumed = self.counters.resumed.saturating_sub(1);
         }
-        self.records.insert(parked.id, Record { tenant, parked_at });
+        let Taken { parked_at, session } = taken;
+        self.records.insert(parked.id, Record { tenant, parked_at, session });
     }
 
-    /// When `tenant`'s request `parked` was parked (what a put-back keeps).
-    pub fn parked_at(&self, parked: Handle) -> Option<Instant> {
-        self.records.get(&parked.id).map(|r| r.parked_at)
+    /// The epoch of the handles it records.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
     }
 
     /// When [`Self::expire`] is next due, while anything is parked.
@@ -154,20 +167,20 @@ impl ParkedRecords {
     }
 
     /// Ends the requests parked past the time limit by `now`, once a sweep is due: the ids of
-    /// the runs to free.
-    pub fn expire(&mut self, now: Instant) -> Vec<u64> {
+    /// the runs to free, each with the session whose step it is, if it is one.
+    pub fn expire(&mut self, now: Instant) -> Vec<(u64, Option<u64>)> {
         if now < self.next_sweep {
             return Vec::new();
         }
         self.next_sweep = now + crate::sweep_every(self.ttl);
         let ttl = self.ttl;
-        let lapsed: Vec<u64> = self
+        let lapsed: Vec<(u64, Option<u64>)> = self
             .records
             .iter()
             .filter(|(_, r)| now.saturating_duration_since(r.parked_at) >= ttl)
-            .map(|(&id, _)| id)
+            .map(|(&id, r)| (id, r.session))
             .collect();
-        for &id in &lapsed {
+        for &(id, _) in &lapsed {
             self.forget(id, Ended::Expired);
         }
         if !lapsed.is_empty() {
@@ -223,12 +236,13 @@ mod tests {
     fn a_parked_request_is_its_tenants_used_once_and_told_apart_once_ended() {
         let now = Instant::now();
         let mut p = ParkedRecords::new(7, TTL, now);
-        p.record(ALICE, handle(1), now);
+        p.record(ALICE, handle(1), Some(9), now);
         assert_eq!(p.check(ALICE, handle(1)), Ok(1));
         assert_eq!(p.check(BOB, handle(1)), Err(ParkedError::Unknown { parked: handle(1), ttl: TTL }));
         assert!(matches!(p.check(ALICE, Handle { epoch: 8, id: 1 }), Err(ParkedError::Stale { current: 7, .. })));
         assert_eq!(p.end(BOB, handle(1), Ended::Aborted).unwrap_err().code(), ErrorCode::NotFound);
-        assert_eq!(p.end(ALICE, handle(1), Ended::Resumed), Ok(1));
+        let taken = p.end(ALICE, handle(1), Ended::Resumed).unwrap();
+        assert_eq!(taken, Taken { parked_at: now, session: Some(9) });
         let again = p.end(ALICE, handle(1), Ended::Aborted).unwrap_err();
         assert_eq!(again, ParkedError::Ended { parked: handle(1), how: Ended::Resumed });
         assert!(again.to_string().contains("already resumed"), "{again}");
@@ -236,8 +250,8 @@ mod tests {
         assert!(matches!(p.check(BOB, handle(1)), Err(ParkedError::Unknown { .. })));
 
         // A resume that left it parked: resumable again, and counted once.
-        p.put_back(ALICE, handle(1), now);
-        assert_eq!(p.end(ALICE, handle(1), Ended::Resumed), Ok(1));
+        p.put_back(ALICE, handle(1), taken);
+        assert_eq!(p.end(ALICE, handle(1), Ended::Resumed), Ok(taken));
         let mut stats = Vec::new();
         p.stats(&mut stats);
         assert!(stats.contains(&("parked_resumed".into(), 1)) && stats.contains(&("parked".into(), 0)), "{stats:?}");
@@ -248,16 +262,16 @@ mod tests {
         let start = Instant::now();
         let mut p = ParkedRecords::new(7, TTL, start);
         assert_eq!(p.next_sweep(), None, "nothing parked: no sweep to wake for");
-        p.record(ALICE, handle(1), start);
-        p.record(BOB, handle(2), start + TTL / 2);
-        assert_eq!(p.expire(start + TTL / 8), Vec::<u64>::new(), "no sweep due yet");
-        assert_eq!(p.expire(start + TTL - Duration::from_millis(1)), Vec::<u64>::new());
+        p.record(ALICE, handle(1), None, start);
+        p.record(BOB, handle(2), Some(4), start + TTL / 2);
+        assert_eq!(p.expire(start + TTL / 8), [], "no sweep due yet");
+        assert_eq!(p.expire(start + TTL - Duration::from_millis(1)), []);
         let at = p.next_sweep().expect("a sweep due");
         assert!(at <= start + TTL + TTL / 4, "{:?} after the start", at - start);
-        assert_eq!(p.expire(start + TTL + TTL / 4), vec![1]);
+        assert_eq!(p.expire(start + TTL + TTL / 4), [(1, None)]);
         assert_eq!(p.check(ALICE, handle(1)), Err(ParkedError::Ended { parked: handle(1), how: Ended::Expired }));
         assert_eq!(p.check(BOB, handle(2)), Ok(2));
-        assert_eq!(p.expire(start + 2 * TTL), vec![2]);
+        assert_eq!(p.expire(start + 2 * TTL), [(2, Some(4))]);
         assert_eq!(p.next_sweep(), None);
     }
 
@@ -267,7 +281,7 @@ mod tests {
         let mut p = ParkedRecords::new(7, TTL, now);
         let n = ENDED_REMEMBERED as u64 + 10;
         for id in 1..=n {
-            p.record(ALICE, handle(id), now);
+            p.record(ALICE, handle(id), None, now);
             p.end(ALICE, handle(id), Ended::Aborted).unwrap();
         }
         assert_eq!(p.ended.len(), ENDED_REMEMBERED);

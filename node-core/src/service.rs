@@ -43,8 +43,9 @@ pub trait Service {
     fn on_disconnect(&mut self, _connection: u64) {}
     /// Called on the poller's timeout tick (a few times a second at most, while connections
     /// are open) and by [`Self::next_expiry`]: what the service keeps past its time (an upload
-    /// gone quiet, a kept tensor unused) can go.
-    fn expire(&mut self, _now: Instant) {}
+    /// gone quiet, a kept tensor unused) can go, and what waited for it may be handed on
+    /// (answered through `replier`).
+    fn expire(&mut self, _now: Instant, _replier: &Replier) {}
     /// When the service next has something to expire, connections open or not.
     fn next_expiry(&self) -> Option<Instant> {
         None

@@ -348,7 +348,6 @@ pub fn run(args: NodeArgs, auth: Option<Arc<Authenticator>>) -> Result<()> {
             policy: args.session_policy,
             budget: args.session_budget.map_or(budget.limit() / 4, |b| b.0),
             host_pool: args.session_host_pool.map_or(host_limit / 4, |b| b.0),
-            idle_ttl: seconds("--session-idle-timeout", args.session_idle_timeout)?,
         },
         execute_deadline: match args.execute_deadline {
             0.0 => None,
@@ -369,6 +368,7 @@ pub fn run(args: NodeArgs, auth: Option<Arc<Authenticator>>) -> Result<()> {
         peers,
         handle_ttl: seconds("--handle-ttl", args.handle_ttl)?,
         parked_ttl: seconds("--parked-ttl", args.parked_ttl)?,
+        session_idle_ttl: seconds("--session-idle-timeout", args.session_idle_timeout)?,
     };
     let service = NodeCore::new(budget.clone(), core, executor);
     let tls = match (&args.tls_cert, &args.tls_key) {

@@ -79,7 +79,7 @@ impl Service for Answers {
         (answer.reply.message != Message::Data(DataMessage::Pong)).then_some(answer.reply)
     }
 
-    fn expire(&mut self, now: Instant) {
+    fn expire(&mut self, now: Instant, _: &Replier) {
         self.expired.push(now);
         self.expiry = None;
     }

@@ -451,7 +451,7 @@ impl<S: Service> Core<S> {
             self.next_deadline_check = self.now + self.timeout_check_every();
         }
         if self.service.next_expiry().is_some_and(|at| self.now >= at) {
-            self.service.expire(self.now);
+            self.service.expire(self.now, &self.replier);
         }
         Turn { resume_reads, check_deadlines }
     }
@@ -644,7 +644,7 @@ impl<S: Service> Core<S> {
 
     /// The backends' timeout tick: the service's expiries, then memory back to the system.
     pub fn on_tick(&mut self, now: Instant) {
-        self.service.expire(now);
+        self.service.expire(now, &self.replier);
         self.trim_memory(now);
     }
 

@@ -154,4 +154,7 @@ impl Executor for FakeExecutor {
 
     /// It parks nothing: it runs no breakpoints.
     fn free_parked(&mut self, _: &[u64]) {}
+
+    /// It opens no session.
+    fn free_sessions(&mut self, _: &[u64]) {}
 }

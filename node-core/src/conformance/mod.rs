@@ -64,6 +64,7 @@ impl<E: Executor> Client<E> {
             peers: Arc::new(NoPeers),
             handle_ttl: HANDLE_TTL,
             parked_ttl: HANDLE_TTL,
+            session_idle_ttl: HANDLE_TTL,
         };
         let (replier, replies) = Replier::new(Arc::new(|| {}));
         let now = Instant::now();
@@ -278,7 +279,7 @@ fn outputs_are_kept_until_released_or_expired<E: Executor>(c: &mut Client<E>, id
     c.now += HANDLE_TTL / 2;
     assert_eq!(bytes(&c.ask(KeptMessage::Fetch { handle: first }, &[]), 0), input);
     c.now += HANDLE_TTL / 2 + HANDLE_TTL / 4;
-    c.core.expire(c.now);
+    c.core.expire(c.now, &c.replier);
     assert_eq!((c.stat("handles"), c.stat("handles_expired"), c.stat("executor_kept_tensors")), (1, 1, 1));
     let gone = c.ask(KeptMessage::Fetch { handle: second }, &[]);
     assert_eq!(error_code(&gone), Some(ErrorCode::NotFound));
