@@ -375,16 +375,27 @@ fn work(scheduler: &Scheduler, shared: &Shared) {
     let Shared { device, models, kept, sessions, counters, .. } = shared;
     let device = *device;
     while let Some((tenant, Envelope { job, reply })) = next_job(scheduler) {
+        // Jobs that answer no request: a panic in one is logged, and the worker goes on.
+        let quiet = |f: &dyn Fn()| {
+            if let Err(e) = caught(|| {
+                f();
+                Ok(())
+            }) {
+                tracing::warn!(error = %e, "a session's restore or release failed");
+            }
+            counters.queued.fetch_sub(1, Ordering::Relaxed);
+        };
         let job = match job {
             Work::Restore { id } => {
-                sessions.table.locked().restore_ahead(id);
-                counters.queued.fetch_sub(1, Ordering::Relaxed);
+                quiet(&|| sessions.table.locked().restore_ahead(id));
                 continue;
             }
             Work::FreeSessions { ids } => {
-                let states = sessions.table.locked().expire(&ids);
-                drop(states);
-                counters.queued.fetch_sub(1, Ordering::Relaxed);
+                quiet(&|| {
+                    // Their states are freed after the table's lock is let go.
+                    let states = sessions.table.locked().expire(&ids);
+                    drop(states);
+                });
                 continue;
             }
             job => job,
