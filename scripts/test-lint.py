@@ -19,7 +19,7 @@ from pathlib import Path
 
 ROOT = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().parent.parent).resolve()
 HANG_GUARD_SECONDS = 10
-RUST_DIRS = ["tests", "auth", "memory", "proto", "dataplane", "gpudirect", "graph", "executor", "control",
+RUST_DIRS = ["tests", "auth", "memory", "proto", "supervisor", "dataplane", "gpudirect", "graph", "executor", "control",
              "client-lib", "node", "tools", "bench", "sync", "shm"]
 
 # --- Rust ---------------------------------------------------------------------------------------

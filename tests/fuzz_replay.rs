@@ -38,6 +38,7 @@ macro_rules! targets {
 
 targets! {
     control_api: "../fuzz/targets/control_api.rs",
+    executor_link: "../fuzz/targets/executor_link.rs",
     frame_reader: "../fuzz/targets/frame_reader.rs",
     graph_decode: "../fuzz/targets/graph_decode.rs",
     graph_exec: "../fuzz/targets/graph_exec.rs",

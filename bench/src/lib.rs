@@ -13,6 +13,7 @@ mod push;
 mod rdma;
 mod report;
 mod resume;
+mod shm;
 mod soak;
 mod stream;
 mod tcp;
@@ -34,6 +35,7 @@ pub use plan::PlanArgs;
 pub use push::PushArgs;
 pub use rdma::RdmaArgs;
 pub use resume::ResumeArgs;
+pub use shm::{ShmArgs, ShmPeerArgs, run_peer as run_shm_peer};
 pub use soak::SoakArgs;
 pub use stream::StreamArgs;
 pub use tcp::TcpArgs;
@@ -81,6 +83,9 @@ pub enum BenchCommand {
     /// disconnects against two nodes, one killed and restarted: the share of valid requests to
     /// the other that succeeded, wrong results, untyped failures and its memory afterwards.
     Soak(SoakArgs),
+    /// A message echoed by a child process through shared-memory rings (how the node speaks
+    /// to executor processes), 64 B to 1 MiB, against a Unix socketpair to the same child.
+    Shm(ShmArgs),
 }
 
 pub fn run(command: BenchCommand) -> Result<()> {
@@ -98,6 +103,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
         BenchCommand::Agents(args) => agents::run(args),
         BenchCommand::Resume(args) => resume::run(args),
         BenchCommand::Soak(args) => soak::run(args),
+        BenchCommand::Shm(args) => shm::run(args),
     }
 }
 

@@ -6,6 +6,8 @@ use djinn_executor::tch::{CModule, Device, Kind, Tensor};
 use djinn_executor::{ExecutorOptions, Policy, SessionOptions, TorchExecutor};
 use djinn_memory::MemoryBudget;
 use djinn_node_core::conformance;
+use djinn_supervisor::{LinkSizes, ProcessExecutor};
+use std::time::Duration;
 
 /// A TorchScript module whose forward returns its one input, as the archive a client uploads.
 fn identity_archive() -> Vec<u8> {
@@ -37,4 +39,31 @@ fn executor() -> (TorchExecutor, MemoryBudget) {
 #[test]
 fn the_real_executor_passes_the_conformance_suite() {
     conformance::run(executor, &identity_archive());
+}
+
+/// The same executor in a process of its own (this test binary again, running the ignored
+/// `child_serves_the_real_executor`), its jobs and answers crossing the shared-memory link.
+#[test]
+fn the_real_executor_passes_the_conformance_suite_in_a_process_of_its_own() {
+    let make = || {
+        let mut child = std::process::Command::new(std::env::current_exe().expect("this test binary"));
+        child
+            .args(["--exact", "child_serves_the_real_executor", "--include-ignored", "--nocapture"])
+            .env("DJINN_EXECUTOR_TEST_CHILD", "1");
+        let sizes = LinkSizes { messages: 1 << 20, bulk: 16 << 20 };
+        let executor = ProcessExecutor::start(child, sizes, Duration::from_secs(120)).expect("the child is ready");
+        (executor, MemoryBudget::new(1 << 30))
+    };
+    conformance::run(make, &identity_archive());
+}
+
+#[test]
+#[ignore = "the child process of the_real_executor_passes_the_conformance_suite_in_a_process_of_its_own"]
+fn child_serves_the_real_executor() {
+    assert!(std::env::var_os("DJINN_EXECUTOR_TEST_CHILD").is_some(), "started by the parent test");
+    // SAFETY: the parent placed the link's region there for this process to own, and nothing
+    // else here uses it.
+    let fd = unsafe { djinn_shm::inherited(djinn_supervisor::LINK_FD) }.expect("the link's descriptor");
+    let served = djinn_supervisor::serve(fd, executor().0);
+    panic!("the link broke: {served:?}");
 }

@@ -197,6 +197,12 @@ impl AsRef<[u8]> for HostBuf {
     }
 }
 
+impl AsMut<[u8]> for HostBuf {
+    fn as_mut(&mut self) -> &mut [u8] {
+        self.as_mut_slice()
+    }
+}
+
 impl fmt::Debug for HostBuf {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HostBuf")

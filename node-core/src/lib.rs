@@ -24,6 +24,7 @@ pub mod conformance;
 mod grants;
 mod jobs;
 mod kept;
+pub mod link;
 mod local;
 mod node;
 mod parked;

@@ -75,6 +75,11 @@ impl Archives {
         Ok(())
     }
 
+    /// The chunks as they arrived, in order (to pass the archives on to another process).
+    pub fn into_chunks(self) -> Vec<Payload> {
+        self.chunks
+    }
+
     /// Checks that every byte arrived and that they hash to the announced fingerprint.
     pub fn verify(&self) -> Result<(), ArchiveError> {
         if self.received != self.total {

@@ -39,6 +39,9 @@ pub enum ErrorCode {
     GraphRefused,
     /// The request ran past the node's limit on one execution, and was ended.
     DeadlineExceeded,
+    /// The executor process that held the request (and what the tenant kept on its device)
+    /// ended before it answered: killed, crashed, or out of memory. The message says why.
+    ExecutorLost,
     /// A code this build does not know (sent by a newer peer).
     Other(u16),
 }
@@ -73,6 +76,7 @@ impl ErrorCode {
             Self::QuotaExceeded => 25,
             Self::GraphRefused => 26,
             Self::DeadlineExceeded => 27,
+            Self::ExecutorLost => 28,
             Self::Other(code) => code,
         }
     }
@@ -106,6 +110,7 @@ impl ErrorCode {
             25 => Self::QuotaExceeded,
             26 => Self::GraphRefused,
             27 => Self::DeadlineExceeded,
+            28 => Self::ExecutorLost,
             other => Self::Other(other),
         }
     }

@@ -26,6 +26,12 @@ pub use message::kept::{HandleInfo, KeptEntry, KeptKind, KeptMessage, TensorSour
 pub use message::models::{Fingerprint, ModelInfo, ModelKind, ModelMessage};
 pub use message::sessions::{SessionEntry, SessionKind, SessionMessage, Signal};
 pub use message::{Kind, Message};
+
+/// The protocol's field encodings, for codecs built on its types (the node's link to its
+/// executor processes).
+pub mod fields {
+    pub use crate::message::wire::{Reader, Writer};
+}
 pub use tensor::{DType, TENSOR_ALIGN, TensorDesc, check_tensor_lens, paddings, payload_layout, payload_len};
 pub use value::{Handle, MAX_VALUE_DEPTH, Value};
 

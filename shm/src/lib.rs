@@ -7,12 +7,17 @@
 //! garbage there gets [`RingError::Corrupt`] from its peer, never a read outside the ring; and
 //! a message is copied out of the ring before anyone decodes it, so its bytes cannot change
 //! under the decoder.
+//!
+//! The other process is started by exec with the region's descriptor at a known number
+//! ([`spawn_with_fds`], [`inherited`]).
 
+mod child;
 mod region;
 mod ring;
 
+pub use child::{inherited, spawn_with_fds};
 pub use region::Region;
-pub use ring::{Consumer, Producer, RING_HEADER, RingError, ring_len};
+pub use ring::{Consumer, DEFAULT_SPIN, Producer, RING_HEADER, RingError, ring_len};
 
 /// Why a region could not be made or mapped.
 #[derive(Debug, thiserror::Error)]

@@ -68,6 +68,27 @@ impl Region {
         self.len == 0
     }
 
+    /// Copies `bytes` into the region at `offset`: false, and nothing written, when they do not
+    /// fit. For what both sides read once (a layout), not for what they share as it changes.
+    pub fn write(&self, offset: usize, bytes: &[u8]) -> bool {
+        if offset.checked_add(bytes.len()).is_none_or(|end| end > self.len) {
+            return false;
+        }
+        // SAFETY: within the mapping (checked above); the region's memory is plain bytes.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.at(offset), bytes.len()) };
+        true
+    }
+
+    /// Copies bytes of the region from `offset` into `out`: false when they lie past its end.
+    pub fn read(&self, offset: usize, out: &mut [u8]) -> bool {
+        if offset.checked_add(out.len()).is_none_or(|end| end > self.len) {
+            return false;
+        }
+        // SAFETY: within the mapping (checked above); copied out, never referenced.
+        unsafe { std::ptr::copy_nonoverlapping(self.at(offset), out.as_mut_ptr(), out.len()) };
+        true
+    }
+
     /// The address `offset` bytes in; the caller keeps within `len`.
     pub(crate) fn at(&self, offset: usize) -> *mut u8 {
         debug_assert!(offset <= self.len);

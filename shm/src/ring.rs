@@ -1,7 +1,8 @@
 //! A single-producer single-consumer ring of messages in a shared region.
 //!
 //! Layout, at the ring's offset in its region: a header of three cache lines (the producer's
-//! position, the consumer's position, and the wake-up word with its waiter flag), then the data.
+//! position; the consumer's position with the word a producer waiting for room sleeps on and
+//! its flag; the word the consumer sleeps on and its flag), then the data.
 //! Positions count bytes ever written or consumed; each side keeps its own position to itself
 //! and only publishes it, so a peer that writes garbage into the header can make the other side
 //! see a corrupt ring but never make it read or write outside it. A message is an 8-byte record
@@ -11,7 +12,8 @@
 //!
 //! The consumer sleeps on a futex shared between the processes (not a private one) after a
 //! short spin; the producer bumps the wake-up word after each message and calls into the kernel
-//! only when the consumer said it sleeps.
+//! only when the consumer said it sleeps. A producer that finds the ring full sleeps the same
+//! way on the consumer's word, which the consumer bumps as it gives room back.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -27,15 +29,17 @@ pub const RING_HEADER: usize = 3 * LINE;
 const LINE: usize = 64;
 const TAIL: usize = 0;
 const HEAD: usize = LINE;
+const ROOM: usize = LINE + 8;
+const ROOM_WAITING: usize = LINE + 12;
 const WAKE: usize = 2 * LINE;
 const WAITING: usize = 2 * LINE + 4;
 /// A record's header: the message's length (u32), then 4 bytes unused.
 const RECORD: usize = 8;
 /// The length a skip record carries.
 const SKIP: u32 = u32::MAX;
-/// How long a consumer polls before it sleeps: a message that comes in that window costs no
-/// wake-up.
-const SPIN: Duration = Duration::from_micros(50);
+/// How long a consumer polls before it sleeps, unless told otherwise
+/// ([`Consumer::set_spin`]): a message that comes in that window costs no wake-up.
+pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
 
 /// The bytes a ring takes whose largest message is `max_message` bytes and which holds about
 /// `messages` of them at once.
@@ -55,6 +59,10 @@ pub enum RingError {
     TooLarge { len: usize, max: usize },
     #[error("the ring is full: {free} bytes free, {need} needed")]
     Full { free: usize, need: usize },
+    /// [`Consumer::pop_with`]'s caller gave a buffer of another length than the message's (the
+    /// message stays in the ring).
+    #[error("a buffer of {got} bytes for a message of {len}")]
+    WrongBuffer { len: usize, got: usize },
     /// The peer wrote what no well-behaved peer writes: the ring is not to be used again.
     #[error("the ring's shared state is corrupt: {0}")]
     Corrupt(&'static str),
@@ -107,6 +115,14 @@ impl Place {
         self.u32_at(WAITING)
     }
 
+    fn room(&self) -> &AtomicU32 {
+        self.u32_at(ROOM)
+    }
+
+    fn room_waiting(&self) -> &AtomicU32 {
+        self.u32_at(ROOM_WAITING)
+    }
+
     /// The address of data byte `at` (at most `capacity`: the end, for a copy of nothing).
     fn data(&self, at: usize) -> *mut u8 {
         debug_assert!(at <= self.capacity);
@@ -126,6 +142,8 @@ fn init(region: &Arc<Region>, offset: usize, len: usize) -> Result<Place, ShmErr
     place.head().store(0, Ordering::SeqCst);
     place.wake().store(0, Ordering::SeqCst);
     place.waiting().store(0, Ordering::SeqCst);
+    place.room().store(0, Ordering::SeqCst);
+    place.room_waiting().store(0, Ordering::SeqCst);
     Ok(place)
 }
 
@@ -135,6 +153,8 @@ pub struct Producer {
     place: Place,
     /// Bytes ever written: this end's own count, published to the header.
     tail: u64,
+    /// The consumer's position as the last push read it: room comes back when it moves on.
+    seen_head: u64,
 }
 
 /// The reading end of a ring.
@@ -143,20 +163,22 @@ pub struct Consumer {
     place: Place,
     /// Bytes ever consumed: this end's own count, published to the header.
     head: u64,
+    spin: Duration,
 }
 
 impl Producer {
     /// Makes a new, empty ring of `len` bytes at `offset` in `region` and its producer (the
     /// consumer attaches with [`Consumer::attach`], in this process or another).
     pub fn create(region: &Arc<Region>, offset: usize, len: usize) -> Result<Self, ShmError> {
-        Ok(Self { place: init(region, offset, len)?, tail: 0 })
+        Ok(Self { place: init(region, offset, len)?, tail: 0, seen_head: 0 })
     }
 
     /// The producer of a ring made with [`Consumer::create`], in this process or another.
     pub fn attach(region: &Arc<Region>, offset: usize, len: usize) -> Result<Self, ShmError> {
         let place = Place::new(Arc::clone(region), offset, len)?;
         let tail = place.tail().load(Ordering::SeqCst);
-        Ok(Self { place, tail })
+        let seen_head = place.head().load(Ordering::SeqCst);
+        Ok(Self { place, tail, seen_head })
     }
 
     /// The largest message this ring takes.
@@ -172,9 +194,10 @@ impl Producer {
         }
         let need = RECORD + pad(message.len());
         let head = self.place.head().load(Ordering::Acquire);
+        self.seen_head = head;
         let used = self.tail.checked_sub(head).ok_or(RingError::Corrupt("the consumer is ahead of the producer"))?;
-        let used = usize::try_from(used).ok().filter(|&u| u <= cap).ok_or(RingError::Corrupt("more used than held"))?;
-        let mut used = used;
+        let mut used =
+            usize::try_from(used).ok().filter(|&u| u <= cap).ok_or(RingError::Corrupt("more used than held"))?;
         let pos = (self.tail % cap as u64) as usize;
         let to_end = cap - pos;
         if to_end < need {
@@ -206,11 +229,15 @@ impl Producer {
     /// Publishes the tail, and wakes the consumer if it sleeps.
     fn publish(&self) {
         self.place.tail().store(self.tail, Ordering::SeqCst);
-        self.place.wake().fetch_add(1, Ordering::SeqCst);
-        if self.place.waiting().load(Ordering::SeqCst) != 0 {
-            // An error here (the peer unmapped?) leaves the consumer to its timeout.
-            let _ = futex::wake(self.place.wake(), futex::Flags::empty(), 1);
-        }
+        bump(self.place.wake(), self.place.waiting());
+    }
+
+    /// Waits until the consumer may have given room back since the last `push` (one that
+    /// said the ring was full), or `timeout` has passed: polls a little, then sleeps on the
+    /// shared futex. A wake-up may be spurious; push again to see.
+    pub fn wait_for_room(&self, timeout: Duration) {
+        let moved = || self.place.head().load(Ordering::SeqCst) != self.seen_head;
+        sleep_until(self.place.room(), self.place.room_waiting(), moved, DEFAULT_SPIN, timeout);
     }
 
     fn write_len(&self, pos: usize, len: u32) {
@@ -224,19 +251,55 @@ impl Consumer {
     /// Makes a new, empty ring of `len` bytes at `offset` in `region` and its consumer (the
     /// producer attaches with [`Producer::attach`], in this process or another).
     pub fn create(region: &Arc<Region>, offset: usize, len: usize) -> Result<Self, ShmError> {
-        Ok(Self { place: init(region, offset, len)?, head: 0 })
+        Ok(Self { place: init(region, offset, len)?, head: 0, spin: DEFAULT_SPIN })
     }
 
     /// The consumer of a ring made with [`Producer::create`], in this process or another.
     pub fn attach(region: &Arc<Region>, offset: usize, len: usize) -> Result<Self, ShmError> {
         let place = Place::new(Arc::clone(region), offset, len)?;
         let head = place.head().load(Ordering::SeqCst);
-        Ok(Self { place, head })
+        Ok(Self { place, head, spin: DEFAULT_SPIN })
     }
 
     /// Copies the next message into `out` (replacing what it held): false when the ring is
     /// empty.
     pub fn pop(&mut self, out: &mut Vec<u8>) -> Result<bool, RingError> {
+        let popped = self.pop_with(|len| {
+            // Overwritten whole: only bytes past what `out` held are zeroed first.
+            out.resize(len, 0);
+            Ok::<_, std::convert::Infallible>(&mut out[..])
+        })?;
+        Ok(popped.is_some())
+    }
+
+    /// Copies the next message into the buffer `make` gives for its length (for a message to go
+    /// straight where it is used): `None` when the ring is empty; the message stays when `make`
+    /// fails, and its error is given back.
+    pub fn pop_with<B: AsMut<[u8]>, E>(
+        &mut self,
+        make: impl FnOnce(usize) -> Result<B, E>,
+    ) -> Result<Option<Result<B, E>>, RingError> {
+        let Some((pos, len)) = self.next()? else { return Ok(None) };
+        let mut out = match make(len) {
+            Ok(out) => out,
+            Err(e) => return Ok(Some(Err(e))),
+        };
+        let to = out.as_mut();
+        if to.len() != len {
+            return Err(RingError::WrongBuffer { len, got: to.len() });
+        }
+        // SAFETY: `len` bytes after the record header lie within the data and were published by
+        // the producer's tail; the producer writes them no more until the head below gives them
+        // back. (A misbehaving peer may still write them meanwhile: the copy then holds
+        // garbage, which whoever decodes it must refuse, and nothing here reads them again.)
+        unsafe { std::ptr::copy_nonoverlapping(self.place.data(pos + RECORD), to.as_mut_ptr(), len) };
+        self.consumed(RECORD + pad(len));
+        Ok(Some(Ok(out)))
+    }
+
+    /// The next message's place and length, past any skip record: `None` when the ring is
+    /// empty.
+    fn next(&mut self) -> Result<Option<(usize, usize)>, RingError> {
         let cap = self.place.capacity;
         loop {
             let tail = self.place.tail().load(Ordering::SeqCst);
@@ -246,7 +309,7 @@ impl Consumer {
                 .filter(|&a| a <= cap)
                 .ok_or(RingError::Corrupt("more written than held"))?;
             if avail == 0 {
-                return Ok(false);
+                return Ok(None);
             }
             let pos = (self.head % cap as u64) as usize;
             let to_end = cap - pos;
@@ -262,29 +325,23 @@ impl Consumer {
                 continue;
             }
             let len = len as usize;
-            let need = RECORD + pad(len);
-            if need > to_end || need > avail {
+            if RECORD + pad(len) > to_end.min(avail) {
                 return Err(RingError::Corrupt("a message longer than what was written"));
             }
-            out.clear();
-            out.reserve(len);
-            // SAFETY: `len` bytes after the record header lie within the data and were
-            // published by the producer's tail; the producer writes them no more until the
-            // head below gives them back. (A misbehaving peer may still write them meanwhile:
-            // the copy then holds garbage, which whoever decodes it must refuse, and nothing
-            // here reads them again.)
-            unsafe {
-                std::ptr::copy_nonoverlapping(self.place.data(pos + RECORD), out.as_mut_ptr(), len);
-                out.set_len(len);
-            }
-            self.consumed(need);
-            return Ok(true);
+            return Ok(Some((pos, len)));
         }
     }
 
     fn consumed(&mut self, bytes: usize) {
         self.head += bytes as u64;
         self.place.head().store(self.head, Ordering::SeqCst);
+        bump(self.place.room(), self.place.room_waiting());
+    }
+
+    /// How long [`Self::wait`] polls before it sleeps: longer where a message usually follows
+    /// soon and a core can be spared, zero where cores are few.
+    pub fn set_spin(&mut self, spin: Duration) {
+        self.spin = spin;
     }
 
     fn read_len(&self, pos: usize) -> u32 {
@@ -297,28 +354,44 @@ impl Consumer {
     /// Waits until a message may be there or `timeout` has passed: polls a little, then sleeps
     /// on the shared futex. A wake-up may be spurious; pop to see.
     pub fn wait(&self, timeout: Duration) {
-        let until = Instant::now() + SPIN.min(timeout);
         let tail = self.place.tail();
-        while Instant::now() < until {
-            if tail.load(Ordering::Acquire) != self.head {
-                return;
-            }
-            std::hint::spin_loop();
-        }
-        // The word is read before the flag is raised and the tail looked at again: a message
-        // published after this read bumps the word, and the kernel then returns at once.
-        let word = self.place.wake().load(Ordering::SeqCst);
-        self.place.waiting().store(1, Ordering::SeqCst);
-        if tail.load(Ordering::SeqCst) == self.head {
-            let timeout = rustix::thread::futex::Timespec {
-                tv_sec: timeout.as_secs().min(i64::MAX as u64) as i64,
-                tv_nsec: i64::from(timeout.subsec_nanos()),
-            };
-            // Woken, timed out, interrupted, or the word had moved on: each means look again.
-            let _ = futex::wait(self.place.wake(), futex::Flags::empty(), word, Some(&timeout));
-        }
-        self.place.waiting().store(0, Ordering::SeqCst);
+        let arrived = || tail.load(Ordering::SeqCst) != self.head;
+        sleep_until(self.place.wake(), self.place.waiting(), arrived, self.spin, timeout);
     }
+}
+
+/// Moves `word` on and wakes the one sleeping on it, if its flag says one does.
+fn bump(word: &AtomicU32, waiting: &AtomicU32) {
+    word.fetch_add(1, Ordering::SeqCst);
+    if waiting.load(Ordering::SeqCst) != 0 {
+        // An error here (the peer unmapped?) leaves the sleeper to its timeout.
+        let _ = futex::wake(word, futex::Flags::empty(), 1);
+    }
+}
+
+/// Polls `ready` for `spin`, then sleeps on `word` (raising `waiting` meanwhile) until the peer
+/// bumps it or `timeout` has passed.
+fn sleep_until(word: &AtomicU32, waiting: &AtomicU32, ready: impl Fn() -> bool, spin: Duration, timeout: Duration) {
+    let until = Instant::now() + spin.min(timeout);
+    while Instant::now() < until {
+        if ready() {
+            return;
+        }
+        std::hint::spin_loop();
+    }
+    // The word is read before the flag is raised and the condition looked at again: a bump
+    // after this read moves the word, and the kernel then returns at once.
+    let seen = word.load(Ordering::SeqCst);
+    waiting.store(1, Ordering::SeqCst);
+    if !ready() {
+        let timeout = futex::Timespec {
+            tv_sec: timeout.as_secs().min(i64::MAX as u64) as i64,
+            tv_nsec: i64::from(timeout.subsec_nanos()),
+        };
+        // Woken, timed out, interrupted, or the word had moved on: each means look again.
+        let _ = futex::wait(word, futex::Flags::empty(), seen, Some(&timeout));
+    }
+    waiting.store(0, Ordering::SeqCst);
 }
 
 #[cfg(test)]
@@ -349,6 +422,26 @@ mod tests {
         assert!(c.pop(&mut out).unwrap());
         p.push(&[]).unwrap();
         assert!(c.pop(&mut out).unwrap() && out.is_empty(), "an empty message is a message");
+    }
+
+    #[test]
+    fn a_producer_waiting_on_a_full_ring_wakes_when_the_consumer_gives_room_back() {
+        let (mut p, mut c, _region) = ring(RING_HEADER + 64);
+        p.push(&[1; 40]).unwrap();
+        assert!(matches!(p.push(&[2; 40]), Err(RingError::Full { .. })));
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                // Past the producer's spin, so that it sleeps in the kernel.
+                std::thread::sleep(Duration::from_millis(20));
+                let mut out = Vec::new();
+                assert!(c.pop(&mut out).unwrap());
+            });
+            // A hang guard: a wake-up that never comes leaves the producer to this timeout.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            p.wait_for_room(Duration::from_secs(60));
+            assert!(Instant::now() < deadline, "woken by the pop, not the timeout");
+            p.push(&[2; 40]).unwrap();
+        });
     }
 
     #[test]

@@ -101,6 +101,9 @@ enum Command {
     /// A baseline peer for `djinn bench` (raw blocking sockets); not for direct use.
     #[command(hide = true)]
     BenchPeer(djinn_bench::PeerArgs),
+    /// The child process of `djinn bench shm`; not for direct use.
+    #[command(hide = true)]
+    BenchShmPeer(djinn_bench::ShmPeerArgs),
 }
 
 fn main() -> Result<()> {
@@ -204,6 +207,7 @@ fn main() -> Result<()> {
         }
         Command::Bench(command) => djinn_bench::run(command),
         Command::BenchPeer(args) => djinn_bench::run_peer(args),
+        Command::BenchShmPeer(args) => djinn_bench::run_shm_peer(args),
     }
 }
 

@@ -83,7 +83,7 @@ impl BreakpointMessage {
 
 impl Writer<'_> {
     /// A tag (0: none, 1: stop, 2: stop and send the activation), then the block.
-    pub(super) fn breakpoint(&mut self, until: &Option<Breakpoint>) {
+    pub fn breakpoint(&mut self, until: &Option<Breakpoint>) {
         match until {
             Some(b) => {
                 self.u8(if b.send_activation { 2 } else { 1 });
@@ -95,7 +95,7 @@ impl Writer<'_> {
 }
 
 impl Reader<'_> {
-    pub(super) fn breakpoint(&mut self) -> Result<Option<Breakpoint>, ProtocolError> {
+    pub fn breakpoint(&mut self) -> Result<Option<Breakpoint>, ProtocolError> {
         let send_activation = match self.u8("breakpoint")? {
             0 => return Ok(None),
             1 => false,

@@ -84,7 +84,7 @@ pub mod data;
 pub mod kept;
 pub mod models;
 pub mod sessions;
-mod wire;
+pub(crate) mod wire;
 
 use breakpoints::{BreakpointKind, BreakpointMessage};
 use data::{DataKind, DataMessage};

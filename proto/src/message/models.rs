@@ -231,7 +231,7 @@ impl ModelMessage {
 }
 
 impl Writer<'_> {
-    pub(super) fn fingerprint(&mut self, f: &Fingerprint) {
+    pub fn fingerprint(&mut self, f: &Fingerprint) {
         self.0.extend_from_slice(&f.0);
     }
 
@@ -246,7 +246,7 @@ impl Writer<'_> {
 }
 
 impl Reader<'_> {
-    pub(super) fn fingerprint(&mut self) -> Result<Fingerprint, ProtocolError> {
+    pub fn fingerprint(&mut self) -> Result<Fingerprint, ProtocolError> {
         self.array("fingerprint").map(Fingerprint)
     }
 

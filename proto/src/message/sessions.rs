@@ -103,19 +103,7 @@ impl SessionMessage {
             }
             Self::Signal { session, signal } => {
                 w.handle(session);
-                match signal {
-                    Signal::IoWait { resume_in_ms } => {
-                        w.u8(0);
-                        match resume_in_ms {
-                            Some(ms) => {
-                                w.u8(1);
-                                w.u32(*ms);
-                            }
-                            None => w.u8(0),
-                        }
-                    }
-                    Signal::Compute => w.u8(1),
-                }
+                w.signal(signal);
             }
             Self::Signaled | Self::Closed => {}
             Self::Move { session, to, grant } => {
@@ -153,17 +141,7 @@ impl SessionMessage {
                 let inputs = r.values(tensors.len())?;
                 Self::Step { session, tensors, inputs, until: r.breakpoint()? }
             }
-            SessionKind::Signal => {
-                let session = r.handle()?;
-                let signal = match r.u8("signal")? {
-                    0 => Signal::IoWait {
-                        resume_in_ms: if r.bool("has resume time")? { Some(r.u32("resume in ms")?) } else { None },
-                    },
-                    1 => Signal::Compute,
-                    v => return Err(ProtocolError::MalformedMeta(format!("signal {v} is neither 0 nor 1"))),
-                };
-                Self::Signal { session, signal }
-            }
+            SessionKind::Signal => Self::Signal { session: r.handle()?, signal: r.signal()? },
             SessionKind::Signaled => Self::Signaled,
             SessionKind::Close => Self::Close { session: r.handle()? },
             SessionKind::Closed => Self::Closed,
@@ -185,6 +163,37 @@ impl SessionMessage {
                 })?,
                 more: r.bool("more")?,
             },
+        })
+    }
+}
+
+impl Writer<'_> {
+    /// A tag (0: I/O wait, with a flag and the time when given; 1: compute).
+    pub fn signal(&mut self, signal: &Signal) {
+        match signal {
+            Signal::IoWait { resume_in_ms } => {
+                self.u8(0);
+                match resume_in_ms {
+                    Some(ms) => {
+                        self.u8(1);
+                        self.u32(*ms);
+                    }
+                    None => self.u8(0),
+                }
+            }
+            Signal::Compute => self.u8(1),
+        }
+    }
+}
+
+impl Reader<'_> {
+    pub fn signal(&mut self) -> Result<Signal, ProtocolError> {
+        Ok(match self.u8("signal")? {
+            0 => Signal::IoWait {
+                resume_in_ms: if self.bool("has resume time")? { Some(self.u32("resume in ms")?) } else { None },
+            },
+            1 => Signal::Compute,
+            v => return Err(ProtocolError::MalformedMeta(format!("signal {v} is neither 0 nor 1"))),
         })
     }
 }

@@ -7,27 +7,30 @@ use crate::limits::Limits;
 use crate::tensor::{DType, TensorDesc};
 use crate::value::{Handle, Value};
 
-pub(crate) struct Writer<'a>(pub(crate) &'a mut Vec<u8>);
+/// Writes fields in the protocol's encodings (little-endian integers, u16-length strings,
+/// u32-counted lists) to the end of a buffer.
+#[derive(Debug)]
+pub struct Writer<'a>(pub &'a mut Vec<u8>);
 
 impl Writer<'_> {
-    pub(crate) fn u8(&mut self, v: u8) {
+    pub fn u8(&mut self, v: u8) {
         self.0.push(v);
     }
-    pub(crate) fn bool(&mut self, v: bool) {
+    pub fn bool(&mut self, v: bool) {
         self.u8(u8::from(v));
     }
-    pub(crate) fn u16(&mut self, v: u16) {
+    pub fn u16(&mut self, v: u16) {
         self.0.extend_from_slice(&v.to_le_bytes());
     }
-    pub(crate) fn u32(&mut self, v: u32) {
+    pub fn u32(&mut self, v: u32) {
         self.0.extend_from_slice(&v.to_le_bytes());
     }
-    pub(crate) fn u64(&mut self, v: u64) {
+    pub fn u64(&mut self, v: u64) {
         self.0.extend_from_slice(&v.to_le_bytes());
     }
     /// Strings longer than u16::MAX bytes are cut at a character boundary; names are bounded
     /// far below that by [`Limits::max_name`].
-    pub(crate) fn str(&mut self, s: &str) {
+    pub fn str(&mut self, s: &str) {
         let mut end = s.len().min(u16::MAX as usize);
         while !s.is_char_boundary(end) {
             end -= 1;
@@ -36,16 +39,16 @@ impl Writer<'_> {
         self.0.extend_from_slice(&s.as_bytes()[..end]);
     }
     /// A u32 count, then each item.
-    pub(crate) fn list<T>(&mut self, items: &[T], mut item: impl FnMut(&mut Self, &T)) {
+    pub fn list<T>(&mut self, items: &[T], mut item: impl FnMut(&mut Self, &T)) {
         self.u32(items.len() as u32);
         for i in items {
             item(self, i);
         }
     }
-    pub(crate) fn handle(&mut self, h: &Handle) {
+    pub fn handle(&mut self, h: &Handle) {
         h.encode(self.0);
     }
-    pub(crate) fn tensor(&mut self, t: &TensorDesc) {
+    pub fn tensor(&mut self, t: &TensorDesc) {
         self.u8(t.dtype.to_wire());
         self.u8(t.shape.len() as u8);
         for &d in &t.shape {
@@ -53,13 +56,13 @@ impl Writer<'_> {
         }
         self.u64(t.byte_len);
     }
-    pub(crate) fn tensors(&mut self, tensors: &[TensorDesc]) {
+    pub fn tensors(&mut self, tensors: &[TensorDesc]) {
         self.list(tensors, Self::tensor);
     }
-    pub(crate) fn values(&mut self, values: &[Value]) {
+    pub fn values(&mut self, values: &[Value]) {
         self.list(values, |w, v| v.encode(w.0));
     }
-    pub(crate) fn value(&mut self, value: &Option<Value>) {
+    pub fn value(&mut self, value: &Option<Value>) {
         match value {
             Some(v) => {
                 self.u8(1);
@@ -70,13 +73,26 @@ impl Writer<'_> {
     }
 }
 
-pub(crate) struct Reader<'a> {
+/// Reads fields written by [`Writer`], checking each length against what is left and against
+/// `limits` before anything is allocated.
+#[derive(Debug)]
+pub struct Reader<'a> {
     pub(crate) bytes: &'a [u8],
     pub(crate) limits: &'a Limits,
 }
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], ProtocolError> {
+    pub fn new(bytes: &'a [u8], limits: &'a Limits) -> Self {
+        Self { bytes, limits }
+    }
+    /// Bytes not read yet.
+    pub fn rest(&self) -> &'a [u8] {
+        self.bytes
+    }
+    pub fn limits(&self) -> &'a Limits {
+        self.limits
+    }
+    pub fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], ProtocolError> {
         if self.bytes.len() < n {
             return Err(ProtocolError::MalformedMeta(format!("{what}: needs {n} bytes, {} left", self.bytes.len())));
         }
@@ -84,37 +100,37 @@ impl<'a> Reader<'a> {
         self.bytes = rest;
         Ok(head)
     }
-    pub(crate) fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N], ProtocolError> {
+    pub fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N], ProtocolError> {
         let mut out = [0; N];
         out.copy_from_slice(self.take(N, what)?);
         Ok(out)
     }
-    pub(crate) fn u8(&mut self, what: &str) -> Result<u8, ProtocolError> {
+    pub fn u8(&mut self, what: &str) -> Result<u8, ProtocolError> {
         Ok(self.array::<1>(what)?[0])
     }
-    pub(crate) fn u16(&mut self, what: &str) -> Result<u16, ProtocolError> {
+    pub fn u16(&mut self, what: &str) -> Result<u16, ProtocolError> {
         self.array(what).map(u16::from_le_bytes)
     }
-    pub(crate) fn u32(&mut self, what: &str) -> Result<u32, ProtocolError> {
+    pub fn u32(&mut self, what: &str) -> Result<u32, ProtocolError> {
         self.array(what).map(u32::from_le_bytes)
     }
-    pub(crate) fn u64(&mut self, what: &str) -> Result<u64, ProtocolError> {
+    pub fn u64(&mut self, what: &str) -> Result<u64, ProtocolError> {
         self.array(what).map(u64::from_le_bytes)
     }
-    pub(crate) fn bool(&mut self, what: &str) -> Result<bool, ProtocolError> {
+    pub fn bool(&mut self, what: &str) -> Result<bool, ProtocolError> {
         match self.u8(what)? {
             0 => Ok(false),
             1 => Ok(true),
             v => Err(ProtocolError::MalformedMeta(format!("{what}: {v} is not a boolean"))),
         }
     }
-    pub(crate) fn string(&mut self, what: &str) -> Result<String, ProtocolError> {
+    pub fn string(&mut self, what: &str) -> Result<String, ProtocolError> {
         let len = self.u16(what)? as usize;
         let bytes = self.take(len, what)?;
         String::from_utf8(bytes.to_vec()).map_err(|_| ProtocolError::MalformedMeta(format!("{what} is not UTF-8")))
     }
     /// A string bounded by [`Limits::max_name`].
-    pub(crate) fn name(&mut self) -> Result<String, ProtocolError> {
+    pub fn name(&mut self) -> Result<String, ProtocolError> {
         let name = self.string("name")?;
         if name.len() > self.limits.max_name {
             return Err(ProtocolError::MalformedMeta(format!(
@@ -127,7 +143,7 @@ impl<'a> Reader<'a> {
     }
     /// A u32 count of items at least `min_item` bytes each, checked against what remains
     /// before anything is allocated, then each item.
-    pub(crate) fn list<T>(
+    pub fn list<T>(
         &mut self,
         what: &str,
         min_item: usize,
@@ -146,10 +162,10 @@ impl<'a> Reader<'a> {
         }
         Ok(items)
     }
-    pub(crate) fn handle(&mut self) -> Result<Handle, ProtocolError> {
+    pub fn handle(&mut self) -> Result<Handle, ProtocolError> {
         Ok(Handle { id: self.u64("handle id")?, epoch: self.u64("handle epoch")? })
     }
-    pub(crate) fn tensor(&mut self) -> Result<TensorDesc, ProtocolError> {
+    pub fn tensor(&mut self) -> Result<TensorDesc, ProtocolError> {
         let code = self.u8("dtype")?;
         let dtype =
             DType::from_wire(code).ok_or_else(|| ProtocolError::BadDescriptor(format!("unknown dtype code {code}")))?;
@@ -169,15 +185,15 @@ impl<'a> Reader<'a> {
         Ok(tensor)
     }
     /// The smallest descriptor is rank 0: dtype, rank and byte length.
-    pub(crate) const TENSOR_MIN: usize = 10;
-    pub(crate) fn tensors(&mut self) -> Result<Vec<TensorDesc>, ProtocolError> {
+    pub const TENSOR_MIN: usize = 10;
+    pub fn tensors(&mut self) -> Result<Vec<TensorDesc>, ProtocolError> {
         self.list("tensors", Self::TENSOR_MIN, Self::tensor)
     }
     /// Values whose tensor indices are below `tensors`.
-    pub(crate) fn values(&mut self, tensors: usize) -> Result<Vec<Value>, ProtocolError> {
+    pub fn values(&mut self, tensors: usize) -> Result<Vec<Value>, ProtocolError> {
         self.list("inputs", 1, |r| Value::decode(&mut r.bytes, tensors))
     }
-    pub(crate) fn value(&mut self, tensors: usize) -> Result<Option<Value>, ProtocolError> {
+    pub fn value(&mut self, tensors: usize) -> Result<Option<Value>, ProtocolError> {
         Ok(if self.bool("has value")? { Some(Value::decode(&mut self.bytes, tensors)?) } else { None })
     }
 }
