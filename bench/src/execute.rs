@@ -34,6 +34,10 @@ pub struct ExecuteArgs {
     /// Append the tables, the command and the machine to this markdown file.
     #[arg(long)]
     results: Option<PathBuf>,
+    /// A flag for the node under test, as `djinn node` takes it (`--node-arg=--executor-processes`);
+    /// repeat for more.
+    #[arg(long = "node-arg", allow_hyphen_values = true)]
+    node_args: Vec<String>,
 }
 
 /// A TorchScript archive made by tracing `f` on `examples` (its inputs).
@@ -65,7 +69,8 @@ pub fn run(args: ExecuteArgs) -> Result<()> {
     let store_arg = store.path().join("control.redb").display().to_string();
     let control = Spawned::start(&["control", "--listen", "127.0.0.1:0", "--store", &store_arg, "--log", "warn"])?;
     let control_url = format!("http://{}", control.addr);
-    let node = Spawned::start(&[
+    let device = djinn_executor::device_name(args.device);
+    let mut node_args = vec![
         "node",
         "--listen",
         "127.0.0.1:0",
@@ -76,8 +81,10 @@ pub fn run(args: ExecuteArgs) -> Result<()> {
         "--control",
         &control_url,
         "--device",
-        &djinn_executor::device_name(args.device),
-    ])?;
+        &device,
+    ];
+    node_args.extend(args.node_args.iter().map(String::as_str));
+    let node = Spawned::start(&node_args)?;
     let mut client = Client::connect(node.addr)?;
     let mlp_fp = client.register_model(&[&tiny_mlp], |_, _| {})?.fingerprint;
     let id_fp = client.register_model(&[&identity], |_, _| {})?.fingerprint;

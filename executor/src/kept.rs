@@ -31,9 +31,9 @@ impl std::fmt::Debug for KeptTensors {
 }
 
 impl KeptTensors {
-    /// None kept yet, in a fresh random epoch.
-    pub fn new() -> Self {
-        Self { epoch: fresh_epoch(), next_id: 1, tensors: HashMap::new() }
+    /// None kept yet; handles of `space`.
+    pub fn new(space: HandleSpace) -> Self {
+        Self { epoch: space.epoch, next_id: space.first_id, tensors: HashMap::new() }
     }
 
     pub fn epoch(&self) -> u64 {
@@ -70,6 +70,23 @@ impl KeptTensors {
     }
 }
 
+/// The handles an executor makes (kept tensors, sessions, parked requests): their epoch, and
+/// the first id of each kind. A node with one executor draws a fresh space; a node with an
+/// executor per tenant gives each its own range of ids under the node's one epoch, so that no
+/// two executors' handles are the same.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HandleSpace {
+    pub epoch: u64,
+    pub first_id: u64,
+}
+
+impl HandleSpace {
+    /// A fresh random epoch, ids from 1.
+    pub fn fresh() -> Self {
+        Self { epoch: fresh_epoch(), first_id: 1 }
+    }
+}
+
 /// A random nonzero epoch: what tells this life of the executor's handles (kept tensors,
 /// sessions, parked requests) from those of an earlier one. RandomState is keyed from the OS's
 /// randomness once per process and differs per instance; the time and pid make two nodes
@@ -87,7 +104,7 @@ mod tests {
 
     #[test]
     fn a_kept_tensor_is_shared_until_freed() {
-        let mut kept = KeptTensors::new();
+        let mut kept = KeptTensors::new(HandleSpace::fresh());
         let info = kept.keep(Tensor::ones([256], (Kind::Float, Device::Cpu))).unwrap();
         assert_eq!((info.tensor.byte_len, info.handle.epoch), (1024, kept.epoch()));
         assert_eq!(kept.get(info.handle).unwrap().sum(Kind::Float).double_value(&[]), 256.0);

@@ -48,6 +48,7 @@ mod value;
 mod workers;
 
 pub use error::{BreakpointError, ExecError, SessionError};
+pub use kept::HandleSpace;
 pub use models::{Model, ModelStore, Unregistered, device_name, load, parse_device};
 pub use sessions::{Policy, SessionOptions, SessionTable};
 pub use tch::Device;

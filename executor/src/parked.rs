@@ -6,6 +6,7 @@
 //! whether it ended and when it lapses is the node core's record, checked before a job names
 //! it here: the core says when to free one.
 
+use crate::kept::HandleSpace;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -91,10 +92,10 @@ impl std::fmt::Debug for ParkedTable {
 }
 
 impl ParkedTable {
-    /// `budget`: the node's device budget, which activations are charged to; `epoch`: the
-    /// executor's life, which its handles carry.
-    pub fn new(budget: MemoryBudget, epoch: u64) -> Self {
-        Self { epoch, next_id: 1, parked: HashMap::new(), budget }
+    /// `budget`: the node's device budget, which activations are charged to; `space`: the
+    /// executor's handles.
+    pub fn new(budget: MemoryBudget, space: HandleSpace) -> Self {
+        Self { epoch: space.epoch, next_id: space.first_id, parked: HashMap::new(), budget }
     }
 
     /// Parks a stopped run, charging its activation to the device budget.

@@ -20,6 +20,7 @@
 //! here is freed only once the other node holds it. A move that fails leaves the session here
 //! as it was.
 
+use crate::kept::HandleSpace;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -153,18 +154,18 @@ impl std::fmt::Debug for SessionTable {
 const RESTORE_MARGIN: Duration = Duration::from_millis(5);
 
 impl SessionTable {
-    /// The sessions of the executor's life `epoch`; `host_pool` holds swapped-out state
+    /// The sessions of the executor's handles `space`; `host_pool` holds swapped-out state
     /// (`options.host_pool` bytes, with tenants' quotas).
     pub fn new(
         options: SessionOptions,
-        epoch: u64,
+        space: HandleSpace,
         device_budget: MemoryBudget,
         host_pool: MemoryBudget,
         device: Device,
     ) -> Self {
         Self {
-            epoch,
-            next_id: 1,
+            epoch: space.epoch,
+            next_id: space.first_id,
             sessions: HashMap::new(),
             budget: MemoryBudget::new(options.budget),
             host_pool,

@@ -14,7 +14,7 @@ use djinn_proto::{BreakpointMessage, DataMessage, Fingerprint, ModelMessage};
 use tch::Device;
 
 use crate::cost::{ComputeMeter, ComputeQuota, Limits};
-use crate::kept::KeptTensors;
+use crate::kept::{HandleSpace, KeptTensors};
 use crate::models::{ModelStore, Unregistered};
 use crate::parked::{Parked, ParkedTable};
 use crate::sessions::{SessionOptions, SessionTable, Sessions};
@@ -42,6 +42,9 @@ pub struct ExecutorOptions {
     /// The node's principals, when clients need tokens: each tenant's compute quota and its
     /// part of the sessions' host pool.
     pub auth: Option<Arc<Authenticator>>,
+    /// The epoch and ids of the handles it makes ([`HandleSpace::fresh`] for a node's one
+    /// executor).
+    pub handles: HandleSpace,
 }
 
 /// The node's executor: libtorch on the node's device, with worker threads.
@@ -59,14 +62,15 @@ pub struct TorchExecutor {
 impl TorchExecutor {
     pub fn new(budget: MemoryBudget, options: ExecutorOptions) -> std::io::Result<Self> {
         let models = Arc::new(Mutex::new(ModelStore::new(budget.clone(), options.host_budget.clone())));
-        let kept = Arc::new(Mutex::new(KeptTensors::new()));
+        let kept = Arc::new(Mutex::new(KeptTensors::new(options.handles)));
         let host_pool = tenant_budget(options.sessions.host_pool, options.auth.as_ref(), |q| q.host_swap);
         // Kept tensors, sessions and parked requests are of one life: their handles carry its
         // epoch, which the core checks.
-        let epoch = kept.locked().epoch();
-        let table = SessionTable::new(options.sessions.clone(), epoch, budget.clone(), host_pool, options.device);
+        let epoch = options.handles.epoch;
+        let table =
+            SessionTable::new(options.sessions.clone(), options.handles, budget.clone(), host_pool, options.device);
         let sessions = Sessions::new(table);
-        let parked = Arc::new(Mutex::new(ParkedTable::new(budget.clone(), epoch)));
+        let parked = Arc::new(Mutex::new(ParkedTable::new(budget.clone(), options.handles)));
         let meter = match &options.auth {
             Some(auth) => {
                 let auth = Arc::clone(auth);

@@ -3,7 +3,7 @@
 //! replies.
 
 use djinn_executor::tch::{CModule, Device, Kind, Tensor};
-use djinn_executor::{ExecutorOptions, Policy, SessionOptions, TorchExecutor};
+use djinn_executor::{ExecutorOptions, HandleSpace, Policy, SessionOptions, TorchExecutor};
 use djinn_memory::MemoryBudget;
 use djinn_node_core::conformance;
 use djinn_supervisor::{LinkSizes, ProcessExecutor};
@@ -20,7 +20,14 @@ fn identity_archive() -> Vec<u8> {
     std::fs::read(path).unwrap()
 }
 
+/// The epoch of the handles the child's executor makes.
+const CHILD_EPOCH: u64 = 0x5eed;
+
 fn executor() -> (TorchExecutor, MemoryBudget) {
+    executor_of(HandleSpace::fresh())
+}
+
+fn executor_of(handles: HandleSpace) -> (TorchExecutor, MemoryBudget) {
     let budget = MemoryBudget::new(1 << 30);
     let options = ExecutorOptions {
         device: Device::Cpu,
@@ -32,6 +39,7 @@ fn executor() -> (TorchExecutor, MemoryBudget) {
         max_run_memory: None,
         flops_per_second: None,
         auth: None,
+        handles,
     };
     (TorchExecutor::new(budget.clone(), options).expect("the executor starts"), budget)
 }
@@ -51,7 +59,8 @@ fn the_real_executor_passes_the_conformance_suite_in_a_process_of_its_own() {
             .args(["--exact", "child_serves_the_real_executor", "--include-ignored", "--nocapture"])
             .env("DJINN_EXECUTOR_TEST_CHILD", "1");
         let sizes = LinkSizes { messages: 1 << 20, bulk: 16 << 20 };
-        let executor = ProcessExecutor::start(child, sizes, Duration::from_secs(120)).expect("the child is ready");
+        let executor =
+            ProcessExecutor::start(child, sizes, CHILD_EPOCH, Duration::from_secs(120)).expect("the child starts");
         (executor, MemoryBudget::new(1 << 30))
     };
     conformance::run(make, &identity_archive());
@@ -64,6 +73,6 @@ fn child_serves_the_real_executor() {
     // SAFETY: the parent placed the link's region there for this process to own, and nothing
     // else here uses it.
     let fd = unsafe { djinn_shm::inherited(djinn_supervisor::LINK_FD) }.expect("the link's descriptor");
-    let served = djinn_supervisor::serve(fd, executor().0);
+    let served = djinn_supervisor::serve(fd, executor_of(HandleSpace { epoch: CHILD_EPOCH, first_id: 1 }).0);
     panic!("the link broke: {served:?}");
 }

@@ -157,3 +157,22 @@ pub trait Executor {
     /// or waits). Ids it does not hold are skipped.
     fn free_sessions(&mut self, ids: &[u64]);
 }
+
+/// An executor chosen when the node starts (in process, or in processes of their own).
+impl<E: Executor + ?Sized> Executor for Box<E> {
+    fn run(&mut self, job: Job, to: ReplyTo, replier: &Replier) {
+        (**self).run(job, to, replier);
+    }
+    fn epoch(&self) -> u64 {
+        (**self).epoch()
+    }
+    fn free_kept(&mut self, ids: &[u64]) {
+        (**self).free_kept(ids);
+    }
+    fn free_parked(&mut self, ids: &[u64]) {
+        (**self).free_parked(ids);
+    }
+    fn free_sessions(&mut self, ids: &[u64]) {
+        (**self).free_sessions(ids);
+    }
+}

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use djinn_memory::HostBuf;
+use djinn_memory::{BufferPool, HostBuf};
 use djinn_node_core::link::{Bulk, LinkError, Span};
 use djinn_proto::{Limits, SharedBytes};
 use djinn_shm::{Consumer, Producer, Region, RingError};
@@ -28,13 +28,14 @@ pub struct LinkSizes {
     /// Bytes of each message ring (jobs, answers): many messages of a few KiB.
     pub messages: usize,
     /// Bytes of each bulk ring: the largest payload or reply tensor the link carries, with
-    /// room for a few smaller ones. Pages are taken only as bytes are written to them.
+    /// room for a few smaller ones. Pages are taken as bytes are first written to them, and
+    /// stay: a ring that has wrapped once holds its whole size in memory.
     pub bulk: usize,
 }
 
 impl Default for LinkSizes {
     fn default() -> Self {
-        Self { messages: 4 << 20, bulk: 1 << 30 }
+        Self { messages: 4 << 20, bulk: 256 << 20 }
     }
 }
 
@@ -175,11 +176,18 @@ pub(crate) struct BulkIn {
     ring: Consumer,
     /// The number of the next record in the ring.
     next: u64,
+    /// Where taken bytes go: large buffers come back for the next take, their pages touched
+    /// already.
+    pool: BufferPool,
 }
+
+/// Free buffers a bulk ring's taker keeps, and the smallest it pools.
+const POOL_RETAINED: u64 = 256 << 20;
+const POOL_FROM: usize = 64 << 10;
 
 impl BulkIn {
     fn new(ring: Consumer) -> Self {
-        Self { ring, next: 0 }
+        Self { ring, next: 0, pool: BufferPool::new(POOL_RETAINED, POOL_FROM) }
     }
 }
 
@@ -200,7 +208,7 @@ impl Bulk for BulkIn {
                 .ring
                 .pop_with(|len| {
                     if self.next == span.offset && len as u64 == span.len {
-                        HostBuf::zeroed(len).map_err(|e| e.to_string())
+                        self.pool.take(len).map_err(|e| e.to_string())
                     } else {
                         Err(String::new())
                     }

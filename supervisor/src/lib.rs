@@ -4,17 +4,20 @@
 //! `djinn_node_core::link` through rings in a memfd region (`djinn-shm`) the child inherits at
 //! [`LINK_FD`].
 //!
-//! Still to come (issue 52): one executor per tenant started on demand and stopped when idle,
-//! the payload arenas the node's reader fills in place, restarts with the tenant's models
-//! reloaded, and the sandbox.
+//! [`TenantExecutors`] runs one such process per tenant, started by its first request and
+//! started again after it ends. Still to come (issue 52): processes stopped when idle, one
+//! device budget over them all, the payload arenas the node's reader fills in place, restarts
+//! with the tenant's models reloaded, and the sandbox.
 
 mod channel;
 mod process;
 mod serve;
+mod tenants;
 
 pub use channel::LinkSizes;
 pub use process::ProcessExecutor;
 pub use serve::serve;
+pub use tenants::{Launch, TenantExecutors};
 
 /// Where an executor process finds its link's region.
 pub const LINK_FD: i32 = 3;

@@ -1,11 +1,12 @@
 //! The node's side: an [`Executor`] whose jobs run in a child process.
 //!
-//! `run` only queues the job (it is called on the poller's thread and must not block); a sender
-//! thread encodes each and pushes it down the link, sleeping while the rings are full, and a
-//! reader thread takes the answers up, decodes them and hands each to the node's
-//! [`Replier`], as the in-process executor's workers do. The node keeps which requests the
-//! child holds: when the child ends, each of them is answered [`ErrorCode::ExecutorLost`] with
-//! the cause, and so is every job after.
+//! Nothing here blocks the caller (the poller): `start` spawns the child and returns, and `run`
+//! only queues the job. A sender thread waits for the child to say it is ready, then encodes
+//! each job and pushes it down the link, sleeping while the rings are full; a reader thread
+//! takes the answers up, decodes them and hands each to the [`Replier`] its job came with, as
+//! the in-process executor's workers do. The node keeps which requests the child holds: when
+//! the child ends (or is not ready in time), each of them is answered
+//! [`ErrorCode::ExecutorLost`] with the cause, and so is every job after.
 
 use std::collections::HashMap;
 use std::process::{Child, Command};
@@ -29,10 +30,9 @@ const LIVENESS_TICK: Duration = Duration::from_millis(50);
 
 /// What the sender and the reader share with the executor's owner.
 struct Shared {
-    /// The node's replier, given with the first job (the reader answers through it).
-    replier: Mutex<Option<Replier>>,
-    /// The requests the child holds, by connection and request id.
-    in_flight: Mutex<HashMap<(u64, u64), ReplyTo>>,
+    /// The requests the child holds, by connection and request id, with where each answer
+    /// goes.
+    in_flight: Mutex<HashMap<(u64, u64), (ReplyTo, Replier)>>,
     /// Why the child is gone, once it is.
     lost: Mutex<Option<String>>,
     alive: AtomicBool,
@@ -45,7 +45,7 @@ impl Shared {
     }
 
     /// Answers `to` that the child is gone.
-    fn refuse(&self, to: ReplyTo, why: &str, replier: &Replier) {
+    fn refuse(to: ReplyTo, why: &str, replier: &Replier) {
         replier.executed(to, Reply::error(ErrorCode::ExecutorLost, format!("the executor process ended: {why}")));
     }
 
@@ -59,11 +59,9 @@ impl Shared {
         tracing::warn!(cause = %why, "an executor process ended");
         *lost = Some(why.clone());
         drop(lost);
-        let held: Vec<ReplyTo> = self.in_flight.locked().drain().map(|(_, to)| to).collect();
-        if let Some(replier) = self.replier.locked().clone() {
-            for to in held {
-                self.refuse(to, &why, &replier);
-            }
+        let held: Vec<(ReplyTo, Replier)> = self.in_flight.locked().drain().map(|(_, held)| held).collect();
+        for (to, replier) in held {
+            Self::refuse(to, &why, &replier);
         }
     }
 
@@ -84,10 +82,17 @@ impl Shared {
     }
 }
 
+/// What waits for the sender thread: a job with the replier its answer goes to, or ids to
+/// free.
+enum Queued {
+    Run { job: ToExecutor, replier: Replier },
+    Free(ToExecutor),
+}
+
 /// An executor in a child process, started by exec of a program that serves the link on the
 /// descriptor [`LINK_FD`] (see [`crate::serve`]).
 pub struct ProcessExecutor {
-    jobs: Sender<ToExecutor>,
+    jobs: Sender<Queued>,
     shared: Arc<Shared>,
     epoch: u64,
     pid: u32,
@@ -95,48 +100,54 @@ pub struct ProcessExecutor {
 }
 
 impl ProcessExecutor {
-    /// Starts `command` as an executor process with a link of `sizes`, and waits (up to
-    /// `ready_within`) for it to say it is ready.
-    pub fn start(mut command: Command, sizes: LinkSizes, ready_within: Duration) -> Result<Self, SupervisorError> {
-        let (region, mut ends) = channel::create(sizes)?;
+    /// Starts `command` as an executor process with a link of `sizes`, whose handles are of
+    /// `epoch`; it has `ready_within` to say it is ready (jobs wait for it meanwhile).
+    pub fn start(
+        mut command: Command,
+        sizes: LinkSizes,
+        epoch: u64,
+        ready_within: Duration,
+    ) -> Result<Self, SupervisorError> {
+        let (region, ends) = channel::create(sizes)?;
         let child = spawn_with_fds(&mut command, &[(region.fd(), LINK_FD)]).map_err(SupervisorError::Start)?;
         let pid = child.id();
         let shared = Arc::new(Shared {
-            replier: Mutex::new(None),
             in_flight: Mutex::new(HashMap::new()),
             lost: Mutex::new(None),
             alive: AtomicBool::new(true),
             child: Mutex::new(child),
         });
-        let epoch = match wait_ready(&mut ends, &shared, ready_within) {
-            Ok(epoch) => epoch,
-            Err(e) => {
-                kill(&shared);
-                return Err(e);
-            }
-        };
         let (jobs, queued) = crossbeam_channel::unbounded();
         let NodeEnds { jobs: down, job_bulk, answers, answer_bulk } = ends;
         let sender = {
             let shared = Arc::clone(&shared);
+            let ready = (answers, answer_bulk, region);
             std::thread::Builder::new()
-                .name(format!("executor-{pid}-send"))
-                .spawn(move || send_jobs(queued, down, job_bulk, &shared))
-                .map_err(SupervisorError::Thread)?
-        };
-        let reader = {
-            let shared = Arc::clone(&shared);
-            let region = Arc::clone(&region);
-            std::thread::Builder::new()
-                .name(format!("executor-{pid}-read"))
+                .name(format!("executor-{pid}-link"))
                 .spawn(move || {
-                    read_answers(answers, answer_bulk, &shared);
-                    drop(region);
+                    let (mut answers, mut answer_bulk, region) = ready;
+                    match wait_ready(&mut answers, &mut answer_bulk, &shared, epoch, ready_within) {
+                        Ok(()) => tracing::debug!(pid, "an executor process is ready"),
+                        Err(why) => {
+                            kill(&shared);
+                            shared.end(why);
+                        }
+                    }
+                    let reader = {
+                        let shared = Arc::clone(&shared);
+                        std::thread::Builder::new().name(format!("executor-{pid}-read")).spawn(move || {
+                            read_answers(answers, answer_bulk, &shared);
+                            drop(region);
+                        })
+                    };
+                    send_jobs(queued, down, job_bulk, &shared);
+                    if let Ok(reader) = reader {
+                        let _ = reader.join();
+                    }
                 })
                 .map_err(SupervisorError::Thread)?
         };
-        tracing::info!(pid, epoch = format_args!("{epoch:016x}"), "an executor process is ready");
-        Ok(Self { jobs, shared, epoch, pid, threads: vec![sender, reader] })
+        Ok(Self { jobs, shared, epoch, pid, threads: vec![sender] })
     }
 
     /// The child's process id.
@@ -151,7 +162,7 @@ impl ProcessExecutor {
 
     fn send(&self, message: ToExecutor) {
         // The sender lives as long as `self`.
-        let _ = self.jobs.send(message);
+        let _ = self.jobs.send(Queued::Free(message));
     }
 }
 
@@ -161,29 +172,40 @@ fn kill(shared: &Shared) {
     let _ = child.wait();
 }
 
-/// The child's first message, its epoch.
-fn wait_ready(ends: &mut NodeEnds, shared: &Shared, within: Duration) -> Result<u64, SupervisorError> {
+/// Waits for the child's first message, that it is ready with handles of `epoch`: the cause
+/// of its loss when it is not.
+fn wait_ready(
+    answers: &mut djinn_shm::Consumer,
+    bulk: &mut channel::BulkIn,
+    shared: &Shared,
+    epoch: u64,
+    within: Duration,
+) -> Result<(), String> {
     let until = Instant::now() + within;
     let mut message = Vec::new();
     loop {
-        if ends.answers.pop(&mut message)? {
-            return match FromExecutor::decode(&message, &link_limits(), &mut ends.answer_bulk)? {
-                FromExecutor::Ready { epoch } => Ok(epoch),
-                FromExecutor::Answered { .. } => Err(SupervisorError::Protocol("an answer before it was ready")),
+        if answers.pop(&mut message).map_err(|e| format!("its first message: {e}"))? {
+            return match FromExecutor::decode(&message, &link_limits(), bulk) {
+                Ok(FromExecutor::Ready { epoch: its }) if its == epoch => Ok(()),
+                Ok(FromExecutor::Ready { epoch: its }) => {
+                    Err(format!("it makes handles of epoch {its:x}, not {epoch:x}"))
+                }
+                Ok(FromExecutor::Answered { .. }) => Err("it answered before it was ready".into()),
+                Err(e) => Err(format!("its first message: {e}")),
             };
         }
         if !shared.check_child() {
-            return Err(SupervisorError::Ended(shared.lost().unwrap_or_default()));
+            return Err(shared.lost().unwrap_or_default());
         }
         if Instant::now() >= until {
-            return Err(SupervisorError::NotReady(within));
+            return Err(format!("it was not ready within {within:?}"));
         }
-        ends.answers.wait(LIVENESS_TICK);
+        answers.wait(LIVENESS_TICK);
     }
 }
 
 fn send_jobs(
-    queued: Receiver<ToExecutor>,
+    queued: Receiver<Queued>,
     mut down: djinn_shm::Producer,
     mut bulk: channel::BulkOut,
     shared: &Arc<Shared>,
@@ -195,18 +217,20 @@ fn send_jobs(
     bulk.while_alive(alive.clone());
     let mut message = Vec::new();
     for job in queued {
+        let (job, replier) = match job {
+            Queued::Run { job, replier } => (job, Some(replier)),
+            Queued::Free(free) => (free, None),
+        };
         let to = match &job {
             ToExecutor::Run { to, .. } => Some(*to),
             _ => None,
         };
-        if let (Some(why), Some(to)) = (shared.lost(), to) {
-            if let Some(replier) = shared.replier.locked().clone() {
-                shared.refuse(to, &why, &replier);
+        if let (Some(to), Some(replier)) = (to, &replier) {
+            if let Some(why) = shared.lost() {
+                Shared::refuse(to, &why, replier);
+                continue;
             }
-            continue;
-        }
-        if let Some(to) = to {
-            shared.in_flight.locked().insert((to.conn_id, to.request_id), to);
+            shared.in_flight.locked().insert((to.conn_id, to.request_id), (to, replier.clone()));
         }
         message.clear();
         let sent = job
@@ -219,9 +243,7 @@ fn send_jobs(
                 continue;
             };
             // Not sent: the request is answered here, and the child knows nothing of it.
-            if shared.in_flight.locked().remove(&(to.conn_id, to.request_id)).is_some()
-                && let Some(replier) = shared.replier.locked().clone()
-            {
+            if let Some((_, replier)) = shared.in_flight.locked().remove(&(to.conn_id, to.request_id)) {
                 let code = if shared.alive.load(Ordering::SeqCst) {
                     ErrorCode::FrameTooLarge
                 } else {
@@ -254,12 +276,11 @@ fn read_answers(mut answers: djinn_shm::Consumer, mut bulk: channel::BulkIn, sha
             Ok(FromExecutor::Ready { .. }) => return compromised(shared, "said it was ready twice".into()),
             Err(e) => return compromised(shared, format!("an answer that does not decode: {e}")),
         };
-        // An answer to a request it does not hold is dropped: a child cannot answer for
-        // another connection, nor twice.
-        if shared.in_flight.locked().remove(&(to.conn_id, to.request_id)) != Some(to) {
+        // A child cannot answer for another connection, nor twice.
+        let held = shared.in_flight.locked().remove(&(to.conn_id, to.request_id));
+        let Some((_, replier)) = held.filter(|(held, _)| *held == to) else {
             return compromised(shared, format!("an answer to request {} it does not hold", to.request_id));
-        }
-        let Some(replier) = shared.replier.locked().clone() else { continue };
+        };
         match answer {
             Answer::Reply(reply) => replier.send(to, reply),
             Answer::Executed(executed) => replier.executed(to, executed),
@@ -276,16 +297,11 @@ fn compromised(shared: &Shared, why: String) {
 
 impl Executor for ProcessExecutor {
     fn run(&mut self, job: Job, to: ReplyTo, replier: &Replier) {
-        {
-            let mut slot = self.shared.replier.locked();
-            if slot.is_none() {
-                *slot = Some(replier.clone());
-            }
-        }
         if let Some(why) = self.shared.lost() {
-            return self.shared.refuse(to, &why, replier);
+            return Shared::refuse(to, &why, replier);
         }
-        self.send(ToExecutor::Run { job, to });
+        // The sender lives as long as `self`.
+        let _ = self.jobs.send(Queued::Run { job: ToExecutor::Run { job, to }, replier: replier.clone() });
     }
 
     fn epoch(&self) -> u64 {

@@ -17,6 +17,7 @@ use djinn_supervisor::{LINK_FD, LinkSizes, ProcessExecutor};
 
 const SIZES: LinkSizes = LinkSizes { messages: 1 << 20, bulk: 16 << 20 };
 const READY_WITHIN: Duration = Duration::from_secs(60);
+const NEVER_ANSWERS_EPOCH: u64 = 7;
 
 /// This test binary again, running the child test `name`.
 fn child(name: &str) -> Command {
@@ -27,7 +28,8 @@ fn child(name: &str) -> Command {
 
 fn executor() -> (ProcessExecutor, MemoryBudget) {
     let child = child("child_serves_the_executor_double");
-    (ProcessExecutor::start(child, SIZES, READY_WITHIN).expect("the child is ready"), MemoryBudget::new(1 << 20))
+    // The double's handles are of epoch 1.
+    (ProcessExecutor::start(child, SIZES, 1, READY_WITHIN).expect("the child starts"), MemoryBudget::new(1 << 20))
 }
 
 #[test]
@@ -47,7 +49,8 @@ enum Ending {
 /// `ExecutorLost` (naming how it ended) once, and so is a request after.
 fn requests_held_when_the_child_ends_are_answered_executor_lost(ending: Ending, cause: &[&str]) {
     let child = child("child_serves_an_executor_that_never_answers");
-    let mut executor = ProcessExecutor::start(child, SIZES, READY_WITHIN).expect("the child is ready");
+    let mut executor =
+        ProcessExecutor::start(child, SIZES, NEVER_ANSWERS_EPOCH, READY_WITHIN).expect("the child starts");
     let (replier, replies) = Replier::new(Arc::new(|| {}));
     let to = |request_id| ReplyTo {
         slot: 0,
@@ -137,7 +140,7 @@ impl Executor for NeverAnswers {
         self.0.push(to);
     }
     fn epoch(&self) -> u64 {
-        7
+        NEVER_ANSWERS_EPOCH
     }
     fn free_kept(&mut self, _: &[u64]) {}
     fn free_parked(&mut self, _: &[u64]) {}

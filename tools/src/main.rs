@@ -3,6 +3,7 @@
 mod auth;
 mod control;
 mod drain;
+mod executor;
 mod node;
 mod status;
 mod up;
@@ -104,6 +105,10 @@ enum Command {
     /// The child process of `djinn bench shm`; not for direct use.
     #[command(hide = true)]
     BenchShmPeer(djinn_bench::ShmPeerArgs),
+    /// One tenant's executor process, started by its node (`--executor-processes`); not for
+    /// direct use.
+    #[command(hide = true)]
+    Executor(executor::ExecutorArgs),
 }
 
 fn main() -> Result<()> {
@@ -208,6 +213,7 @@ fn main() -> Result<()> {
         Command::Bench(command) => djinn_bench::run(command),
         Command::BenchPeer(args) => djinn_bench::run_peer(args),
         Command::BenchShmPeer(args) => djinn_bench::run_shm_peer(args),
+        Command::Executor(args) => executor::run(args),
     }
 }
 

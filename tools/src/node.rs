@@ -12,8 +12,8 @@ use djinn_auth::Authenticator;
 use djinn_dataplane::client::Transport;
 use djinn_dataplane::rdma::{RdmaChannel, RdmaContext};
 use djinn_dataplane::tcp::{Backend, Server, ServerConfig};
-use djinn_executor::{Device, ExecutorOptions, Policy, SessionOptions, TorchExecutor};
-use djinn_node_core::{CoreOptions, NodeCore, tenant_budget};
+use djinn_executor::{Device, ExecutorOptions, HandleSpace, Policy, SessionOptions, TorchExecutor};
+use djinn_node_core::{CoreOptions, Executor, NodeCore, tenant_budget};
 use djinn_proto::Limits;
 use djinn_proto::rdma::SessionConfig;
 use signal_hook::consts::{SIGINT, SIGTERM};
@@ -93,6 +93,13 @@ pub struct NodeArgs {
     /// Executor worker threads (models run on these, never on the poller).
     #[arg(long, default_value_t = 2)]
     workers: usize,
+    /// Run each tenant's models in an executor process of its own (`djinn executor`, started
+    /// by the tenant's first request and again after it ends), so that a crash in one
+    /// tenant's kernels costs only that tenant. Each process has --workers workers and the
+    /// whole device budget (one budget over them all is still to come), and its models must be
+    /// registered again after it ends.
+    #[arg(long)]
+    executor_processes: bool,
     /// libtorch's threads inside one operation, per worker.
     #[arg(long, default_value_t = 1)]
     intra_op_threads: i32,
@@ -356,8 +363,13 @@ pub fn run(args: NodeArgs, auth: Option<Arc<Authenticator>>) -> Result<()> {
         max_run_memory: args.max_run_memory.map(|b| b.0),
         flops_per_second: Some(flops),
         auth: auth.clone(),
+        handles: HandleSpace::fresh(),
     };
-    let executor = TorchExecutor::new(budget.clone(), options).context("cannot start the executor")?;
+    let executor: Box<dyn Executor + Send> = if args.executor_processes {
+        Box::new(crate::executor::tenant_processes(&options, budget.limit(), host_limit)?)
+    } else {
+        Box::new(TorchExecutor::new(budget.clone(), options).context("cannot start the executor")?)
+    };
     let core = CoreOptions {
         pool_bytes: args.buffer_pool.0,
         max_meta,

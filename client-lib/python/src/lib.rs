@@ -52,6 +52,12 @@ create_exception!(
 );
 create_exception!(
     djinn,
+    ExecutorLostError,
+    RemoteError,
+    "The executor process holding the request (and what the tenant kept on its device) ended before it answered: a crash in a kernel, a kill, out of memory; the message says which. The node goes on and starts the tenant a new one."
+);
+create_exception!(
+    djinn,
     QuotaExceededError,
     RemoteError,
     "The tenant's quota on the node (device memory, swap, concurrent requests or request rate) does not allow this now."
@@ -123,6 +129,7 @@ fn to_py_err(e: ClusterError) -> PyErr {
                 ErrorCode::OverBudget => OverBudgetError::new_err(message),
                 ErrorCode::QuotaExceeded => QuotaExceededError::new_err(message),
                 ErrorCode::DeadlineExceeded => DeadlineExceededError::new_err(message),
+                ErrorCode::ExecutorLost => ExecutorLostError::new_err(message),
                 ErrorCode::NotFound => NotFoundError::new_err(message),
                 ErrorCode::StaleHandle => StaleHandleError::new_err(message),
                 ErrorCode::BadBreakpoint => BreakpointError::new_err(message),
@@ -935,6 +942,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         ("OverBudgetError", py.get_type::<OverBudgetError>()),
         ("QuotaExceededError", py.get_type::<QuotaExceededError>()),
         ("DeadlineExceededError", py.get_type::<DeadlineExceededError>()),
+        ("ExecutorLostError", py.get_type::<ExecutorLostError>()),
         ("GraphRefusedError", py.get_type::<GraphRefusedError>()),
         ("NotFoundError", py.get_type::<NotFoundError>()),
         ("StaleHandleError", py.get_type::<StaleHandleError>()),

@@ -1,0 +1,105 @@
+"""A node that runs each tenant's models in an executor process of its own
+(`--executor-processes`), from Python: one tenant's process killed while it runs that tenant's
+request costs that tenant only: its request fails with `djinn.ExecutorLostError`, the other
+tenant's calls go on, and once it registers again it is served by a new process."""
+import os
+import signal
+import threading
+import time
+
+import torch
+from torch import nn
+
+import djinn
+from conftest import NodeProcess, tokens_file
+
+ALICE = "alice-token-0123456789"
+BOB = "bob-token-0123456789ab"
+
+
+class Grind(nn.Module):
+    """Matrix products, one after another: seconds of work on one thread."""
+
+    def __init__(self, rounds: int):
+        super().__init__()
+        self.rounds = rounds
+
+    def forward(self, x):
+        for _ in range(self.rounds):
+            x = torch.tanh(x @ x)
+        return x
+
+
+def executor_processes(node_pid: int) -> dict:
+    """The node's executor processes: pid → command line."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode()
+        except (OSError, IndexError, ValueError):
+            continue
+        if parent == node_pid and " executor " in cmdline:
+            found[int(entry)] = cmdline
+    return found
+
+
+def cpu_ticks(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def test_a_tenants_executor_process_killed_mid_request_costs_only_that_tenant(tmp_path):
+    auth = tokens_file(tmp_path, {"alice": {"tokens": [ALICE]}, "bob": {"tokens": [BOB]}})
+    node = NodeProcess("--executor-processes", "--auth-file", auth)
+    try:
+        alice = djinn.Client(node.address, token=ALICE)
+        bob = djinn.Client(node.address, token=BOB)
+        x = torch.randn(1024, 1024) / 32
+        grind = alice.register(Grind(30), x)  # seconds of work on the node's one thread
+        small = nn.Linear(8, 8).eval()
+        y = torch.randn(2, 8)
+        bobs = bob.register(small, y)
+        assert torch.equal(bobs(y), small(y))
+        [alices_pid] = [p for p, cmd in executor_processes(node.proc.pid).items() if "--first-id=1 " in cmd]
+
+        failure = []
+
+        def run():
+            try:
+                grind(x)
+                failure.append(None)
+            except djinn.DjinnError as e:
+                failure.append(e)
+
+        caller = threading.Thread(target=run)
+        caller.start()
+        # The grind is running once alice's process spends CPU time on it.
+        start = cpu_ticks(alices_pid)
+        deadline = time.monotonic() + 60
+        while cpu_ticks(alices_pid) < start + 20:
+            assert time.monotonic() < deadline, "the grind never ran"
+            time.sleep(0.01)
+        os.kill(alices_pid, signal.SIGKILL)
+        # Bob is served throughout.
+        for _ in range(20):
+            assert torch.equal(bobs(y), small(y))
+        caller.join(timeout=60)
+        assert not caller.is_alive()
+        [error] = failure
+        assert isinstance(error, djinn.ExecutorLostError), repr(error)
+        assert isinstance(error, djinn.RemoteError)
+        assert "SIGKILL" in str(error) or "signal: 9" in str(error), str(error)
+
+        # Registered again, alice's model runs in a new process.
+        again = alice.register(Grind(1), x)
+        assert torch.allclose(again(x), Grind(1)(x), atol=1e-5)
+        assert alices_pid not in executor_processes(node.proc.pid)
+        assert torch.equal(bobs(y), small(y))
+    finally:
+        node.stop()

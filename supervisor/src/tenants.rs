@@ -1,0 +1,278 @@
+//! An executor process per tenant, behind the core's one [`Executor`].
+//!
+//! A tenant's first job starts its process; a job for a tenant whose process has ended starts
+//! a new one (its models must come again: the archives are not kept yet). Each process makes
+//! handles of the node's one epoch from an id range of its own, never reused, so that the
+//! core's records tell whose each handle is and a handle of an ended process names nothing.
+//! What asks about every tenant (the node's counters, an operator's or the node's own lists of
+//! models and sessions) is asked of every live process and their answers merged.
+
+use std::collections::{BTreeMap, HashMap};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use djinn_auth::TenantId;
+use djinn_node_core::{Answer, Executor, Job, LIST_PAGE, Replier, Reply, ReplyTo};
+use djinn_proto::{DataMessage, ErrorCode, Message, ModelInfo, ModelMessage, SessionEntry, SessionMessage};
+
+use crate::{LinkSizes, ProcessExecutor};
+
+/// Ids of the handles one executor process may make.
+const IDS_PER_PROCESS: u64 = 1 << 40;
+/// How long a gathering waits for each process's answer.
+const GATHER_WAIT: Duration = Duration::from_secs(30);
+
+/// What starts a tenant's executor process: the command for a process whose handles are of
+/// `epoch` with ids from `first_id`.
+pub type Launch = Box<dyn Fn(TenantId, u64, u64) -> Command + Send>;
+
+/// One executor process per tenant.
+pub struct TenantExecutors {
+    launch: Launch,
+    sizes: LinkSizes,
+    ready_within: Duration,
+    epoch: u64,
+    /// The first id of the next process's range.
+    next_first_id: u64,
+    live: HashMap<TenantId, (ProcessExecutor, u64)>,
+    /// Whose each range was, by its first id.
+    ranges: BTreeMap<u64, TenantId>,
+    started: u64,
+    restarts: u64,
+}
+
+impl std::fmt::Debug for TenantExecutors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TenantExecutors").field("live", &self.live.len()).field("restarts", &self.restarts).finish()
+    }
+}
+
+impl TenantExecutors {
+    /// Processes started with `launch`, each linked with rings of `sizes` and given
+    /// `ready_within` to start; their handles are of `epoch`.
+    pub fn new(launch: Launch, sizes: LinkSizes, ready_within: Duration, epoch: u64) -> Self {
+        Self {
+            launch,
+            sizes,
+            ready_within,
+            epoch,
+            next_first_id: 1,
+            live: HashMap::new(),
+            ranges: BTreeMap::new(),
+            started: 0,
+            restarts: 0,
+        }
+    }
+
+    /// The tenant's process: its live one, or a new one.
+    fn process(&mut self, tenant: TenantId) -> Result<&mut ProcessExecutor, String> {
+        if let Some((process, _)) = self.live.get(&tenant)
+            && let Some(why) = process.lost()
+        {
+            tracing::warn!(tenant = tenant.0, cause = %why, "restarting a tenant's executor process");
+            self.live.remove(&tenant);
+            self.restarts += 1;
+        }
+        if !self.live.contains_key(&tenant) {
+            let first_id = self.next_first_id;
+            let command = (self.launch)(tenant, self.epoch, first_id);
+            let process = ProcessExecutor::start(command, self.sizes, self.epoch, self.ready_within)
+                .map_err(|e| e.to_string())?;
+            tracing::info!(tenant = tenant.0, pid = process.pid(), first_id, "a tenant's executor process starts");
+            self.next_first_id += IDS_PER_PROCESS;
+            self.ranges.insert(first_id, tenant);
+            self.live.insert(tenant, (process, first_id));
+            self.started += 1;
+        }
+        let (process, _) = self.live.get_mut(&tenant).ok_or("no process")?;
+        Ok(process)
+    }
+
+    /// The live process whose range holds `id`.
+    fn owner_of(&mut self, id: u64) -> Option<&mut ProcessExecutor> {
+        let (&first_id, tenant) = self.ranges.range(..=id).next_back()?;
+        match self.live.get_mut(tenant) {
+            Some((process, first)) if *first == first_id => Some(process),
+            // The range of a process that has ended: what it held went with it.
+            _ => None,
+        }
+    }
+
+    /// Hands each live process the ids of `ids` in its range.
+    fn free(&mut self, ids: &[u64], free: fn(&mut ProcessExecutor, &[u64])) {
+        let mut by_range: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+        for &id in ids {
+            if let Some((&first_id, _)) = self.ranges.range(..=id).next_back() {
+                by_range.entry(first_id).or_default().push(id);
+            }
+        }
+        for (first_id, ids) in by_range {
+            if let Some(process) = self.owner_of(first_id) {
+                free(process, &ids);
+            }
+        }
+    }
+
+    /// Asks every live process `job()` and answers `to` with what `merge` makes of their
+    /// replies (in a thread of its own: the replies come from the processes' readers).
+    fn gather(&mut self, job: impl Fn() -> Job, to: ReplyTo, replier: &Replier, merge: Merge) {
+        let (gathering, answers) = Replier::new(Arc::new(|| {}));
+        let mut asked = 0;
+        for (process, _) in self.live.values_mut() {
+            if process.lost().is_none() {
+                let ask = ReplyTo { slot: usize::MAX, conn_id: GATHER_CONN, request_id: asked, ..to };
+                process.run(job(), ask, &gathering);
+                asked += 1;
+            }
+        }
+        let own = Counts { processes: asked, started: self.started, restarts: self.restarts };
+        let replier = replier.clone();
+        let reply = move || {
+            let mut replies = Vec::new();
+            for _ in 0..asked {
+                // A process that ends meanwhile is answered `ExecutorLost` by its reader.
+                let Ok((_, answer)) = answers.recv_timeout(GATHER_WAIT) else { break };
+                replies.push(match answer {
+                    Answer::Reply(reply) => reply,
+                    Answer::Executed(executed) => executed.reply,
+                });
+            }
+            replier.executed(to, merge(replies, own));
+        };
+        if asked == 0 {
+            return reply();
+        }
+        if let Err(e) = std::thread::Builder::new().name("executor-gather".into()).spawn(reply) {
+            tracing::warn!(error = %e, "cannot gather the executor processes' answers");
+        }
+    }
+}
+
+/// The connection of the requests the router makes of its processes itself.
+const GATHER_CONN: u64 = u64::MAX - 1;
+
+/// The processes the router keeps, for its counters.
+#[derive(Debug, Clone, Copy)]
+struct Counts {
+    processes: u64,
+    started: u64,
+    restarts: u64,
+}
+
+/// What makes one reply of the replies of every process.
+type Merge = fn(Vec<Reply>, Counts) -> Reply;
+
+/// The first refusal among `replies`, if any (a list is whole or refused).
+fn refusal(replies: &[Reply]) -> Option<Reply> {
+    replies.iter().find_map(|r| match &r.message {
+        Message::Data(DataMessage::Error { code, message }) => Some(Reply::error(*code, message.clone())),
+        _ => None,
+    })
+}
+
+/// Every process's counters summed, with the router's own.
+fn sum_counters(replies: Vec<Reply>, own: Counts) -> Reply {
+    let mut counters: BTreeMap<String, u64> = [
+        ("executor_processes".to_owned(), own.processes),
+        ("executor_processes_started".to_owned(), own.started),
+        ("executor_process_restarts".to_owned(), own.restarts),
+    ]
+    .into_iter()
+    .collect();
+    for reply in replies {
+        if let Message::Data(DataMessage::StatsReply { counters: theirs }) = reply.message {
+            for (name, value) in theirs {
+                *counters.entry(name).or_default() += value;
+            }
+        }
+    }
+    Reply::message(DataMessage::StatsReply { counters: counters.into_iter().collect() })
+}
+
+/// Every process's models, a public model held by several tenants (each in its own process)
+/// listed once with all of them as its owners.
+fn merge_models(replies: Vec<Reply>, _: Counts) -> Reply {
+    if let Some(refused) = refusal(&replies) {
+        return refused;
+    }
+    let mut models: BTreeMap<djinn_proto::Fingerprint, ModelInfo> = BTreeMap::new();
+    for reply in replies {
+        if let Message::Model(ModelMessage::ModelList { models: theirs }) = reply.message {
+            for model in theirs {
+                match models.get_mut(&model.fingerprint) {
+                    Some(seen) => {
+                        seen.executions += model.executions;
+                        seen.owners.extend(model.owners);
+                        seen.owners.sort();
+                        seen.owners.dedup();
+                    }
+                    None => {
+                        models.insert(model.fingerprint, model);
+                    }
+                }
+            }
+        }
+    }
+    Reply::message(ModelMessage::ModelList { models: models.into_values().collect() })
+}
+
+/// The first page of every process's sessions after the same id, merged in id order (the
+/// processes' id ranges do not overlap) and cut to one page.
+fn merge_sessions(replies: Vec<Reply>, _: Counts) -> Reply {
+    if let Some(refused) = refusal(&replies) {
+        return refused;
+    }
+    let mut sessions: Vec<SessionEntry> = Vec::new();
+    let mut more = false;
+    for reply in replies {
+        if let Message::Session(SessionMessage::SessionList { sessions: theirs, more: theirs_more }) = reply.message {
+            sessions.extend(theirs);
+            more |= theirs_more;
+        }
+    }
+    sessions.sort_by_key(|s| s.session.id);
+    more |= sessions.len() > LIST_PAGE;
+    sessions.truncate(LIST_PAGE);
+    Reply::message(SessionMessage::SessionList { sessions, more })
+}
+
+impl Executor for TenantExecutors {
+    fn run(&mut self, job: Job, to: ReplyTo, replier: &Replier) {
+        match job {
+            Job::Stats => return self.gather(|| Job::Stats, to, replier, sum_counters),
+            Job::ListModels { all: Some(names) } => {
+                let job = move || Job::ListModels { all: Some(names.clone()) };
+                return self.gather(job, to, replier, merge_models);
+            }
+            Job::ListSessions { all: Some(names), after } => {
+                let job = move || Job::ListSessions { all: Some(names.clone()), after };
+                return self.gather(job, to, replier, merge_sessions);
+            }
+            _ => {}
+        }
+        match self.process(to.tenant) {
+            Ok(process) => process.run(job, to, replier),
+            Err(why) => replier.executed(
+                to,
+                Reply::error(ErrorCode::ExecutorLost, format!("cannot start the tenant's executor process: {why}")),
+            ),
+        }
+    }
+
+    fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    fn free_kept(&mut self, ids: &[u64]) {
+        self.free(ids, ProcessExecutor::free_kept);
+    }
+
+    fn free_parked(&mut self, ids: &[u64]) {
+        self.free(ids, ProcessExecutor::free_parked);
+    }
+
+    fn free_sessions(&mut self, ids: &[u64]) {
+        self.free(ids, ProcessExecutor::free_sessions);
+    }
+}

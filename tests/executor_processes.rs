@@ -1,0 +1,135 @@
+//! A node whose tenants' models run in executor processes of their own (`--executor-processes`):
+//! each tenant's first request starts its process; when one is killed while two tenants call in
+//! loops, the node lives, the other tenant sees no failed request, and the hit tenant gets only
+//! typed errors and is served again (its models registered again: the node keeps no archives
+//! yet).
+
+mod support;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use djinn_client::{Client, ClientOptions, DType, ErrorCode, Fingerprint, TensorRef, Value};
+use support::{Node, f32_bytes, register};
+
+const ALICE: &str = "alice-token-0123456789";
+const BOB: &str = "bob-token-0123456789ab";
+
+fn token_file(dir: &Path) -> std::path::PathBuf {
+    let path = dir.join("tokens.json");
+    let json = serde_json::json!({ "principals": [
+        { "name": "alice", "tokens": [ALICE], "rights": ["torchscript"] },
+        { "name": "bob", "tokens": [BOB], "rights": ["torchscript"] },
+    ]});
+    std::fs::write(&path, json.to_string()).expect("write the token file");
+    path
+}
+
+fn connect(node: &Node, token: &str) -> Client {
+    let options =
+        ClientOptions { token: token.to_owned(), timeout: Some(Duration::from_secs(60)), ..Default::default() };
+    Client::connect_with(node.addr, options).expect("connect")
+}
+
+/// The node's executor processes: pid and command line of each child that runs `executor`.
+fn executor_processes(node: &Node) -> Vec<(u32, String)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        // The parent pid is the second field after the command's closing parenthesis.
+        let parent = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<i32>().ok());
+        if parent != Some(node.pid()) {
+            continue;
+        }
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if cmdline.contains(" executor ") {
+            found.push((pid, cmdline));
+        }
+    }
+    found
+}
+
+fn call(client: &mut Client, model: &Fingerprint, x: &[u8]) -> Result<Vec<u8>, djinn_client::ClientError> {
+    let input = [TensorRef { dtype: DType::F32, shape: &[4, 256], bytes: x }];
+    let output = client.execute(model, &[Value::Tensor(0)], &input)?;
+    Ok(output.tensor_bytes(0).to_vec())
+}
+
+#[test]
+fn a_tenants_executor_process_killed_costs_only_that_tenant() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start("mio", &["--executor-processes", "--auth-file", token_file(dir.path()).to_str().unwrap()]);
+    let mut alice = connect(&node, ALICE);
+    let mut bob = connect(&node, BOB);
+    let blocks = ["mlp.block0", "mlp.block1", "mlp.block2"];
+    let alices = register(&mut alice, &blocks);
+    let bobs = register(&mut bob, &blocks);
+    let x = f32_bytes(4 * 256, 3);
+    let expected = call(&mut alice, &alices, &x).expect("alice is served");
+    assert_eq!(call(&mut bob, &bobs, &x).expect("bob is served"), expected, "the same model, the same answer");
+
+    // Alice's process started first: its handles' ids start at 1.
+    let processes = executor_processes(&node);
+    assert_eq!(processes.len(), 2, "one process per tenant: {processes:?}");
+    let (alices_pid, _) = processes.iter().find(|(_, cmd)| cmd.contains("--first-id=1 ")).expect("alice's process");
+
+    // Bob calls in a loop while alice's process is killed.
+    let stop = Arc::new(AtomicBool::new(false));
+    let served = Arc::new(AtomicU64::new(0));
+    let bobs_loop = {
+        let (stop, served, expected, x) = (Arc::clone(&stop), Arc::clone(&served), expected.clone(), x.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                let answer = call(&mut bob, &bobs, &x).expect("bob sees no failed request");
+                assert_eq!(answer, expected);
+                served.fetch_add(1, Ordering::SeqCst);
+            }
+            bob
+        })
+    };
+    let killed = std::process::Command::new("kill").args(["-KILL", &alices_pid.to_string()]).status().unwrap();
+    assert!(killed.success());
+
+    // Alice gets typed errors only (her process lost, then her model gone with it), until she
+    // registers again; then she is served, by a new process.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut codes = Vec::new();
+    loop {
+        assert!(Instant::now() < deadline, "alice not served again: {codes:?}");
+        match call(&mut alice, &alices, &x) {
+            Ok(answer) if codes.is_empty() => assert_eq!(answer, expected, "answered before the kill took"),
+            Ok(answer) => {
+                assert_eq!(answer, expected);
+                break;
+            }
+            Err(e) => {
+                let code = e.remote_code().unwrap_or_else(|| panic!("an untyped failure: {e}"));
+                assert!(matches!(code, ErrorCode::ExecutorLost | ErrorCode::UnknownModel), "{code:?}: {e}");
+                codes.push(code);
+                if code == ErrorCode::UnknownModel {
+                    assert_eq!(register(&mut alice, &blocks), alices);
+                }
+            }
+        }
+    }
+    assert!(codes.contains(&ErrorCode::UnknownModel), "her model went with her process: {codes:?}");
+    let before = served.load(Ordering::SeqCst);
+    while served.load(Ordering::SeqCst) < before + 5 {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    stop.store(true, Ordering::SeqCst);
+    let mut bob = bobs_loop.join().expect("bob's loop saw no failure");
+
+    // The node lives; it counts the restart; a new process serves alice.
+    let stats = bob.stats().expect("the node answers");
+    let stat = |name: &str| stats.iter().find(|(n, _)| n == name).map(|(_, v)| *v);
+    assert_eq!(stat("executor_processes"), Some(2), "{stats:?}");
+    assert_eq!(stat("executor_process_restarts"), Some(1), "{stats:?}");
+    let now = executor_processes(&node);
+    assert_eq!(now.len(), 2);
+    assert!(now.iter().all(|(pid, _)| pid != alices_pid), "alice's process is a new one");
+}

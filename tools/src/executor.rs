@@ -1,0 +1,140 @@
+//! `djinn executor`: one tenant's executor process, started by its node (`djinn node
+//! --executor-processes`) with the link's region at descriptor 3; not for direct use.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use djinn_executor::{Device, ExecutorOptions, HandleSpace, Policy, SessionOptions, TorchExecutor, tch};
+use djinn_memory::{ByteSize, MemoryBudget};
+use djinn_supervisor::{Launch, LinkSizes, TenantExecutors};
+
+/// What the node resolved from its own flags, for this tenant's process.
+#[derive(Args, Debug, Clone)]
+pub struct ExecutorArgs {
+    #[arg(long, value_parser = djinn_executor::parse_device)]
+    device: Device,
+    #[arg(long)]
+    workers: usize,
+    #[arg(long)]
+    intra_op_threads: usize,
+    #[arg(long)]
+    device_memory_budget: ByteSize,
+    #[arg(long)]
+    host_memory_budget: ByteSize,
+    #[arg(long)]
+    session_policy: Policy,
+    #[arg(long)]
+    session_budget: ByteSize,
+    #[arg(long)]
+    session_host_pool: ByteSize,
+    /// Seconds; 0 for no limit.
+    #[arg(long)]
+    execute_deadline: f64,
+    #[arg(long)]
+    max_run_memory: Option<ByteSize>,
+    #[arg(long)]
+    flops: Option<f64>,
+    /// The epoch of the handles this process makes.
+    #[arg(long)]
+    epoch: u64,
+    /// The first id of its handles.
+    #[arg(long)]
+    first_id: u64,
+}
+
+impl ExecutorArgs {
+    /// The arguments that give a process these values (what the node passes).
+    pub fn to_args(&self) -> Vec<String> {
+        let mut args = vec![
+            "executor".to_owned(),
+            format!("--device={}", device_arg(self.device)),
+            format!("--workers={}", self.workers),
+            format!("--intra-op-threads={}", self.intra_op_threads),
+            format!("--device-memory-budget={}", self.device_memory_budget.0),
+            format!("--host-memory-budget={}", self.host_memory_budget.0),
+            format!("--session-policy={}", self.session_policy.name()),
+            format!("--session-budget={}", self.session_budget.0),
+            format!("--session-host-pool={}", self.session_host_pool.0),
+            format!("--execute-deadline={}", self.execute_deadline),
+            format!("--epoch={}", self.epoch),
+            format!("--first-id={}", self.first_id),
+        ];
+        args.extend(self.max_run_memory.map(|b| format!("--max-run-memory={}", b.0)));
+        args.extend(self.flops.map(|f| format!("--flops={f}")));
+        args
+    }
+
+    /// The values for a node's tenants' processes (each then gets its own `epoch` and
+    /// `first_id`).
+    pub fn of_node(options: &ExecutorOptions, device_budget: u64, host_budget: u64) -> Self {
+        Self {
+            device: options.device,
+            workers: options.workers,
+            intra_op_threads: options.intra_op_threads,
+            device_memory_budget: ByteSize(device_budget),
+            host_memory_budget: ByteSize(host_budget),
+            session_policy: options.sessions.policy,
+            session_budget: ByteSize(options.sessions.budget),
+            session_host_pool: ByteSize(options.sessions.host_pool),
+            execute_deadline: options.execute_deadline.map_or(0.0, |d| d.as_secs_f64()),
+            max_run_memory: options.max_run_memory.map(ByteSize),
+            flops: options.flops_per_second,
+            epoch: 0,
+            first_id: 0,
+        }
+    }
+}
+
+/// One executor process per tenant, each `djinn executor` with the node's executor options.
+pub fn tenant_processes(options: &ExecutorOptions, device_budget: u64, host_budget: u64) -> Result<TenantExecutors> {
+    let exe = std::env::current_exe().context("cannot find the djinn binary to start executor processes")?;
+    let template = ExecutorArgs::of_node(options, device_budget, host_budget);
+    let launch: Launch = Box::new(move |_tenant, epoch, first_id| {
+        let mut command = std::process::Command::new(&exe);
+        command.args(ExecutorArgs { epoch, first_id, ..template.clone() }.to_args());
+        command
+    });
+    Ok(TenantExecutors::new(launch, LinkSizes::default(), READY_WITHIN, HandleSpace::fresh().epoch))
+}
+
+/// How long a new executor process has to load libtorch (and initialise its device) before its
+/// tenant's requests are answered `ExecutorLost`.
+const READY_WITHIN: Duration = Duration::from_secs(120);
+
+fn device_arg(device: Device) -> String {
+    match device {
+        Device::Cuda(n) => format!("cuda:{n}"),
+        _ => "cpu".to_owned(),
+    }
+}
+
+pub fn run(args: ExecutorArgs) -> Result<()> {
+    if args.epoch == 0 {
+        bail!("--epoch 0 names no executor's life");
+    }
+    // SAFETY: the node placed the link's region at this descriptor for this process to own,
+    // and nothing else here uses it.
+    let link = unsafe { djinn_shm::inherited(djinn_supervisor::LINK_FD) }
+        .context("no link at descriptor 3: `djinn executor` is started by its node")?;
+    tch::set_num_threads(args.intra_op_threads.max(1) as i32);
+    let options = ExecutorOptions {
+        device: args.device,
+        workers: args.workers,
+        intra_op_threads: args.intra_op_threads,
+        host_budget: MemoryBudget::new(args.host_memory_budget.0),
+        sessions: SessionOptions {
+            policy: args.session_policy,
+            budget: args.session_budget.0,
+            host_pool: args.session_host_pool.0,
+        },
+        execute_deadline: (args.execute_deadline > 0.0).then(|| Duration::from_secs_f64(args.execute_deadline)),
+        max_run_memory: args.max_run_memory.map(|b| b.0),
+        flops_per_second: args.flops,
+        auth: None,
+        handles: HandleSpace { epoch: args.epoch, first_id: args.first_id },
+    };
+    let executor = TorchExecutor::new(MemoryBudget::new(args.device_memory_budget.0), options)
+        .context("cannot start the executor")?;
+    djinn_supervisor::serve(link, executor).context("the link to the node broke")
+}
