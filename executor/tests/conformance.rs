@@ -59,8 +59,8 @@ fn the_real_executor_passes_the_conformance_suite_in_a_process_of_its_own() {
             .args(["--exact", "child_serves_the_real_executor", "--include-ignored", "--nocapture"])
             .env("DJINN_EXECUTOR_TEST_CHILD", "1");
         let sizes = LinkSizes { messages: 1 << 20, bulk: 16 << 20 };
-        let executor =
-            ProcessExecutor::start(child, sizes, CHILD_EPOCH, Duration::from_secs(120)).expect("the child starts");
+        let executor = ProcessExecutor::start(child, sizes, CHILD_EPOCH, Duration::from_secs(120), Vec::new())
+            .expect("the child starts");
         (executor, MemoryBudget::new(1 << 30))
     };
     conformance::run(make, &identity_archive());

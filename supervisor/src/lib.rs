@@ -5,9 +5,9 @@
 //! [`LINK_FD`].
 //!
 //! [`TenantExecutors`] runs one such process per tenant, started by its first request and
-//! started again after it ends. Still to come (issue 52): processes stopped when idle, one
-//! device budget over them all, the payload arenas the node's reader fills in place, restarts
-//! with the tenant's models reloaded, and the sandbox.
+//! started again after it ends (the tenant's models loaded there again). Still to come (issue
+//! 52): processes stopped when idle, one device budget over them all, the payload arenas the
+//! node's reader fills in place, and the sandbox.
 
 mod channel;
 mod process;

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use djinn_node_core::link::{FromExecutor, ToExecutor};
 use djinn_node_core::{Answer, Executor, Job, Replier, Reply, ReplyTo};
-use djinn_proto::ErrorCode;
+use djinn_proto::{DataMessage, ErrorCode, Message};
 use djinn_shm::spawn_with_fds;
 use djinn_sync::Locked;
 
@@ -82,11 +82,13 @@ impl Shared {
     }
 }
 
-/// What waits for the sender thread: a job with the replier its answer goes to, or ids to
-/// free.
+/// What waits for the sender thread: a job with the replier its answer goes to, ids to free,
+/// or a point past which nothing goes until `count` answers have come on `answers` (the jobs a
+/// process runs before any other).
 enum Queued {
     Run { job: ToExecutor, replier: Replier },
     Free(ToExecutor),
+    Barrier { answers: Receiver<(ReplyTo, Answer)>, count: usize, within: Duration },
 }
 
 /// An executor in a child process, started by exec of a program that serves the link on the
@@ -101,12 +103,16 @@ pub struct ProcessExecutor {
 
 impl ProcessExecutor {
     /// Starts `command` as an executor process with a link of `sizes`, whose handles are of
-    /// `epoch`; it has `ready_within` to say it is ready (jobs wait for it meanwhile).
+    /// `epoch`; it has `ready_within` to say it is ready (jobs wait for it meanwhile). The
+    /// jobs of `first` (a tenant's models loaded again) run before any other, and every other
+    /// waits until each of them has been answered or `ready_within` has passed; their answers
+    /// go to no one (a failure is logged).
     pub fn start(
         mut command: Command,
         sizes: LinkSizes,
         epoch: u64,
         ready_within: Duration,
+        first: Vec<(Job, ReplyTo)>,
     ) -> Result<Self, SupervisorError> {
         let (region, ends) = channel::create(sizes)?;
         let child = spawn_with_fds(&mut command, &[(region.fd(), LINK_FD)]).map_err(SupervisorError::Start)?;
@@ -118,6 +124,14 @@ impl ProcessExecutor {
             child: Mutex::new(child),
         });
         let (jobs, queued) = crossbeam_channel::unbounded();
+        if !first.is_empty() {
+            let (replier, answers) = Replier::new(Arc::new(|| {}));
+            let count = first.len();
+            for (job, to) in first {
+                let _ = jobs.send(Queued::Run { job: ToExecutor::Run { job, to }, replier: replier.clone() });
+            }
+            let _ = jobs.send(Queued::Barrier { answers, count, within: ready_within });
+        }
         let NodeEnds { jobs: down, job_bulk, answers, answer_bulk } = ends;
         let sender = {
             let shared = Arc::clone(&shared);
@@ -220,6 +234,10 @@ fn send_jobs(
         let (job, replier) = match job {
             Queued::Run { job, replier } => (job, Some(replier)),
             Queued::Free(free) => (free, None),
+            Queued::Barrier { answers, count, within } => {
+                wait_for(&answers, count, within);
+                continue;
+            }
         };
         let to = match &job {
             ToExecutor::Run { to, .. } => Some(*to),
@@ -251,6 +269,24 @@ fn send_jobs(
                 };
                 replier.executed(to, Reply::error(code, format!("cannot hand the job to the executor process: {why}")));
             }
+        }
+    }
+}
+
+/// Waits for `count` answers on `answers`, logging the refusals among them.
+fn wait_for(answers: &Receiver<(ReplyTo, Answer)>, count: usize, within: Duration) {
+    let until = Instant::now() + within;
+    for _ in 0..count {
+        let Ok((to, answer)) = answers.recv_deadline(until) else {
+            tracing::warn!("an executor process did not answer the jobs it runs first in time");
+            return;
+        };
+        let reply = match &answer {
+            Answer::Reply(reply) => reply,
+            Answer::Executed(executed) => &executed.reply,
+        };
+        if let Message::Data(DataMessage::Error { code, message }) = &reply.message {
+            tracing::warn!(tenant = to.tenant.0, ?code, %message, "a job an executor process runs first failed");
         }
     }
 }

@@ -1,7 +1,9 @@
 //! An executor process per tenant, behind the core's one [`Executor`].
 //!
 //! A tenant's first job starts its process; a job for a tenant whose process has ended starts
-//! a new one (its models must come again: the archives are not kept yet). Each process makes
+//! a new one, which loads the tenant's models again before it runs anything else: the router
+//! keeps a copy of the archives of every model a tenant loads, until the tenant unregisters it
+//! (host memory beside the node's budgets, as large as the models' archives). Each process makes
 //! handles of the node's one epoch from an id range of its own, never reused, so that the
 //! core's records tell whose each handle is and a handle of an ended process names nothing.
 //! What asks about every tenant (the node's counters, an operator's or the node's own lists of
@@ -13,8 +15,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use djinn_auth::TenantId;
-use djinn_node_core::{Answer, Executor, Job, LIST_PAGE, Replier, Reply, ReplyTo};
-use djinn_proto::{DataMessage, ErrorCode, Message, ModelInfo, ModelMessage, SessionEntry, SessionMessage};
+use djinn_memory::HostBuf;
+use djinn_node_core::{Answer, Executor, Job, LIST_PAGE, Replier, Reply, ReplyTo, Scope, Upload};
+use djinn_proto::{
+    DataMessage, ErrorCode, Fingerprint, Message, ModelInfo, ModelMessage, Payload, SessionEntry, SessionMessage,
+};
 
 use crate::{LinkSizes, ProcessExecutor};
 
@@ -40,6 +45,46 @@ pub struct TenantExecutors {
     ranges: BTreeMap<u64, TenantId>,
     started: u64,
     restarts: u64,
+    /// The archives of each tenant's models, to load in its next process.
+    archives: HashMap<TenantId, BTreeMap<Fingerprint, KeptArchives>>,
+    /// The request id of the next request the router makes itself (each distinct, so that no
+    /// two are held under one id by a process).
+    next_request: u64,
+}
+
+/// A copy of a model's archives as they were loaded, and whose.
+struct KeptArchives {
+    block_lens: Vec<u64>,
+    /// Each block's archive.
+    chunks: Vec<Vec<u8>>,
+    public: bool,
+    torchscript: bool,
+}
+
+impl KeptArchives {
+    fn of(upload: &Upload) -> Self {
+        let chunks =
+            upload.archives.blocks().into_iter().map(|block| block.slices().collect::<Vec<_>>().concat()).collect();
+        Self {
+            block_lens: upload.archives.block_lens().to_vec(),
+            chunks,
+            public: upload.scope == Scope::Public,
+            torchscript: upload.torchscript,
+        }
+    }
+
+    /// The load of these archives for `to`'s tenant (none when memory for them is short).
+    fn load(&self, fingerprint: Fingerprint, to: ReplyTo) -> Option<(Job, ReplyTo)> {
+        let tenant = to.tenant;
+        let mut upload = Upload::new(fingerprint, self.block_lens.clone(), (tenant, self.public), RELOAD_CONN).ok()?;
+        upload.torchscript = self.torchscript;
+        for chunk in &self.chunks {
+            let buf = HostBuf::copy_from(chunk).ok()?;
+            let offset = upload.archives.received();
+            upload.archives.add(offset, Payload { buf, reservation: None }).ok()?;
+        }
+        Some((Job::Load { upload }, ReplyTo { torchscript: self.torchscript, ..to }))
+    }
 }
 
 impl std::fmt::Debug for TenantExecutors {
@@ -62,11 +107,24 @@ impl TenantExecutors {
             ranges: BTreeMap::new(),
             started: 0,
             restarts: 0,
+            archives: HashMap::new(),
+            next_request: 0,
         }
     }
 
+    fn own_request(&mut self, conn_id: u64, like: ReplyTo) -> ReplyTo {
+        self.next_request += 1;
+        ReplyTo { slot: usize::MAX, conn_id, request_id: self.next_request, ..like }
+    }
+
+    /// The process id of the tenant's process, while it has one.
+    pub fn pid_of(&self, tenant: TenantId) -> Option<u32> {
+        self.live.get(&tenant).filter(|(process, _)| process.lost().is_none()).map(|(process, _)| process.pid())
+    }
+
     /// The tenant's process: its live one, or a new one.
-    fn process(&mut self, tenant: TenantId) -> Result<&mut ProcessExecutor, String> {
+    fn process(&mut self, to: ReplyTo) -> Result<&mut ProcessExecutor, String> {
+        let tenant = to.tenant;
         if let Some((process, _)) = self.live.get(&tenant)
             && let Some(why) = process.lost()
         {
@@ -77,9 +135,24 @@ impl TenantExecutors {
         if !self.live.contains_key(&tenant) {
             let first_id = self.next_first_id;
             let command = (self.launch)(tenant, self.epoch, first_id);
-            let process = ProcessExecutor::start(command, self.sizes, self.epoch, self.ready_within)
+            let fingerprints: Vec<Fingerprint> =
+                self.archives.get(&tenant).map(|kept| kept.keys().copied().collect()).unwrap_or_default();
+            let mut reloads = Vec::new();
+            for fingerprint in fingerprints {
+                let as_tenant = self.own_request(RELOAD_CONN, ReplyTo { operator: false, ..to });
+                let kept = self.archives.get(&tenant).and_then(|kept| kept.get(&fingerprint));
+                reloads.extend(kept.and_then(|kept| kept.load(fingerprint, as_tenant)));
+            }
+            let models = reloads.len();
+            let process = ProcessExecutor::start(command, self.sizes, self.epoch, self.ready_within, reloads)
                 .map_err(|e| e.to_string())?;
-            tracing::info!(tenant = tenant.0, pid = process.pid(), first_id, "a tenant's executor process starts");
+            tracing::info!(
+                tenant = tenant.0,
+                pid = process.pid(),
+                first_id,
+                models,
+                "a tenant's executor process starts"
+            );
             self.next_first_id += IDS_PER_PROCESS;
             self.ranges.insert(first_id, tenant);
             self.live.insert(tenant, (process, first_id));
@@ -119,9 +192,11 @@ impl TenantExecutors {
     fn gather(&mut self, job: impl Fn() -> Job, to: ReplyTo, replier: &Replier, merge: Merge) {
         let (gathering, answers) = Replier::new(Arc::new(|| {}));
         let mut asked = 0;
-        for (process, _) in self.live.values_mut() {
-            if process.lost().is_none() {
-                let ask = ReplyTo { slot: usize::MAX, conn_id: GATHER_CONN, request_id: asked, ..to };
+        let tenants: Vec<TenantId> =
+            self.live.iter().filter(|(_, (process, _))| process.lost().is_none()).map(|(t, _)| *t).collect();
+        for tenant in tenants {
+            let ask = self.own_request(GATHER_CONN, to);
+            if let Some((process, _)) = self.live.get_mut(&tenant) {
                 process.run(job(), ask, &gathering);
                 asked += 1;
             }
@@ -149,8 +224,10 @@ impl TenantExecutors {
     }
 }
 
-/// The connection of the requests the router makes of its processes itself.
+/// The connections of the requests the router makes of its processes itself: gathering
+/// answers from each, and loading a tenant's models in its new process.
 const GATHER_CONN: u64 = u64::MAX - 1;
+const RELOAD_CONN: u64 = u64::MAX - 2;
 
 /// The processes the router keeps, for its counters.
 #[derive(Debug, Clone, Copy)]
@@ -249,9 +326,18 @@ impl Executor for TenantExecutors {
                 let job = move || Job::ListSessions { all: Some(names.clone()), after };
                 return self.gather(job, to, replier, merge_sessions);
             }
+            Job::Load { ref upload } => {
+                let kept = KeptArchives::of(upload);
+                self.archives.entry(to.tenant).or_default().insert(upload.archives.fingerprint(), kept);
+            }
+            Job::Unregister { fingerprint } => {
+                if let Some(kept) = self.archives.get_mut(&to.tenant) {
+                    kept.remove(&fingerprint);
+                }
+            }
             _ => {}
         }
-        match self.process(to.tenant) {
+        match self.process(to) {
             Ok(process) => process.run(job, to, replier),
             Err(why) => replier.executed(
                 to,

@@ -9,11 +9,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use djinn_auth::TenantId;
-use djinn_memory::MemoryBudget;
+use djinn_memory::{HostBuf, MemoryBudget};
 use djinn_node_core::conformance::{self, FakeExecutor};
-use djinn_node_core::{Answer, Executor, Job, Replier, ReplyTo};
-use djinn_proto::{DataMessage, ErrorCode, Handle, Message};
-use djinn_supervisor::{LINK_FD, LinkSizes, ProcessExecutor};
+use djinn_node_core::{Answer, CallInputs, Executor, Job, Replier, ReplyTo, Upload};
+use djinn_proto::{
+    DType, DataMessage, ErrorCode, Fingerprint, Handle, Message, ModelMessage, Payload, TensorDesc, Value,
+};
+use djinn_supervisor::{LINK_FD, Launch, LinkSizes, ProcessExecutor, TenantExecutors};
 
 const SIZES: LinkSizes = LinkSizes { messages: 1 << 20, bulk: 16 << 20 };
 const READY_WITHIN: Duration = Duration::from_secs(60);
@@ -29,7 +31,10 @@ fn child(name: &str) -> Command {
 fn executor() -> (ProcessExecutor, MemoryBudget) {
     let child = child("child_serves_the_executor_double");
     // The double's handles are of epoch 1.
-    (ProcessExecutor::start(child, SIZES, 1, READY_WITHIN).expect("the child starts"), MemoryBudget::new(1 << 20))
+    (
+        ProcessExecutor::start(child, SIZES, 1, READY_WITHIN, Vec::new()).expect("the child starts"),
+        MemoryBudget::new(1 << 20),
+    )
 }
 
 #[test]
@@ -50,7 +55,7 @@ enum Ending {
 fn requests_held_when_the_child_ends_are_answered_executor_lost(ending: Ending, cause: &[&str]) {
     let child = child("child_serves_an_executor_that_never_answers");
     let mut executor =
-        ProcessExecutor::start(child, SIZES, NEVER_ANSWERS_EPOCH, READY_WITHIN).expect("the child starts");
+        ProcessExecutor::start(child, SIZES, NEVER_ANSWERS_EPOCH, READY_WITHIN, Vec::new()).expect("the child starts");
     let (replier, replies) = Replier::new(Arc::new(|| {}));
     let to = |request_id| ReplyTo {
         slot: 0,
@@ -109,6 +114,102 @@ fn requests_held_by_an_executor_process_whose_kernel_faults_are_answered_executo
 #[test]
 fn requests_held_by_an_executor_process_killed_from_outside_are_answered_executor_lost() {
     requests_held_when_the_child_ends_are_answered_executor_lost(Ending::Kill, &["SIGKILL", "signal: 9"]);
+}
+
+/// The answer to `job`, run by `executor` for `tenant`.
+fn ask(executor: &mut impl Executor, job: Job, tenant: TenantId, request_id: u64) -> Message {
+    let (replier, replies) = Replier::new(Arc::new(|| {}));
+    let to = ReplyTo { slot: 0, conn_id: 1, request_id, tenant, operator: false, torchscript: false };
+    executor.run(job, to, &replier);
+    let (_, answer) = replies.recv_timeout(Duration::from_secs(60)).expect("an answer");
+    match answer {
+        Answer::Executed(executed) => executed.reply.message,
+        Answer::Reply(reply) => reply.message,
+    }
+}
+
+fn identity_call(fingerprint: Fingerprint) -> Job {
+    let tensor = TensorDesc::new(DType::U8, vec![4]).unwrap();
+    let payload = Payload { buf: HostBuf::copy_from(&[1, 2, 3, 4]).unwrap(), reservation: None };
+    let inputs = CallInputs { values: vec![Value::Tensor(0)], tensors: vec![tensor], payload: Some(payload) };
+    Job::Execute { fingerprint, inputs, keep: false, until: None }
+}
+
+fn kill(pid: u32) {
+    assert!(Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap().success());
+}
+
+/// Calls until the tenant's new process answers (each answer before it `ExecutorLost`, from
+/// the process that was killed): what it answers.
+fn first_answer_after_a_kill(router: &mut TenantExecutors, tenant: TenantId, fingerprint: Fingerprint) -> Message {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    for request in 100.. {
+        assert!(std::time::Instant::now() < deadline, "no new process answered");
+        match ask(router, identity_call(fingerprint), tenant, request) {
+            Message::Data(DataMessage::Error { code: ErrorCode::ExecutorLost, .. }) => continue,
+            other => return other,
+        }
+    }
+    unreachable!()
+}
+
+#[test]
+fn a_tenants_new_process_has_its_models_until_it_unregisters_them() {
+    let launch: Launch = Box::new(|_, _, _| child("child_serves_the_executor_double"));
+    // The double's handles are of epoch 1.
+    let mut router = TenantExecutors::new(launch, SIZES, READY_WITHIN, 1);
+    let (alice, bob) = (TenantId(1), TenantId(2));
+    let archive = b"alice's model".to_vec();
+    let fingerprint = Fingerprint::of_blocks(&[&archive]);
+    let mut upload = Upload::new(fingerprint, vec![archive.len() as u64], (alice, false), 1).unwrap();
+    upload.archives.add(0, Payload { buf: HostBuf::copy_from(&archive).unwrap(), reservation: None }).unwrap();
+    assert!(matches!(
+        ask(&mut router, Job::Load { upload }, alice, 1),
+        Message::Model(ModelMessage::Registered { .. })
+    ));
+    assert!(matches!(
+        ask(&mut router, identity_call(fingerprint), alice, 2),
+        Message::Model(ModelMessage::ExecuteReply { .. })
+    ));
+    assert!(
+        matches!(
+            ask(&mut router, identity_call(fingerprint), bob, 3),
+            Message::Data(DataMessage::Error { code: ErrorCode::UnknownModel, .. })
+        ),
+        "bob's process is his own"
+    );
+    let (alices, bobs) = (router.pid_of(alice).expect("alice's process"), router.pid_of(bob).expect("bob's"));
+    assert_ne!(alices, bobs);
+
+    // The node's counters, asked twice at once: each gathered from both processes, which
+    // hold the router's own requests under distinct ids.
+    let (replier, replies) = Replier::new(Arc::new(|| {}));
+    for request in [10, 11] {
+        let to = ReplyTo { slot: 0, conn_id: 2, request_id: request, tenant: bob, operator: true, torchscript: false };
+        router.run(Job::Stats, to, &replier);
+    }
+    for _ in 0..2 {
+        let (_, answer) = replies.recv_timeout(Duration::from_secs(60)).expect("the counters");
+        let Answer::Executed(executed) = answer else { panic!("not the executor's answer") };
+        let Message::Data(DataMessage::StatsReply { counters }) = executed.reply.message else {
+            panic!("not counters")
+        };
+        assert!(counters.contains(&("executor_processes".to_owned(), 2)), "{counters:?}");
+    }
+    assert_eq!((router.pid_of(alice), router.pid_of(bob)), (Some(alices), Some(bobs)), "both live on");
+
+    kill(alices);
+    let answer = first_answer_after_a_kill(&mut router, alice, fingerprint);
+    assert!(matches!(answer, Message::Model(ModelMessage::ExecuteReply { .. })), "loaded again: {answer:?}");
+    assert_ne!(router.pid_of(alice), Some(alices));
+    assert_eq!(router.pid_of(bob), Some(bobs), "bob's process lives on");
+
+    // Unregistered, the model is not loaded in her next process.
+    let gone = ask(&mut router, Job::Unregister { fingerprint }, alice, 4);
+    assert!(matches!(gone, Message::Model(ModelMessage::UnregisterAck)), "{gone:?}");
+    kill(router.pid_of(alice).expect("her second process"));
+    let answer = first_answer_after_a_kill(&mut router, alice, fingerprint);
+    assert!(matches!(answer, Message::Data(DataMessage::Error { code: ErrorCode::UnknownModel, .. })), "{answer:?}");
 }
 
 /// The link's descriptor, in a child started by one of the tests above.

@@ -96,8 +96,8 @@ pub struct NodeArgs {
     /// Run each tenant's models in an executor process of its own (`djinn executor`, started
     /// by the tenant's first request and again after it ends), so that a crash in one
     /// tenant's kernels costs only that tenant. Each process has --workers workers and the
-    /// whole device budget (one budget over them all is still to come), and its models must be
-    /// registered again after it ends.
+    /// whole device budget (one budget over them all is still to come); a new one loads the
+    /// tenant's models again from archives the node keeps.
     #[arg(long)]
     executor_processes: bool,
     /// libtorch's threads inside one operation, per worker.
