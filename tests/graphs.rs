@@ -460,6 +460,10 @@ const METERED: &str = "graphs-metered-tenant-token-01";
 /// operations a second (`METERED`), on a node that lets one run hold 64 MiB and one execution
 /// take 2 s.
 fn bounded_node(dir: &std::path::Path) -> Node {
+    bounded_node_with(dir, &[])
+}
+
+fn bounded_node_with(dir: &std::path::Path, extra: &[&str]) -> Node {
     let file = dir.join("tokens.json");
     std::fs::write(
         &file,
@@ -471,7 +475,51 @@ fn bounded_node(dir: &std::path::Path) -> Node {
     )
     .unwrap();
     let auth = ["--auth-file", file.to_str().unwrap()];
-    Node::start("mio", &[&auth[..], &["--max-run-memory", "64MiB", "--execute-deadline", "2"]].concat())
+    Node::start("mio", &[&auth[..], &["--max-run-memory", "64MiB", "--execute-deadline", "2"], extra].concat())
+}
+
+/// A tenant whose models run in an executor process of its own is held to the same quotas
+/// there: its memory quota (32 MiB) as its process allocates, its compute quota (10⁶
+/// operations a second) as its process's runs are charged; the tenant without quotas runs the
+/// same graphs in its own process.
+#[test]
+fn a_tenants_quotas_hold_in_its_executor_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = bounded_node_with(dir.path(), &["--executor-processes"]);
+    let (mut client, mut small, mut metered) = (connect(&node, TOKEN), connect(&node, SMALL), connect(&node, METERED));
+    let (v, ints) = (Arg::Value, |xs: &[i64]| Arg::List(xs.iter().map(|&x| Arg::Int(x)).collect()));
+    let x: Vec<f32> = (0..8).map(|i| i as f32 - 3.5).collect();
+    // ones(n) after a nonzero (where plans stop): 48 MiB of f32 past the small tenant's 32 MiB.
+    let ones = |n: i64| {
+        program(
+            vec![
+                op("aten::nonzero", "", vec![v(0)], vec![2]),
+                op("aten::ones", "", vec![ints(&[n])], vec![3]),
+                op("aten::sum", "", vec![v(3)], vec![4]),
+            ],
+            4,
+        )
+    };
+    let e = try_graph(&mut small, &ones(12 << 20), &x).unwrap_err();
+    assert_eq!(e.remote_code(), Some(ErrorCode::QuotaExceeded), "{e}");
+    assert!(try_graph(&mut small, &ones(4 << 20), &x).is_ok(), "within its quota");
+    assert!(try_graph(&mut client, &ones(12 << 20), &x).is_ok(), "a tenant without a memory quota");
+    // 2·256³ operations past a nonzero, over a burst of 10⁶.
+    let product = program(
+        vec![
+            op("aten::nonzero", "", vec![v(0)], vec![2]),
+            op("aten::ones", "", vec![ints(&[256, 256])], vec![3]),
+            op("aten::mm", "", vec![v(3), v(3)], vec![4]),
+            op("aten::sum", "", vec![v(4)], vec![5]),
+        ],
+        5,
+    );
+    let e = try_graph(&mut metered, &product, &x).unwrap_err();
+    assert_eq!(e.remote_code(), Some(ErrorCode::QuotaExceeded), "{e}");
+    assert!(e.to_string().contains("compute"), "{e}");
+    assert!(try_graph(&mut client, &product, &x).is_ok(), "a tenant without a compute quota");
+    let stats = client.stats().unwrap();
+    assert!(stats.contains(&("executor_processes".to_owned(), 3)), "each tenant in its own process: {stats:?}");
 }
 
 fn connect(node: &Node, token: &str) -> Client {

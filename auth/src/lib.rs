@@ -46,7 +46,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use djinn_sync::Locked;
 
@@ -155,8 +155,9 @@ impl fmt::Display for Origin {
     }
 }
 
-/// What one tenant may take of each node; `None` is no bound.
-#[derive(Debug, Clone, Copy, PartialEq, Default, Deserialize)]
+/// What one tenant may take of each node; `None` is no bound. Written as the token file
+/// writes it (a node passes a tenant's to its executor process).
+#[derive(Debug, Clone, Copy, PartialEq, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Quota {
     /// Bytes of device memory.

@@ -52,5 +52,5 @@ pub use kept::HandleSpace;
 pub use models::{Model, ModelStore, Unregistered, device_name, load, parse_device};
 pub use sessions::{Policy, SessionOptions, SessionTable};
 pub use tch::Device;
-pub use torch_executor::{ExecutorOptions, TorchExecutor};
+pub use torch_executor::{ExecutorOptions, Quotas, TorchExecutor};
 pub use value::ModelValue;

@@ -7,9 +7,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use djinn_auth::{Authenticator, TenantId};
+use djinn_auth::{Authenticator, Quota, TenantId};
 use djinn_memory::MemoryBudget;
-use djinn_node_core::{Executed, Executor, Job, Replier, Reply, ReplyTo, tenant_budget};
+use djinn_node_core::{Executed, Executor, Job, Replier, Reply, ReplyTo};
 use djinn_proto::{BreakpointMessage, DataMessage, Fingerprint, ModelMessage};
 use tch::Device;
 
@@ -39,12 +39,30 @@ pub struct ExecutorOptions {
     /// The node's rate of floating-point operations: a step planned to take longer at it than
     /// what is left of `execute_deadline` is refused before it runs. `None`: not weighed.
     pub flops_per_second: Option<f64>,
-    /// The node's principals, when clients need tokens: each tenant's compute quota and its
-    /// part of the sessions' host pool.
-    pub auth: Option<Arc<Authenticator>>,
+    /// Where each tenant's compute quota and its part of the sessions' host pool come from,
+    /// when clients need tokens.
+    pub quotas: Option<Quotas>,
     /// The epoch and ids of the handles it makes ([`HandleSpace::fresh`] for a node's one
     /// executor).
     pub handles: HandleSpace,
+}
+
+/// Where an executor finds a tenant's quotas.
+#[derive(Debug, Clone)]
+pub enum Quotas {
+    /// The node's principals (a node's one executor).
+    Principals(Arc<Authenticator>),
+    /// The one tenant's, as its node passed them (a tenant's executor process).
+    OneTenant(Quota),
+}
+
+impl Quotas {
+    pub fn of(&self, tenant: TenantId) -> Quota {
+        match self {
+            Self::Principals(auth) => auth.quota(tenant),
+            Self::OneTenant(quota) => *quota,
+        }
+    }
 }
 
 /// The node's executor: libtorch on the node's device, with worker threads.
@@ -63,7 +81,13 @@ impl TorchExecutor {
     pub fn new(budget: MemoryBudget, options: ExecutorOptions) -> std::io::Result<Self> {
         let models = Arc::new(Mutex::new(ModelStore::new(budget.clone(), options.host_budget.clone())));
         let kept = Arc::new(Mutex::new(KeptTensors::new(options.handles)));
-        let host_pool = tenant_budget(options.sessions.host_pool, options.auth.as_ref(), |q| q.host_swap);
+        let host_pool = match options.quotas.clone() {
+            Some(quotas) => MemoryBudget::with_quotas(
+                options.sessions.host_pool,
+                Arc::new(move |tenant| quotas.of(tenant).host_swap),
+            ),
+            None => MemoryBudget::new(options.sessions.host_pool),
+        };
         // Kept tensors, sessions and parked requests are of one life: their handles carry its
         // epoch, which the core checks.
         let epoch = options.handles.epoch;
@@ -71,11 +95,8 @@ impl TorchExecutor {
             SessionTable::new(options.sessions.clone(), options.handles, budget.clone(), host_pool, options.device);
         let sessions = Sessions::new(table);
         let parked = Arc::new(Mutex::new(ParkedTable::new(budget.clone(), options.handles)));
-        let meter = match &options.auth {
-            Some(auth) => {
-                let auth = Arc::clone(auth);
-                ComputeMeter::new(move |tenant| ComputeQuota::of(&auth.quota(tenant)))
-            }
+        let meter = match options.quotas.clone() {
+            Some(quotas) => ComputeMeter::new(move |tenant| ComputeQuota::of(&quotas.of(tenant))),
             None => ComputeMeter::unbounded(),
         };
         let limits = Limits {

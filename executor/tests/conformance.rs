@@ -38,7 +38,7 @@ fn executor_of(handles: HandleSpace) -> (TorchExecutor, MemoryBudget) {
         execute_deadline: None,
         max_run_memory: None,
         flops_per_second: None,
-        auth: None,
+        quotas: None,
         handles,
     };
     (TorchExecutor::new(budget.clone(), options).expect("the executor starts"), budget)

@@ -1,11 +1,13 @@
 //! `djinn executor`: one tenant's executor process, started by its node (`djinn node
 //! --executor-processes`) with the link's region at descriptor 3; not for direct use.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use djinn_executor::{Device, ExecutorOptions, HandleSpace, Policy, SessionOptions, TorchExecutor, tch};
+use djinn_auth::{Authenticator, Quota};
+use djinn_executor::{Device, ExecutorOptions, HandleSpace, Policy, Quotas, SessionOptions, TorchExecutor, tch};
 use djinn_memory::{ByteSize, MemoryBudget};
 use djinn_supervisor::{Launch, LinkSizes, TenantExecutors};
 
@@ -41,6 +43,11 @@ pub struct ExecutorArgs {
     /// The first id of its handles.
     #[arg(long)]
     first_id: u64,
+    /// The tenant's quotas, as the token file writes them (JSON), when the node has one: its
+    /// device and host memory, its compute and its part of the sessions' host pool hold in this
+    /// process as they would in the node's (as they were when the process started).
+    #[arg(long)]
+    quota: Option<String>,
 }
 
 impl ExecutorArgs {
@@ -62,6 +69,7 @@ impl ExecutorArgs {
         ];
         args.extend(self.max_run_memory.map(|b| format!("--max-run-memory={}", b.0)));
         args.extend(self.flops.map(|f| format!("--flops={f}")));
+        args.extend(self.quota.as_ref().map(|q| format!("--quota={q}")));
         args
     }
 
@@ -82,17 +90,25 @@ impl ExecutorArgs {
             flops: options.flops_per_second,
             epoch: 0,
             first_id: 0,
+            quota: None,
         }
     }
 }
 
-/// One executor process per tenant, each `djinn executor` with the node's executor options.
-pub fn tenant_processes(options: &ExecutorOptions, device_budget: u64, host_budget: u64) -> Result<TenantExecutors> {
+/// One executor process per tenant, each `djinn executor` with the node's executor options
+/// and, with `auth`, the tenant's quotas.
+pub fn tenant_processes(
+    options: &ExecutorOptions,
+    device_budget: u64,
+    host_budget: u64,
+    auth: Option<Arc<Authenticator>>,
+) -> Result<TenantExecutors> {
     let exe = std::env::current_exe().context("cannot find the djinn binary to start executor processes")?;
     let template = ExecutorArgs::of_node(options, device_budget, host_budget);
-    let launch: Launch = Box::new(move |_tenant, epoch, first_id| {
+    let launch: Launch = Box::new(move |tenant, epoch, first_id| {
+        let quota = auth.as_ref().and_then(|auth| serde_json::to_string(&auth.quota(tenant)).ok());
         let mut command = std::process::Command::new(&exe);
-        command.args(ExecutorArgs { epoch, first_id, ..template.clone() }.to_args());
+        command.args(ExecutorArgs { epoch, first_id, quota, ..template.clone() }.to_args());
         command
     });
     Ok(TenantExecutors::new(launch, LinkSizes::default(), READY_WITHIN, HandleSpace::fresh().epoch))
@@ -118,11 +134,20 @@ pub fn run(args: ExecutorArgs) -> Result<()> {
     let link = unsafe { djinn_shm::inherited(djinn_supervisor::LINK_FD) }
         .context("no link at descriptor 3: `djinn executor` is started by its node")?;
     tch::set_num_threads(args.intra_op_threads.max(1) as i32);
+    let quota: Option<Quota> = match &args.quota {
+        Some(json) => Some(serde_json::from_str(json).context("--quota")?),
+        None => None,
+    };
+    // The one tenant's bounds on the node's budgets, as the node applies them.
+    let bounded = |limit: u64, of: fn(&Quota) -> Option<u64>| match quota {
+        Some(quota) => MemoryBudget::with_quotas(limit, Arc::new(move |_| of(&quota))),
+        None => MemoryBudget::new(limit),
+    };
     let options = ExecutorOptions {
         device: args.device,
         workers: args.workers,
         intra_op_threads: args.intra_op_threads,
-        host_budget: MemoryBudget::new(args.host_memory_budget.0),
+        host_budget: bounded(args.host_memory_budget.0, |q| q.host_memory),
         sessions: SessionOptions {
             policy: args.session_policy,
             budget: args.session_budget.0,
@@ -131,10 +156,10 @@ pub fn run(args: ExecutorArgs) -> Result<()> {
         execute_deadline: (args.execute_deadline > 0.0).then(|| Duration::from_secs_f64(args.execute_deadline)),
         max_run_memory: args.max_run_memory.map(|b| b.0),
         flops_per_second: args.flops,
-        auth: None,
+        quotas: quota.map(Quotas::OneTenant),
         handles: HandleSpace { epoch: args.epoch, first_id: args.first_id },
     };
-    let executor = TorchExecutor::new(MemoryBudget::new(args.device_memory_budget.0), options)
+    let executor = TorchExecutor::new(bounded(args.device_memory_budget.0, |q| q.device_memory), options)
         .context("cannot start the executor")?;
     djinn_supervisor::serve(link, executor).context("the link to the node broke")
 }

@@ -12,7 +12,7 @@ use djinn_auth::Authenticator;
 use djinn_dataplane::client::Transport;
 use djinn_dataplane::rdma::{RdmaChannel, RdmaContext};
 use djinn_dataplane::tcp::{Backend, Server, ServerConfig};
-use djinn_executor::{Device, ExecutorOptions, HandleSpace, Policy, SessionOptions, TorchExecutor};
+use djinn_executor::{Device, ExecutorOptions, HandleSpace, Policy, Quotas, SessionOptions, TorchExecutor};
 use djinn_node_core::{CoreOptions, Executor, NodeCore, tenant_budget};
 use djinn_proto::Limits;
 use djinn_proto::rdma::SessionConfig;
@@ -362,11 +362,11 @@ pub fn run(args: NodeArgs, auth: Option<Arc<Authenticator>>) -> Result<()> {
         },
         max_run_memory: args.max_run_memory.map(|b| b.0),
         flops_per_second: Some(flops),
-        auth: auth.clone(),
+        quotas: auth.clone().map(Quotas::Principals),
         handles: HandleSpace::fresh(),
     };
     let executor: Box<dyn Executor + Send> = if args.executor_processes {
-        Box::new(crate::executor::tenant_processes(&options, budget.limit(), host_limit)?)
+        Box::new(crate::executor::tenant_processes(&options, device_limit, host_limit, auth.clone())?)
     } else {
         Box::new(TorchExecutor::new(budget.clone(), options).context("cannot start the executor")?)
     };
