@@ -52,6 +52,9 @@ impl Shared {
     /// The child is gone, for `why`: each request it held is answered so.
     fn end(&self, why: String) {
         self.alive.store(false, Ordering::SeqCst);
+        // The held requests' lock first, then the cause's (as `hold` takes them): a request is
+        // either held before the child is known lost, and answered here, or refused by `hold`.
+        let mut in_flight = self.in_flight.locked();
         let mut lost = self.lost.locked();
         if lost.is_some() {
             return;
@@ -59,10 +62,24 @@ impl Shared {
         tracing::warn!(cause = %why, "an executor process ended");
         *lost = Some(why.clone());
         drop(lost);
-        let held: Vec<(ReplyTo, Replier)> = self.in_flight.locked().drain().map(|(_, held)| held).collect();
+        let held: Vec<(ReplyTo, Replier)> = in_flight.drain().map(|(_, held)| held).collect();
+        drop(in_flight);
         for (to, replier) in held {
             Self::refuse(to, &why, &replier);
         }
+    }
+
+    /// Records that the child holds `to`, unless it is lost (then `to` is answered so): whether
+    /// it is held.
+    fn hold(&self, to: ReplyTo, replier: &Replier) -> bool {
+        let mut in_flight = self.in_flight.locked();
+        if let Some(why) = self.lost() {
+            drop(in_flight);
+            Self::refuse(to, &why, replier);
+            return false;
+        }
+        in_flight.insert((to.conn_id, to.request_id), (to, replier.clone()));
+        true
     }
 
     /// Whether the child still runs; when not, ends the link with its exit status as the cause.
@@ -243,12 +260,10 @@ fn send_jobs(
             ToExecutor::Run { to, .. } => Some(*to),
             _ => None,
         };
-        if let (Some(to), Some(replier)) = (to, &replier) {
-            if let Some(why) = shared.lost() {
-                Shared::refuse(to, &why, replier);
-                continue;
-            }
-            shared.in_flight.locked().insert((to.conn_id, to.request_id), (to, replier.clone()));
+        if let (Some(to), Some(replier)) = (to, &replier)
+            && !shared.hold(to, replier)
+        {
+            continue;
         }
         message.clear();
         let sent = job
