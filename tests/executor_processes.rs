@@ -72,10 +72,27 @@ fn a_tenants_executor_process_killed_costs_only_that_tenant() {
     let expected = call(&mut alice, &alices, &x).expect("alice is served");
     assert_eq!(call(&mut bob, &bobs, &x).expect("bob is served"), expected, "the same model, the same answer");
 
-    // Alice's process started first: its handles' ids start at 1.
+    // Alice's process started first: its handles' ids start at 1, bob's past alice's range.
     let processes = executor_processes(&node);
     assert_eq!(processes.len(), 2, "one process per tenant: {processes:?}");
     let (alices_pid, _) = processes.iter().find(|(_, cmd)| cmd.contains("--first-id=1 ")).expect("alice's process");
+    let bytes = f32_bytes(4, 9);
+    let tensor = TensorRef { dtype: DType::F32, shape: &[4], bytes: &bytes };
+    let (alices_kept, bobs_kept) = (alice.keep(tensor).unwrap().handle, bob.keep(tensor).unwrap().handle);
+    assert!(alices_kept.id < 1 << 40 && bobs_kept.id > 1 << 40, "{alices_kept} {bobs_kept}");
+    let kept = |client: &mut Client| {
+        let stats = client.stats().unwrap();
+        stats.iter().find(|(n, _)| n == "executor_kept_tensors").map(|(_, v)| *v)
+    };
+    assert_eq!(kept(&mut alice), Some(2), "both processes' kept tensors, summed");
+    // Released, each is freed in the process that holds it (found by its id's range).
+    assert_eq!(alice.release(&[alices_kept]).unwrap(), 1);
+    assert_eq!(bob.release(&[bobs_kept]).unwrap(), 1);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while kept(&mut alice) != Some(0) {
+        assert!(Instant::now() < deadline, "the kept tensors were not freed where they were held");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 
     // Bob calls in a loop while alice's process is killed.
     let stop = Arc::new(AtomicBool::new(false));

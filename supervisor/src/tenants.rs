@@ -41,7 +41,7 @@ pub struct TenantExecutors {
     /// The first id of the next process's range.
     next_first_id: u64,
     live: HashMap<TenantId, (ProcessExecutor, u64)>,
-    /// Whose each range was, by its first id.
+    /// Whose each live process's range is, by its first id.
     ranges: BTreeMap<u64, TenantId>,
     started: u64,
     restarts: u64,
@@ -129,7 +129,11 @@ impl TenantExecutors {
             && let Some(why) = process.lost()
         {
             tracing::warn!(tenant = tenant.0, cause = %why, "restarting a tenant's executor process");
-            self.live.remove(&tenant);
+            if let Some((ended, first_id)) = self.live.remove(&tenant) {
+                self.ranges.remove(&first_id);
+                // Its threads are joined away from the poller's thread, which must not wait.
+                let _ = std::thread::Builder::new().name("executor-ended".into()).spawn(move || drop(ended));
+            }
             self.restarts += 1;
         }
         if !self.live.contains_key(&tenant) {
@@ -162,12 +166,15 @@ impl TenantExecutors {
         Ok(process)
     }
 
-    /// The live process whose range holds `id`.
+    /// The live process whose range holds `id` (none for an id of a process that has ended:
+    /// what it held went with it).
     fn owner_of(&mut self, id: u64) -> Option<&mut ProcessExecutor> {
         let (&first_id, tenant) = self.ranges.range(..=id).next_back()?;
+        if id - first_id >= IDS_PER_PROCESS {
+            return None;
+        }
         match self.live.get_mut(tenant) {
             Some((process, first)) if *first == first_id => Some(process),
-            // The range of a process that has ended: what it held went with it.
             _ => None,
         }
     }
@@ -176,7 +183,9 @@ impl TenantExecutors {
     fn free(&mut self, ids: &[u64], free: fn(&mut ProcessExecutor, &[u64])) {
         let mut by_range: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
         for &id in ids {
-            if let Some((&first_id, _)) = self.ranges.range(..=id).next_back() {
+            if let Some((&first_id, _)) = self.ranges.range(..=id).next_back()
+                && id - first_id < IDS_PER_PROCESS
+            {
                 by_range.entry(first_id).or_default().push(id);
             }
         }
