@@ -1,7 +1,8 @@
 //! The node's side: an [`Executor`] whose jobs run in a child process.
 //!
-//! Nothing here blocks the caller (the poller): `start` spawns the child and returns, and `run`
-//! only queues the job. A sender thread waits for the child to say it is ready, then encodes
+//! Nothing here blocks the caller (the poller): `start` only starts the link thread, and `run`
+//! only queues the job. The link thread makes the link, forks and execs the child (a fork of a
+//! large node takes milliseconds), waits for it to say it is ready, then encodes
 //! each job and pushes it down the link, sleeping while the rings are full; a reader thread
 //! takes the answers up, decodes them and hands each to the [`Replier`] its job came with, as
 //! the in-process executor's workers do. The node keeps which requests the child holds: when
@@ -10,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::process::{Child, Command};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -19,7 +20,7 @@ use crossbeam_channel::{Receiver, Sender};
 use djinn_node_core::link::{FromExecutor, ToExecutor};
 use djinn_node_core::{Answer, Executor, Job, Replier, Reply, ReplyTo};
 use djinn_proto::{DataMessage, ErrorCode, Message};
-use djinn_shm::spawn_with_fds;
+use djinn_shm::{Region, spawn_with_fds};
 use djinn_sync::Locked;
 
 use crate::channel::{self, LinkSizes, NodeEnds, link_limits};
@@ -36,7 +37,10 @@ struct Shared {
     /// Why the child is gone, once it is.
     lost: Mutex<Option<String>>,
     alive: AtomicBool,
-    child: Mutex<Child>,
+    /// The child, once the link thread has started it.
+    child: Mutex<Option<Child>>,
+    /// Its process id (0 until it is started).
+    pid: AtomicU32,
 }
 
 impl Shared {
@@ -84,7 +88,10 @@ impl Shared {
 
     /// Whether the child still runs; when not, ends the link with its exit status as the cause.
     fn check_child(&self) -> bool {
-        let status = self.child.locked().try_wait();
+        let status = match self.child.locked().as_mut() {
+            Some(child) => child.try_wait(),
+            None => Ok(None),
+        };
         match status {
             Ok(None) => true,
             Ok(Some(status)) => {
@@ -114,7 +121,6 @@ pub struct ProcessExecutor {
     jobs: Sender<Queued>,
     shared: Arc<Shared>,
     epoch: u64,
-    pid: u32,
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -125,20 +131,18 @@ impl ProcessExecutor {
     /// waits until each of them has been answered or `ready_within` has passed; their answers
     /// go to no one (a failure is logged).
     pub fn start(
-        mut command: Command,
+        command: Command,
         sizes: LinkSizes,
         epoch: u64,
         ready_within: Duration,
         first: Vec<(Job, ReplyTo)>,
     ) -> Result<Self, SupervisorError> {
-        let (region, ends) = channel::create(sizes)?;
-        let child = spawn_with_fds(&mut command, &[(region.fd(), LINK_FD)]).map_err(SupervisorError::Start)?;
-        let pid = child.id();
         let shared = Arc::new(Shared {
             in_flight: Mutex::new(HashMap::new()),
             lost: Mutex::new(None),
             alive: AtomicBool::new(true),
-            child: Mutex::new(child),
+            child: Mutex::new(None),
+            pid: AtomicU32::new(0),
         });
         let (jobs, queued) = crossbeam_channel::unbounded();
         if !first.is_empty() {
@@ -149,14 +153,20 @@ impl ProcessExecutor {
             }
             let _ = jobs.send(Queued::Barrier { answers, count, within: ready_within });
         }
-        let NodeEnds { jobs: down, job_bulk, answers, answer_bulk } = ends;
-        let sender = {
+        let link = {
             let shared = Arc::clone(&shared);
-            let ready = (answers, answer_bulk, region);
             std::thread::Builder::new()
-                .name(format!("executor-{pid}-link"))
+                .name("executor-link".into())
                 .spawn(move || {
-                    let (mut answers, mut answer_bulk, region) = ready;
+                    let (region, ends) = match launch(command, sizes, &shared) {
+                        Ok(started) => started,
+                        Err(e) => {
+                            shared.end(format!("cannot start it: {e}"));
+                            return refuse_queued(queued, &shared);
+                        }
+                    };
+                    let NodeEnds { jobs: down, job_bulk, mut answers, mut answer_bulk } = ends;
+                    let pid = shared.pid.load(Ordering::SeqCst);
                     match wait_ready(&mut answers, &mut answer_bulk, &shared, epoch, ready_within) {
                         Ok(()) => tracing::debug!(pid, "an executor process is ready"),
                         Err(why) => {
@@ -178,12 +188,12 @@ impl ProcessExecutor {
                 })
                 .map_err(SupervisorError::Thread)?
         };
-        Ok(Self { jobs, shared, epoch, pid, threads: vec![sender] })
+        Ok(Self { jobs, shared, epoch, threads: vec![link] })
     }
 
-    /// The child's process id.
-    pub fn pid(&self) -> u32 {
-        self.pid
+    /// The child's process id, once it is started.
+    pub fn pid(&self) -> Option<u32> {
+        Some(self.shared.pid.load(Ordering::SeqCst)).filter(|&pid| pid != 0)
     }
 
     /// Why the child ended, once it has.
@@ -197,10 +207,35 @@ impl ProcessExecutor {
     }
 }
 
+/// Makes the link and starts `command` as the child at its end.
+fn launch(mut command: Command, sizes: LinkSizes, shared: &Shared) -> Result<(Arc<Region>, NodeEnds), SupervisorError> {
+    let (region, ends) = channel::create(sizes)?;
+    let child = spawn_with_fds(&mut command, &[(region.fd(), LINK_FD)]).map_err(SupervisorError::Start)?;
+    let pid = child.id();
+    shared.pid.store(pid, Ordering::SeqCst);
+    *shared.child.locked() = Some(child);
+    tracing::debug!(pid, "an executor process starts");
+    // Stopped while it was being started (`Drop` marks it lost before it kills): kill it here.
+    if shared.lost().is_some() {
+        kill(shared);
+    }
+    Ok((region, ends))
+}
+
+/// Answers every queued request that the child is lost.
+fn refuse_queued(queued: Receiver<Queued>, shared: &Shared) {
+    for job in queued {
+        if let Queued::Run { job: ToExecutor::Run { to, .. }, replier } = job {
+            shared.hold(to, &replier);
+        }
+    }
+}
+
 fn kill(shared: &Shared) {
-    let mut child = shared.child.locked();
-    let _ = child.kill();
-    let _ = child.wait();
+    if let Some(child) = shared.child.locked().as_mut() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
 }
 
 /// Waits for the child's first message, that it is ready with handles of `epoch`: the cause
@@ -374,14 +409,15 @@ impl Executor for ProcessExecutor {
 
 impl std::fmt::Debug for ProcessExecutor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ProcessExecutor").field("pid", &self.pid).field("lost", &self.lost()).finish()
+        f.debug_struct("ProcessExecutor").field("pid", &self.pid()).field("lost", &self.lost()).finish()
     }
 }
 
 impl Drop for ProcessExecutor {
     fn drop(&mut self) {
-        kill(&self.shared);
+        // Lost first, so that a child the link thread starts meanwhile is killed by it.
         self.shared.end("the node stopped it".into());
+        kill(&self.shared);
         // The sender ends when its queue closes; the reader when it sees the child gone.
         let (closed, _) = crossbeam_channel::bounded(0);
         self.jobs = closed;

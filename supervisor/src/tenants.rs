@@ -3,7 +3,8 @@
 //! A tenant's first job starts its process; a job for a tenant whose process has ended starts
 //! a new one, which loads the tenant's models again before it runs anything else: the router
 //! keeps a copy of the archives of every model a tenant loads, until the tenant unregisters it
-//! (host memory beside the node's budgets, as large as the models' archives). Each process makes
+//! (host memory charged to the tenant on the node's host budget: a load whose copy does not fit
+//! is refused). Each process makes
 //! handles of the node's one epoch from an id range of its own, never reused, so that the
 //! core's records tell whose each handle is and a handle of an ended process names nothing.
 //! What asks about every tenant (the node's counters, an operator's or the node's own lists of
@@ -11,15 +12,16 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::process::Command;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use djinn_auth::TenantId;
-use djinn_memory::HostBuf;
+use djinn_memory::{HostBuf, MemoryBudget, OverBudget, Reservation};
 use djinn_node_core::{Answer, Executor, Job, LIST_PAGE, Replier, Reply, ReplyTo, Scope, Upload};
 use djinn_proto::{
     DataMessage, ErrorCode, Fingerprint, Message, ModelInfo, ModelMessage, Payload, SessionEntry, SessionMessage,
 };
+use djinn_sync::Locked;
 
 use crate::{LinkSizes, ProcessExecutor};
 
@@ -47,9 +49,14 @@ pub struct TenantExecutors {
     restarts: u64,
     /// The archives of each tenant's models, to load in its next process.
     archives: HashMap<TenantId, BTreeMap<Fingerprint, KeptArchives>>,
+    /// What the archives' copies are charged to.
+    host_budget: MemoryBudget,
     /// The request id of the next request the router makes itself (each distinct, so that no
     /// two are held under one id by a process).
     next_request: u64,
+    /// Where the processes answer gatherings: one thread takes every answer up.
+    gathering: Replier,
+    gatherings: Arc<Mutex<Gatherings>>,
 }
 
 /// A copy of a model's archives as they were loaded, and whose.
@@ -59,18 +66,23 @@ struct KeptArchives {
     chunks: Vec<Vec<u8>>,
     public: bool,
     torchscript: bool,
+    /// Their bytes, charged to their tenant.
+    _charge: Reservation,
 }
 
 impl KeptArchives {
-    fn of(upload: &Upload) -> Self {
+    /// A copy of `upload`'s archives, charged to `tenant` on `budget`.
+    fn of(upload: &Upload, tenant: TenantId, budget: &MemoryBudget) -> Result<Self, OverBudget> {
+        let charge = budget.try_reserve_for(tenant, upload.archives.block_lens().iter().sum())?;
         let chunks =
             upload.archives.blocks().into_iter().map(|block| block.slices().collect::<Vec<_>>().concat()).collect();
-        Self {
+        Ok(Self {
             block_lens: upload.archives.block_lens().to_vec(),
             chunks,
             public: upload.scope == Scope::Public,
             torchscript: upload.torchscript,
-        }
+            _charge: charge,
+        })
     }
 
     /// The load of these archives for `to`'s tenant (none when memory for them is short).
@@ -95,9 +107,23 @@ impl std::fmt::Debug for TenantExecutors {
 
 impl TenantExecutors {
     /// Processes started with `launch`, each linked with rings of `sizes` and given
-    /// `ready_within` to start; their handles are of `epoch`.
-    pub fn new(launch: Launch, sizes: LinkSizes, ready_within: Duration, epoch: u64) -> Self {
-        Self {
+    /// `ready_within` to start; their handles are of `epoch`. The copies of tenants' archives
+    /// are charged to them on `host_budget`.
+    pub fn new(
+        launch: Launch,
+        sizes: LinkSizes,
+        ready_within: Duration,
+        epoch: u64,
+        host_budget: MemoryBudget,
+    ) -> std::io::Result<Self> {
+        let (gathering, answers) = Replier::new(Arc::new(|| {}));
+        let gatherings = Arc::new(Mutex::new(Gatherings::default()));
+        {
+            // It ends when the router and its processes, which hold the replier, are gone.
+            let gatherings = Arc::clone(&gatherings);
+            std::thread::Builder::new().name("executor-gather".into()).spawn(move || gather(&answers, &gatherings))?;
+        }
+        Ok(Self {
             launch,
             sizes,
             ready_within,
@@ -108,8 +134,11 @@ impl TenantExecutors {
             started: 0,
             restarts: 0,
             archives: HashMap::new(),
+            host_budget,
             next_request: 0,
-        }
+            gathering,
+            gatherings,
+        })
     }
 
     fn own_request(&mut self, conn_id: u64, like: ReplyTo) -> ReplyTo {
@@ -119,7 +148,7 @@ impl TenantExecutors {
 
     /// The process id of the tenant's process, while it has one.
     pub fn pid_of(&self, tenant: TenantId) -> Option<u32> {
-        self.live.get(&tenant).filter(|(process, _)| process.lost().is_none()).map(|(process, _)| process.pid())
+        self.live.get(&tenant).filter(|(process, _)| process.lost().is_none()).and_then(|(process, _)| process.pid())
     }
 
     /// The tenant's process: its live one, or a new one.
@@ -150,13 +179,7 @@ impl TenantExecutors {
             let models = reloads.len();
             let process = ProcessExecutor::start(command, self.sizes, self.epoch, self.ready_within, reloads)
                 .map_err(|e| e.to_string())?;
-            tracing::info!(
-                tenant = tenant.0,
-                pid = process.pid(),
-                first_id,
-                models,
-                "a tenant's executor process starts"
-            );
+            tracing::info!(tenant = tenant.0, first_id, models, "a tenant's executor process starts");
             self.next_first_id += IDS_PER_PROCESS;
             self.ranges.insert(first_id, tenant);
             self.live.insert(tenant, (process, first_id));
@@ -197,38 +220,117 @@ impl TenantExecutors {
     }
 
     /// Asks every live process `job()` and answers `to` with what `merge` makes of their
-    /// replies (in a thread of its own: the replies come from the processes' readers).
+    /// replies, once all have come or `GATHER_WAIT` has passed (the gathering thread answers).
     fn gather(&mut self, job: impl Fn() -> Job, to: ReplyTo, replier: &Replier, merge: Merge) {
-        let (gathering, answers) = Replier::new(Arc::new(|| {}));
-        let mut asked = 0;
         let tenants: Vec<TenantId> =
             self.live.iter().filter(|(_, (process, _))| process.lost().is_none()).map(|(t, _)| *t).collect();
-        for tenant in tenants {
-            let ask = self.own_request(GATHER_CONN, to);
-            if let Some((process, _)) = self.live.get_mut(&tenant) {
-                process.run(job(), ask, &gathering);
-                asked += 1;
-            }
+        let asks: Vec<(TenantId, ReplyTo)> =
+            tenants.into_iter().map(|tenant| (tenant, self.own_request(GATHER_CONN, to))).collect();
+        let own = Counts { processes: asks.len() as u64, started: self.started, restarts: self.restarts };
+        if asks.is_empty() {
+            return replier.executed(to, merge(Vec::new(), own));
         }
-        let own = Counts { processes: asked, started: self.started, restarts: self.restarts };
-        let replier = replier.clone();
-        let reply = move || {
-            let mut replies = Vec::new();
-            for _ in 0..asked {
-                // A process that ends meanwhile is answered `ExecutorLost` by its reader.
-                let Ok((_, answer)) = answers.recv_timeout(GATHER_WAIT) else { break };
-                replies.push(match answer {
-                    Answer::Reply(reply) => reply,
-                    Answer::Executed(executed) => executed.reply,
-                });
-            }
-            replier.executed(to, merge(replies, own));
+        // Recorded before any process is asked, so that no answer comes before its gathering.
+        let gathering = Gathering {
+            to,
+            replier: replier.clone(),
+            merge,
+            own,
+            waiting: asks.len(),
+            replies: Vec::with_capacity(asks.len()),
+            until: Instant::now() + GATHER_WAIT,
         };
-        if asked == 0 {
-            return reply();
+        self.gatherings.locked().add(asks.iter().map(|(_, ask)| ask.request_id), gathering);
+        for (tenant, ask) in asks {
+            if let Some((process, _)) = self.live.get_mut(&tenant) {
+                // A process that ends meanwhile is answered `ExecutorLost` by its reader.
+                process.run(job(), ask, &self.gathering);
+            }
         }
-        if let Err(e) = std::thread::Builder::new().name("executor-gather".into()).spawn(reply) {
-            tracing::warn!(error = %e, "cannot gather the executor processes' answers");
+    }
+}
+
+/// Gatherings not yet answered: each by the id of its first ask, and which each ask's answer
+/// belongs to. As many as the core lets requests be in flight.
+#[derive(Default)]
+struct Gatherings {
+    waiting: BTreeMap<u64, Gathering>,
+    asks: HashMap<u64, u64>,
+}
+
+/// One request asked of every live process.
+struct Gathering {
+    to: ReplyTo,
+    replier: Replier,
+    merge: Merge,
+    own: Counts,
+    waiting: usize,
+    replies: Vec<Reply>,
+    until: Instant,
+}
+
+impl Gatherings {
+    fn add(&mut self, asks: impl Iterator<Item = u64>, gathering: Gathering) {
+        let mut first = None;
+        for ask in asks {
+            let first = *first.get_or_insert(ask);
+            self.asks.insert(ask, first);
+        }
+        if let Some(first) = first {
+            self.waiting.insert(first, gathering);
+        }
+    }
+
+    /// Records the answer to `ask`: the gathering it completes, if it does.
+    fn answered(&mut self, ask: u64, reply: Reply) -> Option<Gathering> {
+        let first = self.asks.remove(&ask)?;
+        let gathering = self.waiting.get_mut(&first)?;
+        gathering.replies.push(reply);
+        gathering.waiting -= 1;
+        if gathering.waiting > 0 {
+            return None;
+        }
+        self.waiting.remove(&first)
+    }
+
+    /// The gatherings past their time, answered with what came (the rest of their asks
+    /// forgotten), and when the next one's time is up.
+    fn lapsed(&mut self, now: Instant) -> (Vec<Gathering>, Option<Instant>) {
+        let ended: Vec<u64> = self.waiting.iter().filter(|(_, g)| g.until <= now).map(|(first, _)| *first).collect();
+        let lapsed: Vec<Gathering> = ended.iter().filter_map(|first| self.waiting.remove(first)).collect();
+        if !lapsed.is_empty() {
+            self.asks.retain(|_, first| !ended.contains(first));
+        }
+        (lapsed, self.waiting.values().map(|g| g.until).min())
+    }
+}
+
+impl Gathering {
+    fn answer(self) {
+        self.replier.executed(self.to, (self.merge)(self.replies, self.own));
+    }
+}
+
+/// The gathering thread: takes every process's answer to a gathering up, and answers each
+/// gathering when its last answer comes or its time is up.
+fn gather(answers: &crossbeam_channel::Receiver<(ReplyTo, Answer)>, gatherings: &Mutex<Gatherings>) {
+    loop {
+        let (lapsed, next) = gatherings.locked().lapsed(Instant::now());
+        lapsed.into_iter().for_each(Gathering::answer);
+        // A gathering added meanwhile lapses after any already waiting.
+        let wait = next.map_or(GATHER_WAIT, |next| next.saturating_duration_since(Instant::now()));
+        let (ask, answer) = match answers.recv_timeout(wait) {
+            Ok(answered) => answered,
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => continue,
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
+        };
+        let reply = match answer {
+            Answer::Reply(reply) => reply,
+            Answer::Executed(executed) => executed.reply,
+        };
+        let complete = gatherings.locked().answered(ask.request_id, reply);
+        if let Some(gathering) = complete {
+            gathering.answer();
         }
     }
 }
@@ -335,10 +437,19 @@ impl Executor for TenantExecutors {
                 let job = move || Job::ListSessions { all: Some(names.clone()), after };
                 return self.gather(job, to, replier, merge_sessions);
             }
-            Job::Load { ref upload } => {
-                let kept = KeptArchives::of(upload);
-                self.archives.entry(to.tenant).or_default().insert(upload.archives.fingerprint(), kept);
-            }
+            Job::Load { ref upload } => match KeptArchives::of(upload, to.tenant, &self.host_budget) {
+                Ok(kept) => {
+                    self.archives.entry(to.tenant).or_default().insert(upload.archives.fingerprint(), kept);
+                }
+                Err(e) => {
+                    let code = if e.tenant.is_some() { ErrorCode::QuotaExceeded } else { ErrorCode::OverBudget };
+                    let why = format!(
+                        "the node keeps a copy of each model's archives to load it again in a new executor \
+                         process, and cannot keep this one: {e}"
+                    );
+                    return replier.executed(to, Reply::error(code, why));
+                }
+            },
             Job::Unregister { fingerprint } => {
                 if let Some(kept) = self.archives.get_mut(&to.tenant) {
                     kept.remove(&fingerprint);

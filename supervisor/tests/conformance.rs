@@ -76,8 +76,16 @@ fn requests_held_when_the_child_ends_are_answered_executor_lost(ending: Ending, 
             held.push(4);
         }
         Ending::Kill => {
-            let killed = Command::new("kill").args(["-KILL", &executor.pid().to_string()]).status().expect("kill");
-            assert!(killed.success());
+            // The link thread starts the child; it has by the time it holds a request.
+            let until = std::time::Instant::now() + Duration::from_secs(30);
+            let pid = loop {
+                match executor.pid() {
+                    Some(pid) => break pid,
+                    None if std::time::Instant::now() < until => std::thread::sleep(Duration::from_millis(10)),
+                    None => panic!("the child was not started within 30 s"),
+                }
+            };
+            kill(pid);
         }
     }
     let mut answered = Vec::new();
@@ -157,7 +165,7 @@ fn first_answer_after_a_kill(router: &mut TenantExecutors, tenant: TenantId, fin
 fn a_tenants_new_process_has_its_models_until_it_unregisters_them() {
     let launch: Launch = Box::new(|_, _, _| child("child_serves_the_executor_double"));
     // The double's handles are of epoch 1.
-    let mut router = TenantExecutors::new(launch, SIZES, READY_WITHIN, 1);
+    let mut router = TenantExecutors::new(launch, SIZES, READY_WITHIN, 1, MemoryBudget::new(1 << 20)).unwrap();
     let (alice, bob) = (TenantId(1), TenantId(2));
     let archive = b"alice's model".to_vec();
     let fingerprint = Fingerprint::of_blocks(&[&archive]);
@@ -178,7 +186,7 @@ fn a_tenants_new_process_has_its_models_until_it_unregisters_them() {
         ),
         "bob's process is his own"
     );
-    let (alices, bobs) = (router.pid_of(alice).expect("alice's process"), router.pid_of(bob).expect("bob's"));
+    let (alices, bobs) = (wait_for_pid(&router, alice), wait_for_pid(&router, bob));
     assert_ne!(alices, bobs);
 
     // The node's counters, asked twice at once: each gathered from both processes, which
@@ -207,9 +215,95 @@ fn a_tenants_new_process_has_its_models_until_it_unregisters_them() {
     // Unregistered, the model is not loaded in her next process.
     let gone = ask(&mut router, Job::Unregister { fingerprint }, alice, 4);
     assert!(matches!(gone, Message::Model(ModelMessage::UnregisterAck)), "{gone:?}");
-    kill(router.pid_of(alice).expect("her second process"));
+    kill(wait_for_pid(&router, alice));
     let answer = first_answer_after_a_kill(&mut router, alice, fingerprint);
     assert!(matches!(answer, Message::Data(DataMessage::Error { code: ErrorCode::UnknownModel, .. })), "{answer:?}");
+}
+
+fn load(router: &mut TenantExecutors, archive: &[u8], tenant: TenantId, request_id: u64) -> Message {
+    let fingerprint = Fingerprint::of_blocks(&[archive]);
+    let mut upload = Upload::new(fingerprint, vec![archive.len() as u64], (tenant, false), 1).unwrap();
+    upload.archives.add(0, Payload { buf: HostBuf::copy_from(archive).unwrap(), reservation: None }).unwrap();
+    ask(router, Job::Load { upload }, tenant, request_id)
+}
+
+#[test]
+fn the_copies_of_a_tenants_archives_are_charged_to_it_until_it_unregisters_them() {
+    let launch: Launch = Box::new(|_, _, _| child("child_serves_the_executor_double"));
+    let alice = TenantId(1);
+    let host = MemoryBudget::with_quotas(1 << 20, Arc::new(move |tenant| (tenant == alice).then_some(20)));
+    let mut router = TenantExecutors::new(launch, SIZES, READY_WITHIN, 1, host.clone()).unwrap();
+    let (first, second) = (b"alice's model".as_slice(), b"another model".as_slice());
+    assert!(matches!(load(&mut router, first, alice, 1), Message::Model(ModelMessage::Registered { .. })));
+    assert_eq!(host.used_by(alice), first.len() as u64);
+    let refused = load(&mut router, second, alice, 2);
+    assert!(
+        matches!(&refused, Message::Data(DataMessage::Error { code: ErrorCode::QuotaExceeded, message })
+            if message.contains("copy of each model's archives")),
+        "{refused:?}"
+    );
+    let fingerprint = Fingerprint::of_blocks(&[first]);
+    assert!(matches!(ask(&mut router, Job::Unregister { fingerprint }, alice, 3), Message::Model(_)));
+    assert_eq!(host.used_by(alice), 0, "released with the model");
+    assert!(matches!(load(&mut router, second, alice, 4), Message::Model(ModelMessage::Registered { .. })));
+    assert_eq!((host.used_by(alice), host.used()), (second.len() as u64, second.len() as u64));
+}
+
+/// The threads of this process named `name`.
+fn threads_named(name: &str) -> usize {
+    let tasks = std::fs::read_dir("/proc/self/task").expect("/proc/self/task");
+    tasks
+        .flatten()
+        .filter(|task| std::fs::read_to_string(task.path().join("comm")).is_ok_and(|c| c.trim() == name))
+        .count()
+}
+
+#[test]
+fn many_gatherings_waiting_on_a_process_hold_one_thread_and_are_each_answered_when_it_ends() {
+    let launch: Launch = Box::new(|_, _, _| child("child_serves_an_executor_that_never_answers"));
+    let mut router =
+        TenantExecutors::new(launch, SIZES, READY_WITHIN, NEVER_ANSWERS_EPOCH, MemoryBudget::new(1 << 20)).unwrap();
+    let tenant = TenantId(1);
+    let (replier, replies) = Replier::new(Arc::new(|| {}));
+    let to = |request_id| ReplyTo { slot: 0, conn_id: 1, request_id, tenant, operator: true, torchscript: false };
+    // Her process starts, and holds this for ever.
+    router.run(identity_call(Fingerprint::of_blocks(&[b"any"])), ReplyTo { operator: false, ..to(0) }, &replier);
+    let pid = wait_for_pid(&router, tenant);
+    for request in 1..=200 {
+        router.run(Job::Stats, to(request), &replier);
+    }
+    assert!(replies.recv_timeout(Duration::from_millis(200)).is_err(), "none answered while the process lives");
+    // One gathering thread per router (other tests' routers may be alive meanwhile).
+    assert!(threads_named("executor-gather") < 8, "{} gathering threads", threads_named("executor-gather"));
+    kill(pid);
+    let mut answered = Vec::new();
+    for _ in 0..=200 {
+        let (to, answer) = replies.recv_timeout(Duration::from_secs(30)).expect("an answer after the process ended");
+        answered.push(to.request_id);
+        let Answer::Executed(executed) = answer else { panic!("not the executor's answer") };
+        if to.request_id == 0 {
+            continue;
+        }
+        // Its answer (ExecutorLost) is no counters; the router's own count it.
+        let Message::Data(DataMessage::StatsReply { counters }) = executed.reply.message else {
+            panic!("not counters")
+        };
+        assert!(counters.contains(&("executor_processes".to_owned(), 1)), "{counters:?}");
+    }
+    answered.sort_unstable();
+    assert_eq!(answered, (0..=200).collect::<Vec<_>>(), "each once");
+}
+
+/// The pid of the tenant's process, once the router's link thread has started it.
+fn wait_for_pid(router: &TenantExecutors, tenant: TenantId) -> u32 {
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match router.pid_of(tenant) {
+            Some(pid) => return pid,
+            None if std::time::Instant::now() < until => std::thread::sleep(Duration::from_millis(10)),
+            None => panic!("the tenant's process was not started within 30 s"),
+        }
+    }
 }
 
 /// The link's descriptor, in a child started by one of the tests above.

@@ -96,7 +96,8 @@ impl ExecutorArgs {
 }
 
 /// One executor process per tenant, each `djinn executor` with the node's executor options
-/// and, with `auth`, the tenant's quotas.
+/// and, with `auth`, the tenant's quotas. The node keeps a copy of each model's archives,
+/// charged to its tenant on `options.host_budget`.
 pub fn tenant_processes(
     options: &ExecutorOptions,
     device_budget: u64,
@@ -111,7 +112,9 @@ pub fn tenant_processes(
         command.args(ExecutorArgs { epoch, first_id, quota, ..template.clone() }.to_args());
         command
     });
-    Ok(TenantExecutors::new(launch, LinkSizes::default(), READY_WITHIN, HandleSpace::fresh().epoch))
+    let epoch = HandleSpace::fresh().epoch;
+    TenantExecutors::new(launch, LinkSizes::default(), READY_WITHIN, epoch, options.host_budget.clone())
+        .context("cannot start the executor processes' router")
 }
 
 /// How long a new executor process has to load libtorch (and initialise its device) before its
