@@ -3,7 +3,9 @@ libtorch's dispatcher) by a tenant without the TorchScript right: Hugging Face G
 BERT from tiny configs with random weights, torchvision's ResNet-18, and a small MLP. Outputs
 equal the local ones: bit for bit where the node runs the same kernels on the same memory
 layout, else within torch.testing's float32 tolerance (rtol 1.3e-6, atol 1e-5); sizes that
-export left dynamic change between calls without registering again."""
+export left dynamic change between calls without registering again. The Hugging Face models and
+ResNet-18 run both in the node and in an executor process of the tenant's own
+(`--executor-processes`), with inputs in users' layouts (transposed, strided, channels_last)."""
 import gc
 
 import pytest
@@ -11,7 +13,7 @@ import torch
 from torch import nn
 
 import djinn
-from conftest import hf_gpt2, hf_llama, scripted
+from conftest import TENANT_TOKEN, NodeProcess, hf_gpt2, hf_llama, scripted
 
 
 def same(got, want, what):
@@ -34,12 +36,23 @@ def tiny_bert():
     return transformers.BertModel(cfg)
 
 
+@pytest.fixture(scope="module", params=[(), ("--executor-processes",)], ids=["in-the-node", "executor-processes"])
+def either_tenant(request, tenant_auth):
+    """The tenant's client on a node that runs its models in the node, and on one that runs them
+    in an executor process of the tenant's own (not made the default client)."""
+    node = NodeProcess("--auth-file", tenant_auth, *request.param)
+    try:
+        yield djinn.Client(node.address, token=TENANT_TOKEN)
+    finally:
+        node.stop()
+
+
 @pytest.mark.parametrize("make", [tiny_gpt2, tiny_llama, tiny_bert], ids=["gpt2", "llama", "bert"])
-def test_hugging_face_models_register_as_graphs_and_take_other_sizes(tenant, make):
+def test_hugging_face_models_register_as_graphs_and_take_other_sizes(either_tenant, make):
     torch.manual_seed(0)
     model = make().eval()
     ids = torch.randint(1, 97, (2, 16))
-    rm = djinn.register(model, {"input_ids": ids}, dynamic={"input_ids": {0: "batch", 1: ("seq", 2, 64)}})
+    rm = either_tenant.register(model, {"input_ids": ids}, dynamic={"input_ids": {0: "batch", 1: ("seq", 2, 64)}})
     for batch, seq in [(2, 16), (1, 7), (3, 64)]:
         x = torch.randint(1, 97, (batch, seq))
         with torch.no_grad():
@@ -61,12 +74,12 @@ def test_hugging_face_models_register_as_graphs_and_take_other_sizes(tenant, mak
         rm(input_ids=torch.randint(1, 97, (2, 65)))
 
 
-def test_torchvision_resnet18_registers_as_a_graph(tenant):
+def test_torchvision_resnet18_registers_as_a_graph(either_tenant):
     import torchvision
 
     torch.manual_seed(0)
     model = torchvision.models.resnet18(weights=None, num_classes=10).eval()
-    rm = djinn.register(model, torch.randn(2, 3, 64, 64), dynamic={"x": {0: "batch"}})
+    rm = either_tenant.register(model, torch.randn(2, 3, 64, 64), dynamic={"x": {0: "batch"}})
     for batch in (2, 5):
         x = torch.randn(batch, 3, 64, 64)
         with torch.no_grad():
