@@ -5,12 +5,14 @@
 //! [`LINK_FD`].
 //!
 //! [`TenantExecutors`] runs one such process per tenant, started by its first request and
-//! started again after it ends (the tenant's models loaded there again). Still to come (issue
+//! started again after it ends (the tenant's models loaded there again; a tenant whose
+//! processes keep ending waits longer each time, [`restarts`]). Still to come (issue
 //! 52): processes stopped when idle, one device budget over them all, the payload arenas the
 //! node's reader fills in place, and the sandbox.
 
 mod channel;
 mod process;
+pub mod restarts;
 mod serve;
 mod tenants;
 

@@ -23,6 +23,7 @@ use djinn_proto::{
 };
 use djinn_sync::Locked;
 
+use crate::restarts::{Restarts, WINDOW};
 use crate::{LinkSizes, ProcessExecutor};
 
 /// Ids of the handles one executor process may make.
@@ -47,6 +48,10 @@ pub struct TenantExecutors {
     ranges: BTreeMap<u64, TenantId>,
     started: u64,
     restarts: u64,
+    /// Each tenant's recent process ends, while it has any.
+    ended: HashMap<TenantId, Restarts>,
+    /// Jobs refused because their tenant's next process had to wait.
+    deferred: u64,
     /// The archives of each tenant's models, to load in its next process.
     archives: HashMap<TenantId, BTreeMap<Fingerprint, KeptArchives>>,
     /// What the archives' copies are charged to.
@@ -133,6 +138,8 @@ impl TenantExecutors {
             ranges: BTreeMap::new(),
             started: 0,
             restarts: 0,
+            ended: HashMap::new(),
+            deferred: 0,
             archives: HashMap::new(),
             host_budget,
             next_request: 0,
@@ -151,21 +158,35 @@ impl TenantExecutors {
         self.live.get(&tenant).filter(|(process, _)| process.lost().is_none()).and_then(|(process, _)| process.pid())
     }
 
-    /// The tenant's process: its live one, or a new one.
+    /// The tenant's process: its live one, or a new one (unless its processes have ended too
+    /// often of late: then why not).
     fn process(&mut self, to: ReplyTo) -> Result<&mut ProcessExecutor, String> {
         let tenant = to.tenant;
+        let now = Instant::now();
         if let Some((process, _)) = self.live.get(&tenant)
             && let Some(why) = process.lost()
         {
-            tracing::warn!(tenant = tenant.0, cause = %why, "restarting a tenant's executor process");
+            tracing::warn!(tenant = tenant.0, cause = %why, "a tenant's executor process ended");
             if let Some((ended, first_id)) = self.live.remove(&tenant) {
                 self.ranges.remove(&first_id);
                 // Its threads are joined away from the poller's thread, which must not wait.
                 let _ = std::thread::Builder::new().name("executor-ended".into()).spawn(move || drop(ended));
             }
+            self.ended.entry(tenant).or_default().ended(now);
             self.restarts += 1;
         }
         if !self.live.contains_key(&tenant) {
+            self.ended.retain(|_, ended| !ended.is_idle(now));
+            if let Some(ended) = self.ended.get(&tenant)
+                && let Some(wait) = ended.wait_at(now)
+            {
+                self.deferred += 1;
+                return Err(format!(
+                    "its executor processes ended {} times in {WINDOW:?}; the next starts in {:.1} s",
+                    ended.recent(now),
+                    wait.as_secs_f64()
+                ));
+            }
             let first_id = self.next_first_id;
             let command = (self.launch)(tenant, self.epoch, first_id);
             let fingerprints: Vec<Fingerprint> =
@@ -178,7 +199,7 @@ impl TenantExecutors {
             }
             let models = reloads.len();
             let process = ProcessExecutor::start(command, self.sizes, self.epoch, self.ready_within, reloads)
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| format!("cannot start one: {e}"))?;
             tracing::info!(tenant = tenant.0, first_id, models, "a tenant's executor process starts");
             self.next_first_id += IDS_PER_PROCESS;
             self.ranges.insert(first_id, tenant);
@@ -226,7 +247,12 @@ impl TenantExecutors {
             self.live.iter().filter(|(_, (process, _))| process.lost().is_none()).map(|(t, _)| *t).collect();
         let asks: Vec<(TenantId, ReplyTo)> =
             tenants.into_iter().map(|tenant| (tenant, self.own_request(GATHER_CONN, to))).collect();
-        let own = Counts { processes: asks.len() as u64, started: self.started, restarts: self.restarts };
+        let own = Counts {
+            processes: asks.len() as u64,
+            started: self.started,
+            restarts: self.restarts,
+            deferred: self.deferred,
+        };
         if asks.is_empty() {
             return replier.executed(to, merge(Vec::new(), own));
         }
@@ -346,6 +372,7 @@ struct Counts {
     processes: u64,
     started: u64,
     restarts: u64,
+    deferred: u64,
 }
 
 /// What makes one reply of the replies of every process.
@@ -365,6 +392,7 @@ fn sum_counters(replies: Vec<Reply>, own: Counts) -> Reply {
         ("executor_processes".to_owned(), own.processes),
         ("executor_processes_started".to_owned(), own.started),
         ("executor_process_restarts".to_owned(), own.restarts),
+        ("executor_process_starts_deferred".to_owned(), own.deferred),
     ]
     .into_iter()
     .collect();
@@ -461,7 +489,7 @@ impl Executor for TenantExecutors {
             Ok(process) => process.run(job, to, replier),
             Err(why) => replier.executed(
                 to,
-                Reply::error(ErrorCode::ExecutorLost, format!("cannot start the tenant's executor process: {why}")),
+                Reply::error(ErrorCode::ExecutorLost, format!("the tenant has no executor process: {why}")),
             ),
         }
     }

@@ -294,6 +294,44 @@ fn many_gatherings_waiting_on_a_process_hold_one_thread_and_are_each_answered_wh
     assert_eq!(answered, (0..=200).collect::<Vec<_>>(), "each once");
 }
 
+#[test]
+fn a_tenant_whose_processes_keep_crashing_waits_longer_for_each_next_one() {
+    use djinn_supervisor::restarts::FREE_RESTARTS;
+    let launch: Launch = Box::new(|_, _, _| child("child_serves_an_executor_that_never_answers"));
+    let mut router =
+        TenantExecutors::new(launch, SIZES, READY_WITHIN, NEVER_ANSWERS_EPOCH, MemoryBudget::new(1 << 20)).unwrap();
+    let tenant = TenantId(1);
+    let mut request = 0;
+    // Each process faults on its first job.
+    let mut crash = |router: &mut TenantExecutors| {
+        request += 1;
+        match ask(router, Job::Abort { parked: Handle { id: 1, epoch: NEVER_ANSWERS_EPOCH } }, tenant, request) {
+            Message::Data(DataMessage::Error { code: ErrorCode::ExecutorLost, message }) => message,
+            other => panic!("{other:?}"),
+        }
+    };
+    for _ in 0..=FREE_RESTARTS {
+        let lost = crash(&mut router);
+        assert!(lost.contains("SIGSEGV") || lost.contains("signal: 11"), "{lost}");
+    }
+    let deferred = crash(&mut router);
+    assert!(deferred.contains("ended 4 times") && deferred.contains("next starts in 1.0 s"), "{deferred}");
+    assert_eq!(router.pid_of(tenant), None, "no process started meanwhile");
+    std::thread::sleep(Duration::from_millis(1100));
+    let lost = crash(&mut router);
+    assert!(lost.contains("SIGSEGV") || lost.contains("signal: 11"), "started again after the wait: {lost}");
+    let deferred = crash(&mut router);
+    assert!(deferred.contains("ended 5 times") && deferred.contains("next starts in 2.0 s"), "{deferred}");
+
+    let counters = match ask(&mut router, Job::Stats, TenantId(2), 100) {
+        Message::Data(DataMessage::StatsReply { counters }) => counters,
+        other => panic!("{other:?}"),
+    };
+    for counter in [("executor_processes_started", 5), ("executor_process_starts_deferred", 2)] {
+        assert!(counters.contains(&(counter.0.to_owned(), counter.1)), "{counter:?} in {counters:?}");
+    }
+}
+
 /// The pid of the tenant's process, once the router's link thread has started it.
 fn wait_for_pid(router: &TenantExecutors, tenant: TenantId) -> u32 {
     let until = std::time::Instant::now() + Duration::from_secs(30);
