@@ -95,21 +95,23 @@ impl ExecutorArgs {
     }
 }
 
-/// One executor process per tenant, each `djinn executor` with the node's executor options
-/// and, with `auth`, the tenant's quotas. The node keeps a copy of each model's archives,
-/// charged to its tenant on `options.host_budget`.
+/// One executor process per tenant, each `djinn executor` with the node's executor options,
+/// its log filter and, with `auth`, the tenant's quotas. The node keeps a copy of each model's
+/// archives, charged to its tenant on `options.host_budget`.
 pub fn tenant_processes(
     options: &ExecutorOptions,
     device_budget: u64,
     host_budget: u64,
     auth: Option<Arc<Authenticator>>,
+    log: &str,
 ) -> Result<TenantExecutors> {
     let exe = std::env::current_exe().context("cannot find the djinn binary to start executor processes")?;
     let template = ExecutorArgs::of_node(options, device_budget, host_budget);
+    let log = log.to_owned();
     let launch: Launch = Box::new(move |tenant, epoch, first_id| {
         let quota = auth.as_ref().and_then(|auth| serde_json::to_string(&auth.quota(tenant)).ok());
         let mut command = std::process::Command::new(&exe);
-        command.args(ExecutorArgs { epoch, first_id, quota, ..template.clone() }.to_args());
+        command.args(ExecutorArgs { epoch, first_id, quota, ..template.clone() }.to_args()).arg(format!("--log={log}"));
         command
     });
     let epoch = HandleSpace::fresh().epoch;

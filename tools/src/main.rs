@@ -127,12 +127,16 @@ fn main() -> Result<()> {
         Client::connect_with(addr, options).with_context(|| format!("cannot reach {addr}"))
     };
     match cli.command {
-        Command::Node(args) => {
+        Command::Node(mut args) => {
             // Watched while the node runs.
             let auth = args.auth.principals.authenticator()?;
+            args.log = cli.log;
             node::run(args, auth.as_ref().map(|(a, _)| std::sync::Arc::clone(a)))
         }
-        Command::Up(args) => up::run(args),
+        Command::Up(mut args) => {
+            args.node.log = cli.log;
+            up::run(args)
+        }
         Command::Control(args) => control::run(args),
         Command::Status(args) => status::run(args),
         Command::Drain(args) => drain::run(args),

@@ -37,6 +37,9 @@ pub enum TcpBackend {
 
 #[derive(Args, Debug)]
 pub struct NodeArgs {
+    /// The log filter it was started with (`--log`), passed on to its executor processes.
+    #[arg(skip)]
+    pub log: String,
     /// Address to listen on, HOST:PORT (port 0 picks a free one).
     #[arg(long, default_value = "127.0.0.1:7070")]
     listen: String,
@@ -366,7 +369,7 @@ pub fn run(args: NodeArgs, auth: Option<Arc<Authenticator>>) -> Result<()> {
         handles: HandleSpace::fresh(),
     };
     let executor: Box<dyn Executor + Send> = if args.executor_processes {
-        Box::new(crate::executor::tenant_processes(&options, device_limit, host_limit, auth.clone())?)
+        Box::new(crate::executor::tenant_processes(&options, device_limit, host_limit, auth.clone(), &args.log)?)
     } else {
         Box::new(TorchExecutor::new(budget.clone(), options).context("cannot start the executor")?)
     };

@@ -18,7 +18,7 @@ use crate::node::{self, NodeArgs};
 #[command(mut_arg("control", |a| a.hide(true)))]
 pub struct UpArgs {
     #[command(flatten)]
-    node: NodeArgs,
+    pub node: NodeArgs,
     /// Address of the control plane's HTTP API, HOST:PORT (port 0 picks a free one).
     #[arg(long, default_value = "127.0.0.1:7000")]
     control_listen: String,
