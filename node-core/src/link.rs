@@ -41,6 +41,25 @@ pub trait Bulk {
     fn take(&mut self, span: Span) -> Result<HostBuf, LinkError>;
 }
 
+/// Bulk bytes in one vector, for the link's tests and its fuzz target: placed at its end,
+/// taken from within it.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct VecBulk(pub Vec<u8>);
+
+impl Bulk for VecBulk {
+    fn place(&mut self, bytes: SharedBytes) -> Result<Span, LinkError> {
+        let offset = self.0.len() as u64;
+        self.0.extend_from_slice((*bytes).as_ref());
+        Ok(Span { offset, len: self.0.len() as u64 - offset })
+    }
+
+    fn take(&mut self, span: Span) -> Result<HostBuf, LinkError> {
+        let outside = || LinkError::Bulk { span, reason: "outside the shared memory".into() };
+        let range = span.range_in(self.0.len()).ok_or_else(outside)?;
+        HostBuf::copy_from(&self.0[range]).map_err(|e| LinkError::Bulk { span, reason: e.to_string() })
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum LinkError {
@@ -543,22 +562,6 @@ mod tests {
 
     use super::*;
 
-    /// Bulk bytes appended to one buffer, as a test's shared memory.
-    #[derive(Default)]
-    struct Arena(Vec<u8>);
-
-    impl Bulk for Arena {
-        fn place(&mut self, bytes: SharedBytes) -> Result<Span, LinkError> {
-            let offset = self.0.len() as u64;
-            self.0.extend_from_slice((*bytes).as_ref());
-            Ok(Span { offset, len: self.0.len() as u64 - offset })
-        }
-        fn take(&mut self, span: Span) -> Result<HostBuf, LinkError> {
-            let range = span.range_in(self.0.len()).ok_or(LinkError::Bulk { span, reason: "outside".into() })?;
-            HostBuf::copy_from(&self.0[range]).map_err(|e| LinkError::Bulk { span, reason: e.to_string() })
-        }
-    }
-
     fn to() -> ReplyTo {
         ReplyTo { slot: 3, conn_id: 77, request_id: 9, tenant: TenantId(5), operator: false, torchscript: true }
     }
@@ -610,8 +613,8 @@ mod tests {
         ]
     }
 
-    fn encoded(message: ToExecutor) -> (Vec<u8>, Arena) {
-        let (mut out, mut arena) = (Vec::new(), Arena::default());
+    fn encoded(message: ToExecutor) -> (Vec<u8>, VecBulk) {
+        let (mut out, mut arena) = (Vec::new(), VecBulk::default());
         message.encode(&mut out, &mut arena).expect("encodes");
         (out, arena)
     }
@@ -650,7 +653,7 @@ mod tests {
         let reply = Reply { message: message.into(), tensors: vec![Arc::new(vec![1u8, 2, 3, 4, 5, 6, 7, 8])] };
         let answer =
             FromExecutor::Answered { to: to(), answer: Answer::Executed(Executed { reply, still_parked: true }) };
-        let (mut out, mut arena) = (Vec::new(), Arena::default());
+        let (mut out, mut arena) = (Vec::new(), VecBulk::default());
         answer.encode(&mut out, &mut arena).expect("encodes");
         let decoded = FromExecutor::decode(&out, &limits, &mut arena).expect("decodes");
         let FromExecutor::Answered { to: back, answer: Answer::Executed(executed) } = decoded else {
@@ -684,7 +687,7 @@ mod tests {
             flip in proptest::prelude::any::<(usize, u8)>(),
         ) {
             let limits = Limits::default();
-            let mut arena = Arena(vec![0; 64]);
+            let mut arena = VecBulk(vec![0; 64]);
             let _ = FromExecutor::decode(&bytes, &limits, &mut arena);
             let _ = ToExecutor::decode(&bytes, &limits, &mut arena);
             // A valid job with one byte changed.
