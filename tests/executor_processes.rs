@@ -76,6 +76,13 @@ fn a_tenants_executor_process_killed_costs_only_that_tenant() {
     let processes = executor_processes(&node);
     assert_eq!(processes.len(), 2, "one process per tenant: {processes:?}");
     let (alices_pid, _) = processes.iter().find(|(_, cmd)| cmd.contains("--first-id=1 ")).expect("alice's process");
+    // Each confined: a network namespace of its own, no new privileges.
+    let network = |pid: i64| std::fs::read_link(format!("/proc/{pid}/ns/net")).expect("its network namespace");
+    for (pid, _) in &processes {
+        assert_ne!(network(i64::from(*pid)), network(i64::from(node.pid())), "process {pid} has a network of its own");
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        assert!(status.lines().any(|l| l.split_whitespace().eq(["NoNewPrivs:", "1"])), "{status}");
+    }
     let bytes = f32_bytes(4, 9);
     let tensor = TensorRef { dtype: DType::F32, shape: &[4], bytes: &bytes };
     let (alices_kept, bobs_kept) = (alice.keep(tensor).unwrap().handle, bob.keep(tensor).unwrap().handle);

@@ -24,7 +24,7 @@ use djinn_shm::{Region, spawn_with_fds};
 use djinn_sync::Locked;
 
 use crate::channel::{self, LinkSizes, NodeEnds, link_limits};
-use crate::{LINK_FD, SupervisorError};
+use crate::{LINK_FD, SupervisorError, sandbox};
 
 /// How long the reader sleeps on an empty ring before it looks whether the child lives.
 const LIVENESS_TICK: Duration = Duration::from_millis(50);
@@ -210,8 +210,14 @@ impl ProcessExecutor {
 /// Makes the link and starts `command` as the child at its end.
 fn launch(mut command: Command, sizes: LinkSizes, shared: &Shared) -> Result<(Arc<Region>, NodeEnds), SupervisorError> {
     let (region, ends) = channel::create(sizes)?;
+    sandbox::confine(&mut command);
     let child = spawn_with_fds(&mut command, &[(region.fd(), LINK_FD)]).map_err(SupervisorError::Start)?;
     let pid = child.id();
+    for (layer, entered) in sandbox::layers_of(pid) {
+        if !entered {
+            tracing::warn!(pid, %layer, "this host does not let an executor process enter a layer of its sandbox");
+        }
+    }
     shared.pid.store(pid, Ordering::SeqCst);
     *shared.child.locked() = Some(child);
     tracing::debug!(pid, "an executor process starts");
