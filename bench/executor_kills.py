@@ -30,29 +30,13 @@ from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "client-lib" / "python"))
+sys.path.insert(0, str(ROOT / "client-lib" / "python" / "tests"))
 import djinn  # noqa: E402
 from percentiles import percentiles  # noqa: E402
+from test_executor_processes import executor_processes  # noqa: E402
 
 ALICE = "alice-token-0123456789"
 BOB = "bob-token-0123456789ab"
-
-
-def executor_processes(node_pid: int) -> dict:
-    """The node's executor processes: pid -> command line."""
-    found = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                parent = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read().replace(b"\0", b" ").decode()
-        except (OSError, IndexError, ValueError):
-            continue
-        if parent == node_pid and " executor " in cmdline:
-            found[int(entry)] = cmdline
-    return found
 
 
 def end(pid: int, sig: int):
