@@ -258,11 +258,15 @@ fn threads_named(name: &str) -> usize {
         .count()
 }
 
+/// A router whose every process takes jobs, answers none, and faults on an `Abort`.
+fn never_answering_router() -> TenantExecutors {
+    let launch: Launch = Box::new(|_, _, _| child("child_serves_an_executor_that_never_answers"));
+    TenantExecutors::new(launch, SIZES, READY_WITHIN, NEVER_ANSWERS_EPOCH, MemoryBudget::new(1 << 20)).unwrap()
+}
+
 #[test]
 fn many_gatherings_waiting_on_a_process_hold_one_thread_and_are_each_answered_when_it_ends() {
-    let launch: Launch = Box::new(|_, _, _| child("child_serves_an_executor_that_never_answers"));
-    let mut router =
-        TenantExecutors::new(launch, SIZES, READY_WITHIN, NEVER_ANSWERS_EPOCH, MemoryBudget::new(1 << 20)).unwrap();
+    let mut router = never_answering_router();
     let tenant = TenantId(1);
     let (replier, replies) = Replier::new(Arc::new(|| {}));
     let to = |request_id| ReplyTo { slot: 0, conn_id: 1, request_id, tenant, operator: true, torchscript: false };
@@ -297,9 +301,7 @@ fn many_gatherings_waiting_on_a_process_hold_one_thread_and_are_each_answered_wh
 #[test]
 fn a_tenant_whose_processes_keep_crashing_waits_longer_for_each_next_one() {
     use djinn_supervisor::restarts::FREE_RESTARTS;
-    let launch: Launch = Box::new(|_, _, _| child("child_serves_an_executor_that_never_answers"));
-    let mut router =
-        TenantExecutors::new(launch, SIZES, READY_WITHIN, NEVER_ANSWERS_EPOCH, MemoryBudget::new(1 << 20)).unwrap();
+    let mut router = never_answering_router();
     let tenant = TenantId(1);
     let mut request = 0;
     // Each process faults on its first job.
