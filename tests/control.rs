@@ -891,6 +891,10 @@ fn djinn_up_serves_a_cluster_of_one() {
     let fingerprint = halves.fingerprint.to_string();
     assert!(table.contains(&addrs[1]) && table.contains("solo") && table.contains("64.0 MiB"), "{table}");
     assert!(table.lines().any(|l| l.starts_with(&fingerprint[..16]) && l.ends_with("solo")), "{table}");
+    assert!(
+        table.lines().any(|l| l.contains("solo") && l.ends_with("in the node")),
+        "kernels run in the node: {table}"
+    );
     let parsed: Json = serde_json::from_str(&status(&["--json"])).unwrap();
     assert_eq!(parsed["models"][0]["fingerprint"], json!(fingerprint));
 

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use djinn_client::{Client, ClientOptions, DType, ErrorCode, Fingerprint, TensorRef, Value};
+use djinn_supervisor::sandbox::{Layer, Layers, layers_of};
 use support::{Node, f32_bytes, register};
 
 const ALICE: &str = "alice-token-0123456789";
@@ -76,12 +77,17 @@ fn a_tenants_executor_process_killed_costs_only_that_tenant() {
     let processes = executor_processes(&node);
     assert_eq!(processes.len(), 2, "one process per tenant: {processes:?}");
     let (alices_pid, _) = processes.iter().find(|(_, cmd)| cmd.contains("--first-id=1 ")).expect("alice's process");
-    // Each confined: a network namespace of its own, no new privileges.
-    let network = |pid: i64| std::fs::read_link(format!("/proc/{pid}/ns/net")).expect("its network namespace");
+    // Each confined in every layer /proc shows (all but Landlock, which the node's counters
+    // show as the process reported it): no new privileges, a network of its own, no
+    // capabilities, its system-call filter.
     for (pid, _) in &processes {
-        assert_ne!(network(i64::from(*pid)), network(i64::from(node.pid())), "process {pid} has a network of its own");
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-        assert!(status.lines().any(|l| l.split_whitespace().eq(["NoNewPrivs:", "1"])), "{status}");
+        let shown = layers_of(*pid);
+        assert_eq!(shown, Layers::ALL.without(Layer::Landlock), "process {pid}: {shown}");
+    }
+    let stats: std::collections::HashMap<String, u64> = alice.stats().unwrap().into_iter().collect();
+    for layer in Layer::ALL {
+        let counter = format!("executor_sandbox_{}", layer.name().replace('-', "_"));
+        assert_eq!(stats.get(&counter), Some(&2), "both processes in {layer}: {stats:?}");
     }
     let bytes = f32_bytes(4, 9);
     let tensor = TensorRef { dtype: DType::F32, shape: &[4], bytes: &bytes };

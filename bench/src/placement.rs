@@ -52,6 +52,7 @@ fn inventory(i: usize) -> Inventory {
         kept: 0,
         parked: 0,
         unrecorded: 0,
+        sandbox: String::new(),
     }
 }
 

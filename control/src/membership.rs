@@ -51,6 +51,10 @@ pub struct Inventory {
     /// Moves of a drain whose destination the control plane has not recorded yet.
     #[serde(default)]
     pub unrecorded: u64,
+    /// Where tenants' kernels run: `in the node`, or in executor processes and the layers of
+    /// their sandbox every live one is in (`no-new-privs,netns,…`).
+    #[serde(default)]
+    pub sandbox: String,
 }
 
 /// A lease's number; a renewal must name the node's current one.
@@ -122,6 +126,7 @@ pub(crate) mod tests {
             kept: 0,
             parked: 0,
             unrecorded: 0,
+            sandbox: String::new(),
         }
     }
 }

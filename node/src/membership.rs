@@ -83,6 +83,7 @@ impl Membership {
             kept: stat("handles"),
             parked: stat("parked"),
             unrecorded: self.drainer.unrecorded(),
+            sandbox: sandbox(&stats),
         })
     }
 
@@ -118,6 +119,28 @@ impl Membership {
             }
             Err(e) => Err(e.into()),
         }
+    }
+}
+
+/// Where the node runs tenants' kernels, from its counters: in its own process (no executor
+/// processes' counters), or in executor processes and the layers every live one is in.
+fn sandbox(stats: &std::collections::HashMap<String, u64>) -> String {
+    let Some(&processes) = stats.get("executor_processes") else {
+        return "in the node".into();
+    };
+    if processes == 0 {
+        return "executor processes (none live)".into();
+    }
+    let mut layers: Vec<String> = stats
+        .iter()
+        .filter(|&(_, &count)| count == processes)
+        .filter_map(|(name, _)| name.strip_prefix("executor_sandbox_"))
+        .map(|layer| layer.replace('_', "-"))
+        .collect();
+    layers.sort();
+    match layers.is_empty() {
+        true => "executor processes, unconfined".into(),
+        false => format!("executor processes: {}", layers.join(",")),
     }
 }
 
@@ -198,5 +221,32 @@ impl Membership {
         {
             tracing::warn!(error = %e, "leaving the control plane failed: the lease will lapse");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sandbox;
+
+    #[test]
+    fn the_inventory_says_where_kernels_run_and_in_which_layers() {
+        let stats = |pairs: &[(&str, u64)]| pairs.iter().map(|&(n, v)| (n.to_owned(), v)).collect();
+        assert_eq!(sandbox(&stats(&[("jobs_queued", 0)])), "in the node");
+        assert_eq!(
+            sandbox(&stats(&[("executor_processes", 0), ("executor_sandbox_netns", 0)])),
+            "executor processes (none live)"
+        );
+        // A layer only some live processes are in is not the node's.
+        let two = stats(&[
+            ("executor_processes", 2),
+            ("executor_sandbox_seccomp", 2),
+            ("executor_sandbox_netns", 2),
+            ("executor_sandbox_landlock", 1),
+        ]);
+        assert_eq!(sandbox(&two), "executor processes: netns,seccomp");
+        assert_eq!(
+            sandbox(&stats(&[("executor_processes", 1), ("executor_sandbox_netns", 0)])),
+            "executor processes, unconfined"
+        );
     }
 }

@@ -8,8 +8,7 @@
 //! started again after it ends (the tenant's models loaded there again; a tenant whose
 //! processes keep ending waits longer each time, [`restarts`]). Still to come (issue
 //! 52): processes stopped when idle, one device budget over them all, the payload arenas the
-//! node's reader fills in place, and the sandbox's seccomp filter and Landlock (its first layers,
-//! a network namespace and no new privileges, are in [`sandbox`]).
+//! node's reader fills in place. Each process is confined in the layers of [`sandbox`].
 
 mod channel;
 mod process;

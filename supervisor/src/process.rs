@@ -41,6 +41,8 @@ struct Shared {
     child: Mutex<Option<Child>>,
     /// Its process id (0 until it is started).
     pid: AtomicU32,
+    /// The layers of its sandbox it is in.
+    layers: Mutex<sandbox::Layers>,
 }
 
 impl Shared {
@@ -143,6 +145,7 @@ impl ProcessExecutor {
             alive: AtomicBool::new(true),
             child: Mutex::new(None),
             pid: AtomicU32::new(0),
+            layers: Mutex::new(sandbox::Layers::NONE),
         });
         let (jobs, queued) = crossbeam_channel::unbounded();
         if !first.is_empty() {
@@ -168,7 +171,10 @@ impl ProcessExecutor {
                     let NodeEnds { jobs: down, job_bulk, mut answers, mut answer_bulk } = ends;
                     let pid = shared.pid.load(Ordering::SeqCst);
                     match wait_ready(&mut answers, &mut answer_bulk, &shared, epoch, ready_within) {
-                        Ok(()) => tracing::debug!(pid, "an executor process is ready"),
+                        Ok(()) => {
+                            tracing::debug!(pid, "an executor process is ready");
+                            note_layers(pid, &shared);
+                        }
                         Err(why) => {
                             kill(&shared);
                             shared.end(why);
@@ -196,6 +202,12 @@ impl ProcessExecutor {
         Some(self.shared.pid.load(Ordering::SeqCst)).filter(|&pid| pid != 0)
     }
 
+    /// The layers of its sandbox the child is in (those entered before exec once it starts;
+    /// its system-call filter once it is ready).
+    pub fn layers(&self) -> sandbox::Layers {
+        *self.shared.layers.locked()
+    }
+
     /// Why the child ended, once it has.
     pub fn lost(&self) -> Option<String> {
         self.shared.lost()
@@ -210,14 +222,10 @@ impl ProcessExecutor {
 /// Makes the link and starts `command` as the child at its end.
 fn launch(mut command: Command, sizes: LinkSizes, shared: &Shared) -> Result<(Arc<Region>, NodeEnds), SupervisorError> {
     let (region, ends) = channel::create(sizes)?;
-    sandbox::confine(&mut command);
+    let confined = sandbox::confine(&mut command);
     let child = spawn_with_fds(&mut command, &[(region.fd(), LINK_FD)]).map_err(SupervisorError::Start)?;
     let pid = child.id();
-    for (layer, entered) in sandbox::layers_of(pid) {
-        if !entered {
-            tracing::warn!(pid, %layer, "this host does not let an executor process enter a layer of its sandbox");
-        }
-    }
+    *shared.layers.locked() = confined.entered();
     shared.pid.store(pid, Ordering::SeqCst);
     *shared.child.locked() = Some(child);
     tracing::debug!(pid, "an executor process starts");
@@ -226,6 +234,18 @@ fn launch(mut command: Command, sizes: LinkSizes, shared: &Shared) -> Result<(Ar
         kill(shared);
     }
     Ok((region, ends))
+}
+
+/// Records the layers of its sandbox a ready child is in (its system-call filter entered by
+/// itself before it said it was ready), and logs those the host did not allow.
+fn note_layers(pid: u32, shared: &Shared) {
+    let mut layers = shared.layers.locked();
+    if sandbox::layers_of(pid).contains(sandbox::Layer::Seccomp) {
+        *layers = layers.with(sandbox::Layer::Seccomp);
+    }
+    for layer in sandbox::Layer::ALL.into_iter().filter(|&layer| !layers.contains(layer)) {
+        tracing::warn!(pid, %layer, "this host does not let an executor process enter a layer of its sandbox");
+    }
 }
 
 /// Answers every queued request that the child is lost.

@@ -24,6 +24,7 @@ use djinn_proto::{
 use djinn_sync::Locked;
 
 use crate::restarts::{Restarts, WINDOW};
+use crate::sandbox::Layer;
 use crate::{LinkSizes, ProcessExecutor};
 
 /// Ids of the handles one executor process may make.
@@ -247,8 +248,16 @@ impl TenantExecutors {
             self.live.iter().filter(|(_, (process, _))| process.lost().is_none()).map(|(t, _)| *t).collect();
         let asks: Vec<(TenantId, ReplyTo)> =
             tenants.into_iter().map(|tenant| (tenant, self.own_request(GATHER_CONN, to))).collect();
+        let mut sandboxed = [0; Layer::ALL.len()];
+        for (process, _) in self.live.values().filter(|(process, _)| process.lost().is_none()) {
+            let layers = process.layers();
+            for (count, layer) in sandboxed.iter_mut().zip(Layer::ALL) {
+                *count += u64::from(layers.contains(layer));
+            }
+        }
         let own = Counts {
             processes: asks.len() as u64,
+            sandboxed,
             started: self.started,
             restarts: self.restarts,
             deferred: self.deferred,
@@ -370,6 +379,8 @@ const RELOAD_CONN: u64 = u64::MAX - 2;
 #[derive(Debug, Clone, Copy)]
 struct Counts {
     processes: u64,
+    /// Of them, how many are in each layer of the sandbox (in `Layer::ALL`'s order).
+    sandboxed: [u64; Layer::ALL.len()],
     started: u64,
     restarts: u64,
     deferred: u64,
@@ -396,6 +407,9 @@ fn sum_counters(replies: Vec<Reply>, own: Counts) -> Reply {
     ]
     .into_iter()
     .collect();
+    for (count, layer) in own.sandboxed.into_iter().zip(Layer::ALL) {
+        counters.insert(format!("executor_sandbox_{}", layer.name().replace('-', "_")), count);
+    }
     for reply in replies {
         if let Message::Data(DataMessage::StatsReply { counters: theirs }) = reply.message {
             for (name, value) in theirs {

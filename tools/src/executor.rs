@@ -166,5 +166,9 @@ pub fn run(args: ExecutorArgs) -> Result<()> {
     };
     let executor = TorchExecutor::new(bounded(args.device_memory_budget.0, |q| q.device_memory), options)
         .context("cannot start the executor")?;
+    // Once the device is initialised (CUDA needs calls the filter refuses), before any job.
+    if let Err(e) = djinn_supervisor::sandbox::restrict_syscalls() {
+        tracing::warn!(error = %e, "cannot install this executor's system-call filter");
+    }
     djinn_supervisor::serve(link, executor).context("the link to the node broke")
 }

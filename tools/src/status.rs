@@ -45,6 +45,7 @@ fn render(url: &str, cluster: &ClusterStatus) -> String {
         "QUEUE",
         "MODELS",
         "PROMISED",
+        "KERNELS RUN",
     ];
     let mut nodes = vec![row(header)];
     for node in &cluster.nodes {
@@ -61,6 +62,7 @@ fn render(url: &str, cluster: &ClusterStatus) -> String {
             inv.queue_depth.to_string(),
             inv.models.len().to_string(),
             ByteSize(node.promised_bytes).to_string(),
+            if inv.sandbox.is_empty() { "-".into() } else { inv.sandbox.clone() },
         ]);
     }
     section(&mut out, "nodes", nodes);

@@ -8,6 +8,7 @@ import signal
 import threading
 import time
 
+import pytest
 import torch
 from torch import nn
 
@@ -103,5 +104,47 @@ def test_a_tenants_executor_process_killed_mid_request_costs_only_that_tenant(tm
         assert alices_pid not in executor_processes(node.proc.pid)
         assert len(alice.models()) == 2
         assert torch.equal(bobs(y), small(y))
+    finally:
+        node.stop()
+
+
+class WritesAFile(nn.Module):
+    """TorchScript that maps a file shared (`torch.from_file(shared=True)` opens it for writing,
+    creating it) and writes `x` into it: what a principal with the right to TorchScript can do
+    with libtorch's own operators."""
+
+    def __init__(self, path: str):
+        super().__init__()
+        self.path = path
+
+    def forward(self, x):
+        mapped = torch.from_file(self.path, shared=True, size=4, dtype=torch.float32)
+        mapped.copy_(x)
+        return mapped.clone()
+
+
+@pytest.mark.parametrize("processes", [False, True], ids=["in-the-node", "executor-processes"])
+def test_torchscript_that_writes_a_file_is_refused_by_landlock_in_an_executor_process(tmp_path, processes):
+    """The same TorchScript, registered by a principal with the right: run in the node's own
+    process it writes the file; run in the tenant's executor process it is refused (Landlock:
+    no file is written anywhere but /dev/null and the GPU's devices), the error says so, and
+    the tenant is served next."""
+    auth = tokens_file(tmp_path, {"alice": {"tokens": [ALICE], "rights": ["torchscript"]}})
+    node = NodeProcess(*(["--executor-processes"] if processes else []), "--auth-file", auth)
+    try:
+        alice = djinn.Client(node.address, token=ALICE)
+        target = tmp_path / "written-by-the-model"
+        model, x = WritesAFile(str(target)).eval(), torch.arange(4, dtype=torch.float32)
+        writes = djinn.register(model, x, blocks=[torch.jit.script(model)], client=alice)
+        target.unlink(missing_ok=True)  # the client ran the model once as it registered it
+        if processes:
+            with pytest.raises(djinn.DjinnError, match="Permission denied"):
+                writes(x)
+            assert not target.exists(), "nothing written"
+        else:
+            assert torch.equal(writes(x), x)
+            assert target.read_bytes() == x.numpy().tobytes(), "written by the node's own process"
+        small = nn.Linear(4, 2).eval()
+        assert torch.equal(alice.register(small, x)(x), small(x)), "served next"
     finally:
         node.stop()
