@@ -6,7 +6,7 @@ use djinn_executor::tch::{CModule, Device, Kind, Tensor};
 use djinn_executor::{ExecutorOptions, HandleSpace, Policy, SessionOptions, TorchExecutor};
 use djinn_memory::MemoryBudget;
 use djinn_node_core::conformance;
-use djinn_supervisor::{LinkSizes, ProcessExecutor};
+use djinn_supervisor::{LinkSizes, ProcessExecutor, Supervision};
 use std::time::Duration;
 
 /// A TorchScript module whose forward returns its one input, as the archive a client uploads.
@@ -22,6 +22,8 @@ fn identity_archive() -> Vec<u8> {
 
 /// The epoch of the handles the child's executor makes.
 const CHILD_EPOCH: u64 = 0x5eed;
+const SUPERVISION: Supervision =
+    Supervision { ready_within: Duration::from_secs(120), run_deadline: None, grace: Supervision::GRACE };
 
 fn executor() -> (TorchExecutor, MemoryBudget) {
     executor_of(HandleSpace::fresh())
@@ -59,8 +61,8 @@ fn the_real_executor_passes_the_conformance_suite_in_a_process_of_its_own() {
             .args(["--exact", "child_serves_the_real_executor", "--include-ignored", "--nocapture"])
             .env("DJINN_EXECUTOR_TEST_CHILD", "1");
         let sizes = LinkSizes { messages: 1 << 20, bulk: 16 << 20 };
-        let executor = ProcessExecutor::start(child, sizes, CHILD_EPOCH, Duration::from_secs(120), Vec::new())
-            .expect("the child starts");
+        let executor =
+            ProcessExecutor::start(child, sizes, CHILD_EPOCH, SUPERVISION, Vec::new()).expect("the child starts");
         (executor, MemoryBudget::new(1 << 30))
     };
     conformance::run(make, &identity_archive());

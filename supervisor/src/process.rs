@@ -32,8 +32,11 @@ const LIVENESS_TICK: Duration = Duration::from_millis(50);
 /// What the sender and the reader share with the executor's owner.
 struct Shared {
     /// The requests the child holds, by connection and request id, with where each answer
-    /// goes.
-    in_flight: Mutex<HashMap<(u64, u64), (ReplyTo, Replier)>>,
+    /// goes and when it was sent.
+    in_flight: Mutex<HashMap<(u64, u64), Held>>,
+    /// When the child last answered (or was ready), for the deadline's watch.
+    answered: Mutex<Instant>,
+    supervision: Supervision,
     /// Why the child is gone, once it is.
     lost: Mutex<Option<String>>,
     alive: AtomicBool,
@@ -43,6 +46,34 @@ struct Shared {
     pid: AtomicU32,
     /// The layers of its sandbox it is in.
     layers: Mutex<sandbox::Layers>,
+}
+
+/// A request the child holds.
+struct Held {
+    to: ReplyTo,
+    replier: Replier,
+    sent: Instant,
+    /// Whether it is a run the node's limit on one execution bounds.
+    bounded: bool,
+}
+
+/// How the node supervises an executor process.
+#[derive(Debug, Clone, Copy)]
+pub struct Supervision {
+    /// How long a new process has to say it is ready.
+    pub ready_within: Duration,
+    /// The node's limit on one execution (`--execute-deadline`; `None`: none). The executor ends
+    /// a run past it between two operators; one that runs on inside an operator, or ignores
+    /// it, is ended here: a process holding only runs that has answered nothing for the limit
+    /// and `grace` is killed.
+    pub run_deadline: Option<Duration>,
+    pub grace: Duration,
+}
+
+impl Supervision {
+    /// The grace past the limit on one execution before the process is killed: time for the
+    /// executor to notice the limit itself and answer.
+    pub const GRACE: Duration = Duration::from_secs(2);
 }
 
 impl Shared {
@@ -68,23 +99,55 @@ impl Shared {
         tracing::warn!(cause = %why, "an executor process ended");
         *lost = Some(why.clone());
         drop(lost);
-        let held: Vec<(ReplyTo, Replier)> = in_flight.drain().map(|(_, held)| held).collect();
+        let held: Vec<Held> = in_flight.drain().map(|(_, held)| held).collect();
         drop(in_flight);
-        for (to, replier) in held {
+        for Held { to, replier, .. } in held {
             Self::refuse(to, &why, &replier);
         }
     }
 
-    /// Records that the child holds `to`, unless it is lost (then `to` is answered so): whether
-    /// it is held.
-    fn hold(&self, to: ReplyTo, replier: &Replier) -> bool {
+    /// When the child holds only runs and has answered none for the limit on one execution
+    /// and its grace (measured from the later of its last answer and the oldest run's sending):
+    /// the oldest run's key and how long it has gone without an answer.
+    fn overdue(&self) -> Option<((u64, u64), Duration)> {
+        let limit = self.supervision.run_deadline? + self.supervision.grace;
+        let in_flight = self.in_flight.locked();
+        if in_flight.values().any(|held| !held.bounded) {
+            return None;
+        }
+        let (&key, oldest) = in_flight.iter().min_by_key(|(_, held)| held.sent)?;
+        let quiet = oldest.sent.max(*self.answered.locked()).elapsed();
+        (quiet > limit).then_some((key, quiet))
+    }
+
+    /// Kills the child for a run past the limit: that run is answered `DeadlineExceeded`, every
+    /// other request the child held `ExecutorLost`.
+    fn end_overdue(&self, key: (u64, u64), quiet: Duration) {
+        kill(self);
+        let (limit, grace) = (self.supervision.run_deadline.unwrap_or_default(), self.supervision.grace);
+        let why = format!(
+            "killed: a run answered nothing for {quiet:.1?}, past the node's limit of {limit:?} on one execution and {grace:?} of grace"
+        );
+        if let Some(Held { to, replier, .. }) = self.in_flight.locked().remove(&key) {
+            let message = format!(
+                "the execution ran past the node's limit of {limit:?}: its executor process answered nothing for {quiet:.1?} (the limit and {grace:?} of grace) and was killed"
+            );
+            replier.executed(to, Reply::error(ErrorCode::DeadlineExceeded, message));
+        }
+        self.end(why);
+    }
+
+    /// Records that the child holds `to` (a run the limit on one execution bounds when
+    /// `bounded`), unless it is lost (then `to` is answered so): whether it is held.
+    fn hold(&self, to: ReplyTo, replier: &Replier, bounded: bool) -> bool {
         let mut in_flight = self.in_flight.locked();
         if let Some(why) = self.lost() {
             drop(in_flight);
             Self::refuse(to, &why, replier);
             return false;
         }
-        in_flight.insert((to.conn_id, to.request_id), (to, replier.clone()));
+        let held = Held { to, replier: replier.clone(), sent: Instant::now(), bounded };
+        in_flight.insert((to.conn_id, to.request_id), held);
         true
     }
 
@@ -128,17 +191,18 @@ pub struct ProcessExecutor {
 
 impl ProcessExecutor {
     /// Starts `command` as an executor process with a link of `sizes`, whose handles are of
-    /// `epoch`; it has `ready_within` to say it is ready (jobs wait for it meanwhile). The
-    /// jobs of `first` (a tenant's models loaded again) run before any other, and every other
-    /// waits until each of them has been answered or `ready_within` has passed; their answers
-    /// go to no one (a failure is logged).
+    /// `epoch`, supervised as `supervision` says; it has `ready_within` to say it is ready
+    /// (jobs wait for it meanwhile). The jobs of `first` (a tenant's models loaded again) run
+    /// before any other, and every other waits until each of them has been answered or
+    /// `ready_within` has passed; their answers go to no one (a failure is logged).
     pub fn start(
         command: Command,
         sizes: LinkSizes,
         epoch: u64,
-        ready_within: Duration,
+        supervision: Supervision,
         first: Vec<(Job, ReplyTo)>,
     ) -> Result<Self, SupervisorError> {
+        let ready_within = supervision.ready_within;
         let shared = Arc::new(Shared {
             in_flight: Mutex::new(HashMap::new()),
             lost: Mutex::new(None),
@@ -146,6 +210,8 @@ impl ProcessExecutor {
             child: Mutex::new(None),
             pid: AtomicU32::new(0),
             layers: Mutex::new(sandbox::Layers::NONE),
+            answered: Mutex::new(Instant::now()),
+            supervision,
         });
         let (jobs, queued) = crossbeam_channel::unbounded();
         if !first.is_empty() {
@@ -252,7 +318,7 @@ fn note_layers(pid: u32, shared: &Shared) {
 fn refuse_queued(queued: Receiver<Queued>, shared: &Shared) {
     for job in queued {
         if let Queued::Run { job: ToExecutor::Run { to, .. }, replier } = job {
-            shared.hold(to, &replier);
+            shared.hold(to, &replier, false);
         }
     }
 }
@@ -317,12 +383,14 @@ fn send_jobs(
                 continue;
             }
         };
-        let to = match &job {
-            ToExecutor::Run { to, .. } => Some(*to),
-            _ => None,
+        let (to, bounded) = match &job {
+            ToExecutor::Run { to, job } => {
+                (Some(*to), matches!(job, Job::Execute { .. } | Job::Step { .. } | Job::Resume { .. }))
+            }
+            _ => (None, false),
         };
         if let (Some(to), Some(replier)) = (to, &replier)
-            && !shared.hold(to, replier)
+            && !shared.hold(to, replier, bounded)
         {
             continue;
         }
@@ -337,7 +405,7 @@ fn send_jobs(
                 continue;
             };
             // Not sent: the request is answered here, and the child knows nothing of it.
-            if let Some((_, replier)) = shared.in_flight.locked().remove(&(to.conn_id, to.request_id)) {
+            if let Some(Held { replier, .. }) = shared.in_flight.locked().remove(&(to.conn_id, to.request_id)) {
                 let code = if shared.alive.load(Ordering::SeqCst) {
                     ErrorCode::FrameTooLarge
                 } else {
@@ -378,6 +446,9 @@ fn read_answers(mut answers: djinn_shm::Consumer, mut bulk: channel::BulkIn, sha
                 if !shared.alive.load(Ordering::SeqCst) || !shared.check_child() {
                     return;
                 }
+                if let Some((run, quiet)) = shared.overdue() {
+                    return shared.end_overdue(run, quiet);
+                }
                 answers.wait(LIVENESS_TICK);
                 continue;
             }
@@ -390,7 +461,8 @@ fn read_answers(mut answers: djinn_shm::Consumer, mut bulk: channel::BulkIn, sha
         };
         // A child cannot answer for another connection, nor twice.
         let held = shared.in_flight.locked().remove(&(to.conn_id, to.request_id));
-        let Some((_, replier)) = held.filter(|(held, _)| *held == to) else {
+        *shared.answered.locked() = Instant::now();
+        let Some(Held { replier, .. }) = held.filter(|held| held.to == to) else {
             return compromised(shared, format!("an answer to request {} it does not hold", to.request_id));
         };
         match answer {

@@ -25,7 +25,7 @@ use djinn_sync::Locked;
 
 use crate::restarts::{Restarts, WINDOW};
 use crate::sandbox::Layer;
-use crate::{LinkSizes, ProcessExecutor};
+use crate::{LinkSizes, ProcessExecutor, Supervision};
 
 /// Ids of the handles one executor process may make.
 const IDS_PER_PROCESS: u64 = 1 << 40;
@@ -40,7 +40,7 @@ pub type Launch = Box<dyn Fn(TenantId, u64, u64) -> Command + Send>;
 pub struct TenantExecutors {
     launch: Launch,
     sizes: LinkSizes,
-    ready_within: Duration,
+    supervision: Supervision,
     epoch: u64,
     /// The first id of the next process's range.
     next_first_id: u64,
@@ -112,13 +112,13 @@ impl std::fmt::Debug for TenantExecutors {
 }
 
 impl TenantExecutors {
-    /// Processes started with `launch`, each linked with rings of `sizes` and given
-    /// `ready_within` to start; their handles are of `epoch`. The copies of tenants' archives
+    /// Processes started with `launch`, each linked with rings of `sizes` and supervised as
+    /// `supervision` says; their handles are of `epoch`. The copies of tenants' archives
     /// are charged to them on `host_budget`.
     pub fn new(
         launch: Launch,
         sizes: LinkSizes,
-        ready_within: Duration,
+        supervision: Supervision,
         epoch: u64,
         host_budget: MemoryBudget,
     ) -> std::io::Result<Self> {
@@ -132,7 +132,7 @@ impl TenantExecutors {
         Ok(Self {
             launch,
             sizes,
-            ready_within,
+            supervision,
             epoch,
             next_first_id: 1,
             live: HashMap::new(),
@@ -199,7 +199,7 @@ impl TenantExecutors {
                 reloads.extend(kept.and_then(|kept| kept.load(fingerprint, as_tenant)));
             }
             let models = reloads.len();
-            let process = ProcessExecutor::start(command, self.sizes, self.epoch, self.ready_within, reloads)
+            let process = ProcessExecutor::start(command, self.sizes, self.epoch, self.supervision, reloads)
                 .map_err(|e| format!("cannot start one: {e}"))?;
             tracing::info!(tenant = tenant.0, first_id, models, "a tenant's executor process starts");
             self.next_first_id += IDS_PER_PROCESS;

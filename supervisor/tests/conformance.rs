@@ -15,10 +15,11 @@ use djinn_node_core::{Answer, CallInputs, Executor, Job, Replier, ReplyTo, Uploa
 use djinn_proto::{
     DType, DataMessage, ErrorCode, Fingerprint, Handle, Message, ModelMessage, Payload, TensorDesc, Value,
 };
-use djinn_supervisor::{LINK_FD, Launch, LinkSizes, ProcessExecutor, TenantExecutors};
+use djinn_supervisor::{LINK_FD, Launch, LinkSizes, ProcessExecutor, Supervision, TenantExecutors};
 
 const SIZES: LinkSizes = LinkSizes { messages: 1 << 20, bulk: 16 << 20 };
-const READY_WITHIN: Duration = Duration::from_secs(60);
+const SUPERVISION: Supervision =
+    Supervision { ready_within: Duration::from_secs(60), run_deadline: None, grace: Supervision::GRACE };
 const NEVER_ANSWERS_EPOCH: u64 = 7;
 
 /// This test binary again, running the child test `name`.
@@ -32,7 +33,7 @@ fn executor() -> (ProcessExecutor, MemoryBudget) {
     let child = child("child_serves_the_executor_double");
     // The double's handles are of epoch 1.
     (
-        ProcessExecutor::start(child, SIZES, 1, READY_WITHIN, Vec::new()).expect("the child starts"),
+        ProcessExecutor::start(child, SIZES, 1, SUPERVISION, Vec::new()).expect("the child starts"),
         MemoryBudget::new(1 << 20),
     )
 }
@@ -55,7 +56,7 @@ enum Ending {
 fn requests_held_when_the_child_ends_are_answered_executor_lost(ending: Ending, cause: &[&str]) {
     let child = child("child_serves_an_executor_that_never_answers");
     let mut executor =
-        ProcessExecutor::start(child, SIZES, NEVER_ANSWERS_EPOCH, READY_WITHIN, Vec::new()).expect("the child starts");
+        ProcessExecutor::start(child, SIZES, NEVER_ANSWERS_EPOCH, SUPERVISION, Vec::new()).expect("the child starts");
     let (replier, replies) = Replier::new(Arc::new(|| {}));
     let to = |request_id| ReplyTo {
         slot: 0,
@@ -124,6 +125,64 @@ fn requests_held_by_an_executor_process_killed_from_outside_are_answered_executo
     requests_held_when_the_child_ends_are_answered_executor_lost(Ending::Kill, &["SIGKILL", "signal: 9"]);
 }
 
+/// A child that holds a run past the node's limit on one execution and its grace without a
+/// word (an operator that runs on, or an executor that ignores the limit) is killed: the run is
+/// answered `DeadlineExceeded`, another request it held `ExecutorLost`. While it holds a job
+/// the limit does not bound (a load, here the stats), nothing is killed.
+#[test]
+fn an_executor_process_whose_run_goes_past_the_deadline_and_grace_is_killed() {
+    let supervision = Supervision {
+        run_deadline: Some(Duration::from_millis(300)),
+        grace: Duration::from_millis(200),
+        ..SUPERVISION
+    };
+    let (replier, replies) = Replier::new(Arc::new(|| {}));
+    let to = |request_id| ReplyTo {
+        slot: 0,
+        conn_id: 1,
+        request_id,
+        tenant: TenantId::DEFAULT,
+        operator: false,
+        torchscript: false,
+    };
+    let start = || {
+        let child = child("child_serves_an_executor_that_never_answers");
+        ProcessExecutor::start(child, SIZES, NEVER_ANSWERS_EPOCH, supervision, Vec::new()).expect("the child starts")
+    };
+
+    let mut unbounded = start();
+    unbounded.run(Job::Stats, to(1), &replier);
+    unbounded.run(identity_call(Fingerprint::of_blocks(&[b"any"])), to(2), &replier);
+    // Ten times the limit and its grace.
+    assert!(replies.recv_timeout(Duration::from_secs(5)).is_err(), "nothing answered");
+    assert!(unbounded.lost().is_none(), "a process holding a job the limit does not bound is not killed");
+    drop(unbounded);
+    while replies.recv_timeout(Duration::from_millis(500)).is_ok() {}
+
+    let mut runs = start();
+    runs.run(identity_call(Fingerprint::of_blocks(&[b"any"])), to(3), &replier);
+    runs.run(identity_call(Fingerprint::of_blocks(&[b"other"])), to(4), &replier);
+    let mut answers: Vec<(u64, Message)> = (0..2)
+        .map(|_| {
+            let (to, answer) = replies.recv_timeout(Duration::from_secs(30)).expect("killed, and answered");
+            let Answer::Executed(executed) = answer else { panic!("not the executor's answer") };
+            (to.request_id, executed.reply.message)
+        })
+        .collect();
+    answers.sort_by_key(|(request, _)| *request);
+    match &answers[..] {
+        [
+            (3, Message::Data(DataMessage::Error { code: ErrorCode::DeadlineExceeded, message: past })),
+            (4, Message::Data(DataMessage::Error { code: ErrorCode::ExecutorLost, message: lost })),
+        ] => {
+            assert!(past.contains("limit of 300ms") && past.contains("killed"), "{past}");
+            assert!(lost.contains("killed: a run answered nothing"), "{lost}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(runs.lost().is_some_and(|why| why.contains("past the node's limit")), "{:?}", runs.lost());
+}
+
 /// The answer to `job`, run by `executor` for `tenant`.
 fn ask(executor: &mut impl Executor, job: Job, tenant: TenantId, request_id: u64) -> Message {
     let (replier, replies) = Replier::new(Arc::new(|| {}));
@@ -165,7 +224,7 @@ fn first_answer_after_a_kill(router: &mut TenantExecutors, tenant: TenantId, fin
 fn a_tenants_new_process_has_its_models_until_it_unregisters_them() {
     let launch: Launch = Box::new(|_, _, _| child("child_serves_the_executor_double"));
     // The double's handles are of epoch 1.
-    let mut router = TenantExecutors::new(launch, SIZES, READY_WITHIN, 1, MemoryBudget::new(1 << 20)).unwrap();
+    let mut router = TenantExecutors::new(launch, SIZES, SUPERVISION, 1, MemoryBudget::new(1 << 20)).unwrap();
     let (alice, bob) = (TenantId(1), TenantId(2));
     let archive = b"alice's model".to_vec();
     let fingerprint = Fingerprint::of_blocks(&[&archive]);
@@ -232,7 +291,7 @@ fn the_copies_of_a_tenants_archives_are_charged_to_it_until_it_unregisters_them(
     let launch: Launch = Box::new(|_, _, _| child("child_serves_the_executor_double"));
     let alice = TenantId(1);
     let host = MemoryBudget::with_quotas(1 << 20, Arc::new(move |tenant| (tenant == alice).then_some(20)));
-    let mut router = TenantExecutors::new(launch, SIZES, READY_WITHIN, 1, host.clone()).unwrap();
+    let mut router = TenantExecutors::new(launch, SIZES, SUPERVISION, 1, host.clone()).unwrap();
     let (first, second) = (b"alice's model".as_slice(), b"another model".as_slice());
     assert!(matches!(load(&mut router, first, alice, 1), Message::Model(ModelMessage::Registered { .. })));
     assert_eq!(host.used_by(alice), first.len() as u64);
@@ -261,7 +320,7 @@ fn threads_named(name: &str) -> usize {
 /// A router whose every process takes jobs, answers none, and faults on an `Abort`.
 fn never_answering_router() -> TenantExecutors {
     let launch: Launch = Box::new(|_, _, _| child("child_serves_an_executor_that_never_answers"));
-    TenantExecutors::new(launch, SIZES, READY_WITHIN, NEVER_ANSWERS_EPOCH, MemoryBudget::new(1 << 20)).unwrap()
+    TenantExecutors::new(launch, SIZES, SUPERVISION, NEVER_ANSWERS_EPOCH, MemoryBudget::new(1 << 20)).unwrap()
 }
 
 #[test]

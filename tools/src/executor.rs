@@ -9,7 +9,7 @@ use clap::Args;
 use djinn_auth::{Authenticator, Quota};
 use djinn_executor::{Device, ExecutorOptions, HandleSpace, Policy, Quotas, SessionOptions, TorchExecutor, tch};
 use djinn_memory::{ByteSize, MemoryBudget};
-use djinn_supervisor::{Launch, LinkSizes, TenantExecutors};
+use djinn_supervisor::{Launch, LinkSizes, Supervision, TenantExecutors};
 
 /// What the node resolved from its own flags, for this tenant's process.
 #[derive(Args, Debug, Clone)]
@@ -115,7 +115,9 @@ pub fn tenant_processes(
         command
     });
     let epoch = HandleSpace::fresh().epoch;
-    TenantExecutors::new(launch, LinkSizes::default(), READY_WITHIN, epoch, options.host_budget.clone())
+    let supervision =
+        Supervision { ready_within: READY_WITHIN, run_deadline: options.execute_deadline, grace: Supervision::GRACE };
+    TenantExecutors::new(launch, LinkSizes::default(), supervision, epoch, options.host_budget.clone())
         .context("cannot start the executor processes' router")
 }
 

@@ -148,3 +148,57 @@ def test_torchscript_that_writes_a_file_is_refused_by_landlock_in_an_executor_pr
         assert torch.equal(alice.register(small, x)(x), small(x)), "served next"
     finally:
         node.stop()
+
+
+class GrindFor(nn.Module):
+    """`rounds` matrix products in one TorchScript call: libtorch runs it whole, and the
+    executor's check of the deadline between operators and blocks never comes."""
+
+    def forward(self, x, rounds):
+        for _ in range(int(rounds)):
+            x = torch.tanh(x @ x)
+        return x
+
+
+def test_a_run_past_the_deadline_inside_one_call_is_ended_by_a_kill_and_others_are_served(tmp_path):
+    """Under `--execute-deadline 1`, a TorchScript call of a hundred seconds of work: the node
+    kills the tenant's executor process once its run has answered nothing past the limit and
+    its grace, the call fails `DeadlineExceededError` saying so, another tenant is served
+    throughout, and the tenant is served next by a new process."""
+    auth = tokens_file(tmp_path, {"alice": {"tokens": [ALICE], "rights": ["torchscript"]}, "bob": {"tokens": [BOB]}})
+    node = NodeProcess("--executor-processes", "--auth-file", auth, "--execute-deadline", "1")
+    try:
+        alice = djinn.Client(node.address, token=ALICE)
+        bob = djinn.Client(node.address, token=BOB)
+        x, one = torch.randn(1024, 1024) / 32, torch.tensor(1)
+        model = GrindFor().eval()
+        grind = djinn.register(model, (x, one), blocks=[torch.jit.script(model)], client=alice)
+        assert torch.allclose(grind(x, one), model(x, one), atol=1e-5)
+        small = nn.Linear(8, 8).eval()
+        y = torch.randn(2, 8)
+        bobs = bob.register(small, y)
+
+        stop, bobs_failures, bobs_calls = threading.Event(), [], [0]
+
+        def bob_calls():
+            while not stop.is_set():
+                try:
+                    assert torch.equal(bobs(y), small(y))
+                    bobs_calls[0] += 1
+                except Exception as e:  # noqa: BLE001 - every failure is reported below
+                    bobs_failures.append(e)
+
+        caller = threading.Thread(target=bob_calls)
+        caller.start()
+        started = time.monotonic()
+        try:
+            with pytest.raises(djinn.DeadlineExceededError, match="limit of 1s.*killed") as ended:
+                grind(x, torch.tensor(1000))  # a thousand products of 1024x1024: minutes on this CPU
+        finally:
+            stop.set()
+            caller.join()
+        print(f"ended after {time.monotonic() - started:.2f} s: {ended.value}")
+        assert not bobs_failures and bobs_calls[0] > 0, (bobs_failures, bobs_calls)
+        assert torch.allclose(grind(x, one), model(x, one), atol=1e-5), "served next, by a new process"
+    finally:
+        node.stop()
