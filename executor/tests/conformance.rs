@@ -22,8 +22,12 @@ fn identity_archive() -> Vec<u8> {
 
 /// The epoch of the handles the child's executor makes.
 const CHILD_EPOCH: u64 = 0x5eed;
-const SUPERVISION: Supervision =
-    Supervision { ready_within: Duration::from_secs(120), run_deadline: None, grace: Supervision::GRACE };
+const SUPERVISION: Supervision = Supervision {
+    ready_within: Duration::from_secs(120),
+    run_deadline: None,
+    grace: Supervision::GRACE,
+    memory_limit: None,
+};
 
 fn executor() -> (TorchExecutor, MemoryBudget) {
     executor_of(HandleSpace::fresh())

@@ -68,6 +68,10 @@ pub struct Supervision {
     /// and `grace` is killed.
     pub run_deadline: Option<Duration>,
     pub grace: Duration,
+    /// The most memory a process may hold resident, as the node reads it from /proc: the
+    /// executor bounds what its tensors allocate itself; this bounds the rest (libraries'
+    /// `malloc` inside kernels, a process that ignores its bounds). `None`: no limit.
+    pub memory_limit: Option<u64>,
 }
 
 impl Supervision {
@@ -118,6 +122,13 @@ impl Shared {
         let (&key, oldest) = in_flight.iter().min_by_key(|(_, held)| held.sent)?;
         let quiet = oldest.sent.max(*self.answered.locked()).elapsed();
         (quiet > limit).then_some((key, quiet))
+    }
+
+    /// The child's resident memory, when it is over the limit.
+    fn over_memory(&self) -> Option<u64> {
+        let limit = self.supervision.memory_limit?;
+        let resident = resident_bytes(self.pid.load(Ordering::SeqCst))?;
+        (resident > limit).then_some(resident)
     }
 
     /// Kills the child for a run past the limit: that run is answered `DeadlineExceeded`, every
@@ -323,6 +334,15 @@ fn refuse_queued(queued: Receiver<Queued>, shared: &Shared) {
     }
 }
 
+/// What the process `pid` holds resident (/proc's statm, in pages).
+fn resident_bytes(pid: u32) -> Option<u64> {
+    let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf with a valid name.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Some(pages * u64::try_from(page).ok()?)
+}
+
 fn kill(shared: &Shared) {
     if let Some(child) = shared.child.locked().as_mut() {
         let _ = child.kill();
@@ -448,6 +468,13 @@ fn read_answers(mut answers: djinn_shm::Consumer, mut bulk: channel::BulkIn, sha
                 }
                 if let Some((run, quiet)) = shared.overdue() {
                     return shared.end_overdue(run, quiet);
+                }
+                if let Some(resident) = shared.over_memory() {
+                    kill(shared);
+                    let limit = shared.supervision.memory_limit.unwrap_or_default();
+                    return shared.end(format!(
+                        "killed: it held {resident} bytes resident, past the node's limit of {limit} on an executor process"
+                    ));
                 }
                 answers.wait(LIVENESS_TICK);
                 continue;

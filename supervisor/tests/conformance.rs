@@ -18,8 +18,12 @@ use djinn_proto::{
 use djinn_supervisor::{LINK_FD, Launch, LinkSizes, ProcessExecutor, Supervision, TenantExecutors};
 
 const SIZES: LinkSizes = LinkSizes { messages: 1 << 20, bulk: 16 << 20 };
-const SUPERVISION: Supervision =
-    Supervision { ready_within: Duration::from_secs(60), run_deadline: None, grace: Supervision::GRACE };
+const SUPERVISION: Supervision = Supervision {
+    ready_within: Duration::from_secs(60),
+    run_deadline: None,
+    grace: Supervision::GRACE,
+    memory_limit: None,
+};
 const NEVER_ANSWERS_EPOCH: u64 = 7;
 
 /// This test binary again, running the child test `name`.
@@ -181,6 +185,45 @@ fn an_executor_process_whose_run_goes_past_the_deadline_and_grace_is_killed() {
         other => panic!("{other:?}"),
     }
     assert!(runs.lost().is_some_and(|why| why.contains("past the node's limit")), "{:?}", runs.lost());
+}
+
+/// A child that holds more memory resident than the node's limit on an executor process is
+/// killed, and what it held answered `ExecutorLost` naming its memory; the node's own memory
+/// does not grow by what the child took.
+#[test]
+fn an_executor_process_past_its_memory_limit_is_killed() {
+    let supervision = Supervision { memory_limit: Some(128 << 20), ..SUPERVISION };
+    let child = child("child_serves_an_executor_that_never_answers");
+    let mut executor =
+        ProcessExecutor::start(child, SIZES, NEVER_ANSWERS_EPOCH, supervision, Vec::new()).expect("the child starts");
+    let (replier, replies) = Replier::new(Arc::new(|| {}));
+    let to =
+        ReplyTo { slot: 0, conn_id: 1, request_id: 1, tenant: TenantId::DEFAULT, operator: false, torchscript: false };
+    executor.run(Job::Stats, to, &replier);
+    assert!(replies.recv_timeout(Duration::from_millis(500)).is_err(), "held, within its memory");
+    assert!(executor.lost().is_none());
+    let node_before = resident_kib();
+    executor.run(
+        Job::Fetch { handle: Handle { id: 1, epoch: NEVER_ANSWERS_EPOCH } },
+        ReplyTo { request_id: 2, ..to },
+        &replier,
+    );
+    let mut answered = Vec::new();
+    for _ in 0..2 {
+        let (to, answer) = replies.recv_timeout(Duration::from_secs(30)).expect("killed, and answered");
+        answered.push(to.request_id);
+        assert_lost(answer, &["resident, past the node's limit of 134217728"]);
+    }
+    answered.sort_unstable();
+    assert_eq!(answered, [1, 2]);
+    assert!(resident_kib() < node_before + (64 << 10), "the node's memory grew by what its child took");
+}
+
+/// This process's resident memory, in KiB.
+fn resident_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
 /// The answer to `job`, run by `executor` for `tenant`.
@@ -427,9 +470,13 @@ struct NeverAnswers(Vec<ReplyTo>);
 
 impl Executor for NeverAnswers {
     fn run(&mut self, job: Job, to: ReplyTo, _: &Replier) {
-        if let Job::Abort { .. } = job {
+        match job {
             // SAFETY: none: this is the fault under test, a write to an unmapped page.
-            unsafe { std::ptr::without_provenance_mut::<u8>(8).write_volatile(1) };
+            Job::Abort { .. } => unsafe { std::ptr::without_provenance_mut::<u8>(8).write_volatile(1) },
+            // Memory no executor bound sees, as a library's `malloc` inside a kernel: 256 MiB,
+            // touched, held.
+            Job::Fetch { .. } => std::mem::forget(vec![1u8; 256 << 20]),
+            _ => {}
         }
         self.0.push(to);
     }

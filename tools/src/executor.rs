@@ -96,12 +96,14 @@ impl ExecutorArgs {
 }
 
 /// One executor process per tenant, each `djinn executor` with the node's executor options,
-/// its log filter and, with `auth`, the tenant's quotas. The node keeps a copy of each model's
+/// its log filter and, with `auth`, the tenant's quotas, killed past `memory_limit` resident
+/// (default: its budgets and [`LIBTORCH_MEMORY`]). The node keeps a copy of each model's
 /// archives, charged to its tenant on `options.host_budget`.
 pub fn tenant_processes(
     options: &ExecutorOptions,
     device_budget: u64,
     host_budget: u64,
+    memory_limit: Option<u64>,
     auth: Option<Arc<Authenticator>>,
     log: &str,
 ) -> Result<TenantExecutors> {
@@ -115,11 +117,24 @@ pub fn tenant_processes(
         command
     });
     let epoch = HandleSpace::fresh().epoch;
-    let supervision =
-        Supervision { ready_within: READY_WITHIN, run_deadline: options.execute_deadline, grace: Supervision::GRACE };
+    // What the executor's own bounds let its tensors hold, and libtorch's own memory beside.
+    let memory_limit = memory_limit.unwrap_or_else(|| {
+        let tensors = if options.device == Device::Cpu { device_budget } else { 0 };
+        tensors.saturating_add(host_budget).saturating_add(LIBTORCH_MEMORY)
+    });
+    let supervision = Supervision {
+        ready_within: READY_WITHIN,
+        run_deadline: options.execute_deadline,
+        grace: Supervision::GRACE,
+        memory_limit: Some(memory_limit),
+    };
     TenantExecutors::new(launch, LinkSizes::default(), supervision, epoch, options.host_budget.clone())
         .context("cannot start the executor processes' router")
 }
+
+/// What an executor process holds resident beside its tensors: libtorch's code and data, its
+/// threads' stacks and arenas, its allocator's cache (a CPU executor with a small model loaded holds about 400 MiB).
+const LIBTORCH_MEMORY: u64 = 1 << 30;
 
 /// How long a new executor process has to load libtorch (and initialise its device) before its
 /// tenant's requests are answered `ExecutorLost`.

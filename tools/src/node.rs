@@ -103,6 +103,11 @@ pub struct NodeArgs {
     /// tenant's models again from archives the node keeps.
     #[arg(long)]
     executor_processes: bool,
+    /// The most memory one executor process may hold resident before the node kills it (its
+    /// requests answered ExecutorLost). Default: the device budget on a CPU node, the host
+    /// budget, and 1 GiB for libtorch itself.
+    #[arg(long, requires = "executor_processes")]
+    executor_memory_limit: Option<ByteSize>,
     /// libtorch's threads inside one operation, per worker.
     #[arg(long, default_value_t = 1)]
     intra_op_threads: i32,
@@ -369,7 +374,14 @@ pub fn run(args: NodeArgs, auth: Option<Arc<Authenticator>>) -> Result<()> {
         handles: HandleSpace::fresh(),
     };
     let executor: Box<dyn Executor + Send> = if args.executor_processes {
-        Box::new(crate::executor::tenant_processes(&options, device_limit, host_limit, auth.clone(), &args.log)?)
+        Box::new(crate::executor::tenant_processes(
+            &options,
+            device_limit,
+            host_limit,
+            args.executor_memory_limit.map(|b| b.0),
+            auth.clone(),
+            &args.log,
+        )?)
     } else {
         Box::new(TorchExecutor::new(budget.clone(), options).context("cannot start the executor")?)
     };

@@ -202,3 +202,44 @@ def test_a_run_past_the_deadline_inside_one_call_is_ended_by_a_kill_and_others_a
         assert torch.allclose(grind(x, one), model(x, one), atol=1e-5), "served next, by a new process"
     finally:
         node.stop()
+
+
+class Big(nn.Module):
+    """A 1 GiB tensor from a 4-byte input."""
+
+    def forward(self, x):
+        return torch.ones(1 << 28) * x.sum()
+
+
+def node_resident_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line for line in f if line.startswith("VmRSS:")).split()[1])
+
+
+def test_an_executor_process_past_the_nodes_memory_limit_is_killed_and_the_node_does_not_grow(tmp_path):
+    """A tenant keeps a 1 GiB result, within its executor's budgets (4 GiB) and past the node's
+    limit on an executor process's resident memory (`--executor-memory-limit 900MiB`, an idle
+    executor holds about 400 MiB): the node kills the process, the call fails
+    `ExecutorLostError` naming its memory, the node's own memory does not grow, and another
+    tenant is served after, and the tenant too, by a new process."""
+    auth = tokens_file(tmp_path, {"alice": {"tokens": [ALICE]}, "bob": {"tokens": [BOB]}})
+    node = NodeProcess("--executor-processes", "--auth-file", auth, "--device-memory-budget", "4GiB",
+                       "--host-memory-budget", "4GiB", "--tenant-host-memory", "2GiB", "--executor-memory-limit", "900MiB")
+    try:
+        alice = djinn.Client(node.address, token=ALICE)
+        bob = djinn.Client(node.address, token=BOB)
+        x = torch.ones(1)
+        big = alice.register(Big().eval(), x)
+        small = nn.Linear(8, 8).eval()
+        y = torch.randn(2, 8)
+        bobs = bob.register(small, y)
+        assert torch.equal(bobs(y), small(y))
+        before = node_resident_kib(node.proc.pid)
+        with pytest.raises(djinn.ExecutorLostError, match="resident, past the node's limit of 943718400"):
+            big(x, keep=True)
+        assert node_resident_kib(node.proc.pid) < before + 128 * 1024, "the node did not take what its child took"
+        assert torch.equal(bobs(y), small(y)), "another tenant served"
+        alices = alice.register(small, y)
+        assert torch.equal(alices(y), small(y)), "the tenant served next, by a new process"
+    finally:
+        node.stop()
