@@ -18,7 +18,7 @@ mod serve;
 mod tenants;
 
 pub use channel::LinkSizes;
-pub use process::{ProcessExecutor, Supervision};
+pub use process::{BeforeSend, FirstJob, ProcessExecutor, Supervision};
 pub use serve::serve;
 pub use tenants::{Launch, TenantExecutors};
 

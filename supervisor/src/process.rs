@@ -182,14 +182,22 @@ impl Shared {
     }
 }
 
-/// What waits for the sender thread: a job with the replier its answer goes to, ids to free,
-/// or a point past which nothing goes until `count` answers have come on `answers` (the jobs a
-/// process runs before any other).
+/// What waits for the sender thread: a job with the replier its answer goes to (and what to do
+/// with it just before it is sent), ids to free, or the jobs a process runs before any other,
+/// made on the sender's thread, past which nothing goes until each is answered or `within`
+/// has passed.
 enum Queued {
-    Run { job: ToExecutor, replier: Replier },
+    Run { job: ToExecutor, replier: Replier, before: Option<BeforeSend> },
     Free(ToExecutor),
-    Barrier { answers: Receiver<(ReplyTo, Answer)>, count: usize, within: Duration },
+    First { jobs: Vec<FirstJob>, within: Duration },
 }
+
+/// Called on the link thread with a job just before it is sent to the process (work kept off
+/// the caller's thread, the poller).
+pub type BeforeSend = Box<dyn FnOnce(&Job) + Send>;
+
+/// A job a new process runs before any other, made on its link thread (none: nothing to run).
+pub type FirstJob = Box<dyn FnOnce() -> Option<(Job, ReplyTo)> + Send>;
 
 /// An executor in a child process, started by exec of a program that serves the link on the
 /// descriptor [`LINK_FD`] (see [`crate::serve`]).
@@ -203,15 +211,16 @@ pub struct ProcessExecutor {
 impl ProcessExecutor {
     /// Starts `command` as an executor process with a link of `sizes`, whose handles are of
     /// `epoch`, supervised as `supervision` says; it has `ready_within` to say it is ready
-    /// (jobs wait for it meanwhile). The jobs of `first` (a tenant's models loaded again) run
-    /// before any other, and every other waits until each of them has been answered or
-    /// `ready_within` has passed; their answers go to no one (a failure is logged).
+    /// (jobs wait for it meanwhile). The jobs of `first` (a tenant's models loaded again), made
+    /// on the link thread, run before any other, and every other waits until each of them has
+    /// been answered or `ready_within` has passed; their answers go to no one (a failure is
+    /// logged).
     pub fn start(
         command: Command,
         sizes: LinkSizes,
         epoch: u64,
         supervision: Supervision,
-        first: Vec<(Job, ReplyTo)>,
+        first: Vec<FirstJob>,
     ) -> Result<Self, SupervisorError> {
         let ready_within = supervision.ready_within;
         let shared = Arc::new(Shared {
@@ -226,12 +235,7 @@ impl ProcessExecutor {
         });
         let (jobs, queued) = crossbeam_channel::unbounded();
         if !first.is_empty() {
-            let (replier, answers) = Replier::new(Arc::new(|| {}));
-            let count = first.len();
-            for (job, to) in first {
-                let _ = jobs.send(Queued::Run { job: ToExecutor::Run { job, to }, replier: replier.clone() });
-            }
-            let _ = jobs.send(Queued::Barrier { answers, count, within: ready_within });
+            let _ = jobs.send(Queued::First { jobs: first, within: ready_within });
         }
         let link = {
             let shared = Arc::clone(&shared);
@@ -328,7 +332,7 @@ fn note_layers(pid: u32, shared: &Shared) {
 /// Answers every queued request that the child is lost.
 fn refuse_queued(queued: Receiver<Queued>, shared: &Shared) {
     for job in queued {
-        if let Queued::Run { job: ToExecutor::Run { to, .. }, replier } = job {
+        if let Queued::Run { job: ToExecutor::Run { to, .. }, replier, .. } = job {
             shared.hold(to, &replier, false);
         }
     }
@@ -393,46 +397,63 @@ fn send_jobs(
         move || shared.alive.load(Ordering::SeqCst)
     };
     bulk.while_alive(alive.clone());
-    let mut message = Vec::new();
+    let mut sender = JobsDown { down: &mut down, bulk: &mut bulk, alive: &alive, message: Vec::new() };
     for job in queued {
-        let (job, replier) = match job {
-            Queued::Run { job, replier } => (job, Some(replier)),
-            Queued::Free(free) => (free, None),
-            Queued::Barrier { answers, count, within } => {
+        match job {
+            Queued::Run { job, replier, before } => sender.send(job, Some(&replier), before, shared),
+            Queued::Free(free) => sender.send(free, None, None, shared),
+            Queued::First { jobs, within } => {
+                let (replier, answers) = Replier::new(Arc::new(|| {}));
+                let mut count = 0;
+                for (job, to) in jobs.into_iter().filter_map(|make| make()) {
+                    sender.send(ToExecutor::Run { job, to }, Some(&replier), None, shared);
+                    count += 1;
+                }
                 wait_for(&answers, count, within);
-                continue;
             }
-        };
+        }
+    }
+}
+
+/// The link thread's end of the jobs' ring.
+struct JobsDown<'a, A: Fn() -> bool> {
+    down: &'a mut djinn_shm::Producer,
+    bulk: &'a mut channel::BulkOut,
+    alive: &'a A,
+    message: Vec<u8>,
+}
+
+impl<A: Fn() -> bool> JobsDown<'_, A> {
+    /// Sends `job`, held with `replier` when it is a request; a request not sent is answered
+    /// here, and the child knows nothing of it.
+    fn send(&mut self, job: ToExecutor, replier: Option<&Replier>, before: Option<BeforeSend>, shared: &Shared) {
         let (to, bounded) = match &job {
             ToExecutor::Run { to, job } => {
                 (Some(*to), matches!(job, Job::Execute { .. } | Job::Step { .. } | Job::Resume { .. }))
             }
             _ => (None, false),
         };
-        if let (Some(to), Some(replier)) = (to, &replier)
+        if let (Some(to), Some(replier)) = (to, replier)
             && !shared.hold(to, replier, bounded)
         {
-            continue;
+            return;
         }
-        message.clear();
+        if let (Some(before), ToExecutor::Run { job, .. }) = (before, &job) {
+            before(job);
+        }
+        self.message.clear();
         let sent = job
-            .encode(&mut message, &mut bulk)
+            .encode(&mut self.message, self.bulk)
             .map_err(|e| e.to_string())
-            .and_then(|()| channel::push(&mut down, &message, &alive).map_err(|e| e.to_string()));
-        if let Err(why) = sent {
-            let Some(to) = to else {
-                tracing::warn!(error = %why, "cannot send an executor what to free");
-                continue;
-            };
-            // Not sent: the request is answered here, and the child knows nothing of it.
-            if let Some(Held { replier, .. }) = shared.in_flight.locked().remove(&(to.conn_id, to.request_id)) {
-                let code = if shared.alive.load(Ordering::SeqCst) {
-                    ErrorCode::FrameTooLarge
-                } else {
-                    ErrorCode::ExecutorLost
-                };
-                replier.executed(to, Reply::error(code, format!("cannot hand the job to the executor process: {why}")));
-            }
+            .and_then(|()| channel::push(self.down, &self.message, self.alive).map_err(|e| e.to_string()));
+        let Err(why) = sent else { return };
+        let Some(to) = to else {
+            return tracing::warn!(error = %why, "cannot send an executor what to free");
+        };
+        if let Some(Held { replier, .. }) = shared.in_flight.locked().remove(&(to.conn_id, to.request_id)) {
+            let code =
+                if shared.alive.load(Ordering::SeqCst) { ErrorCode::FrameTooLarge } else { ErrorCode::ExecutorLost };
+            replier.executed(to, Reply::error(code, format!("cannot hand the job to the executor process: {why}")));
         }
     }
 }
@@ -506,13 +527,21 @@ fn compromised(shared: &Shared, why: String) {
     shared.end(format!("killed: it broke the link ({why})"));
 }
 
-impl Executor for ProcessExecutor {
-    fn run(&mut self, job: Job, to: ReplyTo, replier: &Replier) {
+impl ProcessExecutor {
+    /// As [`Executor::run`], calling `before` with the job on the link thread just before it is
+    /// sent (not when the process is lost first).
+    pub fn run_with(&mut self, job: Job, to: ReplyTo, replier: &Replier, before: Option<BeforeSend>) {
         if let Some(why) = self.shared.lost() {
             return Shared::refuse(to, &why, replier);
         }
         // The sender lives as long as `self`.
-        let _ = self.jobs.send(Queued::Run { job: ToExecutor::Run { job, to }, replier: replier.clone() });
+        let _ = self.jobs.send(Queued::Run { job: ToExecutor::Run { job, to }, replier: replier.clone(), before });
+    }
+}
+
+impl Executor for ProcessExecutor {
+    fn run(&mut self, job: Job, to: ReplyTo, replier: &Replier) {
+        self.run_with(job, to, replier, None);
     }
 
     fn epoch(&self) -> u64 {

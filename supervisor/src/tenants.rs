@@ -12,7 +12,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::process::Command;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use djinn_auth::TenantId;
@@ -23,6 +23,7 @@ use djinn_proto::{
 };
 use djinn_sync::Locked;
 
+use crate::process::{BeforeSend, FirstJob};
 use crate::restarts::{Restarts, WINDOW};
 use crate::sandbox::Layer;
 use crate::{LinkSizes, ProcessExecutor, Supervision};
@@ -54,7 +55,7 @@ pub struct TenantExecutors {
     /// Jobs refused because their tenant's next process had to wait.
     deferred: u64,
     /// The archives of each tenant's models, to load in its next process.
-    archives: HashMap<TenantId, BTreeMap<Fingerprint, KeptArchives>>,
+    archives: HashMap<TenantId, BTreeMap<Fingerprint, Arc<KeptArchives>>>,
     /// What the archives' copies are charged to.
     host_budget: MemoryBudget,
     /// The request id of the next request the router makes itself (each distinct, so that no
@@ -68,8 +69,9 @@ pub struct TenantExecutors {
 /// A copy of a model's archives as they were loaded, and whose.
 struct KeptArchives {
     block_lens: Vec<u64>,
-    /// Each block's archive.
-    chunks: Vec<Vec<u8>>,
+    /// Each block's archive, copied by the link thread of the process the load went to, as it
+    /// sends it (the poller copies nothing); empty while that load has not been sent.
+    chunks: OnceLock<Vec<Vec<u8>>>,
     public: bool,
     torchscript: bool,
     /// Their bytes, charged to their tenant.
@@ -77,26 +79,33 @@ struct KeptArchives {
 }
 
 impl KeptArchives {
-    /// A copy of `upload`'s archives, charged to `tenant` on `budget`.
-    fn of(upload: &Upload, tenant: TenantId, budget: &MemoryBudget) -> Result<Self, OverBudget> {
+    /// Room for a copy of `upload`'s archives, charged to `tenant` on `budget`.
+    fn charged(upload: &Upload, tenant: TenantId, budget: &MemoryBudget) -> Result<Self, OverBudget> {
         let charge = budget.try_reserve_for(tenant, upload.archives.block_lens().iter().sum())?;
-        let chunks =
-            upload.archives.blocks().into_iter().map(|block| block.slices().collect::<Vec<_>>().concat()).collect();
         Ok(Self {
             block_lens: upload.archives.block_lens().to_vec(),
-            chunks,
+            chunks: OnceLock::new(),
             public: upload.scope == Scope::Public,
             torchscript: upload.torchscript,
             _charge: charge,
         })
     }
 
-    /// The load of these archives for `to`'s tenant (none when memory for them is short).
+    /// Copies the archives of `load`.
+    fn copy(&self, load: &Job) {
+        if let Job::Load { upload } = load {
+            let blocks = upload.archives.blocks().into_iter().map(|block| block.slices().collect::<Vec<_>>().concat());
+            let _ = self.chunks.set(blocks.collect());
+        }
+    }
+
+    /// The load of these archives for `to`'s tenant (none when memory for them is short, or
+    /// they were never copied).
     fn load(&self, fingerprint: Fingerprint, to: ReplyTo) -> Option<(Job, ReplyTo)> {
         let tenant = to.tenant;
         let mut upload = Upload::new(fingerprint, self.block_lens.clone(), (tenant, self.public), RELOAD_CONN).ok()?;
         upload.torchscript = self.torchscript;
-        for chunk in &self.chunks {
+        for chunk in self.chunks.get()? {
             let buf = HostBuf::copy_from(chunk).ok()?;
             let offset = upload.archives.received();
             upload.archives.add(offset, Payload { buf, reservation: None }).ok()?;
@@ -190,13 +199,14 @@ impl TenantExecutors {
             }
             let first_id = self.next_first_id;
             let command = (self.launch)(tenant, self.epoch, first_id);
-            let fingerprints: Vec<Fingerprint> =
-                self.archives.get(&tenant).map(|kept| kept.keys().copied().collect()).unwrap_or_default();
-            let mut reloads = Vec::new();
-            for fingerprint in fingerprints {
+            // A load its process never sent (it ended first) left nothing to load again.
+            let kept = self.archives.entry(tenant).or_default();
+            kept.retain(|_, archives| archives.chunks.get().is_some());
+            let kept: Vec<(Fingerprint, Arc<KeptArchives>)> = kept.iter().map(|(f, a)| (*f, Arc::clone(a))).collect();
+            let mut reloads: Vec<FirstJob> = Vec::new();
+            for (fingerprint, archives) in kept {
                 let as_tenant = self.own_request(RELOAD_CONN, ReplyTo { operator: false, ..to });
-                let kept = self.archives.get(&tenant).and_then(|kept| kept.get(&fingerprint));
-                reloads.extend(kept.and_then(|kept| kept.load(fingerprint, as_tenant)));
+                reloads.push(Box::new(move || archives.load(fingerprint, as_tenant)));
             }
             let models = reloads.len();
             let process = ProcessExecutor::start(command, self.sizes, self.epoch, self.supervision, reloads)
@@ -469,6 +479,7 @@ fn merge_sessions(replies: Vec<Reply>, _: Counts) -> Reply {
 
 impl Executor for TenantExecutors {
     fn run(&mut self, job: Job, to: ReplyTo, replier: &Replier) {
+        let mut kept_load: Option<(Fingerprint, Arc<KeptArchives>)> = None;
         match job {
             Job::Stats => return self.gather(|| Job::Stats, to, replier, sum_counters),
             Job::ListModels { all: Some(names) } => {
@@ -479,10 +490,8 @@ impl Executor for TenantExecutors {
                 let job = move || Job::ListSessions { all: Some(names.clone()), after };
                 return self.gather(job, to, replier, merge_sessions);
             }
-            Job::Load { ref upload } => match KeptArchives::of(upload, to.tenant, &self.host_budget) {
-                Ok(kept) => {
-                    self.archives.entry(to.tenant).or_default().insert(upload.archives.fingerprint(), kept);
-                }
+            Job::Load { ref upload } => match KeptArchives::charged(upload, to.tenant, &self.host_budget) {
+                Ok(kept) => kept_load = Some((upload.archives.fingerprint(), Arc::new(kept))),
                 Err(e) => {
                     let code = if e.tenant.is_some() { ErrorCode::QuotaExceeded } else { ErrorCode::OverBudget };
                     let why = format!(
@@ -499,12 +508,18 @@ impl Executor for TenantExecutors {
             }
             _ => {}
         }
-        match self.process(to) {
-            Ok(process) => process.run(job, to, replier),
-            Err(why) => replier.executed(
-                to,
-                Reply::error(ErrorCode::ExecutorLost, format!("the tenant has no executor process: {why}")),
-            ),
+        if let Err(why) = self.process(to) {
+            let why = format!("the tenant has no executor process: {why}");
+            return replier.executed(to, Reply::error(ErrorCode::ExecutorLost, why));
+        }
+        // Recorded once its process is there (a new one loads the models recorded before), and
+        // copied as that process's link thread sends it.
+        let before = kept_load.map(|(fingerprint, kept)| {
+            self.archives.entry(to.tenant).or_default().insert(fingerprint, Arc::clone(&kept));
+            Box::new(move |load: &Job| kept.copy(load)) as BeforeSend
+        });
+        if let Some((process, _)) = self.live.get_mut(&to.tenant) {
+            process.run_with(job, to, replier, before);
         }
     }
 
