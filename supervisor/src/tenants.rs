@@ -19,7 +19,8 @@ use djinn_auth::TenantId;
 use djinn_memory::{HostBuf, MemoryBudget, OverBudget, Reservation};
 use djinn_node_core::{Answer, Executor, Job, LIST_PAGE, Replier, Reply, ReplyTo, Scope, Upload};
 use djinn_proto::{
-    DataMessage, ErrorCode, Fingerprint, Message, ModelInfo, ModelMessage, Payload, SessionEntry, SessionMessage,
+    DataMessage, ErrorCode, Fingerprint, Handle, Message, ModelInfo, ModelMessage, Payload, SessionEntry,
+    SessionMessage,
 };
 use djinn_sync::Locked;
 
@@ -234,6 +235,14 @@ impl TenantExecutors {
         }
     }
 
+    /// Whether `handle` names what a process of this router's made and that has ended since:
+    /// it went with the process.
+    fn went_with_its_process(&mut self, handle: Handle) -> bool {
+        handle.epoch == self.epoch
+            && handle.id < self.next_first_id
+            && self.owner_of(handle.id).is_none_or(|process| process.lost().is_some())
+    }
+
     /// Hands each live process the ids of `ids` in its range.
     fn free(&mut self, ids: &[u64], free: fn(&mut ProcessExecutor, &[u64])) {
         let mut by_range: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
@@ -385,6 +394,22 @@ fn gather(answers: &crossbeam_channel::Receiver<(ReplyTo, Answer)>, gatherings: 
 const GATHER_CONN: u64 = u64::MAX - 1;
 const RELOAD_CONN: u64 = u64::MAX - 2;
 
+/// What an executor holds that `job` names, and its handle.
+fn named(job: &Job) -> Option<(&'static str, Handle)> {
+    match job {
+        Job::Fetch { handle } => Some(("the kept tensor", *handle)),
+        Job::Step { session, .. }
+        | Job::Signal { session, .. }
+        | Job::Move { session }
+        | Job::EndMove { session, .. }
+        | Job::Close { session } => Some(("the session", *session)),
+        Job::Resume { parked, .. } | Job::Inspect { parked } | Job::Abort { parked } => {
+            Some(("the parked request", *parked))
+        }
+        _ => None,
+    }
+}
+
 /// The processes the router keeps, for its counters.
 #[derive(Debug, Clone, Copy)]
 struct Counts {
@@ -479,6 +504,12 @@ fn merge_sessions(replies: Vec<Reply>, _: Counts) -> Reply {
 
 impl Executor for TenantExecutors {
     fn run(&mut self, job: Job, to: ReplyTo, replier: &Replier) {
+        if let Some((what, handle)) = named(&job)
+            && self.went_with_its_process(handle)
+        {
+            let why = format!("{what} {handle} was held by an executor process that has ended, and went with it");
+            return replier.executed(to, Reply::error(ErrorCode::ExecutorLost, why));
+        }
         let mut kept_load: Option<(Fingerprint, Arc<KeptArchives>)> = None;
         match job {
             Job::Stats => return self.gather(|| Job::Stats, to, replier, sum_counters),

@@ -13,7 +13,7 @@ use djinn_memory::{HostBuf, MemoryBudget};
 use djinn_node_core::conformance::{self, FakeExecutor};
 use djinn_node_core::{Answer, CallInputs, Executor, Job, Replier, ReplyTo, Upload};
 use djinn_proto::{
-    DType, DataMessage, ErrorCode, Fingerprint, Handle, Message, ModelMessage, Payload, TensorDesc, Value,
+    DType, DataMessage, ErrorCode, Fingerprint, Handle, KeptMessage, Message, ModelMessage, Payload, TensorDesc, Value,
 };
 use djinn_supervisor::{LINK_FD, Launch, LinkSizes, ProcessExecutor, Supervision, TenantExecutors};
 
@@ -49,7 +49,7 @@ fn the_conformance_suite_passes_through_an_executor_process() {
 
 /// How an executor process ends in the tests below.
 enum Ending {
-    /// A kernel faults: the child writes through a bad pointer when it gets an `Abort`.
+    /// A kernel faults: the child writes through a bad pointer when it gets an `Unregister`.
     Fault,
     /// Killed from outside, as the kernel's OOM killer or an operator kills it.
     Kill,
@@ -77,7 +77,7 @@ fn requests_held_when_the_child_ends_are_answered_executor_lost(ending: Ending, 
     let mut held = vec![1, 2, 3];
     match ending {
         Ending::Fault => {
-            executor.run(Job::Abort { parked: Handle { id: 1, epoch: 7 } }, to(4), &replier);
+            executor.run(Job::Unregister { fingerprint: Fingerprint::of_blocks(&[b"any"]) }, to(4), &replier);
             held.push(4);
         }
         Ending::Kill => {
@@ -226,6 +226,53 @@ fn resident_kib() -> u64 {
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
+/// What an ended process held went with it: after its tenant's process is killed, a fetch of a
+/// tensor it kept is answered `ExecutorLost` saying so (not the new process's "not found"),
+/// while the new process keeps and fetches anew and answers for its own ids.
+#[test]
+fn what_an_ended_process_held_is_answered_executor_lost() {
+    let launch: Launch = Box::new(|_, _, first_id| {
+        let mut double = child("child_serves_the_executor_double");
+        double.env("DJINN_TEST_FIRST_ID", first_id.to_string());
+        double
+    });
+    let mut router = TenantExecutors::new(launch, SIZES, SUPERVISION, 1, MemoryBudget::new(1 << 20)).unwrap();
+    let alice = TenantId(1);
+    let keep = || Job::Keep {
+        tensor: TensorDesc::new(DType::U8, vec![4]).unwrap(),
+        payload: Some(Payload { buf: HostBuf::copy_from(&[1, 2, 3, 4]).unwrap(), reservation: None }),
+    };
+    let kept = |message: Message| match message {
+        Message::Kept(KeptMessage::Kept { kept }) => kept.handle,
+        other => panic!("{other:?}"),
+    };
+    let code = |message: Message| match message {
+        Message::Data(DataMessage::Error { code, message }) => (Some(code), message),
+        other => (None, format!("{other:?}")),
+    };
+    let before = kept(ask(&mut router, keep(), alice, 1));
+    assert_eq!(code(ask(&mut router, Job::Fetch { handle: before }, alice, 2)).0, None, "fetched");
+    kill(wait_for_pid(&router, alice));
+    let (lost, why) = code(ask(&mut router, Job::Fetch { handle: before }, alice, 3));
+    assert_eq!(lost, Some(ErrorCode::ExecutorLost), "{why}");
+    // The router starts her next process with her next request.
+    let after = (4..).find_map(|request| match ask(&mut router, keep(), alice, request) {
+        Message::Data(DataMessage::Error { code: ErrorCode::ExecutorLost, .. }) => None,
+        message => Some(kept(message)),
+    });
+    let after = after.expect("kept by her new process");
+    assert_eq!(code(ask(&mut router, Job::Fetch { handle: after }, alice, 100)).0, None, "fetched");
+    let (lost, why) = code(ask(&mut router, Job::Fetch { handle: before }, alice, 101));
+    assert_eq!(lost, Some(ErrorCode::ExecutorLost), "{why}");
+    assert!(why.contains("went with it"), "{why}");
+    let never = Handle { id: after.id + 1000, ..after };
+    assert_eq!(
+        code(ask(&mut router, Job::Fetch { handle: never }, alice, 102)).0,
+        Some(ErrorCode::NotFound),
+        "its own"
+    );
+}
+
 /// The answer to `job`, run by `executor` for `tenant`.
 fn ask(executor: &mut impl Executor, job: Job, tenant: TenantId, request_id: u64) -> Message {
     let (replier, replies) = Replier::new(Arc::new(|| {}));
@@ -360,7 +407,7 @@ fn threads_named(name: &str) -> usize {
         .count()
 }
 
-/// A router whose every process takes jobs, answers none, and faults on an `Abort`.
+/// A router whose every process takes jobs, answers none, and faults on an `Unregister`.
 fn never_answering_router() -> TenantExecutors {
     let launch: Launch = Box::new(|_, _, _| child("child_serves_an_executor_that_never_answers"));
     TenantExecutors::new(launch, SIZES, SUPERVISION, NEVER_ANSWERS_EPOCH, MemoryBudget::new(1 << 20)).unwrap()
@@ -409,7 +456,7 @@ fn a_tenant_whose_processes_keep_crashing_waits_longer_for_each_next_one() {
     // Each process faults on its first job.
     let mut crash = |router: &mut TenantExecutors| {
         request += 1;
-        match ask(router, Job::Abort { parked: Handle { id: 1, epoch: NEVER_ANSWERS_EPOCH } }, tenant, request) {
+        match ask(router, Job::Unregister { fingerprint: Fingerprint::of_blocks(&[b"any"]) }, tenant, request) {
             Message::Data(DataMessage::Error { code: ErrorCode::ExecutorLost, message }) => message,
             other => panic!("{other:?}"),
         }
@@ -459,12 +506,14 @@ fn inherited_link() -> std::os::fd::OwnedFd {
 #[test]
 #[ignore = "the child process of the tests above"]
 fn child_serves_the_executor_double() {
-    let served = djinn_supervisor::serve(inherited_link(), FakeExecutor::default());
+    // Its ids from the range its router gave it, where a router started it.
+    let first_id = std::env::var("DJINN_TEST_FIRST_ID").ok().and_then(|id| id.parse().ok()).unwrap_or(1);
+    let served = djinn_supervisor::serve(inherited_link(), FakeExecutor::numbered_from(first_id));
     panic!("the link broke: {served:?}");
 }
 
 /// An executor that takes every job and answers none (what the node sees of kernels that run
-/// until their process ends), and faults on an `Abort`, as a kernel does on a bad address.
+/// until their process ends), and faults on an `Unregister`, as a kernel does on a bad address.
 #[derive(Debug, Default)]
 struct NeverAnswers(Vec<ReplyTo>);
 
@@ -472,7 +521,7 @@ impl Executor for NeverAnswers {
     fn run(&mut self, job: Job, to: ReplyTo, _: &Replier) {
         match job {
             // SAFETY: none: this is the fault under test, a write to an unmapped page.
-            Job::Abort { .. } => unsafe { std::ptr::without_provenance_mut::<u8>(8).write_volatile(1) },
+            Job::Unregister { .. } => unsafe { std::ptr::without_provenance_mut::<u8>(8).write_volatile(1) },
             // Memory no executor bound sees, as a library's `malloc` inside a kernel: 256 MiB,
             // touched, held.
             Job::Fetch { .. } => std::mem::forget(vec![1u8; 256 << 20]),

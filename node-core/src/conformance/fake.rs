@@ -27,6 +27,12 @@ fn unknown_model(fingerprint: &Fingerprint) -> Reply {
 }
 
 impl FakeExecutor {
+    /// A double whose kept tensors' ids start at `first_id` (as an executor in a process of its
+    /// own numbers from the range its node gave it).
+    pub fn numbered_from(first_id: u64) -> Self {
+        Self { last_kept: first_id.saturating_sub(1), ..Self::default() }
+    }
+
     /// The kept tensor `handle` names, if it is one of the double's.
     fn kept(&self, handle: Handle) -> Option<&(TensorDesc, Arc<Vec<u8>>)> {
         self.kept.get(&handle.id).filter(|_| handle.epoch == EPOCH)
