@@ -46,6 +46,12 @@ pub struct SoakArgs {
     /// that says more of the machine than of the node, and such a run sets this lower.
     #[arg(long, default_value_t = 99.9, value_parser = percent)]
     min_success: f64,
+    /// Run the steady node with `--executor-processes` and kill one of its executor processes
+    /// (SIGKILL, at random) every this many seconds. Its requests answered `ExecutorLost` (in
+    /// flight on a killed process, or naming what one held) are counted apart, not against
+    /// --min-success.
+    #[arg(long)]
+    kill_executors: Option<f64>,
 }
 
 /// A share in percent, 0 to 100.
@@ -65,6 +71,8 @@ const MEMORY_SLACK: u64 = 16 << 20;
 struct Tally {
     /// Valid requests to the node that stays up: sent, succeeded.
     steady: (u64, u64),
+    /// Of them, those answered `ExecutorLost` (its executor process killed).
+    executor_lost: u64,
     /// Valid requests to the node that is killed: sent, succeeded.
     killed: (u64, u64),
     /// Invalid requests: sent, refused as they must be.
@@ -87,6 +95,7 @@ impl Tally {
         add(&mut self.steady, other.steady);
         add(&mut self.killed, other.killed);
         add(&mut self.invalid, other.invalid);
+        self.executor_lost += other.executor_lost;
         self.wrong += other.wrong;
         self.untyped += other.untyped;
         self.disconnects += other.disconnects;
@@ -246,6 +255,9 @@ impl Worker {
                     }
                     Outcome::Failed(e) => {
                         self.tally.failed(&e);
+                        if !to_killed && e.remote_code() == Some(ErrorCode::ExecutorLost) {
+                            self.tally.executor_lost += 1;
+                        }
                         let link = if to_killed { &mut self.killed } else { &mut self.steady };
                         // A restarted node forgot the model: register it again.
                         if e.remote_code() == Some(ErrorCode::UnknownModel) {
@@ -402,6 +414,22 @@ fn truncated(addr: SocketAddr, sent: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// The executor processes of the node `node` (its children running `djinn executor`).
+fn executor_processes(node: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let parent =
+                stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            parent == Some(node) && cmdline.split(|&b| b == 0).any(|arg| arg == b"executor")
+        })
+        .collect()
+}
+
 fn rss(pid: u32) -> Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     let kib: u64 = status
@@ -426,22 +454,12 @@ pub fn run(args: SoakArgs) -> Result<()> {
     std::fs::write(&tokens, format!(r#"{{"principals": [{}]}}"#, principals.join(",")))?;
     let tokens_arg = tokens.display().to_string();
     // A small buffer pool, so that memory given back shows in the node's RSS.
-    let node = move |listen: &str| {
-        Spawned::start(&[
-            "node",
-            "--listen",
-            listen,
-            "--log",
-            "error",
-            "--auth-file",
-            &tokens_arg,
-            "--buffer-pool",
-            "8MiB",
-            "--stall-timeout",
-            "2",
-        ])
+    let node = move |listen: &str, extra: &[&str]| {
+        let args = ["node", "--listen", listen, "--log", "error", "--auth-file", &tokens_arg];
+        Spawned::start(&[&args[..], &["--buffer-pool", "8MiB", "--stall-timeout", "2"], extra].concat())
     };
-    let steady = node("127.0.0.1:0")?;
+    let steady = node("127.0.0.1:0", if args.kill_executors.is_some() { &["--executor-processes"] } else { &[] })?;
+    let node = move |listen: &str| node(listen, &[]);
     let killed = node("127.0.0.1:0")?;
     let killed_addr = killed.addr;
     let model = Arc::new(Model::new()?);
@@ -518,6 +536,23 @@ pub fn run(args: SoakArgs) -> Result<()> {
             Ok((back?, down_at.elapsed()))
         })
     };
+    // The steady node's executor processes, one killed at random every interval.
+    let killer = args.kill_executors.map(|every| {
+        let (node, seed) = (steady.pid(), args.seed);
+        std::thread::spawn(move || -> Result<u64> {
+            let every = Duration::try_from_secs_f64(every).context("--kill-executors: a number of seconds")?;
+            let (mut rng, mut kills) = (Rng(seed ^ 0x6b69_6c6c), 0);
+            while Instant::now() + every < deadline {
+                std::thread::sleep(every);
+                let processes = executor_processes(node);
+                if let Some(&pid) = processes.get(rng.below(processes.len().max(1) as u64) as usize) {
+                    let killed = std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+                    kills += u64::from(killed.is_ok_and(|status| status.success()));
+                }
+            }
+            Ok(kills)
+        })
+    });
     while Instant::now() < deadline {
         std::thread::sleep(Duration::from_secs(10).min(deadline.saturating_duration_since(Instant::now())));
         println!(
@@ -532,6 +567,10 @@ pub fn run(args: SoakArgs) -> Result<()> {
     }
     stop.store(true, Ordering::Release);
     let (_restarted, downtime) = restarter.join().map_err(|_| anyhow::anyhow!("the restarter panicked"))??;
+    let kills = match killer {
+        Some(killer) => Some(killer.join().map_err(|_| anyhow::anyhow!("the killer panicked"))??),
+        None => None,
+    };
     std::thread::sleep(Duration::from_secs(2));
     let after = rss(steady.pid())?;
     let mut check = Client::connect_with(
@@ -543,18 +582,27 @@ pub fn run(args: SoakArgs) -> Result<()> {
 
     let tally = std::mem::take(&mut *tally.locked());
     let share = |(sent, ok): (u64, u64)| if sent == 0 { 0.0 } else { 100.0 * ok as f64 / sent as f64 };
+    // What a killed executor process held is not counted against the steady node.
+    let steady_served = (tally.steady.0 - tally.executor_lost, tally.steady.1);
     let growth = after as i64 - baseline as i64;
     let mut out = String::new();
     writeln!(out, "| | |\n|---|---|")?;
     writeln!(out, "| duration | {:.0} s, {} clients of 2 tenants, seed {} |", args.duration, args.clients, args.seed)?;
     writeln!(
         out,
-        "| valid requests to the steady node | {} sent, {} succeeded (**{:.3}%**, bound {}%) |",
+        "| valid requests to the steady node | {} sent, {} succeeded (**{:.3}%** of those not answered `ExecutorLost`, bound {}%) |",
         tally.steady.0,
         tally.steady.1,
-        share(tally.steady),
+        share(steady_served),
         args.min_success
     )?;
+    if let (Some(kills), Some(every)) = (kills, args.kill_executors) {
+        writeln!(
+            out,
+            "| the steady node's executor processes | {kills} killed (SIGKILL, one every {every} s at random); {} requests answered `ExecutorLost` |",
+            tally.executor_lost
+        )?;
+    }
     writeln!(
         out,
         "| valid requests to the killed node | {} sent, {} succeeded ({:.1}%; down {:.1} s, killed at {:.0} s) |",
@@ -595,7 +643,7 @@ pub fn run(args: SoakArgs) -> Result<()> {
     for w in &tally.first_wrong {
         println!("wrong: {w}");
     }
-    let passed = share(tally.steady) >= args.min_success
+    let passed = share(steady_served) >= args.min_success
         && tally.wrong == 0
         && tally.untyped == 0
         && growth <= MEMORY_SLACK as i64;
