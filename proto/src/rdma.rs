@@ -436,6 +436,13 @@ impl Session {
         self.held
     }
 
+    /// Of the frames held, those that wait on the peer (for credits, a send slot, its answer to
+    /// an announcement); not those whose WRITEs the device is carrying out, which show as sent
+    /// only once they complete (under emulation a 256 MiB one takes longer than a stall window).
+    pub fn waiting_on_peer(&self) -> usize {
+        self.held.0 - self.writing.len()
+    }
+
     fn hold(&mut self, len: u64) {
         self.held = (self.held.0 + 1, self.held.1 + len);
     }

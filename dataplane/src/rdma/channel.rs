@@ -236,6 +236,11 @@ impl RdmaChannel {
         self.session.backlog()
     }
 
+    /// The frames held that wait on the peer ([`Session::waiting_on_peer`]).
+    pub fn waiting_on_peer(&self) -> usize {
+        self.session.waiting_on_peer()
+    }
+
     /// Bytes handed to the device for the peer so far ([`Session::sent_bytes`]).
     pub fn sent_bytes(&self) -> u64 {
         self.session.sent_bytes()

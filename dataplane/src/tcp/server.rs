@@ -623,8 +623,9 @@ impl<S: Service> Core<S> {
         conn.window = (now, 0, 0);
         // Not reading is the node's choice while its back-pressure holds: no stall then.
         let reading = !conn.reader.is_idle() && read < MIN_PROGRESS && self.wants_read(conn);
-        // Replies on the RDMA path move as the peer returns credits for them.
-        let (rdma_held, rdma_sent) = conn.rdma.as_ref().map_or((0, 0), |ch| (ch.backlog().0, ch.sent_bytes()));
+        // Replies on the RDMA path move as the peer returns credits and answers for them; one
+        // the device is writing is not the peer's to hold up.
+        let (rdma_held, rdma_sent) = conn.rdma.as_ref().map_or((0, 0), |ch| (ch.waiting_on_peer(), ch.sent_bytes()));
         let rdma_moved = rdma_sent - std::mem::replace(&mut conn.rdma_sent_mark, rdma_sent);
         let writing =
             (!conn.queue.is_empty() && written < MIN_PROGRESS) || (rdma_held > 0 && rdma_moved < MIN_PROGRESS);

@@ -306,3 +306,34 @@ fn what_waits_for_credits_is_counted_until_it_goes() {
     assert_eq!(a.session.backlog(), (0, 0));
     assert!(a.session.sent_bytes() > sent + lens / 2);
 }
+
+/// A large frame waits on the peer until the peer says where to write it; while the device
+/// writes it, it is still held (its memory must stay) but waits on no peer: a node does not
+/// take a slow WRITE for a stalled peer.
+#[test]
+fn a_transfer_the_device_is_writing_waits_on_no_peer() {
+    let config = SessionConfig { slots: 8, slot_size: 512, ..SessionConfig::default() };
+    let (mut a, mut b) = (Side::new(config, usize::MAX), Side::new(config, usize::MAX));
+    a.run_actions();
+    b.run_actions();
+    let (message, bytes) = put(1, 64 << 10);
+    send(&mut a.session, 1, &message, &bytes, false);
+    a.run_actions();
+    assert_eq!((a.session.backlog().0, a.session.waiting_on_peer()), (1, 1), "announced, waiting for the answer");
+    while b.receive_from(&mut a) {
+        b.run_actions();
+    }
+    assert!(a.receive_from(&mut b), "the peer's answer");
+    let mut writing = None;
+    while let Some(action) = a.session.poll_action() {
+        match action {
+            Action::PostRecv { slot } => a.posted.push_back(slot),
+            Action::Write { xfer, .. } => writing = Some(xfer),
+            other => panic!("{other:?}"),
+        }
+    }
+    let xfer = writing.expect("the WRITE, posted");
+    assert_eq!((a.session.backlog().0, a.session.waiting_on_peer()), (1, 0), "held, waiting on no peer");
+    a.session.on_write_sent(xfer);
+    assert_eq!((a.session.backlog().0, a.session.waiting_on_peer()), (0, 0));
+}
