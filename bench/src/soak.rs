@@ -430,14 +430,18 @@ fn executor_processes(node: u32) -> Vec<u32> {
         .collect()
 }
 
+/// The process's own resident memory: its RSS less the shared memory it maps (the links to
+/// its executor processes, each bounded by its size and gone with its process).
 fn rss(pid: u32) -> Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .context("no VmRSS")?;
-    Ok(kib * 1024)
+    let kib = |field: &str| -> Result<u64> {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .with_context(|| format!("no {field} in /proc/{pid}/status"))
+    };
+    Ok((kib("VmRSS:")? - kib("RssShmem:")?) * 1024)
 }
 
 pub fn run(args: SoakArgs) -> Result<()> {
@@ -624,7 +628,7 @@ pub fn run(args: SoakArgs) -> Result<()> {
     writeln!(out, "| failures and unexpected answers, by type | {} |", errors.join(", "))?;
     writeln!(
         out,
-        "| steady node RSS | {:.1} MiB before, {:.1} MiB after (**{:+.1} MiB**, bound +16 MiB) |",
+        "| steady node RSS (less shared memory) | {:.1} MiB before, {:.1} MiB after (**{:+.1} MiB**, bound +16 MiB) |",
         baseline as f64 / 1048576.0,
         after as f64 / 1048576.0,
         growth as f64 / 1048576.0
