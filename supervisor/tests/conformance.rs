@@ -47,6 +47,11 @@ fn the_conformance_suite_passes_through_an_executor_process() {
     conformance::run(executor, b"any archive: the double runs every model as the identity");
 }
 
+/// Request `request_id` of the default tenant, on connection 1.
+fn default_request(request_id: u64) -> ReplyTo {
+    ReplyTo { slot: 0, conn_id: 1, request_id, tenant: TenantId::DEFAULT, operator: false, torchscript: false }
+}
+
 /// How an executor process ends in the tests below.
 enum Ending {
     /// A kernel faults: the child writes through a bad pointer when it gets an `Unregister`.
@@ -62,22 +67,19 @@ fn requests_held_when_the_child_ends_are_answered_executor_lost(ending: Ending, 
     let mut executor =
         ProcessExecutor::start(child, SIZES, NEVER_ANSWERS_EPOCH, SUPERVISION, Vec::new()).expect("the child starts");
     let (replier, replies) = Replier::new(Arc::new(|| {}));
-    let to = |request_id| ReplyTo {
-        slot: 0,
-        conn_id: 1,
-        request_id,
-        tenant: TenantId::DEFAULT,
-        operator: false,
-        torchscript: false,
-    };
+
     for request in 1..=3 {
-        executor.run(Job::Stats, to(request), &replier);
+        executor.run(Job::Stats, default_request(request), &replier);
     }
     assert!(replies.recv_timeout(Duration::from_millis(200)).is_err(), "the child answers nothing");
     let mut held = vec![1, 2, 3];
     match ending {
         Ending::Fault => {
-            executor.run(Job::Unregister { fingerprint: Fingerprint::of_blocks(&[b"any"]) }, to(4), &replier);
+            executor.run(
+                Job::Unregister { fingerprint: Fingerprint::of_blocks(&[b"any"]) },
+                default_request(4),
+                &replier,
+            );
             held.push(4);
         }
         Ending::Kill => {
@@ -103,7 +105,7 @@ fn requests_held_when_the_child_ends_are_answered_executor_lost(ending: Ending, 
     assert_eq!(answered, held, "each request the child held, once");
     assert!(replies.recv_timeout(Duration::from_millis(100)).is_err(), "nothing answered twice");
     assert!(executor.lost().is_some());
-    executor.run(Job::Stats, to(9), &replier);
+    executor.run(Job::Stats, default_request(9), &replier);
     let (later, answer) = replies.recv_timeout(Duration::from_secs(30)).expect("an answer");
     assert_eq!(later.request_id, 9);
     assert_lost(answer, cause);
@@ -141,22 +143,15 @@ fn an_executor_process_whose_run_goes_past_the_deadline_and_grace_is_killed() {
         ..SUPERVISION
     };
     let (replier, replies) = Replier::new(Arc::new(|| {}));
-    let to = |request_id| ReplyTo {
-        slot: 0,
-        conn_id: 1,
-        request_id,
-        tenant: TenantId::DEFAULT,
-        operator: false,
-        torchscript: false,
-    };
+
     let start = || {
         let child = child("child_serves_an_executor_that_never_answers");
         ProcessExecutor::start(child, SIZES, NEVER_ANSWERS_EPOCH, supervision, Vec::new()).expect("the child starts")
     };
 
     let mut unbounded = start();
-    unbounded.run(Job::Stats, to(1), &replier);
-    unbounded.run(identity_call(Fingerprint::of_blocks(&[b"any"])), to(2), &replier);
+    unbounded.run(Job::Stats, default_request(1), &replier);
+    unbounded.run(identity_call(Fingerprint::of_blocks(&[b"any"])), default_request(2), &replier);
     // Ten times the limit and its grace.
     assert!(replies.recv_timeout(Duration::from_secs(5)).is_err(), "nothing answered");
     assert!(unbounded.lost().is_none(), "a process holding a job the limit does not bound is not killed");
@@ -164,8 +159,8 @@ fn an_executor_process_whose_run_goes_past_the_deadline_and_grace_is_killed() {
     while replies.recv_timeout(Duration::from_millis(500)).is_ok() {}
 
     let mut runs = start();
-    runs.run(identity_call(Fingerprint::of_blocks(&[b"any"])), to(3), &replier);
-    runs.run(identity_call(Fingerprint::of_blocks(&[b"other"])), to(4), &replier);
+    runs.run(identity_call(Fingerprint::of_blocks(&[b"any"])), default_request(3), &replier);
+    runs.run(identity_call(Fingerprint::of_blocks(&[b"other"])), default_request(4), &replier);
     let mut answers: Vec<(u64, Message)> = (0..2)
         .map(|_| {
             let (to, answer) = replies.recv_timeout(Duration::from_secs(30)).expect("killed, and answered");
@@ -197,8 +192,7 @@ fn an_executor_process_past_its_memory_limit_is_killed() {
     let mut executor =
         ProcessExecutor::start(child, SIZES, NEVER_ANSWERS_EPOCH, supervision, Vec::new()).expect("the child starts");
     let (replier, replies) = Replier::new(Arc::new(|| {}));
-    let to =
-        ReplyTo { slot: 0, conn_id: 1, request_id: 1, tenant: TenantId::DEFAULT, operator: false, torchscript: false };
+    let to = default_request(1);
     executor.run(Job::Stats, to, &replier);
     assert!(replies.recv_timeout(Duration::from_millis(500)).is_err(), "held, within its memory");
     assert!(executor.lost().is_none());
